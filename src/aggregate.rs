@@ -1,0 +1,358 @@
+//! Pre-aggregation: one delta per (key, window) per flush unit, instead of one Redis call per event.
+//!
+//! Deltas are grouped into *units*. A unit holds every contribution of the messages with offsets
+//! in `[start, end)` of one partition to one shard (standalone Redis has one shard; in cluster
+//! mode a shard is a hash-tag group that lives in one slot). The flush script applies a unit
+//! atomically together with the partition's applied offset for that shard, so a unit is the
+//! unit of exactly-once: it lands whole or not at all, and never twice.
+
+use std::collections::HashMap;
+
+use ahash::RandomState;
+
+use crate::config::CounterConfig;
+use crate::decode::Event;
+use crate::key::KeyTemplate;
+use crate::window::{WindowCache, WindowSpec};
+
+/// One counter, compiled for the hot path.
+pub struct Counter {
+    /// Name from the config, for metrics.
+    pub name: String,
+    template: KeyTemplate,
+    windows: WindowCache,
+    /// Indexes of this counter's dimensions in `Event::dims`.
+    dims: Vec<usize>,
+    /// Index of the summed field in `Event::nums`; None counts 1 per event.
+    value: Option<usize>,
+    retention_ms: i64,
+    /// Formatted time part of the cached window, and which window it belongs to.
+    time_text: String,
+    time_window: Option<i64>,
+}
+
+impl Counter {
+    /// Compile a validated counter. `field_index` maps an event field name to its decoder index.
+    pub fn new(config: &CounterConfig, field_index: impl Fn(&str) -> usize) -> anyhow::Result<Counter> {
+        let tz: chrono_tz::Tz = config
+            .timezone
+            .parse()
+            .map_err(|_| anyhow::anyhow!("bad time zone {}", config.timezone))?;
+        let spec = WindowSpec::new(config.window, tz)?;
+        let template = KeyTemplate::parse(&config.key, &config.dimensions, &spec)?;
+        Ok(Counter {
+            name: config.name.clone(),
+            template,
+            windows: WindowCache::new(spec),
+            dims: config.dimensions.iter().map(|d| field_index(d)).collect(),
+            value: config.value_field.as_deref().map(&field_index),
+            retention_ms: config.retention.as_millis() as i64,
+            time_text: String::new(),
+            time_window: None,
+        })
+    }
+}
+
+/// A key's pending change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Delta {
+    /// Sum to add with INCRBY.
+    pub delta: i64,
+    /// Absolute expiry (window end + retention), Unix ms.
+    pub expire_at_ms: i64,
+}
+
+/// The atomic flush unit: all contributions of offsets `[start, end)` of a partition to a shard.
+#[derive(Debug)]
+pub struct Unit {
+    /// Kafka partition.
+    pub partition: i32,
+    /// Shard within the partition (0 on standalone Redis).
+    pub shard: u32,
+    /// First offset covered; Redis must have applied exactly up to here.
+    pub start: i64,
+    /// One past the last offset covered; Redis records it once the unit is applied.
+    pub end: i64,
+    /// Keys and their deltas (possibly none: the unit then only advances the applied offset).
+    pub keys: Vec<(Box<[u8]>, Delta)>,
+}
+
+type KeyMap = HashMap<Box<[u8]>, Delta, RandomState>;
+
+struct OpenUnit {
+    start: i64,
+    keys: KeyMap,
+}
+
+struct ShardState {
+    open: OpenUnit,
+    /// Units cut because they reached `max_keys_per_call`, oldest first.
+    sealed: Vec<Unit>,
+}
+
+struct PartitionState {
+    /// Next offset expected: one past the last message processed.
+    position: i64,
+    shards: Vec<ShardState>,
+}
+
+/// Per-flush statistics the caller publishes to metrics in one go.
+#[derive(Debug, Default, Clone)]
+pub struct Stats {
+    /// Contributions counted, per counter.
+    pub counted: Vec<u64>,
+    /// Contributions dropped as late, per counter.
+    pub late: Vec<u64>,
+    /// Contributions skipped because Redis already applied them.
+    pub replay_skipped: u64,
+}
+
+/// All pending deltas of the partitions this process owns.
+pub struct Aggregator {
+    counters: Vec<Counter>,
+    partitions: HashMap<i32, PartitionState>,
+    shards: u32,
+    max_keys_per_call: usize,
+    pending_keys: usize,
+    hasher: RandomState,
+    key_buf: Vec<u8>,
+    /// Counts since the last `take_stats`.
+    pub stats: Stats,
+}
+
+impl Aggregator {
+    /// An aggregator over `counters`, writing to `shards` shards (1 on standalone Redis).
+    pub fn new(counters: Vec<Counter>, shards: u32, max_keys_per_call: usize) -> Aggregator {
+        let n = counters.len();
+        Aggregator {
+            counters,
+            partitions: HashMap::new(),
+            shards: shards.max(1),
+            max_keys_per_call,
+            pending_keys: 0,
+            hasher: RandomState::new(),
+            key_buf: Vec::with_capacity(256),
+            stats: Stats {
+                counted: vec![0; n],
+                late: vec![0; n],
+                replay_skipped: 0,
+            },
+        }
+    }
+
+    /// The compiled counters, in config order.
+    pub fn counters(&self) -> &[Counter] {
+        &self.counters
+    }
+
+    /// Number of shards units are split into.
+    pub fn shard_count(&self) -> u32 {
+        self.shards
+    }
+
+    /// Distinct keys held in memory, sealed units included.
+    pub fn pending_keys(&self) -> usize {
+        self.pending_keys
+    }
+
+    /// Start tracking `partition`; `applied[s]` is the offset Redis has applied up to for shard s.
+    /// Consumption must start at `min(applied)`; returns it.
+    pub fn assign(&mut self, partition: i32, applied: &[i64]) -> i64 {
+        debug_assert_eq!(applied.len(), self.shards as usize);
+        self.revoke(partition);
+        let position = applied.iter().copied().min().unwrap_or(0);
+        let shards = applied
+            .iter()
+            .map(|&start| ShardState {
+                open: OpenUnit {
+                    start,
+                    keys: KeyMap::with_hasher(self.hasher.clone()),
+                },
+                sealed: Vec::new(),
+            })
+            .collect();
+        self.partitions.insert(partition, PartitionState { position, shards });
+        position
+    }
+
+    /// Forget `partition` and everything pending for it (after a flush, or when its data is
+    /// to be replayed from Redis' applied offsets).
+    pub fn revoke(&mut self, partition: i32) {
+        if let Some(state) = self.partitions.remove(&partition) {
+            for shard in &state.shards {
+                self.pending_keys -= shard.open.keys.len();
+                self.pending_keys -= shard.sealed.iter().map(|u| u.keys.len()).sum::<usize>();
+            }
+        }
+    }
+
+    /// Whether `partition` is tracked.
+    pub fn owns(&self, partition: i32) -> bool {
+        self.partitions.contains_key(&partition)
+    }
+
+    /// Next offset expected for `partition`.
+    pub fn position(&self, partition: i32) -> Option<i64> {
+        self.partitions.get(&partition).map(|p| p.position)
+    }
+
+    /// Record that the message at `offset` was consumed but carries no event (undecodable), so
+    /// the applied offset can move past it.
+    pub fn skip(&mut self, partition: i32, offset: i64) {
+        if let Some(p) = self.partitions.get_mut(&partition) {
+            if offset >= p.position {
+                p.position = offset + 1;
+            }
+        }
+    }
+
+    /// Add one event at `offset` of `partition`. `now_ms` decides lateness. Returns false when
+    /// the message was ignored (unknown partition, or an offset already processed).
+    pub fn add(&mut self, partition: i32, offset: i64, event: &Event<'_>, now_ms: i64) -> bool {
+        let Some(part) = self.partitions.get_mut(&partition) else {
+            return false;
+        };
+        if offset < part.position {
+            return false;
+        }
+        part.position = offset + 1;
+        let mut full: smallvec::SmallVec<[u32; 4]> = smallvec::SmallVec::new();
+        for (ci, counter) in self.counters.iter_mut().enumerate() {
+            let window = *counter.windows.get(event.ts_ms);
+            let expire_at_ms = window.end_ms.saturating_add(counter.retention_ms);
+            if expire_at_ms <= now_ms {
+                self.stats.late[ci] += 1;
+                continue;
+            }
+            if counter.time_window != Some(window.start_ms) {
+                counter.template.format_time(window.local_start, &mut counter.time_text);
+                counter.time_window = Some(window.start_ms);
+            }
+            let mut values: smallvec::SmallVec<[&str; 8]> = smallvec::SmallVec::new();
+            values.extend(counter.dims.iter().map(|&i| &*event.dims[i]));
+            counter.template.render(&mut self.key_buf, &values, &counter.time_text);
+            let delta = counter.value.map_or(1, |i| event.nums[i]);
+
+            let shard = shard_of(&self.key_buf, self.shards);
+            let state = &mut part.shards[shard as usize];
+            if offset < state.open.start {
+                self.stats.replay_skipped += 1;
+                continue;
+            }
+            self.stats.counted[ci] += 1;
+            if let Some(d) = state.open.keys.get_mut(self.key_buf.as_slice()) {
+                d.delta += delta;
+                d.expire_at_ms = d.expire_at_ms.max(expire_at_ms);
+            } else {
+                state.open.keys.insert(
+                    self.key_buf.as_slice().into(),
+                    Delta {
+                        delta,
+                        expire_at_ms,
+                    },
+                );
+                self.pending_keys += 1;
+                if state.open.keys.len() == self.max_keys_per_call {
+                    full.push(shard);
+                }
+            }
+        }
+        // Cut full units after the whole message: a unit always ends on a message boundary.
+        for shard in full {
+            let state = &mut part.shards[shard as usize];
+            let unit = seal(partition, shard, state, offset + 1, &self.hasher);
+            state.sealed.push(unit);
+        }
+        true
+    }
+
+    /// Seal every tracked partition (or only `only`) up to its position and return the units,
+    /// oldest first per (partition, shard), plus each partition's end offset.
+    pub fn seal(&mut self, only: Option<&[i32]>) -> Batch {
+        let mut batch = Batch::default();
+        let mut parts: Vec<i32> = match only {
+            Some(list) => list.iter().copied().filter(|p| self.partitions.contains_key(p)).collect(),
+            None => self.partitions.keys().copied().collect(),
+        };
+        parts.sort_unstable();
+        for p in parts {
+            let state = self.partitions.get_mut(&p).expect("listed partition is tracked");
+            let end = state.position;
+            let mut any = false;
+            for (s, shard) in state.shards.iter_mut().enumerate() {
+                for unit in shard.sealed.drain(..) {
+                    batch.keys += unit.keys.len();
+                    batch.units.push(unit);
+                    any = true;
+                }
+                // A shard whose applied offset is ahead (replay) has nothing to write yet.
+                if end > shard.open.start {
+                    let unit = seal(p, s as u32, shard, end, &self.hasher);
+                    batch.keys += unit.keys.len();
+                    batch.units.push(unit);
+                    any = true;
+                }
+            }
+            if any {
+                batch.ends.push((p, end));
+            }
+        }
+        self.pending_keys -= batch.keys;
+        batch
+    }
+
+    /// Take the statistics gathered since the last call.
+    pub fn take_stats(&mut self) -> Stats {
+        let n = self.counters.len();
+        std::mem::replace(
+            &mut self.stats,
+            Stats {
+                counted: vec![0; n],
+                late: vec![0; n],
+                replay_skipped: 0,
+            },
+        )
+    }
+}
+
+fn seal(partition: i32, shard: u32, state: &mut ShardState, end: i64, hasher: &RandomState) -> Unit {
+    let keys = std::mem::replace(&mut state.open.keys, KeyMap::with_hasher(hasher.clone()));
+    let unit = Unit {
+        partition,
+        shard,
+        start: state.open.start,
+        end,
+        keys: keys.into_iter().collect(),
+    };
+    state.open.start = end;
+    unit
+}
+
+/// Units sealed for one flush.
+#[derive(Debug, Default)]
+pub struct Batch {
+    /// Units in apply order per (partition, shard).
+    pub units: Vec<Unit>,
+    /// Partitions covered and the offset each is complete up to once the batch lands.
+    pub ends: Vec<(i32, i64)>,
+    /// Total keys in `units`.
+    pub keys: usize,
+}
+
+/// Deterministic shard of a key: FNV-1a, stable across processes and versions, because a
+/// restarted replica must put an event in the same shard to know whether it was applied.
+pub fn shard_of(key: &[u8], shards: u32) -> u32 {
+    if shards <= 1 {
+        return 0;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % u64::from(shards)) as u32
+}
+
+#[cfg(test)]
+#[path = "aggregate_tests.rs"]
+mod tests;

@@ -1,0 +1,419 @@
+//! Configuration: plain serde data, layered defaults → TOML file → `TALLY_…` environment → CLI
+//! flags, and validated as a whole before anything connects.
+//!
+//! Environment variables use `__` between nesting levels: `TALLY_KAFKA__BROKERS`,
+//! `TALLY_REDIS__URL`, `TALLY_FLUSH__INTERVAL=250ms`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+use crate::key::KeyTemplate;
+use crate::window::WindowSpec;
+
+/// Exit code for a configuration error (EX_USAGE from sysexits.h).
+pub const EXIT_CONFIG: i32 = 64;
+
+/// The whole configuration of one tally process.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Where events come from.
+    pub kafka: KafkaConfig,
+    /// Where counters go.
+    pub redis: RedisConfig,
+    /// How a message becomes an event.
+    pub decode: DecodeConfig,
+    /// When and how pending deltas are written.
+    pub flush: FlushConfig,
+    /// The metrics and health endpoint.
+    pub http: HttpConfig,
+    /// The counters maintained from each event.
+    pub counters: Vec<CounterConfig>,
+}
+
+/// Kafka consumer settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KafkaConfig {
+    /// `bootstrap.servers`: comma-separated host:port list.
+    pub brokers: String,
+    /// The topic to count.
+    pub topic: String,
+    /// Consumer group; replicas with the same group share the partitions.
+    pub group_id: String,
+    /// Where a partition with no applied offset in Redis and no committed offset starts.
+    pub start_from: StartFrom,
+    /// Extra librdkafka properties (SASL, SSL, tuning), passed through verbatim.
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Starting point for a partition tally has never counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StartFrom {
+    /// Count everything still retained in the topic.
+    Earliest,
+    /// Count only events produced from now on.
+    Latest,
+}
+
+/// Redis connection settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisConfig {
+    /// `redis://host:port/db`, or `rediss://` for TLS. Empty in the demo: a local server is started.
+    pub url: String,
+    /// ACL user name (overrides one given in the URL).
+    pub username: Option<String>,
+    /// Password for AUTH (overrides one given in the URL).
+    pub password: Option<String>,
+    /// Time allowed to establish a connection.
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Time allowed for one pipelined flush to answer before it is retried.
+    #[serde(with = "humantime_serde")]
+    pub response_timeout: Duration,
+    /// Prefix of tally's own keys (applied offsets), kept apart from counter keys.
+    pub state_prefix: String,
+}
+
+/// Decoding of message payloads.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DecodeConfig {
+    /// Field holding the event time; absent → the Kafka message timestamp is used.
+    pub time_field: Option<String>,
+    /// How `time_field` is written.
+    pub time_format: TimeFormat,
+    /// Larger payloads are rejected as `too_large`.
+    pub max_message_bytes: usize,
+    /// Longer dimension values are rejected as `too_large` (they would make huge keys).
+    pub max_value_bytes: usize,
+}
+
+/// Encodings accepted for the event-time field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeFormat {
+    /// Integer milliseconds since the Unix epoch.
+    EpochMs,
+    /// Integer (or fractional) seconds since the Unix epoch.
+    EpochS,
+    /// An RFC 3339 string such as `2025-08-01T17:03:00Z`.
+    Rfc3339,
+}
+
+/// Batching, flushing and backpressure.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FlushConfig {
+    /// Flush when this many distinct keys are pending.
+    pub max_keys: usize,
+    /// Flush at least this often while events arrive.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Pause consumption while more keys than this are pending (a flush is stuck or slow).
+    pub max_pending_keys: usize,
+    /// Keys per Lua script call; bounds how long one call blocks Redis.
+    pub max_keys_per_call: usize,
+    /// First retry delay after a failed flush; doubles up to `retry_max`, with jitter.
+    #[serde(with = "humantime_serde")]
+    pub retry_initial: Duration,
+    /// Longest delay between flush retries.
+    #[serde(with = "humantime_serde")]
+    pub retry_max: Duration,
+    /// Time allowed for the final flush and commit on shutdown or partition revoke.
+    #[serde(with = "humantime_serde")]
+    pub shutdown_grace: Duration,
+}
+
+/// The HTTP endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Address for `/metrics`, `/health/live`, `/health/ready`; empty disables the server.
+    pub listen: String,
+}
+
+/// One counter maintained from every event.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CounterConfig {
+    /// Short name, used in metrics labels and queries.
+    pub name: String,
+    /// Event fields the counter groups by, in template order.
+    pub dimensions: Vec<String>,
+    /// Key template: dimension placeholders and one time placeholder such as `{yyyyMMddHH}`.
+    pub key: String,
+    /// Window length; must divide a day (1s … 1d).
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// IANA time zone that window boundaries follow.
+    #[serde(default = "default_timezone")]
+    pub timezone: String,
+    /// Extra lifetime of a key after its window ends (0 = expire at window end).
+    #[serde(with = "humantime_serde", default)]
+    pub retention: Duration,
+    /// Integer field summed instead of counting 1 per event.
+    #[serde(default)]
+    pub value_field: Option<String>,
+}
+
+fn default_timezone() -> String {
+    "UTC".to_string()
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            kafka: KafkaConfig::default(),
+            redis: RedisConfig::default(),
+            decode: DecodeConfig::default(),
+            flush: FlushConfig::default(),
+            http: HttpConfig::default(),
+            counters: vec![CounterConfig::reference()],
+        }
+    }
+}
+
+impl Default for KafkaConfig {
+    fn default() -> Self {
+        KafkaConfig {
+            brokers: "localhost:9092".into(),
+            topic: "events".into(),
+            group_id: "tally".into(),
+            start_from: StartFrom::Earliest,
+            properties: BTreeMap::new(),
+        }
+    }
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            url: "redis://127.0.0.1:6379".into(),
+            username: None,
+            password: None,
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(30),
+            state_prefix: "tally:".into(),
+        }
+    }
+}
+
+impl Default for DecodeConfig {
+    fn default() -> Self {
+        DecodeConfig {
+            time_field: None,
+            time_format: TimeFormat::EpochMs,
+            max_message_bytes: 1 << 20,
+            max_value_bytes: 256,
+        }
+    }
+}
+
+impl Default for FlushConfig {
+    fn default() -> Self {
+        FlushConfig {
+            max_keys: 100_000,
+            interval: Duration::from_secs(1),
+            max_pending_keys: 1_000_000,
+            max_keys_per_call: 1_000,
+            retry_initial: Duration::from_millis(100),
+            retry_max: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: "127.0.0.1:9100".into(),
+        }
+    }
+}
+
+impl CounterConfig {
+    /// The reference design: events per app/device/ip per hour, expiring when the hour ends.
+    pub fn reference() -> Self {
+        CounterConfig {
+            name: "flow".into(),
+            dimensions: vec!["app_id".into(), "device_id".into(), "ip".into()],
+            key: "flow:count:{app_id}:{device_id}:{ip}:{yyyyMMddHH}".into(),
+            window: Duration::from_secs(3600),
+            timezone: default_timezone(),
+            retention: Duration::ZERO,
+            value_field: None,
+        }
+    }
+}
+
+/// Why a configuration was refused. Every variant names the offending key.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file, environment or flags could not be read into the schema.
+    #[error("configuration error: {0}")]
+    Load(#[from] Box<figment::Error>),
+    /// A value is well-formed but not acceptable.
+    #[error("configuration error: `{key}`: {reason}")]
+    Invalid {
+        /// Dotted path of the key, e.g. `counters[0].window`.
+        key: String,
+        /// What is wrong and what is expected.
+        reason: String,
+    },
+}
+
+fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        reason: reason.into(),
+    }
+}
+
+/// librdkafka properties tally sets itself; overriding them would break exactness.
+const MANAGED_PROPERTIES: &[&str] = &[
+    "bootstrap.servers",
+    "group.id",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "auto.offset.reset",
+];
+
+impl Config {
+    /// Layer defaults, an optional file, `TALLY_…` environment and `overrides` (CLI flags, as
+    /// a partial nested map), then validate.
+    pub fn load(file: Option<&Path>, overrides: &serde_json::Value) -> Result<Config, ConfigError> {
+        let mut fig = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(invalid(
+                    "--config",
+                    format!("file {} does not exist", path.display()),
+                ));
+            }
+            fig = fig.merge(Toml::file_exact(path));
+        }
+        // Only nested keys come from the environment, so TALLY_CONFIG and TALLY_LOG are left alone.
+        fig = fig.merge(
+            Env::prefixed("TALLY_")
+                .filter(|k| k.as_str().contains("__"))
+                .split("__"),
+        );
+        fig = fig.merge(Serialized::globals(overrides));
+        let config: Config = fig.extract().map_err(Box::new)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Rules that span fields or need parsing beyond serde.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.kafka.brokers.trim().is_empty() {
+            return Err(invalid("kafka.brokers", "must list at least one host:port"));
+        }
+        if self.kafka.topic.trim().is_empty() {
+            return Err(invalid("kafka.topic", "must name a topic"));
+        }
+        if self.kafka.group_id.trim().is_empty() {
+            return Err(invalid("kafka.group_id", "must not be empty"));
+        }
+        for key in self.kafka.properties.keys() {
+            if MANAGED_PROPERTIES.contains(&key.as_str()) {
+                return Err(invalid(
+                    format!("kafka.properties.\"{key}\""),
+                    "is managed by tally (use kafka.brokers / kafka.group_id / kafka.start_from)",
+                ));
+            }
+        }
+        if !self.redis.url.is_empty() {
+            let url = &self.redis.url;
+            if !(url.starts_with("redis://") || url.starts_with("rediss://") || url.starts_with("unix://")) {
+                return Err(invalid("redis.url", format!("`{url}` must start with redis://, rediss:// or unix://")));
+            }
+            redis::parse_redis_url(url)
+                .ok_or_else(|| invalid("redis.url", format!("`{url}` is not a valid Redis URL")))?;
+        }
+        if self.redis.state_prefix.is_empty() || self.redis.state_prefix.contains(['{', '}']) {
+            return Err(invalid("redis.state_prefix", "must be non-empty and contain no braces"));
+        }
+        if self.decode.max_message_bytes == 0 || self.decode.max_value_bytes == 0 {
+            return Err(invalid("decode.max_message_bytes", "limits must be positive"));
+        }
+        let f = &self.flush;
+        if f.max_keys == 0 {
+            return Err(invalid("flush.max_keys", "must be positive"));
+        }
+        if f.max_pending_keys < f.max_keys {
+            return Err(invalid(
+                "flush.max_pending_keys",
+                format!("must be at least flush.max_keys ({})", f.max_keys),
+            ));
+        }
+        if f.max_keys_per_call == 0 || f.max_keys_per_call > 100_000 {
+            return Err(invalid("flush.max_keys_per_call", "must be between 1 and 100000"));
+        }
+        if f.interval.is_zero() {
+            return Err(invalid("flush.interval", "must be positive"));
+        }
+        if f.retry_initial.is_zero() || f.retry_max < f.retry_initial {
+            return Err(invalid("flush.retry_max", "need 0 < retry_initial <= retry_max"));
+        }
+        if !self.http.listen.is_empty() && self.http.listen.parse::<SocketAddr>().is_err() {
+            return Err(invalid("http.listen", format!("`{}` is not an ip:port address", self.http.listen)));
+        }
+        self.validate_counters()
+    }
+
+    fn validate_counters(&self) -> Result<(), ConfigError> {
+        if self.counters.is_empty() {
+            return Err(invalid("counters", "at least one counter is required"));
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (i, c) in self.counters.iter().enumerate() {
+            let at = |field: &str| format!("counters[{i}].{field}");
+            if c.name.is_empty()
+                || !c.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+            {
+                return Err(invalid(at("name"), "use letters, digits, '_' or '-'"));
+            }
+            if !seen.insert(c.name.as_str()) {
+                return Err(invalid(at("name"), format!("`{}` is used by two counters", c.name)));
+            }
+            if c.dimensions.is_empty() {
+                return Err(invalid(at("dimensions"), "list at least one event field"));
+            }
+            let tz: chrono_tz::Tz = c
+                .timezone
+                .parse()
+                .map_err(|_| invalid(at("timezone"), format!("`{}` is not an IANA time zone", c.timezone)))?;
+            let window = WindowSpec::new(c.window, tz).map_err(|e| invalid(at("window"), e.to_string()))?;
+            KeyTemplate::parse(&c.key, &c.dimensions, &window).map_err(|e| invalid(at("key"), e.to_string()))?;
+            if let Some(v) = &c.value_field {
+                if self.counters.iter().any(|o| o.dimensions.contains(v)) {
+                    return Err(invalid(at("value_field"), format!("`{v}` is also used as a dimension")));
+                }
+                if self.decode.time_field.as_ref() == Some(v) {
+                    return Err(invalid(at("value_field"), format!("`{v}` is also decode.time_field")));
+                }
+            }
+            if let Some(t) = &self.decode.time_field {
+                if c.dimensions.contains(t) {
+                    return Err(invalid(at("dimensions"), format!("`{t}` is also decode.time_field")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The TOML text of this configuration, as `tally config` prints it.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
+    }
+}

@@ -1,0 +1,47 @@
+//! # tally: exact, time-windowed counters from Kafka into Redis
+//!
+//! Data flows through these stages, one module each:
+//!
+//! 1. [`consumer`]: one thread owns the Kafka consumer (a consumer group; replicas share
+//!    partitions). Rebalance callbacks run on it, so revoked partitions are flushed first.
+//! 2. [`decode`]: a JSON payload becomes an [`decode::Event`]: dimension values (borrowed from
+//!    the message), integer values and an event time. Bad messages are counted by reason and
+//!    skipped; they never stop the stream.
+//! 3. [`window`] and [`key`]: each counter maps an event to its window (aligned in a time
+//!    zone, DST-safe) and renders its key from a template, escaping values so keys are injective.
+//! 4. [`aggregate`]: deltas are summed in memory per key and window, grouped into *units*:
+//!    the contributions of one partition's offsets `[start, end)` to one shard.
+//! 5. [`sink`]: one task owns the Redis connection and applies units with a pipelined Lua
+//!    script (INCRBY + absolute expiry), retrying until they land.
+//! 6. Offsets are committed to Kafka after the flush that contains them has landed.
+//!
+//! ## What makes a count exact
+//!
+//! The flush script applies a unit and records, in the same atomic step, the offset up to
+//! which that (partition, shard) has been applied (`<state_prefix>applied:<group>:<topic>:<partition>:<shard>`).
+//! It refuses a unit whose `start` is not the recorded offset. Hence:
+//! * a retry (lost reply, reconnect, NOSCRIPT) or a replay after a crash is skipped, not re-added;
+//! * a replica that lost its partitions but still flushes (a zombie) is refused, and the owner
+//!   resynchronises from Redis;
+//! * a partition starts at the applied offset read from Redis, and a message is counted only
+//!   if its offset is at or past it.
+//!
+//! Kafka's committed offset follows Redis (for lag monitoring); Redis is the source of truth.
+//! Counts are exact as long as Redis keeps what it acknowledged (see README: persistence).
+//!
+//! Start reading at [`pipeline::Tally::run`].
+
+pub mod aggregate;
+pub mod config;
+pub mod consumer;
+pub mod decode;
+pub mod http;
+pub mod key;
+pub mod metrics;
+pub mod pipeline;
+pub mod sink;
+pub mod window;
+pub mod demo;
+pub mod gen;
+pub mod local_redis;
+pub mod produce;

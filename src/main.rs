@@ -1,0 +1,180 @@
+//! The `tally` command line: run, demo, check, mock-broker, produce.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+
+use tally::config::{Config, EXIT_CONFIG};
+
+#[derive(Parser)]
+#[command(name = "tally", version, about = "Exact, time-windowed counters from a Kafka topic into Redis")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Consume the configured topic and maintain the counters (the service).
+    Run(Common),
+    /// Everything on local parts: in-process Kafka broker, synthetic events, local redis-server.
+    Demo {
+        #[command(flatten)]
+        common: Common,
+        /// Events per second to produce.
+        #[arg(long, default_value_t = 20_000)]
+        rate: u64,
+        /// Partitions of the demo topic.
+        #[arg(long, default_value_t = 4)]
+        partitions: i32,
+        /// Distinct devices (keys per hour).
+        #[arg(long, default_value_t = 10_000)]
+        keys: u64,
+        /// Stop after this long, e.g. 30s (default: until Ctrl-C).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        duration: Option<Duration>,
+    },
+    /// Validate the configuration and print it with defaults filled in.
+    Check(Common),
+    /// Run an in-process Kafka-protocol broker (librdkafka mock cluster) for tests and benchmarks.
+    MockBroker {
+        /// Topics to create, as name:partitions.
+        #[arg(long = "topic", default_value = "events:8")]
+        topics: Vec<String>,
+    },
+    /// Produce synthetic JSON events to a topic at a target rate (load generator).
+    Produce(tally::produce::ProduceArgs),
+}
+
+/// Options shared by the commands that read a configuration.
+#[derive(Args)]
+struct Common {
+    /// TOML configuration file.
+    #[arg(long, short, env = "TALLY_CONFIG")]
+    config: Option<PathBuf>,
+    /// Kafka bootstrap servers (kafka.brokers).
+    #[arg(long)]
+    brokers: Option<String>,
+    /// Topic to consume (kafka.topic).
+    #[arg(long)]
+    topic: Option<String>,
+    /// Consumer group (kafka.group_id).
+    #[arg(long)]
+    group_id: Option<String>,
+    /// Redis URL (redis.url).
+    #[arg(long)]
+    redis_url: Option<String>,
+    /// Address for /metrics and /health (http.listen).
+    #[arg(long)]
+    listen: Option<String>,
+}
+
+impl Common {
+    fn overrides(&self) -> Value {
+        let mut root = json!({});
+        let mut set = |section: &str, key: &str, value: &Option<String>| {
+            if let Some(v) = value {
+                root.as_object_mut()
+                    .expect("object")
+                    .entry(section)
+                    .or_insert_with(|| json!({}))[key] = json!(v);
+            }
+        };
+        set("kafka", "brokers", &self.brokers);
+        set("kafka", "topic", &self.topic);
+        set("kafka", "group_id", &self.group_id);
+        set("redis", "url", &self.redis_url);
+        set("http", "listen", &self.listen);
+        root
+    }
+
+    fn load(&self) -> Result<Config, ExitCode> {
+        Config::load(self.config.as_deref(), &self.overrides()).map_err(|e| {
+            eprintln!("tally: {e}");
+            ExitCode::from(EXIT_CONFIG as u8)
+        })
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TALLY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,librdkafka=warn,rdkafka=warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+/// Cancel `token` on SIGINT or SIGTERM.
+fn on_signals(token: CancellationToken) {
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot listen for SIGTERM");
+                return;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("signal received, shutting down");
+        token.cancel();
+    });
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    // Config is read and validated before anything starts.
+    let prepared = match &cli.command {
+        Command::Run(c) | Command::Check(c) | Command::Demo { common: c, .. } => match c.load() {
+            Ok(config) => Some(config),
+            Err(code) => return code,
+        },
+        _ => None,
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tally: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let shutdown = CancellationToken::new();
+        on_signals(shutdown.clone());
+        match cli.command {
+            Command::Run(_) => {
+                let config = prepared.expect("loaded above");
+                tally::pipeline::Tally::new(config).run(shutdown).await
+            }
+            Command::Check(_) => {
+                print!("{}", prepared.expect("loaded above").to_toml());
+                Ok(())
+            }
+            Command::Demo { common, rate, partitions, keys, duration } => {
+                let mut config = prepared.expect("loaded above");
+                if common.redis_url.is_none() && std::env::var_os("TALLY_REDIS__URL").is_none() {
+                    config.redis.url.clear();
+                }
+                if common.group_id.is_none() {
+                    config.kafka.group_id = "tally-demo".into();
+                }
+                let opts = tally::demo::DemoOptions { rate, partitions, keys, duration };
+                tally::demo::run(config, opts, shutdown).await
+            }
+            Command::MockBroker { topics } => tally::produce::mock_broker(&topics, shutdown).await,
+            Command::Produce(args) => tally::produce::run(args, shutdown).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("tally: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

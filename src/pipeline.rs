@@ -1,0 +1,143 @@
+//! Wiring: build every stage from a validated config and run them until shutdown.
+
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::ClientConfig;
+use tokio_util::sync::CancellationToken;
+
+use crate::aggregate::{Aggregator, Counter};
+use crate::config::{Config, KafkaConfig, StartFrom};
+use crate::consumer::{self, TallyContext, Worker};
+use crate::decode::{Decoder, FieldRole};
+use crate::metrics::Metrics;
+use crate::sink::{FenceScope, Health, Sink};
+
+/// The decoder and compiled counters for `config` (also used by the benchmark).
+pub fn build_stages(config: &Config) -> anyhow::Result<(Decoder, Vec<Counter>)> {
+    let mut fields: Vec<(String, FieldRole)> = Vec::new();
+    for c in &config.counters {
+        for d in &c.dimensions {
+            if !fields.iter().any(|(n, _)| n == d) {
+                fields.push((d.clone(), FieldRole::Dimension));
+            }
+        }
+        if let Some(v) = &c.value_field {
+            if !fields.iter().any(|(n, _)| n == v) {
+                fields.push((v.clone(), FieldRole::Value));
+            }
+        }
+    }
+    let decoder = Decoder::new(&config.decode, &fields);
+    let counters = config
+        .counters
+        .iter()
+        .map(|c| Counter::new(c, |name| decoder.field_index(name).expect("field registered above")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok((decoder, counters))
+}
+
+/// librdkafka settings: tally's required ones, sensible defaults, then the user's properties.
+pub fn kafka_client_config(kafka: &KafkaConfig) -> ClientConfig {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &kafka.brokers)
+        .set("group.id", &kafka.group_id)
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set(
+            "auto.offset.reset",
+            match kafka.start_from {
+                StartFrom::Earliest => "earliest",
+                StartFrom::Latest => "latest",
+            },
+        )
+        // librdkafka's default (1000 ms) caps a fast consumer near 180K msg/s.
+        .set("fetch.queue.backoff.ms", "10")
+        .set("statistics.interval.ms", "5000")
+        .set("session.timeout.ms", "10000");
+    for (k, v) in &kafka.properties {
+        cc.set(k, v);
+    }
+    cc
+}
+
+/// One tally process: metrics and health are created up front so callers can observe them.
+pub struct Tally {
+    config: Config,
+    /// Every exported metric.
+    pub metrics: Metrics,
+    /// Readiness of Kafka and Redis.
+    pub health: Arc<Health>,
+}
+
+impl Tally {
+    /// Prepare a process for a validated `config`.
+    pub fn new(config: Config) -> Tally {
+        let names: Vec<String> = config.counters.iter().map(|c| c.name.clone()).collect();
+        Tally {
+            config,
+            metrics: Metrics::new(&names),
+            health: Arc::new(Health::default()),
+        }
+    }
+
+    /// Run until `shutdown` is cancelled, then flush, commit and return.
+    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        let config = self.config;
+        let (decoder, counters) = build_stages(&config)?;
+        let agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call);
+
+        let scope = FenceScope {
+            prefix: config.redis.state_prefix.clone(),
+            group: config.kafka.group_id.clone(),
+            topic: config.kafka.topic.clone(),
+            shards: 1,
+        };
+        let sink = Sink::new(&config.redis, config.flush.clone(), scope, self.metrics.clone(), self.health.clone())
+            .context("redis configuration")?;
+        let (sink_tx, sink_rx) = tokio::sync::mpsc::unbounded_channel();
+        let abort = CancellationToken::new();
+        let sink_task = tokio::spawn(sink.run(sink_rx, abort.clone()));
+
+        let http_stop = CancellationToken::new();
+        if !config.http.listen.is_empty() {
+            let addr = config.http.listen.parse().context("http.listen")?;
+            let (local, _) = crate::http::serve(addr, self.metrics.clone(), self.health.clone(), http_stop.clone())
+                .await
+                .with_context(|| format!("cannot listen on {addr}"))?;
+            tracing::info!(%local, "serving /metrics and /health");
+        }
+
+        let worker = Worker::new(
+            agg,
+            decoder,
+            sink_tx,
+            self.metrics.clone(),
+            config.kafka.topic.clone(),
+            config.flush.clone(),
+            config.kafka.start_from,
+        );
+        let ctx = TallyContext::new(worker, self.health.clone(), shutdown.clone());
+        let consumer: BaseConsumer<TallyContext> = kafka_client_config(&config.kafka)
+            .create_with_context(ctx)
+            .context("kafka configuration")?;
+        let grace = config.flush.shutdown_grace;
+        tracing::info!(topic = %config.kafka.topic, group = %config.kafka.group_id, "consuming");
+        let thread = std::thread::Builder::new()
+            .name("tally-consumer".into())
+            .spawn(move || consumer::run(consumer, grace))?;
+        let joined = tokio::task::spawn_blocking(move || thread.join()).await;
+
+        // The consumer (and with it the sink's sender) is gone: the sink finishes what it has.
+        if tokio::time::timeout(grace, sink_task).await.is_err() {
+            abort.cancel();
+        }
+        http_stop.cancel();
+        match joined {
+            Ok(Ok(result)) => result.context("kafka consumer"),
+            Ok(Err(_)) => anyhow::bail!("consumer thread panicked"),
+            Err(e) => anyhow::bail!("consumer thread: {e}"),
+        }
+    }
+}

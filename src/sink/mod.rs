@@ -1,0 +1,322 @@
+//! Flush to Redis: one task owns the connection and applies batches it is sent, in order.
+//!
+//! A batch is retried with exponential backoff and jitter until it lands or the process is
+//! aborted. Retrying is always safe: every unit carries its offset range and the script refuses
+//! a range that Redis has already applied (see [`script`]), so a retry after a lost reply, a
+//! NOSCRIPT reload or a reconnect never counts twice.
+
+pub mod script;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, Client, RedisError, Value};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::aggregate::Unit;
+use crate::config::{FlushConfig, RedisConfig};
+use crate::metrics::Metrics;
+
+/// Whether the process' connections are usable, for `/health/ready`.
+#[derive(Debug, Default)]
+pub struct Health {
+    /// Consumer created and group joined (or metadata fetched).
+    pub kafka: AtomicBool,
+    /// Last Redis request succeeded.
+    pub redis: AtomicBool,
+}
+
+impl Health {
+    /// Ready = both Kafka and Redis reachable.
+    pub fn ready(&self) -> bool {
+        self.kafka.load(Ordering::Relaxed) && self.redis.load(Ordering::Relaxed)
+    }
+}
+
+/// Where the applied offsets of one consumer live: prefix, group and topic.
+#[derive(Debug, Clone)]
+pub struct FenceScope {
+    /// `redis.state_prefix`.
+    pub prefix: String,
+    /// Consumer group id.
+    pub group: String,
+    /// Topic name.
+    pub topic: String,
+    /// Shards per partition.
+    pub shards: u32,
+}
+
+impl FenceScope {
+    /// The applied-offset key of (partition, shard).
+    pub fn key(&self, partition: i32, shard: u32) -> String {
+        script::fence_key(&self.prefix, &self.group, &self.topic, partition, shard, None)
+    }
+}
+
+/// Work for the sink task. Replies go over std channels so the consumer thread can wait
+/// with a timeout without a runtime.
+pub enum SinkRequest {
+    /// Apply these units, in order.
+    Flush {
+        /// Units to apply.
+        units: Vec<Unit>,
+        /// Receives the outcome; dropped without a reply if the sink was aborted.
+        reply: std_mpsc::Sender<FlushOutcome>,
+    },
+    /// Make sure every shard of these partitions has an applied offset (setting `initial` where
+    /// none exists) and return them, shard by shard.
+    InitFences {
+        /// (partition, offset to record where Redis has none).
+        partitions: Vec<(i32, i64)>,
+        /// Receives `(partition, applied offset per shard)`.
+        reply: std_mpsc::Sender<Vec<(i32, Vec<i64>)>>,
+    },
+}
+
+/// What happened to a flushed batch.
+#[derive(Debug, Default)]
+pub struct FlushOutcome {
+    /// Units refused because Redis applied a different range: (partition, shard, applied).
+    pub conflicts: Vec<(i32, u32, i64)>,
+    /// Keys written.
+    pub keys_written: u64,
+    /// Keys skipped by the script because their expiry passed before it ran.
+    pub late_keys: u64,
+    /// Keys whose Redis value was not an integer.
+    pub rejected_keys: u64,
+}
+
+/// Why one attempt failed; every variant is retried.
+#[derive(Debug, thiserror::Error)]
+enum AttemptError {
+    #[error("redis: {0}")]
+    Redis(#[from] RedisError),
+    #[error("script not loaded (NOSCRIPT)")]
+    NoScript,
+    #[error("unexpected reply: {0}")]
+    Reply(String),
+}
+
+/// The task owning the Redis connection.
+pub struct Sink {
+    client: Client,
+    conn_config: AsyncConnectionConfig,
+    conn: Option<MultiplexedConnection>,
+    apply_sha: String,
+    scope: FenceScope,
+    flush: FlushConfig,
+    metrics: Metrics,
+    health: Arc<Health>,
+}
+
+/// Build a client from the config; fails on a malformed URL.
+pub fn client(config: &RedisConfig) -> Result<Client, RedisError> {
+    use redis::IntoConnectionInfo;
+    let mut info = config.url.as_str().into_connection_info()?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &config.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &config.password {
+        settings = settings.set_password(password);
+    }
+    info = info.set_redis_settings(settings);
+    Client::open(info)
+}
+
+impl Sink {
+    /// A sink for `scope`; connects lazily.
+    pub fn new(
+        config: &RedisConfig,
+        flush: FlushConfig,
+        scope: FenceScope,
+        metrics: Metrics,
+        health: Arc<Health>,
+    ) -> Result<Sink, RedisError> {
+        Ok(Sink {
+            client: client(config)?,
+            conn_config: AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(config.connect_timeout))
+                .set_response_timeout(Some(config.response_timeout)),
+            conn: None,
+            apply_sha: redis::Script::new(script::APPLY_LUA).get_hash().to_string(),
+            scope,
+            flush,
+            metrics,
+            health,
+        })
+    }
+
+    /// Serve requests until the channel closes. `abort` stops retrying (requests in progress
+    /// are then dropped without a reply, which the sender treats as "not applied").
+    pub async fn run(mut self, mut requests: mpsc::UnboundedReceiver<SinkRequest>, abort: CancellationToken) {
+        while let Some(request) = requests.recv().await {
+            match request {
+                SinkRequest::Flush { units, reply } => {
+                    let started = Instant::now();
+                    let keys: usize = units.iter().map(|u| u.keys.len()).sum();
+                    let mut delay = self.flush.retry_initial;
+                    let outcome = loop {
+                        match self.try_flush(&units).await {
+                            Ok(outcome) => break Some(outcome),
+                            Err(e) => {
+                                if !self.recover(e, &mut delay, &abort).await {
+                                    break None;
+                                }
+                            }
+                        }
+                    };
+                    let Some(outcome) = outcome else { continue };
+                    self.metrics.flush_duration.observe(started.elapsed().as_secs_f64());
+                    self.metrics.flush_keys.observe(keys as f64);
+                    self.metrics.keys_flushed.inc_by(outcome.keys_written);
+                    self.metrics.late_keys.inc_by(outcome.late_keys);
+                    self.metrics.fence_conflicts.inc_by(outcome.conflicts.len() as u64);
+                    let _ = reply.send(outcome);
+                }
+                SinkRequest::InitFences { partitions, reply } => {
+                    let mut delay = self.flush.retry_initial;
+                    loop {
+                        match self.try_init(&partitions).await {
+                            Ok(fences) => {
+                                let _ = reply.send(fences);
+                                break;
+                            }
+                            Err(e) => {
+                                if !self.recover(e, &mut delay, &abort).await {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Account for a failed attempt and wait before the next; false when aborted.
+    async fn recover(&mut self, error: AttemptError, delay: &mut Duration, abort: &CancellationToken) -> bool {
+        if abort.is_cancelled() {
+            return false;
+        }
+        if let AttemptError::NoScript = error {
+            // Reloaded already; retry at once: units that did apply are skipped by their fence.
+            self.metrics.noscript_reloads.inc();
+            tracing::info!("flush script was missing in redis and has been loaded again");
+            return true;
+        }
+        let kind = match &error {
+            AttemptError::Redis(r) if r.is_timeout() => "timeout",
+            AttemptError::Redis(r) if r.is_connection_refusal() => "connect",
+            AttemptError::Redis(r) if r.is_io_error() || r.is_connection_dropped() => "io",
+            _ => "response",
+        };
+        self.metrics.redis_errors.with_label_values(&[kind]).inc();
+        self.metrics.redis_retries.inc();
+        self.health.redis.store(false, Ordering::Relaxed);
+        self.conn = None;
+        let jittered = delay.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
+        tracing::warn!(error = %error, retry_in = ?jittered, "redis request failed, will retry");
+        *delay = (*delay * 2).min(self.flush.retry_max);
+        tokio::select! {
+            _ = tokio::time::sleep(jittered) => true,
+            _ = abort.cancelled() => false,
+        }
+    }
+
+    async fn connection(&mut self) -> Result<MultiplexedConnection, AttemptError> {
+        if let Some(conn) = &self.conn {
+            return Ok(conn.clone());
+        }
+        let mut conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.conn_config)
+            .await?;
+        let sha: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(script::APPLY_LUA)
+            .query_async(&mut conn)
+            .await?;
+        debug_assert_eq!(sha, self.apply_sha);
+        self.health.redis.store(true, Ordering::Relaxed);
+        self.conn = Some(conn.clone());
+        Ok(conn)
+    }
+
+    async fn try_flush(&mut self, units: &[Unit]) -> Result<FlushOutcome, AttemptError> {
+        let mut conn = self.connection().await?;
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for unit in units {
+            let fence = self.scope.key(unit.partition, unit.shard);
+            pipe.add_command(script::apply_cmd(&self.apply_sha, &fence, unit));
+        }
+        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
+        if replies.len() != units.len() {
+            return Err(AttemptError::Reply(format!("{} replies for {} units", replies.len(), units.len())));
+        }
+        let mut outcome = FlushOutcome::default();
+        for (unit, reply) in units.iter().zip(replies) {
+            let (status, a, b) = match reply {
+                Value::Array(items) if items.len() == 3 => match (&items[0], &items[1], &items[2]) {
+                    (Value::Int(s), Value::Int(a), Value::Int(b)) => (*s, *a, *b),
+                    _ => return Err(AttemptError::Reply(format!("{items:?}"))),
+                },
+                Value::ServerError(e) if e.code() == "NOSCRIPT" => {
+                    let _: String = redis::cmd("SCRIPT")
+                        .arg("LOAD")
+                        .arg(script::APPLY_LUA)
+                        .query_async(&mut conn)
+                        .await?;
+                    return Err(AttemptError::NoScript);
+                }
+                Value::ServerError(e) => return Err(AttemptError::Redis(e.into())),
+                other => return Err(AttemptError::Reply(format!("{other:?}"))),
+            };
+            match status {
+                1 => {
+                    outcome.late_keys += a as u64;
+                    outcome.rejected_keys += b as u64;
+                    outcome.keys_written += unit.keys.len() as u64 - (a + b) as u64;
+                }
+                0 => {}
+                _ => outcome.conflicts.push((unit.partition, unit.shard, a)),
+            }
+        }
+        if outcome.rejected_keys > 0 {
+            tracing::warn!(keys = outcome.rejected_keys, "counter keys hold non-integer values; left untouched");
+        }
+        Ok(outcome)
+    }
+
+    async fn try_init(&mut self, partitions: &[(i32, i64)]) -> Result<Vec<(i32, Vec<i64>)>, AttemptError> {
+        let mut conn = self.connection().await?;
+        let mut pipe = redis::pipe();
+        for &(p, initial) in partitions {
+            for s in 0..self.scope.shards {
+                pipe.cmd("EVAL")
+                    .arg(script::INIT_LUA)
+                    .arg(1)
+                    .arg(self.scope.key(p, s))
+                    .arg(initial);
+            }
+        }
+        let values: Vec<i64> = pipe.query_async(&mut conn).await?;
+        let per = self.scope.shards as usize;
+        Ok(partitions
+            .iter()
+            .zip(values.chunks(per))
+            .map(|(&(p, _), v)| (p, v.to_vec()))
+            .collect())
+    }
+}
+
+/// Wait for a std-channel reply, up to `timeout`.
+pub fn wait<T>(rx: &std_mpsc::Receiver<T>, timeout: Duration) -> Option<T> {
+    rx.recv_timeout(timeout).ok()
+}
