@@ -193,14 +193,14 @@ impl Decoder {
         }
         let ts_ms = match self.time_field {
             Some(i) => nums[i],
-            None => kafka_ts_ms.ok_or(DecodeError::BadTimestamp)?,
+            None => kafka_ts_ms
+                .filter(|t| (crate::window::MIN_TS_MS..=crate::window::MAX_TS_MS).contains(t))
+                .ok_or(DecodeError::BadTimestamp)?,
         };
         Ok(Event { dims, nums, ts_ms })
     }
 
     fn parse_time(&self, value: &FieldValue<'_>) -> Result<i64, DecodeError> {
-        // Accept ±~292 million years in ms; reject what would overflow window math.
-        const LIMIT_MS: i64 = 1 << 53;
         let ms = match (self.time_format, value) {
             (TimeFormat::EpochMs, FieldValue::Int(n)) => *n,
             (TimeFormat::EpochMs, FieldValue::Float(f)) if f.is_finite() => f.floor() as i64,
@@ -211,7 +211,8 @@ impl Decoder {
                 .timestamp_millis(),
             _ => return Err(DecodeError::BadTimestamp),
         };
-        if !(-LIMIT_MS..=LIMIT_MS).contains(&ms) {
+        // Years 1..9999 only: windows and key time formats are defined there.
+        if !(crate::window::MIN_TS_MS..=crate::window::MAX_TS_MS).contains(&ms) {
             return Err(DecodeError::BadTimestamp);
         }
         Ok(ms)

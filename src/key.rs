@@ -60,7 +60,7 @@ pub enum TemplateError {
         position: usize,
     },
     /// Neither a dimension nor a time pattern, most likely a typo.
-    #[error("key template `{template}`: unknown placeholder {{{placeholder}}}: it is not one of the dimensions ({dimensions}) and not a time pattern (only the letters y M d H m s, e.g. {{yyyyMMddHH}}; separators go outside the braces)")]
+    #[error("key template `{template}`: unknown placeholder {{{placeholder}}}: it is not one of the dimensions ({dimensions}) and not a time pattern (a time pattern is only the letters y M d H m s with no separators, e.g. {{yyyyMMddHH}})")]
     UnknownPlaceholder {
         /// The template being parsed.
         template: String,
@@ -170,28 +170,25 @@ impl TimeField {
             .find(|f| f.token().as_bytes()[0] == letter)
     }
 
-    /// The token as written in templates.
+    /// The token as written in templates, and its plain-language meaning (because `MM` and
+    /// `mm` are easy to mix up), indexed like [`TimeField::ALL`].
+    const NAMES: [(&'static str, &'static str); 6] = [
+        ("yyyy", "year"),
+        ("MM", "month"),
+        ("dd", "day"),
+        ("HH", "hour"),
+        ("mm", "minute"),
+        ("ss", "second"),
+    ];
+
+    /// The token as written in templates, e.g. `MM`.
     fn token(self) -> &'static str {
-        match self {
-            Self::Year => "yyyy",
-            Self::Month => "MM",
-            Self::Day => "dd",
-            Self::Hour => "HH",
-            Self::Minute => "mm",
-            Self::Second => "ss",
-        }
+        Self::NAMES[self as usize].0
     }
 
-    /// Plain-language meaning, because `MM` and `mm` are easy to mix up.
+    /// What the token means, e.g. `month`.
     fn meaning(self) -> &'static str {
-        match self {
-            Self::Year => "year",
-            Self::Month => "month",
-            Self::Day => "day",
-            Self::Hour => "hour",
-            Self::Minute => "minute",
-            Self::Second => "second",
-        }
+        Self::NAMES[self as usize].1
     }
 
     /// Whether windows of `size_secs` need this field to get distinct keys. Sizes divide a
@@ -340,7 +337,11 @@ impl KeyTemplate {
                 return Err(TemplateError::UnknownPlaceholder {
                     template: t(),
                     placeholder: name.to_owned(),
-                    dimensions: dimensions.join(", "),
+                    dimensions: if dimensions.is_empty() {
+                        "none configured".to_owned()
+                    } else {
+                        dimensions.join(", ")
+                    },
                 });
             };
 
@@ -411,7 +412,7 @@ impl KeyTemplate {
     }
 
     /// Render the whole key into `out` (cleared first): literals verbatim, each dimension value escaped, the pre-formatted time string verbatim.
-    /// `values[i]` is the value of dimensions[i]. Hot path: no allocation beyond `out` growth.
+    /// `values[i]` is the value of `dimensions[i]`. Hot path: no allocation beyond `out` growth.
     ///
     /// # Panics
     /// If `values` has fewer entries than [`KeyTemplate::dimension_count`]: that is a bug in

@@ -164,7 +164,7 @@ impl WindowSpec {
         }
         // Only reached for instants in the repeated part of a fall-back when windows are
         // smaller than the fall-back: the naive window ended during the first pass.
-        self.search(ts, local_start, start, end)
+        self.search(ts, local_start, start)
     }
 
     /// Window size in milliseconds.
@@ -208,10 +208,10 @@ impl WindowSpec {
         }
     }
 
-    /// Finds the window containing `ts` when the naive candidate (local start `guess`, bounds
-    /// `start`..`end`) does not: the latest aligned local start that resolves at or before
+    /// Finds the window containing `ts` when the naive candidate (local start `guess`, which
+    /// resolves to `start`) does not: the latest aligned local start that resolves at or before
     /// `ts`. Resolution is monotonic, so that window contains `ts` and windows still tile.
-    fn search(&self, ts: i64, guess: i64, start: i64, end: i64) -> Window {
+    fn search(&self, ts: i64, guess: i64, start: i64) -> Window {
         let size = self.size_ms();
         // Wall clock and UTC differ by less than a day in every zone, so four days bounds the
         // search in both directions.
@@ -219,7 +219,7 @@ impl WindowSpec {
         // Invariant: resolve(guess + lo * size) <= ts < resolve(guess + hi * size).
         let (mut lo, mut hi);
         if start <= ts {
-            // end <= ts as well: gallop forward.
+            // The candidate ended at or before `ts` (resolve(guess + size) <= ts): gallop forward.
             lo = 1;
             let mut step = 2;
             loop {

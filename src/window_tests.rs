@@ -46,11 +46,18 @@ fn check(spec: &WindowSpec, ts: i64) -> Window {
     assert_eq!(spec.window_of(w.end_ms - 1), w, "last ms maps back: {ctx}");
     assert_eq!(spec.window_of(w.end_ms).start_ms, w.end_ms, "tiling: {ctx}");
     let secs_of_day = i64::from(w.local_start.num_seconds_from_midnight());
-    assert_eq!(secs_of_day % i64::from(spec.size_secs()), 0, "aligned: {ctx}");
+    assert_eq!(
+        secs_of_day % i64::from(spec.size_secs()),
+        0,
+        "aligned: {ctx}"
+    );
     // The local start is never earlier than the instant's own wall-clock window.
     let local = ts + spec.offset_ms(ts);
     let floor = local.div_euclid(spec.size_ms()) * spec.size_ms();
-    assert!(naive_from_ms(floor) <= w.local_start, "not before wall clock: {ctx}");
+    assert!(
+        naive_from_ms(floor) <= w.local_start,
+        "not before wall clock: {ctx}"
+    );
     w
 }
 
@@ -64,7 +71,10 @@ fn walk(spec: &WindowSpec, from: i64, to: i64) -> usize {
         let w = check(spec, ts);
         if let Some(p) = prev {
             assert_eq!(p.end_ms, w.start_ms, "gapless: {p:?} then {w:?}");
-            assert!(p.local_start < w.local_start, "increasing: {p:?} then {w:?}");
+            assert!(
+                p.local_start < w.local_start,
+                "increasing: {p:?} then {w:?}"
+            );
         }
         prev = Some(w);
         ts = w.end_ms;
@@ -302,7 +312,10 @@ fn out_of_range_timestamps_are_clamped() {
     );
     assert_eq!(naive_from_ms(i64::MIN), NaiveDateTime::MIN);
     assert_eq!(naive_from_ms(i64::MAX), NaiveDateTime::MAX);
-    for tz in ZONES.into_iter().chain([Tz::Pacific__Kiritimati, Tz::Asia__Manila]) {
+    for tz in ZONES
+        .into_iter()
+        .chain([Tz::Pacific__Kiritimati, Tz::Asia__Manila])
+    {
         for secs in SIZES {
             let s = spec(secs, tz);
             let lo = s.window_of(i64::MIN);
@@ -310,7 +323,10 @@ fn out_of_range_timestamps_are_clamped() {
             // Tiling cannot hold past the clamp, so only containment is checked at the top.
             let hi = s.window_of(i64::MAX);
             assert_eq!(hi, s.window_of(MAX_TS_MS));
-            assert!(hi.start_ms <= MAX_TS_MS && MAX_TS_MS < hi.end_ms, "{tz} {secs}");
+            assert!(
+                hi.start_ms <= MAX_TS_MS && MAX_TS_MS < hi.end_ms,
+                "{tz} {secs}"
+            );
             let year = |w: Window| chrono::Datelike::year(&w.local_start);
             assert!(year(lo) >= 1 && year(hi) <= 9999, "{tz} {secs}");
         }
@@ -375,6 +391,18 @@ fn walks_tile_around_every_transition() {
     }
 }
 
+/// Every offset change of the test zones in 2020-2030, computed once.
+fn recent_transitions() -> &'static [(Tz, i64)] {
+    static ALL: std::sync::OnceLock<Vec<(Tz, i64)>> = std::sync::OnceLock::new();
+    ALL.get_or_init(|| {
+        let (from, to) = (utc(2020, 1, 1, 0, 0, 0), utc(2030, 1, 1, 0, 0, 0));
+        ZONES
+            .into_iter()
+            .flat_map(|tz| transitions(tz, from, to).into_iter().map(move |t| (tz, t)))
+            .collect()
+    })
+}
+
 fn zone() -> impl Strategy<Value = Tz> {
     proptest::sample::select(ZONES.to_vec())
 }
@@ -404,6 +432,17 @@ proptest! {
     ) {
         // Uniform over 2023-2026 so DST days are hit regularly.
         check(&spec(secs, tz), utc(2023, 1, 1, 0, 0, 0) + day * 24 * HOUR + ms);
+    }
+
+    #[test]
+    fn windows_near_transitions(
+        pick in any::<proptest::sample::Index>(),
+        secs in size(),
+        delta in -3 * HOUR..3 * HOUR,
+    ) {
+        let all = recent_transitions();
+        let (tz, t) = all[pick.index(all.len())];
+        check(&spec(secs, tz), t + delta);
     }
 
     #[test]

@@ -1,0 +1,193 @@
+//! Test harness: a real Kafka-protocol broker (librdkafka's mock cluster, in-process), a real
+//! `redis-server` on a free loopback port, and tally running in-process.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{BaseProducer, BaseRecord, DefaultProducerContext, Producer};
+use rdkafka::ClientConfig;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use tally::config::{Config, CounterConfig};
+use tally::local_redis::LocalRedis;
+use tally::metrics::Metrics;
+use tally::pipeline::Tally;
+
+pub struct Harness {
+    pub mock: MockCluster<'static, DefaultProducerContext>,
+    pub topic: String,
+    pub partitions: i32,
+    pub redis: LocalRedis,
+    producer: BaseProducer,
+    /// Messages produced per partition (= end offset, the mock starts at 0).
+    pub produced: Vec<i64>,
+}
+
+/// A running in-process tally.
+pub struct Running {
+    pub token: CancellationToken,
+    pub handle: JoinHandle<anyhow::Result<()>>,
+    pub metrics: Metrics,
+}
+
+impl Running {
+    pub async fn stop(self) {
+        self.token.cancel();
+        tokio::time::timeout(Duration::from_secs(60), self.handle)
+            .await
+            .expect("tally stops within 60s")
+            .expect("task joins")
+            .expect("tally exits cleanly");
+    }
+}
+
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("TALLY_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
+}
+
+impl Harness {
+    pub fn new(topic: &str, partitions: i32) -> Harness {
+        Self::with_redis(topic, partitions, &[])
+    }
+
+    pub fn with_redis(topic: &str, partitions: i32, redis_args: &[&str]) -> Harness {
+        init_logs();
+        let mock = MockCluster::new(1).expect("mock cluster");
+        mock.create_topic(topic, partitions, 1).expect("create topic");
+        let producer: BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", mock.bootstrap_servers())
+            .set("linger.ms", "1")
+            .create()
+            .expect("producer");
+        Harness {
+            topic: topic.to_string(),
+            partitions,
+            redis: LocalRedis::start(redis_args).expect("redis-server"),
+            producer,
+            produced: vec![0; partitions as usize],
+            mock,
+        }
+    }
+
+    /// A config for this broker/Redis with fast flushes and a short session timeout.
+    pub fn config(&self, group: &str, counters: Vec<CounterConfig>) -> Config {
+        let mut c = Config::default();
+        c.kafka.brokers = self.mock.bootstrap_servers();
+        c.kafka.topic = self.topic.clone();
+        c.kafka.group_id = group.to_string();
+        c.kafka.properties.insert("session.timeout.ms".into(), "6000".into());
+        c.kafka.properties.insert("heartbeat.interval.ms".into(), "500".into());
+        c.kafka.properties.insert("statistics.interval.ms".into(), "500".into());
+        c.redis.url = self.redis.url();
+        c.redis.connect_timeout = Duration::from_millis(500);
+        c.redis.response_timeout = Duration::from_secs(2);
+        c.flush.interval = Duration::from_millis(100);
+        c.flush.retry_initial = Duration::from_millis(50);
+        c.flush.retry_max = Duration::from_millis(500);
+        c.flush.shutdown_grace = Duration::from_secs(10);
+        c.http.listen = String::new();
+        c.counters = counters;
+        c.validate().expect("test config is valid");
+        c
+    }
+
+    pub fn start(&self, config: Config) -> Running {
+        let tally = Tally::new(config);
+        let metrics = tally.metrics.clone();
+        let token = CancellationToken::new();
+        let handle = tokio::spawn(tally.run(token.clone()));
+        Running { token, handle, metrics }
+    }
+
+    /// Produce one message to `partition` with an optional Kafka timestamp.
+    pub fn produce(&mut self, partition: i32, payload: &[u8], ts: Option<i64>) {
+        let mut rec = BaseRecord::<(), [u8]>::to(&self.topic).partition(partition).payload(payload);
+        if let Some(ts) = ts {
+            rec = rec.timestamp(ts);
+        }
+        let mut rec = rec;
+        loop {
+            match self.producer.send(rec) {
+                Ok(()) => break,
+                Err((_, r)) => {
+                    self.producer.poll(Duration::from_millis(10));
+                    rec = r;
+                }
+            }
+        }
+        self.produced[partition as usize] += 1;
+    }
+
+    pub fn flush_producer(&self) {
+        self.producer.flush(Duration::from_secs(30)).expect("produce flush");
+    }
+
+    pub fn conn(&self) -> redis::Connection {
+        redis::Client::open(self.redis.url())
+            .unwrap()
+            .get_connection_with_timeout(Duration::from_secs(2))
+            .expect("redis connection")
+    }
+
+    /// The applied offset Redis holds for (group, partition), shard 0.
+    pub fn applied(&self, group: &str, partition: i32) -> Option<i64> {
+        let key = format!("tally:applied:{group}:{}:{partition}:0", self.topic);
+        redis::cmd("GET").arg(key).query(&mut self.conn()).ok().flatten()
+    }
+
+    /// Wait until Redis has applied everything produced so far for `group`.
+    pub async fn wait_applied(&self, group: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let applied: Vec<Option<i64>> = (0..self.partitions).map(|p| self.applied(group, p)).collect();
+            if applied.iter().zip(&self.produced).all(|(a, &p)| a.unwrap_or(-1) == p) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out: applied {applied:?}, produced {:?}",
+                self.produced
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Every counter key (matching `pattern`) and its value.
+    pub fn dump(&self, pattern: &str) -> BTreeMap<String, i64> {
+        let mut conn = self.conn();
+        let keys: Vec<String> = redis::cmd("KEYS").arg(pattern).query(&mut conn).unwrap();
+        let mut out = BTreeMap::new();
+        for k in keys {
+            let v: i64 = redis::cmd("GET").arg(&k).query(&mut conn).unwrap();
+            out.insert(k, v);
+        }
+        out
+    }
+}
+
+/// Wait until `cond` holds, polling; panics with `what` after `timeout`.
+pub async fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+pub fn counter(name: &str, dims: &[&str], key: &str, window: Duration, tz: &str, retention: Duration) -> CounterConfig {
+    CounterConfig {
+        name: name.into(),
+        dimensions: dims.iter().map(|d| d.to_string()).collect(),
+        key: key.into(),
+        window,
+        timezone: tz.into(),
+        retention,
+        value_field: None,
+    }
+}

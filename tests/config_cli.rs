@@ -1,0 +1,146 @@
+//! Bad configuration exits with code 64 and names the offending key, before connecting anywhere.
+
+use std::io::Write;
+use std::process::{Command, Output};
+
+fn tally(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tally"));
+    cmd.args(args).env_remove("TALLY_CONFIG");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run tally")
+}
+
+fn with_file(toml: &str, args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut f = tempfile_in_target(toml);
+    f.flush().unwrap();
+    let path = f.path.clone();
+    let mut all = vec!["check", "--config", path.as_str()];
+    all.extend_from_slice(args);
+    tally(&all, env)
+}
+
+struct TempFile {
+    path: String,
+    file: std::fs::File,
+}
+impl Write for TempFile {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.file.write(b)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+fn tempfile_in_target(content: &str) -> TempFile {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let path = std::env::temp_dir().join(format!(
+        "tally-config-{}-{}.toml",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut file = std::fs::File::create(&path).unwrap();
+    file.write_all(content.as_bytes()).unwrap();
+    TempFile { path: path.to_string_lossy().into_owned(), file }
+}
+
+fn assert_usage_error(out: &Output, key: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "exit code; stderr: {stderr}");
+    // Keys from the environment are reported as written there (upper case).
+    assert!(stderr.to_lowercase().contains(&key.to_lowercase()), "stderr should name `{key}`: {stderr}");
+}
+
+#[test]
+fn default_config_is_valid_and_reproduces_the_reference_design() {
+    let out = tally(&["check"], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("flow:count:{app_id}:{device_id}:{ip}:{yyyyMMddHH}"), "{text}");
+    assert!(text.contains("window = \"1h\""), "{text}");
+}
+
+#[test]
+fn the_shipped_example_config_is_valid() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/tally.toml");
+    let out = tally(&["check", "--config", path], &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
+fn unknown_key_is_rejected() {
+    assert_usage_error(&with_file("[flush]\nintervall = \"1s\"\n", &[], &[]), "intervall");
+}
+
+#[test]
+fn bad_duration_names_the_key() {
+    assert_usage_error(&with_file("[flush]\ninterval = \"soon\"\n", &[], &[]), "interval");
+}
+
+#[test]
+fn window_that_does_not_divide_a_day() {
+    let toml = r#"
+[[counters]]
+name = "odd"
+dimensions = ["a"]
+key = "odd:{a}:{yyyyMMddHHmm}"
+window = "7m"
+"#;
+    assert_usage_error(&with_file(toml, &[], &[]), "counters[0].window");
+}
+
+#[test]
+fn template_too_coarse_for_the_window() {
+    let toml = r#"
+[[counters]]
+name = "c"
+dimensions = ["a"]
+key = "c:{a}:{yyyyMMdd}"
+window = "1h"
+"#;
+    assert_usage_error(&with_file(toml, &[], &[]), "counters[0].key");
+}
+
+#[test]
+fn unknown_time_zone() {
+    let toml = r#"
+[[counters]]
+name = "c"
+dimensions = ["a"]
+key = "c:{a}:{yyyyMMddHH}"
+window = "1h"
+timezone = "Mars/Olympus"
+"#;
+    assert_usage_error(&with_file(toml, &[], &[]), "counters[0].timezone");
+}
+
+#[test]
+fn managed_kafka_property_is_refused() {
+    let toml = "[kafka.properties]\n\"enable.auto.commit\" = \"true\"\n";
+    assert_usage_error(&with_file(toml, &[], &[]), "enable.auto.commit");
+}
+
+#[test]
+fn environment_overrides_file_and_flags_override_environment() {
+    let toml = "[kafka]\ntopic = \"from-file\"\n";
+    let out = with_file(toml, &[], &[("TALLY_KAFKA__TOPIC", "from-env")]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("topic = \"from-env\""));
+    let out = with_file(toml, &["--topic", "from-flag"], &[("TALLY_KAFKA__TOPIC", "from-env")]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("topic = \"from-flag\""));
+    let out = with_file(toml, &[], &[("TALLY_FLUSH__MAX_KEYS", "zero")]);
+    assert_usage_error(&out, "max_keys");
+}
+
+#[test]
+fn bad_redis_url_and_missing_file() {
+    assert_usage_error(&tally(&["check", "--redis-url", "http://x"], &[]), "redis.url");
+    assert_usage_error(&tally(&["check", "--config", "/nonexistent/tally.toml"], &[]), "--config");
+    assert_usage_error(&tally(&["run", "--listen", "not-an-address"], &[]), "http.listen");
+}
