@@ -33,7 +33,10 @@ pub struct Counter {
 
 impl Counter {
     /// Compile a validated counter. `field_index` maps an event field name to its decoder index.
-    pub fn new(config: &CounterConfig, field_index: impl Fn(&str) -> usize) -> anyhow::Result<Counter> {
+    pub fn new(
+        config: &CounterConfig,
+        field_index: impl Fn(&str) -> usize,
+    ) -> anyhow::Result<Counter> {
         let tz: chrono_tz::Tz = config
             .timezone
             .parse()
@@ -171,7 +174,8 @@ impl Aggregator {
                 sealed: Vec::new(),
             })
             .collect();
-        self.partitions.insert(partition, PartitionState { position, shards });
+        self.partitions
+            .insert(partition, PartitionState { position, shards });
         position
     }
 
@@ -225,12 +229,16 @@ impl Aggregator {
                 continue;
             }
             if counter.time_window != Some(window.start_ms) {
-                counter.template.format_time(window.local_start, &mut counter.time_text);
+                counter
+                    .template
+                    .format_time(window.local_start, &mut counter.time_text);
                 counter.time_window = Some(window.start_ms);
             }
             let mut values: smallvec::SmallVec<[&str; 8]> = smallvec::SmallVec::new();
             values.extend(counter.dims.iter().map(|&i| &*event.dims[i]));
-            counter.template.render(&mut self.key_buf, &values, &counter.time_text);
+            counter
+                .template
+                .render(&mut self.key_buf, &values, &counter.time_text);
             let delta = counter.value.map_or(1, |i| event.nums[i]);
 
             let shard = shard_of(&self.key_buf, self.shards);
@@ -271,12 +279,19 @@ impl Aggregator {
     pub fn seal(&mut self, only: Option<&[i32]>) -> Batch {
         let mut batch = Batch::default();
         let mut parts: Vec<i32> = match only {
-            Some(list) => list.iter().copied().filter(|p| self.partitions.contains_key(p)).collect(),
+            Some(list) => list
+                .iter()
+                .copied()
+                .filter(|p| self.partitions.contains_key(p))
+                .collect(),
             None => self.partitions.keys().copied().collect(),
         };
         parts.sort_unstable();
         for p in parts {
-            let state = self.partitions.get_mut(&p).expect("listed partition is tracked");
+            let state = self
+                .partitions
+                .get_mut(&p)
+                .expect("listed partition is tracked");
             let end = state.position;
             let mut any = false;
             for (s, shard) in state.shards.iter_mut().enumerate() {
@@ -315,7 +330,13 @@ impl Aggregator {
     }
 }
 
-fn seal(partition: i32, shard: u32, state: &mut ShardState, end: i64, hasher: &RandomState) -> Unit {
+fn seal(
+    partition: i32,
+    shard: u32,
+    state: &mut ShardState,
+    end: i64,
+    hasher: &RandomState,
+) -> Unit {
     let keys = std::mem::replace(&mut state.open.keys, KeyMap::with_hasher(hasher.clone()));
     let unit = Unit {
         partition,

@@ -334,17 +334,29 @@ impl Config {
         }
         if !self.redis.url.is_empty() {
             let url = &self.redis.url;
-            if !(url.starts_with("redis://") || url.starts_with("rediss://") || url.starts_with("unix://")) {
-                return Err(invalid("redis.url", format!("`{url}` must start with redis://, rediss:// or unix://")));
+            if !(url.starts_with("redis://")
+                || url.starts_with("rediss://")
+                || url.starts_with("unix://"))
+            {
+                return Err(invalid(
+                    "redis.url",
+                    format!("`{url}` must start with redis://, rediss:// or unix://"),
+                ));
             }
             redis::parse_redis_url(url)
                 .ok_or_else(|| invalid("redis.url", format!("`{url}` is not a valid Redis URL")))?;
         }
         if self.redis.state_prefix.is_empty() || self.redis.state_prefix.contains(['{', '}']) {
-            return Err(invalid("redis.state_prefix", "must be non-empty and contain no braces"));
+            return Err(invalid(
+                "redis.state_prefix",
+                "must be non-empty and contain no braces",
+            ));
         }
         if self.decode.max_message_bytes == 0 || self.decode.max_value_bytes == 0 {
-            return Err(invalid("decode.max_message_bytes", "limits must be positive"));
+            return Err(invalid(
+                "decode.max_message_bytes",
+                "limits must be positive",
+            ));
         }
         let f = &self.flush;
         if f.max_keys == 0 {
@@ -357,16 +369,25 @@ impl Config {
             ));
         }
         if f.max_keys_per_call == 0 || f.max_keys_per_call > 100_000 {
-            return Err(invalid("flush.max_keys_per_call", "must be between 1 and 100000"));
+            return Err(invalid(
+                "flush.max_keys_per_call",
+                "must be between 1 and 100000",
+            ));
         }
         if f.interval.is_zero() {
             return Err(invalid("flush.interval", "must be positive"));
         }
         if f.retry_initial.is_zero() || f.retry_max < f.retry_initial {
-            return Err(invalid("flush.retry_max", "need 0 < retry_initial <= retry_max"));
+            return Err(invalid(
+                "flush.retry_max",
+                "need 0 < retry_initial <= retry_max",
+            ));
         }
         if !self.http.listen.is_empty() && self.http.listen.parse::<SocketAddr>().is_err() {
-            return Err(invalid("http.listen", format!("`{}` is not an ip:port address", self.http.listen)));
+            return Err(invalid(
+                "http.listen",
+                format!("`{}` is not an ip:port address", self.http.listen),
+            ));
         }
         self.validate_counters()
     }
@@ -379,33 +400,52 @@ impl Config {
         for (i, c) in self.counters.iter().enumerate() {
             let at = |field: &str| format!("counters[{i}].{field}");
             if c.name.is_empty()
-                || !c.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+                || !c
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
             {
                 return Err(invalid(at("name"), "use letters, digits, '_' or '-'"));
             }
             if !seen.insert(c.name.as_str()) {
-                return Err(invalid(at("name"), format!("`{}` is used by two counters", c.name)));
+                return Err(invalid(
+                    at("name"),
+                    format!("`{}` is used by two counters", c.name),
+                ));
             }
             if c.dimensions.is_empty() {
                 return Err(invalid(at("dimensions"), "list at least one event field"));
             }
-            let tz: chrono_tz::Tz = c
-                .timezone
-                .parse()
-                .map_err(|_| invalid(at("timezone"), format!("`{}` is not an IANA time zone", c.timezone)))?;
-            let window = WindowSpec::new(c.window, tz).map_err(|e| invalid(at("window"), e.to_string()))?;
-            KeyTemplate::parse(&c.key, &c.dimensions, &window).map_err(|e| invalid(at("key"), e.to_string()))?;
+            let tz: chrono_tz::Tz = c.timezone.parse().map_err(|_| {
+                invalid(
+                    at("timezone"),
+                    format!("`{}` is not an IANA time zone", c.timezone),
+                )
+            })?;
+            let window =
+                WindowSpec::new(c.window, tz).map_err(|e| invalid(at("window"), e.to_string()))?;
+            KeyTemplate::parse(&c.key, &c.dimensions, &window)
+                .map_err(|e| invalid(at("key"), e.to_string()))?;
             if let Some(v) = &c.value_field {
                 if self.counters.iter().any(|o| o.dimensions.contains(v)) {
-                    return Err(invalid(at("value_field"), format!("`{v}` is also used as a dimension")));
+                    return Err(invalid(
+                        at("value_field"),
+                        format!("`{v}` is also used as a dimension"),
+                    ));
                 }
                 if self.decode.time_field.as_ref() == Some(v) {
-                    return Err(invalid(at("value_field"), format!("`{v}` is also decode.time_field")));
+                    return Err(invalid(
+                        at("value_field"),
+                        format!("`{v}` is also decode.time_field"),
+                    ));
                 }
             }
             if let Some(t) = &self.decode.time_field {
                 if c.dimensions.contains(t) {
-                    return Err(invalid(at("dimensions"), format!("`{t}` is also decode.time_field")));
+                    return Err(invalid(
+                        at("dimensions"),
+                        format!("`{t}` is also decode.time_field"),
+                    ));
                 }
             }
         }

@@ -117,7 +117,14 @@ impl Worker {
         }
     }
 
-    fn handle(&mut self, partition: i32, offset: i64, payload: Option<&[u8]>, kafka_ts: Option<i64>, now_ms: i64) {
+    fn handle(
+        &mut self,
+        partition: i32,
+        offset: i64,
+        payload: Option<&[u8]>,
+        kafka_ts: Option<i64>,
+        now_ms: i64,
+    ) {
         self.consumed += 1;
         if !self.agg.owns(partition) {
             return;
@@ -131,7 +138,13 @@ impl Worker {
                     self.decode_errors[e.index()] += 1;
                     self.errors_since_log += 1;
                     if self.last_error_log.elapsed() >= LOG_EVERY {
-                        tracing::warn!(partition, offset, reason = e.reason(), skipped = self.errors_since_log, "skipping undecodable messages");
+                        tracing::warn!(
+                            partition,
+                            offset,
+                            reason = e.reason(),
+                            skipped = self.errors_since_log,
+                            "skipping undecodable messages"
+                        );
                         self.last_error_log = Instant::now();
                         self.errors_since_log = 0;
                     }
@@ -151,7 +164,9 @@ impl Worker {
                 Err(std_mpsc::TryRecvError::Disconnected) => self.in_flight = None,
             }
         }
-        let due = self.batch_started.is_some_and(|t| t.elapsed() >= self.flush.interval)
+        let due = self
+            .batch_started
+            .is_some_and(|t| t.elapsed() >= self.flush.interval)
             || self.agg.pending_keys() >= self.flush.max_keys;
         if self.in_flight.is_none() && due {
             self.start_flush(None);
@@ -167,14 +182,23 @@ impl Worker {
     }
 
     fn set_paused(&mut self, consumer: &BaseConsumer<TallyContext>, paused: bool) {
-        let Ok(assignment) = consumer.assignment() else { return };
-        let result = if paused { consumer.pause(&assignment) } else { consumer.resume(&assignment) };
+        let Ok(assignment) = consumer.assignment() else {
+            return;
+        };
+        let result = if paused {
+            consumer.pause(&assignment)
+        } else {
+            consumer.resume(&assignment)
+        };
         if let Err(e) = result {
             tracing::warn!(error = %e, paused, "cannot change consumption state");
             return;
         }
         if paused {
-            tracing::info!(pending_keys = self.agg.pending_keys(), "backpressure: pausing consumption until the flush lands");
+            tracing::info!(
+                pending_keys = self.agg.pending_keys(),
+                "backpressure: pausing consumption until the flush lands"
+            );
         }
         self.paused = paused;
         self.metrics.backpressure_paused.set(i64::from(paused));
@@ -183,29 +207,47 @@ impl Worker {
     /// Publish per-batch counts to metrics.
     fn publish(&mut self) {
         self.last_publish = Instant::now();
-        self.metrics.messages_consumed.inc_by(std::mem::take(&mut self.consumed));
+        self.metrics
+            .messages_consumed
+            .inc_by(std::mem::take(&mut self.consumed));
         for (i, n) in self.decode_errors.iter_mut().enumerate() {
             if *n > 0 {
-                self.metrics.decode_errors.with_label_values(&[DECODE_REASONS[i]]).inc_by(std::mem::take(n));
+                self.metrics
+                    .decode_errors
+                    .with_label_values(&[DECODE_REASONS[i]])
+                    .inc_by(std::mem::take(n));
             }
         }
         let stats = self.agg.take_stats();
         for (i, counter) in self.agg.counters().iter().enumerate() {
             if stats.counted[i] > 0 {
-                self.metrics.events_counted.with_label_values(&[&counter.name]).inc_by(stats.counted[i]);
+                self.metrics
+                    .events_counted
+                    .with_label_values(&[&counter.name])
+                    .inc_by(stats.counted[i]);
             }
             if stats.late[i] > 0 {
-                self.metrics.late_events.with_label_values(&[&counter.name]).inc_by(stats.late[i]);
+                self.metrics
+                    .late_events
+                    .with_label_values(&[&counter.name])
+                    .inc_by(stats.late[i]);
             }
         }
-        self.metrics.replayed_events_skipped.inc_by(stats.replay_skipped);
+        self.metrics
+            .replayed_events_skipped
+            .inc_by(stats.replay_skipped);
         let in_flight = self.in_flight.as_ref().map_or(0, |f| f.keys);
-        self.metrics.pending_keys.set((self.agg.pending_keys() + in_flight) as i64);
+        self.metrics
+            .pending_keys
+            .set((self.agg.pending_keys() + in_flight) as i64);
     }
 
     /// Seal pending units (of `only` partitions, or all) and send them to the sink.
     fn start_flush(&mut self, only: Option<&[i32]>) {
-        debug_assert!(self.in_flight.is_none(), "one flush at a time keeps units in order");
+        debug_assert!(
+            self.in_flight.is_none(),
+            "one flush at a time keeps units in order"
+        );
         let batch = self.agg.seal(only);
         if only.is_none() {
             self.batch_started = None;
@@ -215,17 +257,35 @@ impl Worker {
         }
         let (tx, rx) = std_mpsc::channel();
         let keys = batch.keys;
-        if self.sink.send(SinkRequest::Flush { units: batch.units, reply: tx }).is_err() {
+        if self
+            .sink
+            .send(SinkRequest::Flush {
+                units: batch.units,
+                reply: tx,
+            })
+            .is_err()
+        {
             tracing::error!("redis sink has stopped; pending data will be replayed on restart");
             return;
         }
-        self.in_flight = Some(InFlight { reply: rx, ends: batch.ends, keys });
+        self.in_flight = Some(InFlight {
+            reply: rx,
+            ends: batch.ends,
+            keys,
+        });
         self.publish();
     }
 
     /// Wait up to `timeout` for the flush in flight and process its outcome.
-    fn drain(&mut self, consumer: &BaseConsumer<TallyContext>, timeout: Duration, mode: CommitMode) -> bool {
-        let Some(f) = &self.in_flight else { return true };
+    fn drain(
+        &mut self,
+        consumer: &BaseConsumer<TallyContext>,
+        timeout: Duration,
+        mode: CommitMode,
+    ) -> bool {
+        let Some(f) = &self.in_flight else {
+            return true;
+        };
         match f.reply.recv_timeout(timeout) {
             Ok(outcome) => {
                 self.complete(consumer, outcome, mode);
@@ -241,8 +301,15 @@ impl Worker {
     }
 
     /// A flush landed: commit what it covered, and resynchronise partitions whose units Redis refused.
-    fn complete(&mut self, consumer: &BaseConsumer<TallyContext>, outcome: FlushOutcome, mode: CommitMode) {
-        let Some(f) = self.in_flight.take() else { return };
+    fn complete(
+        &mut self,
+        consumer: &BaseConsumer<TallyContext>,
+        outcome: FlushOutcome,
+        mode: CommitMode,
+    ) {
+        let Some(f) = self.in_flight.take() else {
+            return;
+        };
         let conflicted: HashSet<i32> = outcome.conflicts.iter().map(|c| c.0).collect();
         let mut tpl = TopicPartitionList::new();
         for &(p, end) in &f.ends {
@@ -250,8 +317,14 @@ impl Worker {
                 continue;
             }
             // Kafka's committed offset is the next message to read, like our `end`.
-            if tpl.add_partition_offset(&self.topic, p, Offset::Offset(end)).is_ok() {
-                self.metrics.committed_offset.with_label_values(&[&p.to_string()]).set(end);
+            if tpl
+                .add_partition_offset(&self.topic, p, Offset::Offset(end))
+                .is_ok()
+            {
+                self.metrics
+                    .committed_offset
+                    .with_label_values(&[&p.to_string()])
+                    .set(end);
             }
         }
         if tpl.count() > 0 {
@@ -272,7 +345,9 @@ impl Worker {
     /// Drop what is pending for `partition` and restart it from Redis' applied offsets.
     fn resync(&mut self, consumer: &BaseConsumer<TallyContext>, partition: i32, hint: i64) {
         self.agg.revoke(partition);
-        let Some(fences) = self.init_fences(vec![(partition, hint.max(0))]) else { return };
+        let Some(fences) = self.init_fences(vec![(partition, hint.max(0))]) else {
+            return;
+        };
         for (p, applied) in fences {
             let start = self.agg.assign(p, &applied);
             if let Err(e) = consumer.seek(&self.topic, p, Offset::Offset(start), KAFKA_TIMEOUT) {
@@ -285,12 +360,21 @@ impl Worker {
     /// Ask the sink for the applied offsets of `partitions`, blocking this thread.
     fn init_fences(&mut self, partitions: Vec<(i32, i64)>) -> Option<Vec<(i32, Vec<i64>)>> {
         let (tx, rx) = std_mpsc::channel();
-        self.sink.send(SinkRequest::InitFences { partitions, reply: tx }).ok()?;
+        self.sink
+            .send(SinkRequest::InitFences {
+                partitions,
+                reply: tx,
+            })
+            .ok()?;
         rx.recv().ok()
     }
 
     fn on_assign(&mut self, consumer: &BaseConsumer<TallyContext>, tpl: &mut TopicPartitionList) {
-        let parts: Vec<i32> = tpl.elements_for_topic(&self.topic).iter().map(|e| e.partition()).collect();
+        let parts: Vec<i32> = tpl
+            .elements_for_topic(&self.topic)
+            .iter()
+            .map(|e| e.partition())
+            .collect();
         if parts.is_empty() {
             return;
         }
@@ -332,7 +416,11 @@ impl Worker {
     }
 
     fn on_revoke(&mut self, consumer: &BaseConsumer<TallyContext>, tpl: &TopicPartitionList) {
-        let parts: Vec<i32> = tpl.elements_for_topic(&self.topic).iter().map(|e| e.partition()).collect();
+        let parts: Vec<i32> = tpl
+            .elements_for_topic(&self.topic)
+            .iter()
+            .map(|e| e.partition())
+            .collect();
         self.revoking = parts.clone();
         let grace = self.flush.shutdown_grace;
         self.drain(consumer, grace, CommitMode::Sync);
@@ -340,8 +428,14 @@ impl Worker {
         self.drain(consumer, grace, CommitMode::Sync);
         for &p in &parts {
             self.agg.revoke(p);
-            let _ = self.metrics.committed_offset.remove_label_values(&[&p.to_string()]);
-            let _ = self.metrics.consumer_lag.remove_label_values(&[&p.to_string()]);
+            let _ = self
+                .metrics
+                .committed_offset
+                .remove_label_values(&[&p.to_string()]);
+            let _ = self
+                .metrics
+                .consumer_lag
+                .remove_label_values(&[&p.to_string()]);
         }
         tracing::info!(partitions = ?parts, "partitions revoked after flushing");
         self.revoking.clear();
@@ -362,10 +456,15 @@ impl Worker {
 
 impl ClientContext for TallyContext {
     fn stats(&self, statistics: Statistics) {
-        let Some(topic) = statistics.topics.get(&self.topic) else { return };
+        let Some(topic) = statistics.topics.get(&self.topic) else {
+            return;
+        };
         for (p, part) in &topic.partitions {
             if *p >= 0 && part.consumer_lag >= 0 {
-                self.metrics.consumer_lag.with_label_values(&[&p.to_string()]).set(part.consumer_lag);
+                self.metrics
+                    .consumer_lag
+                    .with_label_values(&[&p.to_string()])
+                    .set(part.consumer_lag);
             }
         }
     }
@@ -376,8 +475,16 @@ impl ClientContext for TallyContext {
 }
 
 impl ConsumerContext for TallyContext {
-    fn rebalance(&self, consumer: &BaseConsumer<Self>, err: RDKafkaRespErr, tpl: &mut TopicPartitionList) {
-        let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
         let mut worker = self.worker();
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
@@ -385,7 +492,11 @@ impl ConsumerContext for TallyContext {
                 if !self.shutdown.is_cancelled() {
                     worker.on_assign(consumer, tpl);
                 }
-                let r = if cooperative { consumer.incremental_assign(tpl) } else { consumer.assign(tpl) };
+                let r = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
                 if worker.paused {
                     let _ = consumer.pause(tpl);
                 }
@@ -411,7 +522,9 @@ impl ConsumerContext for TallyContext {
         if let Err(e) = result {
             tracing::error!(error = %e, "applying the new assignment failed");
         }
-        self.health.kafka.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.health
+            .kafka
+            .store(true, std::sync::atomic::Ordering::Relaxed);
         let assigned = consumer.assignment().map_or(0, |a| a.count());
         self.metrics.assigned_partitions.set(assigned as i64);
     }
@@ -439,9 +552,12 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
                 ctx.worker().tick(&consumer);
             }
             Some(Ok(msg)) => {
-                ctx.health.kafka.store(true, std::sync::atomic::Ordering::Relaxed);
+                ctx.health
+                    .kafka
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 let ts = msg.timestamp().to_millis();
-                ctx.worker().handle(msg.partition(), msg.offset(), msg.payload(), ts, now_ms);
+                ctx.worker()
+                    .handle(msg.partition(), msg.offset(), msg.payload(), ts, now_ms);
             }
         }
     }
@@ -451,5 +567,7 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
 }
 
 fn unix_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }

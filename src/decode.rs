@@ -130,7 +130,11 @@ impl Decoder {
     }
 
     /// Decode one payload. `kafka_ts_ms` is the message timestamp, used when no time field is set.
-    pub fn decode<'a>(&self, payload: Option<&'a [u8]>, kafka_ts_ms: Option<i64>) -> Result<Event<'a>, DecodeError> {
+    pub fn decode<'a>(
+        &self,
+        payload: Option<&'a [u8]>,
+        kafka_ts_ms: Option<i64>,
+    ) -> Result<Event<'a>, DecodeError> {
         let payload = payload.ok_or(DecodeError::Empty)?;
         if payload.is_empty() {
             return Err(DecodeError::Empty);
@@ -142,9 +146,12 @@ impl Decoder {
         let mut raw: SmallVec<[Option<FieldValue<'a>>; 8]> = SmallVec::new();
         raw.resize(self.names.len(), None);
         let mut de = serde_json::Deserializer::from_str(text);
-        ObjectSeed { names: &self.names, out: &mut raw }
-            .deserialize(&mut de)
-            .map_err(|_| DecodeError::NotJson)?;
+        ObjectSeed {
+            names: &self.names,
+            out: &mut raw,
+        }
+        .deserialize(&mut de)
+        .map_err(|_| DecodeError::NotJson)?;
         de.end().map_err(|_| DecodeError::NotJson)?;
 
         let mut dims = SmallVec::new();
@@ -204,8 +211,12 @@ impl Decoder {
         let ms = match (self.time_format, value) {
             (TimeFormat::EpochMs, FieldValue::Int(n)) => *n,
             (TimeFormat::EpochMs, FieldValue::Float(f)) if f.is_finite() => f.floor() as i64,
-            (TimeFormat::EpochS, FieldValue::Int(n)) => n.checked_mul(1000).ok_or(DecodeError::BadTimestamp)?,
-            (TimeFormat::EpochS, FieldValue::Float(f)) if f.is_finite() => (f * 1000.0).floor() as i64,
+            (TimeFormat::EpochS, FieldValue::Int(n)) => {
+                n.checked_mul(1000).ok_or(DecodeError::BadTimestamp)?
+            }
+            (TimeFormat::EpochS, FieldValue::Float(f)) if f.is_finite() => {
+                (f * 1000.0).floor() as i64
+            }
             (TimeFormat::Rfc3339, FieldValue::Str(s)) => chrono::DateTime::parse_from_rfc3339(s)
                 .map_err(|_| DecodeError::BadTimestamp)?
                 .timestamp_millis(),

@@ -33,7 +33,9 @@ fn extracts_wanted_fields_and_borrows_strings() {
 #[test]
 fn escaped_strings_and_numbers_as_dimensions() {
     let d = decoder(None, TimeFormat::EpochMs);
-    let e = d.decode(Some(br#"{"app_id":"a\"b","ip":12345,"bytes":-3}"#), Some(7)).unwrap();
+    let e = d
+        .decode(Some(br#"{"app_id":"a\"b","ip":12345,"bytes":-3}"#), Some(7))
+        .unwrap();
     assert_eq!(e.dims[0], "a\"b");
     assert_eq!(e.dims[1], "12345");
     assert_eq!(e.nums[2], -3);
@@ -50,38 +52,87 @@ fn every_reason_is_reported() {
         (Some(b"{\"app_id\":\"\xff\"}"), DecodeError::NotUtf8),
         (Some(b"not json"), DecodeError::NotJson),
         (Some(b"[1,2]"), DecodeError::NotJson),
-        (Some(br#"{"app_id":"a","ip":"b","bytes":1,"ts":1} trailing"#), DecodeError::NotJson),
-        (Some(br#"{"app_id":"a","bytes":1,"ts":1}"#), DecodeError::MissingField),
-        (Some(br#"{"app_id":"a","ip":null,"bytes":1,"ts":1}"#), DecodeError::WrongType),
-        (Some(br#"{"app_id":{"x":1},"ip":"b","bytes":1,"ts":1}"#), DecodeError::WrongType),
-        (Some(br#"{"app_id":"a","ip":"b","bytes":1.5,"ts":1}"#), DecodeError::WrongType),
-        (Some(br#"{"app_id":"a","ip":"b","bytes":"1","ts":1}"#), DecodeError::WrongType),
-        (Some(br#"{"app_id":"aaaaaaaaaaaaaaaaaaaaa","ip":"b","bytes":1,"ts":1}"#), DecodeError::TooLarge),
-        (Some(br#"{"app_id":"a","ip":"b","bytes":1}"#), DecodeError::MissingField),
-        (Some(br#"{"app_id":"a","ip":"b","bytes":1,"ts":"noon"}"#), DecodeError::BadTimestamp),
-        (Some(br#"{"app_id":"a","ip":"b","bytes":1,"ts":1e300}"#), DecodeError::BadTimestamp),
+        (
+            Some(br#"{"app_id":"a","ip":"b","bytes":1,"ts":1} trailing"#),
+            DecodeError::NotJson,
+        ),
+        (
+            Some(br#"{"app_id":"a","bytes":1,"ts":1}"#),
+            DecodeError::MissingField,
+        ),
+        (
+            Some(br#"{"app_id":"a","ip":null,"bytes":1,"ts":1}"#),
+            DecodeError::WrongType,
+        ),
+        (
+            Some(br#"{"app_id":{"x":1},"ip":"b","bytes":1,"ts":1}"#),
+            DecodeError::WrongType,
+        ),
+        (
+            Some(br#"{"app_id":"a","ip":"b","bytes":1.5,"ts":1}"#),
+            DecodeError::WrongType,
+        ),
+        (
+            Some(br#"{"app_id":"a","ip":"b","bytes":"1","ts":1}"#),
+            DecodeError::WrongType,
+        ),
+        (
+            Some(br#"{"app_id":"aaaaaaaaaaaaaaaaaaaaa","ip":"b","bytes":1,"ts":1}"#),
+            DecodeError::TooLarge,
+        ),
+        (
+            Some(br#"{"app_id":"a","ip":"b","bytes":1}"#),
+            DecodeError::MissingField,
+        ),
+        (
+            Some(br#"{"app_id":"a","ip":"b","bytes":1,"ts":"noon"}"#),
+            DecodeError::BadTimestamp,
+        ),
+        (
+            Some(br#"{"app_id":"a","ip":"b","bytes":1,"ts":1e300}"#),
+            DecodeError::BadTimestamp,
+        ),
     ];
     for (payload, want) in cases {
         let got = d.decode(*payload, Some(1)).map(|_| ()).unwrap_err();
-        assert_eq!(got, *want, "payload {:?}", payload.map(String::from_utf8_lossy));
+        assert_eq!(
+            got,
+            *want,
+            "payload {:?}",
+            payload.map(String::from_utf8_lossy)
+        );
     }
 }
 
 #[test]
 fn time_formats() {
     let s = decoder(Some("t"), TimeFormat::EpochS);
-    let e = s.decode(Some(br#"{"app_id":"a","ip":"b","bytes":1,"t":1722531600}"#), None).unwrap();
+    let e = s
+        .decode(
+            Some(br#"{"app_id":"a","ip":"b","bytes":1,"t":1722531600}"#),
+            None,
+        )
+        .unwrap();
     assert_eq!(e.ts_ms, 1_722_531_600_000);
-    let e = s.decode(Some(br#"{"app_id":"a","ip":"b","bytes":1,"t":1722531600.5}"#), None).unwrap();
+    let e = s
+        .decode(
+            Some(br#"{"app_id":"a","ip":"b","bytes":1,"t":1722531600.5}"#),
+            None,
+        )
+        .unwrap();
     assert_eq!(e.ts_ms, 1_722_531_600_500);
     let r = decoder(Some("t"), TimeFormat::Rfc3339);
     let e = r
-        .decode(Some(br#"{"app_id":"a","ip":"b","bytes":1,"t":"2024-08-01T18:00:00+02:00"}"#), None)
+        .decode(
+            Some(br#"{"app_id":"a","ip":"b","bytes":1,"t":"2024-08-01T18:00:00+02:00"}"#),
+            None,
+        )
         .unwrap();
     assert_eq!(e.ts_ms, 1_722_528_000_000);
     let none = decoder(None, TimeFormat::EpochMs);
     assert_eq!(
-        none.decode(Some(br#"{"app_id":"a","ip":"b","bytes":1}"#), None).unwrap_err(),
+        none.decode(Some(br#"{"app_id":"a","ip":"b","bytes":1}"#), None)
+            .unwrap_err(),
         DecodeError::BadTimestamp
     );
 }

@@ -30,7 +30,11 @@ pub struct DemoOptions {
 }
 
 /// Run the demo until `shutdown` or the duration ends.
-pub async fn run(mut config: Config, opts: DemoOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    mut config: Config,
+    opts: DemoOptions,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let _redis = if config.redis.url.is_empty() {
         let redis = LocalRedis::start(&[])?;
         config.redis.url = redis.url();
@@ -142,7 +146,10 @@ fn spawn_producer(
                 let k = gen.next_key();
                 EventGen::write_json(&mut buf, k, now);
                 let key = k.to_le_bytes();
-                if producer.send(BaseRecord::to(&topic).key(&key[..]).payload(&buf[..])).is_err() {
+                if producer
+                    .send(BaseRecord::to(&topic).key(&key[..]).payload(&buf[..]))
+                    .is_err()
+                {
                     std::thread::sleep(Duration::from_millis(5));
                     break;
                 }
@@ -181,7 +188,11 @@ pub async fn top_counters(
         return Ok(Vec::new());
     }
     let values: Vec<Option<i64>> = redis::cmd("MGET").arg(&keys).query_async(conn).await?;
-    let mut pairs: Vec<(String, i64)> = keys.into_iter().zip(values).filter_map(|(k, v)| Some((k, v?))).collect();
+    let mut pairs: Vec<(String, i64)> = keys
+        .into_iter()
+        .zip(values)
+        .filter_map(|(k, v)| Some((k, v?)))
+        .collect();
     pairs.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     pairs.truncate(n);
     Ok(pairs)

@@ -36,7 +36,9 @@ impl EventGen {
     /// Next key index in `0..keys`.
     pub fn next_key(&mut self) -> u64 {
         match &self.zipf {
-            Some(z) => (z.sample(&mut self.rng) as u64).saturating_sub(1).min(self.keys - 1),
+            Some(z) => (z.sample(&mut self.rng) as u64)
+                .saturating_sub(1)
+                .min(self.keys - 1),
             None => self.rng.gen_range(0..self.keys),
         }
     }

@@ -46,14 +46,27 @@ pub async fn serve(
 
 async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         state.metrics.render(),
     )
 }
 
 async fn ready_handler(State(state): State<AppState>) -> impl IntoResponse {
-    let kafka = state.health.kafka.load(std::sync::atomic::Ordering::Relaxed);
-    let redis = state.health.redis.load(std::sync::atomic::Ordering::Relaxed);
-    let code = if kafka && redis { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    let kafka = state
+        .health
+        .kafka
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let redis = state
+        .health
+        .redis
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let code = if kafka && redis {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
     (code, format!("kafka={kafka} redis={redis}\n"))
 }

@@ -31,7 +31,12 @@ impl LocalRedis {
             .map(|s| s.to_string())
             .collect();
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut redis = LocalRedis { port, dir, args, child: None };
+        let mut redis = LocalRedis {
+            port,
+            dir,
+            args,
+            child: None,
+        };
         redis.restart()?;
         Ok(redis)
     }
@@ -59,7 +64,8 @@ impl LocalRedis {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(client) = redis::Client::open(self.url()) {
-                if let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200)) {
+                if let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200))
+                {
                     if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
                         return Ok(());
                     }
@@ -67,7 +73,10 @@ impl LocalRedis {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Err(std::io::Error::other(format!("redis-server on port {} did not answer", self.port)))
+        Err(std::io::Error::other(format!(
+            "redis-server on port {} did not answer",
+            self.port
+        )))
     }
 
     /// Kill the server (SIGKILL) and wait for it to exit.

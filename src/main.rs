@@ -11,7 +11,11 @@ use tokio_util::sync::CancellationToken;
 use tally::config::{Config, EXIT_CONFIG};
 
 #[derive(Parser)]
-#[command(name = "tally", version, about = "Exact, time-windowed counters from a Kafka topic into Redis")]
+#[command(
+    name = "tally",
+    version,
+    about = "Exact, time-windowed counters from a Kafka topic into Redis"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -101,21 +105,26 @@ impl Common {
 }
 
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TALLY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,librdkafka=warn,rdkafka=warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TALLY_LOG").unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("info,librdkafka=warn,rdkafka=warn")
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// Cancel `token` on SIGINT or SIGTERM.
 fn on_signals(token: CancellationToken) {
     tokio::spawn(async move {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot listen for SIGTERM");
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot listen for SIGTERM");
+                    return;
+                }
+            };
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
@@ -155,7 +164,13 @@ fn main() -> ExitCode {
                 print!("{}", prepared.expect("loaded above").to_toml());
                 Ok(())
             }
-            Command::Demo { common, rate, partitions, keys, duration } => {
+            Command::Demo {
+                common,
+                rate,
+                partitions,
+                keys,
+                duration,
+            } => {
                 let mut config = prepared.expect("loaded above");
                 if common.redis_url.is_none() && std::env::var_os("TALLY_REDIS__URL").is_none() {
                     config.redis.url.clear();
@@ -163,7 +178,12 @@ fn main() -> ExitCode {
                 if common.group_id.is_none() {
                     config.kafka.group_id = "tally-demo".into();
                 }
-                let opts = tally::demo::DemoOptions { rate, partitions, keys, duration };
+                let opts = tally::demo::DemoOptions {
+                    rate,
+                    partitions,
+                    keys,
+                    duration,
+                };
                 tally::demo::run(config, opts, shutdown).await
             }
             Command::MockBroker { topics } => tally::produce::mock_broker(&topics, shutdown).await,

@@ -4,8 +4,7 @@
 //! decode reason (closed enums). A user's key or dimension value is never a label.
 
 use prometheus::{
-    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry,
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
 /// All metrics of one tally process.
@@ -55,32 +54,42 @@ pub struct Metrics {
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
     let c = IntCounter::new(name, help).expect("static metric definition");
-    registry.register(Box::new(c.clone())).expect("metric registered once");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric registered once");
     c
 }
 
 fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
-    registry.register(Box::new(c.clone())).expect("metric registered once");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric registered once");
     c
 }
 
 fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(name, help).expect("static metric definition");
-    registry.register(Box::new(g.clone())).expect("metric registered once");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("metric registered once");
     g
 }
 
 fn gauge_vec(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
-    registry.register(Box::new(g.clone())).expect("metric registered once");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("metric registered once");
     g
 }
 
 fn histogram(registry: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
     let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
         .expect("static metric definition");
-    registry.register(Box::new(h.clone())).expect("metric registered once");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("metric registered once");
     h
 }
 

@@ -33,7 +33,11 @@ pub fn build_stages(config: &Config) -> anyhow::Result<(Decoder, Vec<Counter>)> 
     let counters = config
         .counters
         .iter()
-        .map(|c| Counter::new(c, |name| decoder.field_index(name).expect("field registered above")))
+        .map(|c| {
+            Counter::new(c, |name| {
+                decoder.field_index(name).expect("field registered above")
+            })
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok((decoder, counters))
 }
@@ -94,8 +98,14 @@ impl Tally {
             topic: config.kafka.topic.clone(),
             shards: 1,
         };
-        let sink = Sink::new(&config.redis, config.flush.clone(), scope, self.metrics.clone(), self.health.clone())
-            .context("redis configuration")?;
+        let sink = Sink::new(
+            &config.redis,
+            config.flush.clone(),
+            scope,
+            self.metrics.clone(),
+            self.health.clone(),
+        )
+        .context("redis configuration")?;
         let (sink_tx, sink_rx) = tokio::sync::mpsc::unbounded_channel();
         let abort = CancellationToken::new();
         let sink_task = tokio::spawn(sink.run(sink_rx, abort.clone()));
@@ -103,9 +113,14 @@ impl Tally {
         let http_stop = CancellationToken::new();
         if !config.http.listen.is_empty() {
             let addr = config.http.listen.parse().context("http.listen")?;
-            let (local, _) = crate::http::serve(addr, self.metrics.clone(), self.health.clone(), http_stop.clone())
-                .await
-                .with_context(|| format!("cannot listen on {addr}"))?;
+            let (local, _) = crate::http::serve(
+                addr,
+                self.metrics.clone(),
+                self.health.clone(),
+                http_stop.clone(),
+            )
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
             tracing::info!(%local, "serving /metrics and /health");
         }
 

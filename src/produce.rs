@@ -61,7 +61,8 @@ fn produce_blocking(args: &ProduceArgs, shutdown: &CancellationToken) -> anyhow:
     for (k, v) in &args.properties {
         cc.set(k, v);
     }
-    let producer: ThreadedProducer<DefaultProducerContext> = cc.create().context("kafka producer")?;
+    let producer: ThreadedProducer<DefaultProducerContext> =
+        cc.create().context("kafka producer")?;
     let mut gen = EventGen::new(args.keys, args.skew, args.seed);
     let mut buf = Vec::with_capacity(128);
     let start = Instant::now();
@@ -73,7 +74,11 @@ fn produce_blocking(args: &ProduceArgs, shutdown: &CancellationToken) -> anyhow:
         } else {
             (start.elapsed().as_secs_f64() * args.rate as f64) as u64
         };
-        let due = if args.count > 0 { due.min(args.count) } else { due };
+        let due = if args.count > 0 {
+            due.min(args.count)
+        } else {
+            due
+        };
         if sent >= due {
             std::thread::sleep(Duration::from_millis(1));
         }
@@ -96,7 +101,9 @@ fn produce_blocking(args: &ProduceArgs, shutdown: &CancellationToken) -> anyhow:
             report = (Instant::now(), sent);
         }
     }
-    producer.flush(Duration::from_secs(30)).context("flushing produced events")?;
+    producer
+        .flush(Duration::from_secs(30))
+        .context("flushing produced events")?;
     eprintln!(
         "produced {sent} events in {:.1}s",
         start.elapsed().as_secs_f64()
@@ -110,7 +117,9 @@ pub async fn mock_broker(topics: &[String], shutdown: CancellationToken) -> anyh
     let mock = MockCluster::new(1).context("starting the mock cluster")?;
     for t in topics {
         let (name, parts) = t.split_once(':').unwrap_or((t.as_str(), "1"));
-        let parts: i32 = parts.parse().with_context(|| format!("bad partition count in `{t}`"))?;
+        let parts: i32 = parts
+            .parse()
+            .with_context(|| format!("bad partition count in `{t}`"))?;
         mock.create_topic(name, parts, 1)?;
     }
     println!("bootstrap={}", mock.bootstrap_servers());

@@ -48,22 +48,35 @@ fn tempfile_in_target(content: &str) -> TempFile {
     ));
     let mut file = std::fs::File::create(&path).unwrap();
     file.write_all(content.as_bytes()).unwrap();
-    TempFile { path: path.to_string_lossy().into_owned(), file }
+    TempFile {
+        path: path.to_string_lossy().into_owned(),
+        file,
+    }
 }
 
 fn assert_usage_error(out: &Output, key: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(64), "exit code; stderr: {stderr}");
     // Keys from the environment are reported as written there (upper case).
-    assert!(stderr.to_lowercase().contains(&key.to_lowercase()), "stderr should name `{key}`: {stderr}");
+    assert!(
+        stderr.to_lowercase().contains(&key.to_lowercase()),
+        "stderr should name `{key}`: {stderr}"
+    );
 }
 
 #[test]
 fn default_config_is_valid_and_reproduces_the_reference_design() {
     let out = tally(&["check"], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("flow:count:{app_id}:{device_id}:{ip}:{yyyyMMddHH}"), "{text}");
+    assert!(
+        text.contains("flow:count:{app_id}:{device_id}:{ip}:{yyyyMMddHH}"),
+        "{text}"
+    );
     assert!(text.contains("window = \"1h\""), "{text}");
 }
 
@@ -71,17 +84,27 @@ fn default_config_is_valid_and_reproduces_the_reference_design() {
 fn the_shipped_example_config_is_valid() {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/tally.toml");
     let out = tally(&["check", "--config", path], &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
 fn unknown_key_is_rejected() {
-    assert_usage_error(&with_file("[flush]\nintervall = \"1s\"\n", &[], &[]), "intervall");
+    assert_usage_error(
+        &with_file("[flush]\nintervall = \"1s\"\n", &[], &[]),
+        "intervall",
+    );
 }
 
 #[test]
 fn bad_duration_names_the_key() {
-    assert_usage_error(&with_file("[flush]\ninterval = \"soon\"\n", &[], &[]), "interval");
+    assert_usage_error(
+        &with_file("[flush]\ninterval = \"soon\"\n", &[], &[]),
+        "interval",
+    );
 }
 
 #[test]
@@ -132,7 +155,11 @@ fn environment_overrides_file_and_flags_override_environment() {
     let toml = "[kafka]\ntopic = \"from-file\"\n";
     let out = with_file(toml, &[], &[("TALLY_KAFKA__TOPIC", "from-env")]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("topic = \"from-env\""));
-    let out = with_file(toml, &["--topic", "from-flag"], &[("TALLY_KAFKA__TOPIC", "from-env")]);
+    let out = with_file(
+        toml,
+        &["--topic", "from-flag"],
+        &[("TALLY_KAFKA__TOPIC", "from-env")],
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("topic = \"from-flag\""));
     let out = with_file(toml, &[], &[("TALLY_FLUSH__MAX_KEYS", "zero")]);
     assert_usage_error(&out, "max_keys");
@@ -140,7 +167,16 @@ fn environment_overrides_file_and_flags_override_environment() {
 
 #[test]
 fn bad_redis_url_and_missing_file() {
-    assert_usage_error(&tally(&["check", "--redis-url", "http://x"], &[]), "redis.url");
-    assert_usage_error(&tally(&["check", "--config", "/nonexistent/tally.toml"], &[]), "--config");
-    assert_usage_error(&tally(&["run", "--listen", "not-an-address"], &[]), "http.listen");
+    assert_usage_error(
+        &tally(&["check", "--redis-url", "http://x"], &[]),
+        "redis.url",
+    );
+    assert_usage_error(
+        &tally(&["check", "--config", "/nonexistent/tally.toml"], &[]),
+        "--config",
+    );
+    assert_usage_error(
+        &tally(&["run", "--listen", "not-an-address"], &[]),
+        "http.listen",
+    );
 }

@@ -26,7 +26,11 @@ fn produce_batch(h: &mut Harness, from: usize, n: usize) {
     let now = Utc::now().timestamp_millis();
     for i in from..from + n {
         let payload = format!(r#"{{"app_id":"a{}","device_id":"d{}"}}"#, i % 4, i % 5);
-        h.produce((i % h.partitions as usize) as i32, payload.as_bytes(), Some(now));
+        h.produce(
+            (i % h.partitions as usize) as i32,
+            payload.as_bytes(),
+            Some(now),
+        );
     }
     h.flush_producer();
 }
@@ -48,10 +52,12 @@ fn committed(h: &Harness, group: &str) -> Vec<i64> {
     }
     let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
     (0..h.partitions)
-        .map(|p| match got.find_partition(&h.topic, p).unwrap().offset() {
-            Offset::Offset(n) => n,
-            _ => -1,
-        })
+        .map(
+            |p| match got.find_partition(&h.topic, p).unwrap().offset() {
+                Offset::Offset(n) => n,
+                _ => -1,
+            },
+        )
         .collect()
 }
 
@@ -64,7 +70,11 @@ async fn restarted_consumer_resumes_and_loses_nothing() {
     h.wait_applied("g-restart", Duration::from_secs(60)).await;
     first.stop().await;
     assert_eq!(total(&h, "rs:*"), 3_000);
-    assert_eq!(committed(&h, "g-restart"), h.produced, "kafka commit follows what landed");
+    assert_eq!(
+        committed(&h, "g-restart"),
+        h.produced,
+        "kafka commit follows what landed"
+    );
 
     produce_batch(&mut h, 3_000, 2_000);
     let second = h.start(config);
@@ -72,13 +82,21 @@ async fn restarted_consumer_resumes_and_loses_nothing() {
     let consumed = second.metrics.messages_consumed.clone();
     second.stop().await;
     assert_eq!(total(&h, "rs:*"), 5_000, "every event counted exactly once");
-    assert_eq!(consumed.get(), 2_000, "the restart read only the new messages");
+    assert_eq!(
+        consumed.get(),
+        2_000,
+        "the restart read only the new messages"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_outage_loses_nothing_and_commits_nothing_unlanded() {
     // AOF with fsync always: what Redis acknowledged survives its restart.
-    let mut h = Harness::with_redis("outage", 2, &["--appendonly", "yes", "--appendfsync", "always"]);
+    let mut h = Harness::with_redis(
+        "outage",
+        2,
+        &["--appendonly", "yes", "--appendfsync", "always"],
+    );
     let config = h.config("g-outage", hourly("out"));
     let running = h.start(config);
     produce_batch(&mut h, 0, 2_000);
@@ -88,7 +106,10 @@ async fn redis_outage_loses_nothing_and_commits_nothing_unlanded() {
     h.redis.stop();
     produce_batch(&mut h, 2_000, 3_000);
     let m = running.metrics.clone();
-    wait_for("redis errors", Duration::from_secs(20), || m.redis_retries.get() >= 2).await;
+    wait_for("redis errors", Duration::from_secs(20), || {
+        m.redis_retries.get() >= 2
+    })
+    .await;
     // While Redis is down, nothing past what landed may be committed.
     let during = committed(&h, "g-outage");
     for (p, (&c, &l)) in during.iter().zip(&landed).enumerate() {
@@ -109,7 +130,10 @@ async fn script_flush_during_a_run_recovers() {
     let running = h.start(config);
     produce_batch(&mut h, 0, 1_000);
     h.wait_applied("g-noscript", Duration::from_secs(60)).await;
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut h.conn()).unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut h.conn())
+        .unwrap();
     produce_batch(&mut h, 1_000, 1_000);
     h.wait_applied("g-noscript", Duration::from_secs(60)).await;
     let reloads = running.metrics.noscript_reloads.get();
@@ -128,9 +152,15 @@ async fn bad_messages_are_counted_by_reason_and_the_stream_continues() {
     let bad: Vec<(&str, Vec<u8>)> = vec![
         ("not_json", b"hello".to_vec()),
         ("not_json", b"[1,2,3]".to_vec()),
-        ("not_utf8", b"{\"app_id\":\"\xc3\x28\",\"device_id\":\"d\"}".to_vec()),
+        (
+            "not_utf8",
+            b"{\"app_id\":\"\xc3\x28\",\"device_id\":\"d\"}".to_vec(),
+        ),
         ("missing_field", br#"{"app_id":"a"}"#.to_vec()),
-        ("wrong_type", br#"{"app_id":{"x":1},"device_id":"d"}"#.to_vec()),
+        (
+            "wrong_type",
+            br#"{"app_id":{"x":1},"device_id":"d"}"#.to_vec(),
+        ),
         ("too_large", big.into_bytes()),
         ("empty", Vec::new()),
     ];
@@ -139,7 +169,11 @@ async fn bad_messages_are_counted_by_reason_and_the_stream_continues() {
             h.produce(0, payload, now);
         }
         for i in 0..10 {
-            h.produce(0, format!(r#"{{"app_id":"ok","device_id":"d{round}{i}"}}"#).as_bytes(), now);
+            h.produce(
+                0,
+                format!(r#"{{"app_id":"ok","device_id":"d{round}{i}"}}"#).as_bytes(),
+                now,
+            );
         }
     }
     h.flush_producer();
@@ -148,8 +182,19 @@ async fn bad_messages_are_counted_by_reason_and_the_stream_continues() {
     let m = running.metrics.clone();
     running.stop().await;
     assert_eq!(total(&h, "bad:*"), 30);
-    for reason in ["not_json", "not_utf8", "missing_field", "wrong_type", "too_large", "empty"] {
+    for reason in [
+        "not_json",
+        "not_utf8",
+        "missing_field",
+        "wrong_type",
+        "too_large",
+        "empty",
+    ] {
         let want = 3 * bad.iter().filter(|(r, _)| *r == reason).count() as u64;
-        assert_eq!(m.decode_errors.with_label_values(&[reason]).get(), want, "reason {reason}");
+        assert_eq!(
+            m.decode_errors.with_label_values(&[reason]).get(),
+            want,
+            "reason {reason}"
+        );
     }
 }

@@ -22,16 +22,24 @@ async fn two_consumers_split_partitions_and_count_everything() {
     let a = h.start(config.clone());
     let b = h.start(config);
     let (ma, mb) = (a.metrics.clone(), b.metrics.clone());
-    wait_for("both replicas own partitions", Duration::from_secs(60), || {
-        ma.assigned_partitions.get() > 0
-            && mb.assigned_partitions.get() > 0
-            && ma.assigned_partitions.get() + mb.assigned_partitions.get() == 6
-    })
+    wait_for(
+        "both replicas own partitions",
+        Duration::from_secs(60),
+        || {
+            ma.assigned_partitions.get() > 0
+                && mb.assigned_partitions.get() > 0
+                && ma.assigned_partitions.get() + mb.assigned_partitions.get() == 6
+        },
+    )
     .await;
 
     let now = Utc::now().timestamp_millis();
     for i in 0..6_000 {
-        h.produce(i % 6, format!(r#"{{"app_id":"a{}"}}"#, i % 10).as_bytes(), Some(now));
+        h.produce(
+            i % 6,
+            format!(r#"{{"app_id":"a{}"}}"#, i % 10).as_bytes(),
+            Some(now),
+        );
     }
     h.flush_producer();
     h.wait_applied("g-group", Duration::from_secs(60)).await;

@@ -18,7 +18,14 @@ fn hour_floor(ms: i64) -> i64 {
 async fn exact_counts_and_expiry_across_windows_partitions_and_counters() {
     let mut h = Harness::new("exact", 4);
     let day = Duration::from_secs(86_400);
-    let mut sum = counter("bytes", &["app_id"], "bytes:{app_id}:{yyyyMMddHH}", Duration::from_secs(3600), "UTC", day);
+    let mut sum = counter(
+        "bytes",
+        &["app_id"],
+        "bytes:{app_id}:{yyyyMMddHH}",
+        Duration::from_secs(3600),
+        "UTC",
+        day,
+    );
     sum.value_field = Some("bytes".into());
     let counters = vec![
         // The reference design, but kept a day past the window so past hours are not late.
@@ -30,8 +37,22 @@ async fn exact_counts_and_expiry_across_windows_partitions_and_counters() {
             "UTC",
             day,
         ),
-        counter("daily", &["app_id"], "daily:{app_id}:{yyyyMMdd}", day, "Asia/Kolkata", Duration::ZERO),
-        counter("minute", &["ip"], "minute:{ip}:{yyyyMMddHHmm}", Duration::from_secs(60), "UTC", day),
+        counter(
+            "daily",
+            &["app_id"],
+            "daily:{app_id}:{yyyyMMdd}",
+            day,
+            "Asia/Kolkata",
+            Duration::ZERO,
+        ),
+        counter(
+            "minute",
+            &["ip"],
+            "minute:{ip}:{yyyyMMddHHmm}",
+            Duration::from_secs(60),
+            "UTC",
+            day,
+        ),
         sum,
     ];
     let mut config = h.config("g-exact", counters);
@@ -48,9 +69,15 @@ async fn exact_counts_and_expiry_across_windows_partitions_and_counters() {
             let ts = ts.min(now); // never in the future
             let app = format!("app{}", i % 7);
             let dev = format!("dev{}", i % 13);
-            let ip = if i % 5 == 0 { "::1".to_string() } else { format!("10.0.0.{}", i % 3) };
+            let ip = if i % 5 == 0 {
+                "::1".to_string()
+            } else {
+                format!("10.0.0.{}", i % 3)
+            };
             let bytes = 1 + i % 100;
-            let payload = format!(r#"{{"app_id":"{app}","device_id":"{dev}","ip":"{ip}","ts":{ts},"bytes":{bytes}}}"#);
+            let payload = format!(
+                r#"{{"app_id":"{app}","device_id":"{dev}","ip":"{ip}","ts":{ts},"bytes":{bytes}}}"#
+            );
             h.produce((i % 4) as i32, payload.as_bytes(), None);
             n += 1;
 
@@ -66,7 +93,9 @@ async fn exact_counts_and_expiry_across_windows_partitions_and_counters() {
                 .unwrap()
                 .timestamp_millis();
             let daily = format!("daily:{app}:{}", local.format("%Y%m%d"));
-            want.entry(daily).or_insert((0, local_midnight + 86_400_000)).0 += 1;
+            want.entry(daily)
+                .or_insert((0, local_midnight + 86_400_000))
+                .0 += 1;
             let minute_end = ts - ts.rem_euclid(60_000) + 60_000;
             let minute = format!("minute:{ip_key}:{}{:02}", t.format("%Y%m%d%H"), t.minute());
             want.entry(minute).or_insert((0, minute_end + 86_400_000)).0 += 1;
@@ -79,7 +108,10 @@ async fn exact_counts_and_expiry_across_windows_partitions_and_counters() {
     let running = h.start(config);
     h.wait_applied("g-exact", Duration::from_secs(60)).await;
     let m = running.metrics.clone();
-    wait_for("consumed metric", Duration::from_secs(10), || m.messages_consumed.get() == n).await;
+    wait_for("consumed metric", Duration::from_secs(10), || {
+        m.messages_consumed.get() == n
+    })
+    .await;
     running.stop().await;
 
     let mut got: BTreeMap<String, (i64, i64)> = BTreeMap::new();
@@ -103,12 +135,23 @@ async fn late_events_are_counted_as_late_and_not_written() {
     let mut h = Harness::new("late", 1);
     let config = h.config(
         "g-late",
-        vec![counter("flow", &["app_id"], "late:{app_id}:{yyyyMMddHH}", Duration::from_secs(3600), "UTC", Duration::ZERO)],
+        vec![counter(
+            "flow",
+            &["app_id"],
+            "late:{app_id}:{yyyyMMddHH}",
+            Duration::from_secs(3600),
+            "UTC",
+            Duration::ZERO,
+        )],
     );
     let now = Utc::now().timestamp_millis();
     for i in 0..10 {
         // Two hours ago, with zero retention: the window has expired.
-        h.produce(0, format!(r#"{{"app_id":"old{i}"}}"#).as_bytes(), Some(now - 2 * HOUR));
+        h.produce(
+            0,
+            format!(r#"{{"app_id":"old{i}"}}"#).as_bytes(),
+            Some(now - 2 * HOUR),
+        );
     }
     for _ in 0..5 {
         h.produce(0, br#"{"app_id":"fresh"}"#, Some(now));
@@ -132,11 +175,23 @@ async fn hostile_values_cannot_collide_or_escape_the_key_format() {
     let mut h = Harness::new("hostile", 1);
     let config = h.config(
         "g-hostile",
-        vec![counter("c", &["a", "b"], "h:{a}:{b}:{yyyyMMddHH}", Duration::from_secs(3600), "UTC", Duration::ZERO)],
+        vec![counter(
+            "c",
+            &["a", "b"],
+            "h:{a}:{b}:{yyyyMMddHH}",
+            Duration::from_secs(3600),
+            "UTC",
+            Duration::ZERO,
+        )],
     );
     let now = Utc::now().timestamp_millis();
     // Without escaping, ("x:y","z") and ("x","y:z") would share the key h:x:y:z:<hour>.
-    for (a, b) in [("x:y", "z"), ("x", "y:z"), ("{tag}", "%3A"), ("\n", "\u{7f}")] {
+    for (a, b) in [
+        ("x:y", "z"),
+        ("x", "y:z"),
+        ("{tag}", "%3A"),
+        ("\n", "\u{7f}"),
+    ] {
         let payload = serde_json::json!({ "a": a, "b": b }).to_string();
         h.produce(0, payload.as_bytes(), Some(now));
     }
@@ -147,5 +202,7 @@ async fn hostile_values_cannot_collide_or_escape_the_key_format() {
     let keys = h.dump("h:*");
     assert_eq!(keys.len(), 4, "{keys:?}");
     assert!(keys.values().all(|&v| v == 1));
-    assert!(keys.keys().all(|k| !k.contains('{') && !k.contains('}') && !k.contains('\n')));
+    assert!(keys
+        .keys()
+        .all(|k| !k.contains('{') && !k.contains('}') && !k.contains('\n')));
 }

@@ -54,7 +54,14 @@ pub struct FenceScope {
 impl FenceScope {
     /// The applied-offset key of (partition, shard).
     pub fn key(&self, partition: i32, shard: u32) -> String {
-        script::fence_key(&self.prefix, &self.group, &self.topic, partition, shard, None)
+        script::fence_key(
+            &self.prefix,
+            &self.group,
+            &self.topic,
+            partition,
+            shard,
+            None,
+        )
     }
 }
 
@@ -154,7 +161,11 @@ impl Sink {
 
     /// Serve requests until the channel closes. `abort` stops retrying (requests in progress
     /// are then dropped without a reply, which the sender treats as "not applied").
-    pub async fn run(mut self, mut requests: mpsc::UnboundedReceiver<SinkRequest>, abort: CancellationToken) {
+    pub async fn run(
+        mut self,
+        mut requests: mpsc::UnboundedReceiver<SinkRequest>,
+        abort: CancellationToken,
+    ) {
         while let Some(request) = requests.recv().await {
             match request {
                 SinkRequest::Flush { units, reply } => {
@@ -172,11 +183,15 @@ impl Sink {
                         }
                     };
                     let Some(outcome) = outcome else { continue };
-                    self.metrics.flush_duration.observe(started.elapsed().as_secs_f64());
+                    self.metrics
+                        .flush_duration
+                        .observe(started.elapsed().as_secs_f64());
                     self.metrics.flush_keys.observe(keys as f64);
                     self.metrics.keys_flushed.inc_by(outcome.keys_written);
                     self.metrics.late_keys.inc_by(outcome.late_keys);
-                    self.metrics.fence_conflicts.inc_by(outcome.conflicts.len() as u64);
+                    self.metrics
+                        .fence_conflicts
+                        .inc_by(outcome.conflicts.len() as u64);
                     let _ = reply.send(outcome);
                 }
                 SinkRequest::InitFences { partitions, reply } => {
@@ -200,7 +215,12 @@ impl Sink {
     }
 
     /// Account for a failed attempt and wait before the next; false when aborted.
-    async fn recover(&mut self, error: AttemptError, delay: &mut Duration, abort: &CancellationToken) -> bool {
+    async fn recover(
+        &mut self,
+        error: AttemptError,
+        delay: &mut Duration,
+        abort: &CancellationToken,
+    ) -> bool {
         if abort.is_cancelled() {
             return false;
         }
@@ -258,15 +278,21 @@ impl Sink {
         }
         let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
         if replies.len() != units.len() {
-            return Err(AttemptError::Reply(format!("{} replies for {} units", replies.len(), units.len())));
+            return Err(AttemptError::Reply(format!(
+                "{} replies for {} units",
+                replies.len(),
+                units.len()
+            )));
         }
         let mut outcome = FlushOutcome::default();
         for (unit, reply) in units.iter().zip(replies) {
             let (status, a, b) = match reply {
-                Value::Array(items) if items.len() == 3 => match (&items[0], &items[1], &items[2]) {
-                    (Value::Int(s), Value::Int(a), Value::Int(b)) => (*s, *a, *b),
-                    _ => return Err(AttemptError::Reply(format!("{items:?}"))),
-                },
+                Value::Array(items) if items.len() == 3 => {
+                    match (&items[0], &items[1], &items[2]) {
+                        (Value::Int(s), Value::Int(a), Value::Int(b)) => (*s, *a, *b),
+                        _ => return Err(AttemptError::Reply(format!("{items:?}"))),
+                    }
+                }
                 Value::ServerError(e) if e.code() == "NOSCRIPT" => {
                     let _: String = redis::cmd("SCRIPT")
                         .arg("LOAD")
@@ -289,12 +315,18 @@ impl Sink {
             }
         }
         if outcome.rejected_keys > 0 {
-            tracing::warn!(keys = outcome.rejected_keys, "counter keys hold non-integer values; left untouched");
+            tracing::warn!(
+                keys = outcome.rejected_keys,
+                "counter keys hold non-integer values; left untouched"
+            );
         }
         Ok(outcome)
     }
 
-    async fn try_init(&mut self, partitions: &[(i32, i64)]) -> Result<Vec<(i32, Vec<i64>)>, AttemptError> {
+    async fn try_init(
+        &mut self,
+        partitions: &[(i32, i64)],
+    ) -> Result<Vec<(i32, Vec<i64>)>, AttemptError> {
         let mut conn = self.connection().await?;
         let mut pipe = redis::pipe();
         for &(p, initial) in partitions {

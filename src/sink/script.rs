@@ -68,7 +68,14 @@ pub fn apply_cmd(sha: &str, fence_key: &str, unit: &Unit) -> Cmd {
 
 /// Where the applied offset of (partition, shard) lives. Group and topic are escaped like
 /// dimension values so that no two (group, topic, partition, shard) share a key.
-pub fn fence_key(prefix: &str, group: &str, topic: &str, partition: i32, shard: u32, tag: Option<&str>) -> String {
+pub fn fence_key(
+    prefix: &str,
+    group: &str,
+    topic: &str,
+    partition: i32,
+    shard: u32,
+    tag: Option<&str>,
+) -> String {
     let mut buf = Vec::with_capacity(64);
     buf.extend_from_slice(prefix.as_bytes());
     buf.extend_from_slice(b"applied:");

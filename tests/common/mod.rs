@@ -59,7 +59,8 @@ impl Harness {
     pub fn with_redis(topic: &str, partitions: i32, redis_args: &[&str]) -> Harness {
         init_logs();
         let mock = MockCluster::new(1).expect("mock cluster");
-        mock.create_topic(topic, partitions, 1).expect("create topic");
+        mock.create_topic(topic, partitions, 1)
+            .expect("create topic");
         let producer: BaseProducer = ClientConfig::new()
             .set("bootstrap.servers", mock.bootstrap_servers())
             .set("linger.ms", "1")
@@ -81,9 +82,15 @@ impl Harness {
         c.kafka.brokers = self.mock.bootstrap_servers();
         c.kafka.topic = self.topic.clone();
         c.kafka.group_id = group.to_string();
-        c.kafka.properties.insert("session.timeout.ms".into(), "6000".into());
-        c.kafka.properties.insert("heartbeat.interval.ms".into(), "500".into());
-        c.kafka.properties.insert("statistics.interval.ms".into(), "500".into());
+        c.kafka
+            .properties
+            .insert("session.timeout.ms".into(), "6000".into());
+        c.kafka
+            .properties
+            .insert("heartbeat.interval.ms".into(), "500".into());
+        c.kafka
+            .properties
+            .insert("statistics.interval.ms".into(), "500".into());
         c.redis.url = self.redis.url();
         c.redis.connect_timeout = Duration::from_millis(500);
         c.redis.response_timeout = Duration::from_secs(2);
@@ -102,12 +109,18 @@ impl Harness {
         let metrics = tally.metrics.clone();
         let token = CancellationToken::new();
         let handle = tokio::spawn(tally.run(token.clone()));
-        Running { token, handle, metrics }
+        Running {
+            token,
+            handle,
+            metrics,
+        }
     }
 
     /// Produce one message to `partition` with an optional Kafka timestamp.
     pub fn produce(&mut self, partition: i32, payload: &[u8], ts: Option<i64>) {
-        let mut rec = BaseRecord::<(), [u8]>::to(&self.topic).partition(partition).payload(payload);
+        let mut rec = BaseRecord::<(), [u8]>::to(&self.topic)
+            .partition(partition)
+            .payload(payload);
         if let Some(ts) = ts {
             rec = rec.timestamp(ts);
         }
@@ -125,7 +138,9 @@ impl Harness {
     }
 
     pub fn flush_producer(&self) {
-        self.producer.flush(Duration::from_secs(30)).expect("produce flush");
+        self.producer
+            .flush(Duration::from_secs(30))
+            .expect("produce flush");
     }
 
     pub fn conn(&self) -> redis::Connection {
@@ -138,15 +153,25 @@ impl Harness {
     /// The applied offset Redis holds for (group, partition), shard 0.
     pub fn applied(&self, group: &str, partition: i32) -> Option<i64> {
         let key = format!("tally:applied:{group}:{}:{partition}:0", self.topic);
-        redis::cmd("GET").arg(key).query(&mut self.conn()).ok().flatten()
+        redis::cmd("GET")
+            .arg(key)
+            .query(&mut self.conn())
+            .ok()
+            .flatten()
     }
 
     /// Wait until Redis has applied everything produced so far for `group`.
     pub async fn wait_applied(&self, group: &str, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         loop {
-            let applied: Vec<Option<i64>> = (0..self.partitions).map(|p| self.applied(group, p)).collect();
-            if applied.iter().zip(&self.produced).all(|(a, &p)| a.unwrap_or(-1) == p) {
+            let applied: Vec<Option<i64>> = (0..self.partitions)
+                .map(|p| self.applied(group, p))
+                .collect();
+            if applied
+                .iter()
+                .zip(&self.produced)
+                .all(|(a, &p)| a.unwrap_or(-1) == p)
+            {
                 return;
             }
             assert!(
@@ -180,7 +205,14 @@ pub async fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> b
     }
 }
 
-pub fn counter(name: &str, dims: &[&str], key: &str, window: Duration, tz: &str, retention: Duration) -> CounterConfig {
+pub fn counter(
+    name: &str,
+    dims: &[&str],
+    key: &str,
+    window: Duration,
+    tz: &str,
+    retention: Duration,
+) -> CounterConfig {
     CounterConfig {
         name: name.into(),
         dimensions: dims.iter().map(|d| d.to_string()).collect(),

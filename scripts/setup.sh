@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Install what building and testing tally needs on Debian/Ubuntu, when missing.
+# Idempotent; safe to run again. Needs root (or sudo) only when something must be installed.
+set -euo pipefail
+
+need=()
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v redis-cli >/dev/null || need+=(redis-tools)
+command -v cc >/dev/null || need+=(build-essential)
+command -v make >/dev/null || need+=(make)
+command -v pkg-config >/dev/null || need+=(pkg-config)
+command -v cmake >/dev/null || need+=(cmake)
+command -v promtool >/dev/null || need+=(prometheus)
+dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
+dpkg -s zlib1g-dev >/dev/null 2>&1 || need+=(zlib1g-dev)
+
+if ((${#need[@]})); then
+  echo "setup: installing ${need[*]}" >&2
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # Debian starts the packaged services; tally's tests start their own on free ports.
+  if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+    $SUDO systemctl disable --now redis-server prometheus >/dev/null 2>&1 || true
+  fi
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "setup: cargo not found; install Rust with rustup (https://rustup.rs) and run again" >&2
+  exit 1
+fi
