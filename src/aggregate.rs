@@ -249,7 +249,8 @@ impl Aggregator {
             }
             self.stats.counted[ci] += 1;
             if let Some(d) = state.open.keys.get_mut(self.key_buf.as_slice()) {
-                d.delta += delta;
+                // Saturate: hostile values must not wrap; Redis then refuses the overflowing INCRBY.
+                d.delta = d.delta.saturating_add(delta);
                 d.expire_at_ms = d.expire_at_ms.max(expire_at_ms);
             } else {
                 state.open.keys.insert(

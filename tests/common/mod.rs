@@ -2,6 +2,9 @@
 //! `redis-server` on a free loopback port, and tally running in-process.
 #![allow(dead_code)]
 
+pub mod process;
+pub mod stream;
+
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 

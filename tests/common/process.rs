@@ -1,0 +1,144 @@
+//! Separate processes for crash tests: a stand-alone mock Kafka broker and `tally run`.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// `tally mock-broker` in its own process, so tally can be SIGKILLed without killing Kafka.
+pub struct BrokerProcess {
+    child: Child,
+    pub bootstrap: String,
+}
+
+impl BrokerProcess {
+    pub fn start(topics: &[(&str, i32)]) -> BrokerProcess {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tally"));
+        cmd.arg("mock-broker");
+        for (t, n) in topics {
+            cmd.arg("--topic").arg(format!("{t}:{n}"));
+        }
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn broker");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("broker prints its address");
+        let bootstrap = line
+            .trim()
+            .strip_prefix("bootstrap=")
+            .expect("bootstrap= line")
+            .to_string();
+        BrokerProcess { child, bootstrap }
+    }
+}
+
+impl Drop for BrokerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `tally run --config <file>` in its own process.
+pub struct TallyProcess {
+    child: Option<Child>,
+    pub port: u16,
+    config_path: std::path::PathBuf,
+}
+
+impl TallyProcess {
+    /// Start tally with `config` (TOML text without the [http] section; one is added).
+    pub fn start(config: &str, name: &str) -> TallyProcess {
+        let port = tally::local_redis::free_port().unwrap();
+        let config_path =
+            std::env::temp_dir().join(format!("tally-{name}-{}-{port}.toml", std::process::id()));
+        let text = format!("{config}\n[http]\nlisten = \"127.0.0.1:{port}\"\n");
+        std::fs::write(&config_path, text).unwrap();
+        let log = std::fs::File::create(config_path.with_extension("log")).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_tally"))
+            .arg("run")
+            .arg("--config")
+            .arg(&config_path)
+            .env("TALLY_LOG", "info,librdkafka=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn tally");
+        TallyProcess {
+            child: Some(child),
+            port,
+            config_path,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map(|c| c.id() as i32).unwrap_or(0)
+    }
+
+    pub fn signal(&self, sig: i32) {
+        if let Some(c) = &self.child {
+            unsafe { libc::kill(c.id() as i32, sig) };
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for the exit status.
+    pub fn terminate(&mut self, timeout: Duration) -> ExitStatus {
+        self.signal(libc::SIGTERM);
+        let mut c = self.child.take().expect("running");
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = c.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = c.kill();
+                panic!(
+                    "tally did not exit within {timeout:?} of SIGTERM; log: {}",
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The value of metric line `name` (exact name with labels), if served.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let mut s = TcpStream::connect_timeout(
+            &([127, 0, 0, 1], self.port).into(),
+            Duration::from_millis(500),
+        )
+        .ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .ok()?;
+        let mut body = String::new();
+        s.read_to_string(&mut body).ok()?;
+        body.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.config_path.with_extension("log")).unwrap_or_default()
+    }
+}
+
+impl Drop for TallyProcess {
+    fn drop(&mut self) {
+        self.kill9();
+        let _ = std::fs::remove_file(&self.config_path);
+        let _ = std::fs::remove_file(self.config_path.with_extension("log"));
+    }
+}

@@ -1,0 +1,337 @@
+//! Exactly-once under SIGKILL crash loops, rebalances, a zombie replica and Redis restarts.
+//! tally runs as a separate process against a separate broker process; every Redis key is
+//! compared with the ground truth at the end.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::process::{BrokerProcess, TallyProcess};
+use common::stream::{self, Stream, COUNTERS};
+use rand::{Rng, SeedableRng};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tally::local_redis::LocalRedis;
+
+const PARTITIONS: i32 = 8;
+
+fn config(bootstrap: &str, redis: &str, group: &str, topic: &str) -> String {
+    format!(
+        r#"
+[kafka]
+brokers = "{bootstrap}"
+topic = "{topic}"
+group_id = "{group}"
+[kafka.properties]
+"session.timeout.ms" = "3000"
+"heartbeat.interval.ms" = "300"
+[redis]
+url = "{redis}"
+connect_timeout = "500ms"
+response_timeout = "2s"
+[flush]
+interval = "50ms"
+max_keys_per_call = 25
+retry_initial = "20ms"
+retry_max = "300ms"
+shutdown_grace = "20s"
+{COUNTERS}"#
+    )
+}
+
+fn committed(bootstrap: &str, group: &str, topic: &str) -> Vec<i64> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition(topic, p);
+    }
+    let got = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+    (0..PARTITIONS)
+        .map(|p| match got.find_partition(topic, p).unwrap().offset() {
+            Offset::Offset(n) => n,
+            _ => -1,
+        })
+        .collect()
+}
+
+fn redis_conn(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .unwrap()
+}
+
+/// Wait until a metric of `t` is at least `min`.
+fn wait_metric(t: &TallyProcess, name: &str, min: f64, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if t.metric(name).is_some_and(|v| v >= min) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Run a final replica until Redis has applied every produced message, stop it with SIGTERM
+/// (must exit 0), and compare every key with the truth.
+fn finish_and_compare(
+    cfg: &str,
+    redis_url: &str,
+    group: &str,
+    topic: &str,
+    produced: &[i64],
+    stream: &Stream,
+) -> (usize, usize) {
+    let mut last = TallyProcess::start(cfg, "final");
+    let mut conn = redis_conn(redis_url);
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let applied = stream::applied(&mut conn, group, topic, PARTITIONS);
+        if applied == produced {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "final run did not catch up: applied {applied:?} produced {produced:?}\n{}",
+            last.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let status = last.terminate(Duration::from_secs(30));
+    assert!(status.success(), "SIGTERM exits 0, got {status:?}");
+    stream::compare(&mut conn, &stream.truth())
+}
+
+#[test]
+fn crash_loop_with_sigkill_counts_exactly() {
+    let topic = "crash";
+    let broker = BrokerProcess::start(&[(topic, PARTITIONS)]);
+    let redis = LocalRedis::start(&[]).unwrap();
+    let cfg = config(&broker.bootstrap, &redis.url(), "g-crash", topic);
+    let stream = Stream {
+        n: 200_000,
+        partitions: PARTITIONS,
+        now_ms: chrono::Utc::now().timestamp_millis(),
+    };
+    let (producer, sent) = stream.produce(&broker.bootstrap, topic, 5_000);
+
+    let seed: u64 = rand::random();
+    eprintln!("crash loop seed {seed}");
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let (mut kills, mut mid_flush, mut redis_ahead) = (0, 0, 0);
+    let mut conn = redis_conn(&redis.url());
+    while kills < 20 || !producer.is_finished() {
+        let mut t = TallyProcess::start(&cfg, "crash");
+        // Kill only once it is working: consuming, and (half the time) with a flush under way.
+        assert!(
+            wait_metric(
+                &t,
+                "tally_messages_consumed_total",
+                1.0,
+                Duration::from_secs(60)
+            ),
+            "replica never consumed:\n{}",
+            t.log()
+        );
+        match kills % 3 {
+            0 => {
+                // Inside a flush: hold Redis writes so the flush pipeline is sent but unanswered.
+                let _: () = redis::cmd("CLIENT")
+                    .arg("PAUSE")
+                    .arg(400)
+                    .arg("WRITE")
+                    .query(&mut conn)
+                    .unwrap();
+                std::thread::sleep(Duration::from_millis(rng.gen_range(100..300)));
+                if t.metric("tally_pending_keys").is_some_and(|v| v > 0.0) {
+                    mid_flush += 1;
+                }
+            }
+            1 => {
+                // Right after a flush landed: before or around its Kafka commit.
+                let flushes = t
+                    .metric("tally_flush_duration_seconds_count")
+                    .unwrap_or(0.0);
+                wait_metric(
+                    &t,
+                    "tally_flush_duration_seconds_count",
+                    flushes + 1.0,
+                    Duration::from_secs(10),
+                );
+            }
+            _ => std::thread::sleep(Duration::from_millis(rng.gen_range(0..1500))),
+        }
+        t.kill9();
+        kills += 1;
+        let _: () = redis::cmd("CLIENT")
+            .arg("UNPAUSE")
+            .query(&mut conn)
+            .unwrap();
+        let applied = stream::applied(&mut conn, "g-crash", topic, PARTITIONS);
+        let commits = committed(&broker.bootstrap, "g-crash", topic);
+        if applied.iter().zip(&commits).any(|(a, c)| a > c) {
+            // The classic double-count window: Redis has it, Kafka's commit does not.
+            redis_ahead += 1;
+        }
+    }
+    let produced = producer.join().unwrap();
+    assert_eq!(sent.load(Ordering::Relaxed), stream.n);
+    let (keys, mismatches) =
+        finish_and_compare(&cfg, &redis.url(), "g-crash", topic, &produced, &stream);
+    eprintln!(
+        "crash loop: {kills} SIGKILLs ({mid_flush} while a flush was held in flight, {redis_ahead} with Redis ahead of Kafka's commit), {} events, {keys} keys compared, {mismatches} mismatches",
+        stream.n
+    );
+    assert!(kills >= 20);
+    assert_eq!(mismatches, 0);
+}
+
+#[test]
+fn replicas_joining_and_leaving_count_exactly() {
+    let topic = "rebal";
+    let broker = BrokerProcess::start(&[(topic, PARTITIONS)]);
+    let redis = LocalRedis::start(&[]).unwrap();
+    let cfg = config(&broker.bootstrap, &redis.url(), "g-rebal", topic);
+    let stream = Stream {
+        n: 100_000,
+        partitions: PARTITIONS,
+        now_ms: chrono::Utc::now().timestamp_millis(),
+    };
+    let (producer, _) = stream.produce(&broker.bootstrap, topic, 4_000);
+
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(rand::random());
+    let mut a = TallyProcess::start(&cfg, "a");
+    let mut cycles = 0;
+    while !producer.is_finished() || cycles < 6 {
+        let mut b = TallyProcess::start(&cfg, "b");
+        assert!(
+            wait_metric(
+                &b,
+                "tally_assigned_partitions",
+                1.0,
+                Duration::from_secs(60)
+            ),
+            "b never got partitions:\n{}",
+            b.log()
+        );
+        std::thread::sleep(Duration::from_millis(rng.gen_range(200..2000)));
+        if cycles % 2 == 0 {
+            assert!(b.terminate(Duration::from_secs(30)).success());
+        } else {
+            b.kill9();
+        }
+        cycles += 1;
+        if cycles % 3 == 0 {
+            // The long-running replica crashes too, now and then.
+            a.kill9();
+            a = TallyProcess::start(&cfg, "a");
+        }
+    }
+    let produced = producer.join().unwrap();
+    a.kill9();
+    let (keys, mismatches) =
+        finish_and_compare(&cfg, &redis.url(), "g-rebal", topic, &produced, &stream);
+    eprintln!("rebalances: {cycles} join/leave cycles, {} events, {keys} keys compared, {mismatches} mismatches", stream.n);
+    assert_eq!(mismatches, 0);
+}
+
+#[test]
+fn zombie_replica_cannot_double_count() {
+    let topic = "zombie";
+    let broker = BrokerProcess::start(&[(topic, PARTITIONS)]);
+    let redis = LocalRedis::start(&[]).unwrap();
+    let cfg = config(&broker.bootstrap, &redis.url(), "g-zombie", topic);
+    let stream = Stream {
+        n: 60_000,
+        partitions: PARTITIONS,
+        now_ms: chrono::Utc::now().timestamp_millis(),
+    };
+    let (producer, sent) = stream.produce(&broker.bootstrap, topic, 3_000);
+
+    let mut zombie = TallyProcess::start(&cfg, "zombie");
+    assert!(wait_metric(
+        &zombie,
+        "tally_messages_consumed_total",
+        1000.0,
+        Duration::from_secs(60)
+    ));
+    let mut other = TallyProcess::start(&cfg, "other");
+    assert!(wait_metric(
+        &other,
+        "tally_assigned_partitions",
+        1.0,
+        Duration::from_secs(60)
+    ));
+    // Freeze the zombie with data pending, well past its session timeout: its partitions move.
+    let before = sent.load(Ordering::Relaxed);
+    zombie.signal(libc::SIGSTOP);
+    assert!(
+        wait_metric(
+            &other,
+            "tally_assigned_partitions",
+            PARTITIONS as f64,
+            Duration::from_secs(60)
+        ),
+        "the other replica takes over every partition"
+    );
+    while sent.load(Ordering::Relaxed) < before + 6_000 {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Wake it: it still holds a batch for partitions it no longer owns and tries to flush it.
+    zombie.signal(libc::SIGCONT);
+    let produced = producer.join().unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let conflicts = zombie.metric("tally_fence_conflicts_total").unwrap_or(0.0);
+    zombie.terminate(Duration::from_secs(30));
+    other.kill9();
+    let (keys, mismatches) =
+        finish_and_compare(&cfg, &redis.url(), "g-zombie", topic, &produced, &stream);
+    eprintln!("zombie: {conflicts} flush units refused by the fence, {} events, {keys} keys compared, {mismatches} mismatches", stream.n);
+    assert_eq!(mismatches, 0);
+}
+
+#[test]
+fn redis_restarts_with_aof_count_exactly() {
+    let topic = "redisrestart";
+    let broker = BrokerProcess::start(&[(topic, PARTITIONS)]);
+    let mut redis = LocalRedis::start(&["--appendonly", "yes", "--appendfsync", "always"]).unwrap();
+    let cfg = config(&broker.bootstrap, &redis.url(), "g-rr", topic);
+    let stream = Stream {
+        n: 80_000,
+        partitions: PARTITIONS,
+        now_ms: chrono::Utc::now().timestamp_millis(),
+    };
+    let (producer, _) = stream.produce(&broker.bootstrap, topic, 4_000);
+    let t = TallyProcess::start(&cfg, "rr");
+    assert!(wait_metric(
+        &t,
+        "tally_keys_flushed_total",
+        1.0,
+        Duration::from_secs(60)
+    ));
+    let mut restarts = 0;
+    while !producer.is_finished() || restarts < 3 {
+        std::thread::sleep(Duration::from_millis(
+            rand::thread_rng().gen_range(300..2500),
+        ));
+        redis.stop(); // SIGKILL, mid-flush or not
+        std::thread::sleep(Duration::from_millis(
+            rand::thread_rng().gen_range(100..1500),
+        ));
+        redis.restart().unwrap();
+        restarts += 1;
+    }
+    let produced = producer.join().unwrap();
+    let retries = t.metric("tally_redis_retries_total").unwrap_or(0.0);
+    drop(t);
+    let (keys, mismatches) =
+        finish_and_compare(&cfg, &redis.url(), "g-rr", topic, &produced, &stream);
+    eprintln!("redis restarts: {restarts} SIGKILL+restart of redis-server (AOF always), {retries} flush retries, {} events, {keys} keys compared, {mismatches} mismatches", stream.n);
+    assert_eq!(mismatches, 0);
+}
