@@ -243,20 +243,39 @@ impl Worker {
     }
 
     /// Seal pending units (of `only` partitions, or all) and send them to the sink.
-    fn start_flush(&mut self, only: Option<&[i32]>) {
+    /// Returns the number of units and keys sent.
+    fn start_flush(&mut self, only: Option<&[i32]>) -> (usize, usize) {
         debug_assert!(
             self.in_flight.is_none(),
             "one flush at a time keeps units in order"
         );
         let batch = self.agg.seal(only);
+        if only.is_some() {
+            let ranges: Vec<(i32, i64, i64)> = batch
+                .ends
+                .iter()
+                .map(|&(p, end)| {
+                    let start = batch
+                        .units
+                        .iter()
+                        .filter(|u| u.partition == p)
+                        .map(|u| u.start)
+                        .min()
+                        .unwrap_or(end);
+                    (p, start, end)
+                })
+                .collect();
+            tracing::debug!(?ranges, "sealing partitions being revoked");
+        }
         if only.is_none() {
             self.batch_started = None;
         }
         if batch.units.is_empty() {
-            return;
+            return (0, 0);
         }
         let (tx, rx) = std_mpsc::channel();
         let keys = batch.keys;
+        let units = batch.units.len();
         if self
             .sink
             .send(SinkRequest::Flush {
@@ -266,7 +285,7 @@ impl Worker {
             .is_err()
         {
             tracing::error!("redis sink has stopped; pending data will be replayed on restart");
-            return;
+            return (0, 0);
         }
         self.in_flight = Some(InFlight {
             reply: rx,
@@ -274,6 +293,7 @@ impl Worker {
             keys,
         });
         self.publish();
+        (units, keys)
     }
 
     /// Wait up to `timeout` for the flush in flight and process its outcome.
@@ -333,8 +353,14 @@ impl Worker {
                 tracing::warn!(error = %e, "kafka offset commit failed");
             }
         }
-        for (p, shard, applied) in outcome.conflicts {
-            tracing::warn!(partition = p, shard, applied, "redis applied a different offset range (another replica, or a replay); resynchronising");
+        let mut resynced: Vec<i32> = Vec::new();
+        for &(p, shard, applied) in &outcome.conflicts {
+            if resynced.contains(&p) {
+                continue;
+            }
+            resynced.push(p);
+            let refused = outcome.conflicts.iter().filter(|c| c.0 == p).count();
+            tracing::warn!(partition = p, shard, applied, refused_units = refused, "redis applied a different offset range (another replica, or a replay); resynchronising");
             if self.agg.owns(p) && !self.revoking.contains(&p) {
                 self.resync(consumer, p, applied);
             }
@@ -424,8 +450,16 @@ impl Worker {
         self.revoking = parts.clone();
         let grace = self.flush.shutdown_grace;
         self.drain(consumer, grace, CommitMode::Sync);
-        self.start_flush(Some(&parts));
+        let before = (
+            self.metrics.fence_conflicts.get(),
+            self.metrics.units_already_applied.get(),
+        );
+        let (units, keys) = self.start_flush(Some(&parts));
         self.drain(consumer, grace, CommitMode::Sync);
+        let refused = self.metrics.fence_conflicts.get() + self.metrics.units_already_applied.get()
+            - before.0
+            - before.1;
+        tracing::info!(partitions = ?parts, units, keys, refused, "flushed partitions being revoked");
         for &p in &parts {
             self.agg.revoke(p);
             let _ = self
@@ -437,7 +471,6 @@ impl Worker {
                 .consumer_lag
                 .remove_label_values(&[&p.to_string()]);
         }
-        tracing::info!(partitions = ?parts, "partitions revoked after flushing");
         self.revoking.clear();
     }
 

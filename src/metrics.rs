@@ -38,6 +38,8 @@ pub struct Metrics {
     pub noscript_reloads: IntCounter,
     /// Flush units refused because Redis had applied a different range (zombie or replay).
     pub fence_conflicts: IntCounter,
+    /// Flush units skipped because Redis had already applied their whole range (retry, replay, zombie).
+    pub units_already_applied: IntCounter,
     /// Keys waiting in memory for a flush.
     pub pending_keys: IntGauge,
     /// 1 while consumption is paused for backpressure.
@@ -184,6 +186,11 @@ impl Metrics {
                 &registry,
                 "tally_fence_conflicts_total",
                 "Flush units refused because Redis had applied a different offset range.",
+            ),
+            units_already_applied: counter(
+                &registry,
+                "tally_units_already_applied_total",
+                "Flush units not applied because Redis already held their whole offset range.",
             ),
             pending_keys: gauge(
                 &registry,

@@ -103,6 +103,13 @@ fn finish_and_compare(
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // It must be up (signal handlers installed, partitions owned) before SIGTERM means "drain".
+    assert!(wait_metric(
+        &last,
+        "tally_assigned_partitions",
+        1.0,
+        Duration::from_secs(60)
+    ));
     let status = last.terminate(Duration::from_secs(30));
     assert!(status.success(), "SIGTERM exits 0, got {status:?}");
     stream::compare(&mut conn, &stream.truth())
@@ -254,7 +261,10 @@ fn zombie_replica_cannot_double_count() {
     };
     let (producer, sent) = stream.produce(&broker.bootstrap, topic, 3_000);
 
-    let mut zombie = TallyProcess::start(&cfg, "zombie");
+    // A long flush interval: the zombie is sure to hold unflushed data when it is frozen.
+    let zombie_cfg = cfg.replace("interval = \"50ms\"", "interval = \"60s\"");
+    assert_ne!(zombie_cfg, cfg);
+    let mut zombie = TallyProcess::start(&zombie_cfg, "zombie");
     assert!(wait_metric(
         &zombie,
         "tally_messages_consumed_total",
@@ -269,6 +279,16 @@ fn zombie_replica_cannot_double_count() {
         Duration::from_secs(60)
     ));
     // Freeze the zombie with data pending, well past its session timeout: its partitions move.
+    assert!(wait_metric(
+        &zombie,
+        "tally_assigned_partitions",
+        1.0,
+        Duration::from_secs(60)
+    ));
+    assert!(
+        wait_metric(&zombie, "tally_pending_keys", 1.0, Duration::from_secs(60)),
+        "the zombie holds unflushed data"
+    );
     let before = sent.load(Ordering::Relaxed);
     zombie.signal(libc::SIGSTOP);
     assert!(
@@ -280,20 +300,43 @@ fn zombie_replica_cannot_double_count() {
         ),
         "the other replica takes over every partition"
     );
-    while sent.load(Ordering::Relaxed) < before + 6_000 {
+    // Wait until the new owner has applied past the zombie's last flush on every partition.
+    let mut conn = redis_conn(&redis.url());
+    let frozen = stream::applied(&mut conn, "g-zombie", topic, PARTITIONS);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while stream::applied(&mut conn, "g-zombie", topic, PARTITIONS)
+        .iter()
+        .zip(&frozen)
+        .any(|(now, then)| now <= then)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the new owner did not advance every partition"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
+    assert!(
+        sent.load(Ordering::Relaxed) > before,
+        "events were produced while the zombie slept"
+    );
     // Wake it: it still holds a batch for partitions it no longer owns and tries to flush it.
     zombie.signal(libc::SIGCONT);
     let produced = producer.join().unwrap();
     std::thread::sleep(Duration::from_secs(2));
-    let conflicts = zombie.metric("tally_fence_conflicts_total").unwrap_or(0.0);
+    let refused = zombie.metric("tally_fence_conflicts_total").unwrap_or(0.0)
+        + zombie
+            .metric("tally_units_already_applied_total")
+            .unwrap_or(0.0);
     zombie.terminate(Duration::from_secs(30));
     other.kill9();
     let (keys, mismatches) =
         finish_and_compare(&cfg, &redis.url(), "g-zombie", topic, &produced, &stream);
-    eprintln!("zombie: {conflicts} flush units refused by the fence, {} events, {keys} keys compared, {mismatches} mismatches", stream.n);
+    eprintln!("zombie: {refused} of the zombie's flush units refused by the fence, {} events, {keys} keys compared, {mismatches} mismatches", stream.n);
     assert_eq!(mismatches, 0);
+    assert!(
+        refused >= 1.0,
+        "the zombie's stale flush reached Redis and was refused"
+    );
 }
 
 #[test]

@@ -90,6 +90,8 @@ pub enum SinkRequest {
 pub struct FlushOutcome {
     /// Units refused because Redis applied a different range: (partition, shard, applied).
     pub conflicts: Vec<(i32, u32, i64)>,
+    /// Units whose whole range Redis had already applied (nothing written).
+    pub already_applied: u64,
     /// Keys written.
     pub keys_written: u64,
     /// Keys skipped by the script because their expiry passed before it ran.
@@ -192,6 +194,9 @@ impl Sink {
                     self.metrics
                         .fence_conflicts
                         .inc_by(outcome.conflicts.len() as u64);
+                    self.metrics
+                        .units_already_applied
+                        .inc_by(outcome.already_applied);
                     let _ = reply.send(outcome);
                 }
                 SinkRequest::InitFences { partitions, reply } => {
@@ -310,7 +315,7 @@ impl Sink {
                     outcome.rejected_keys += b as u64;
                     outcome.keys_written += unit.keys.len() as u64 - (a + b) as u64;
                 }
-                0 => {}
+                0 => outcome.already_applied += 1,
                 _ => outcome.conflicts.push((unit.partition, unit.shard, a)),
             }
         }
