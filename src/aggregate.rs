@@ -119,6 +119,8 @@ pub struct Aggregator {
     pending_keys: usize,
     hasher: RandomState,
     key_buf: Vec<u8>,
+    /// Cluster key layout: appends each key's shard hash tag. None: plain keys.
+    layout: Option<crate::sink::layout::Layout>,
     /// Counts since the last `take_stats`.
     pub stats: Stats,
 }
@@ -135,12 +137,20 @@ impl Aggregator {
             pending_keys: 0,
             hasher: RandomState::new(),
             key_buf: Vec::with_capacity(256),
+            layout: None,
             stats: Stats {
                 counted: vec![0; n],
                 late: vec![0; n],
                 replay_skipped: 0,
             },
         }
+    }
+
+    /// Use `layout` for shards and key tags (Redis Cluster).
+    pub fn with_layout(mut self, layout: crate::sink::layout::Layout) -> Aggregator {
+        self.shards = layout.shards();
+        self.layout = Some(layout);
+        self
     }
 
     /// The compiled counters, in config order.
@@ -242,6 +252,9 @@ impl Aggregator {
             let delta = counter.value.map_or(1, |i| event.nums[i]);
 
             let shard = shard_of(&self.key_buf, self.shards);
+            if let Some(layout) = &self.layout {
+                layout.append_tag(&mut self.key_buf, shard);
+            }
             let state = &mut part.shards[shard as usize];
             if offset < state.open.start {
                 self.stats.replay_skipped += 1;

@@ -67,8 +67,16 @@ pub enum StartFrom {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
+    /// One server, or a Redis Cluster.
+    pub mode: RedisMode,
     /// `redis://host:port/db`, or `rediss://` for TLS. Empty in the demo: a local server is started.
+    /// In cluster mode, used as the seed node when `nodes` is empty.
     pub url: String,
+    /// Cluster seed nodes (`redis://host:port` or `rediss://`); any reachable one is enough.
+    pub nodes: Vec<String>,
+    /// Cluster mode: hash-tag groups per partition. Keys of one group share a slot, so each flush
+    /// unit is atomic; groups are spread evenly over the slot space. Must not change once data exists.
+    pub cluster_shards: u32,
     /// ACL user name (overrides one given in the URL).
     pub username: Option<String>,
     /// Password for AUTH (overrides one given in the URL).
@@ -81,6 +89,16 @@ pub struct RedisConfig {
     pub response_timeout: Duration,
     /// Prefix of tally's own keys (applied offsets), kept apart from counter keys.
     pub state_prefix: String,
+}
+
+/// Which Redis deployment tally talks to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RedisMode {
+    /// A single server (or a primary with replicas behind one address).
+    Standalone,
+    /// Redis Cluster: keys carry hash tags, requests follow MOVED/ASK.
+    Cluster,
 }
 
 /// Decoding of message payloads.
@@ -197,7 +215,10 @@ impl Default for KafkaConfig {
 impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
+            mode: RedisMode::Standalone,
             url: "redis://127.0.0.1:6379".into(),
+            nodes: Vec::new(),
+            cluster_shards: 64,
             username: None,
             password: None,
             connect_timeout: Duration::from_secs(5),
@@ -331,6 +352,35 @@ impl Config {
                     "is managed by tally (use kafka.brokers / kafka.group_id / kafka.start_from)",
                 ));
             }
+        }
+        if self.redis.cluster_shards == 0 || self.redis.cluster_shards > 1024 {
+            return Err(invalid(
+                "redis.cluster_shards",
+                "must be between 1 and 1024",
+            ));
+        }
+        if self.redis.mode == RedisMode::Cluster
+            && self.redis.nodes.is_empty()
+            && self.redis.url.is_empty()
+        {
+            return Err(invalid(
+                "redis.nodes",
+                "cluster mode needs at least one seed node",
+            ));
+        }
+        for (i, url) in self.redis.nodes.iter().enumerate() {
+            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
+                return Err(invalid(
+                    format!("redis.nodes[{i}]"),
+                    format!("`{url}` must start with redis:// or rediss://"),
+                ));
+            }
+            redis::parse_redis_url(url).ok_or_else(|| {
+                invalid(
+                    format!("redis.nodes[{i}]"),
+                    format!("`{url}` is not a valid Redis URL"),
+                )
+            })?;
         }
         if !self.redis.url.is_empty() {
             let url = &self.redis.url;

@@ -23,7 +23,11 @@ pub fn free_port() -> std::io::Result<u16> {
 impl LocalRedis {
     /// Start `redis-server` with no persistence plus `extra` arguments, and wait until it answers.
     pub fn start(extra: &[&str]) -> std::io::Result<LocalRedis> {
-        let port = free_port()?;
+        Self::start_on(free_port()?, extra)
+    }
+
+    /// Like `start`, on a given port.
+    pub fn start_on(port: u16, extra: &[&str]) -> std::io::Result<LocalRedis> {
         let dir = std::env::temp_dir().join(format!("tally-redis-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let mut args: Vec<String> = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
@@ -93,4 +97,125 @@ impl Drop for LocalRedis {
         self.stop();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A free port whose cluster bus port (+10000) is free too.
+fn free_cluster_port() -> std::io::Result<u16> {
+    for _ in 0..200 {
+        let port = 20_000 + (rand::random::<u16>() % 25_000);
+        let a = TcpListener::bind(("127.0.0.1", port));
+        let b = TcpListener::bind(("127.0.0.1", port + 10_000));
+        if a.is_ok() && b.is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::other(
+        "no free port pair for a cluster node",
+    ))
+}
+
+/// A Redis Cluster of local `redis-server` processes: primaries with replicas, on loopback.
+pub struct LocalCluster {
+    /// Every node, primaries first as created (roles change after a failover).
+    pub nodes: Vec<LocalRedis>,
+}
+
+impl LocalCluster {
+    /// Start `primaries` primaries with `replicas` replicas each, create the cluster with
+    /// `redis-cli --cluster create`, and wait until every node reports `cluster_state:ok`.
+    pub fn start(primaries: usize, replicas: usize) -> std::io::Result<LocalCluster> {
+        let mut nodes = Vec::new();
+        for _ in 0..primaries * (1 + replicas) {
+            let port = free_cluster_port()?;
+            let conf = format!("nodes-{port}.conf");
+            nodes.push(LocalRedis::start_on(
+                port,
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &conf,
+                    "--cluster-node-timeout",
+                    "1000",
+                ],
+            )?);
+        }
+        let mut cmd = Command::new("redis-cli");
+        cmd.arg("--cluster").arg("create");
+        for n in &nodes {
+            cmd.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = cmd
+            .arg("--cluster-replicas")
+            .arg(replicas.to_string())
+            .arg("--cluster-yes")
+            .stdin(Stdio::null())
+            .output()?;
+        if !out.status.success() {
+            return Err(std::io::Error::other(format!(
+                "redis-cli --cluster create failed: {}",
+                String::from_utf8_lossy(&out.stdout)
+            )));
+        }
+        let cluster = LocalCluster { nodes };
+        cluster.wait_ok(Duration::from_secs(30))?;
+        Ok(cluster)
+    }
+
+    /// `redis://127.0.0.1:<port>` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(LocalRedis::url).collect()
+    }
+
+    /// Wait until every running node says the cluster is ok and all slots are served.
+    pub fn wait_ok(&self, timeout: Duration) -> std::io::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
+                node_info(n.port, "CLUSTER", "INFO")
+                    .map(|i| i.contains("cluster_state:ok") && i.contains("cluster_slots_ok:16384"))
+                    .unwrap_or(false)
+            });
+            if ok {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other("cluster did not become ok"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Ports of the nodes that are currently primaries (as the first live node sees it).
+    pub fn primaries(&self) -> Vec<u16> {
+        let Some(text) = self
+            .nodes
+            .iter()
+            .filter(|n| n.child.is_some())
+            .find_map(|n| node_info(n.port, "CLUSTER", "NODES"))
+        else {
+            return Vec::new();
+        };
+        let mut ports: Vec<u16> = text
+            .lines()
+            .filter(|l| l.contains("master") && !l.contains("fail"))
+            .filter_map(|l| l.split_whitespace().nth(1))
+            .filter_map(|addr| addr.split('@').next()?.rsplit(':').next()?.parse().ok())
+            .collect();
+        ports.sort_unstable();
+        ports
+    }
+
+    /// The node listening on `port`.
+    pub fn node_mut(&mut self, port: u16) -> Option<&mut LocalRedis> {
+        self.nodes.iter_mut().find(|n| n.port == port)
+    }
+}
+
+fn node_info(port: u16, a: &str, b: &str) -> Option<String> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    let mut conn = client
+        .get_connection_with_timeout(Duration::from_millis(300))
+        .ok()?;
+    redis::cmd(a).arg(b).query::<String>(&mut conn).ok()
 }

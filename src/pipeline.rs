@@ -8,10 +8,11 @@ use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::aggregate::{Aggregator, Counter};
-use crate::config::{Config, KafkaConfig, StartFrom};
+use crate::config::{Config, KafkaConfig, RedisMode, StartFrom};
 use crate::consumer::{self, TallyContext, Worker};
 use crate::decode::{Decoder, FieldRole};
 use crate::metrics::Metrics;
+use crate::sink::layout::Layout;
 use crate::sink::{FenceScope, Health, Sink};
 
 /// The decoder and compiled counters for `config` (also used by the benchmark).
@@ -90,13 +91,18 @@ impl Tally {
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let config = self.config;
         let (decoder, counters) = build_stages(&config)?;
-        let agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call);
+        let layout = match config.redis.mode {
+            RedisMode::Standalone => Layout::standalone(),
+            RedisMode::Cluster => Layout::cluster(config.redis.cluster_shards),
+        };
+        let agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call)
+            .with_layout(layout.clone());
 
         let scope = FenceScope {
             prefix: config.redis.state_prefix.clone(),
             group: config.kafka.group_id.clone(),
             topic: config.kafka.topic.clone(),
-            shards: 1,
+            layout,
         };
         let sink = Sink::new(
             &config.redis,

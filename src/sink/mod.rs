@@ -5,6 +5,8 @@
 //! a range that Redis has already applied (see [`script`]), so a retry after a lost reply, a
 //! NOSCRIPT reload or a reconnect never counts twice.
 
+pub mod conn;
+pub mod layout;
 pub mod script;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,8 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError, Value};
+use redis::{RedisError, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -47,12 +48,12 @@ pub struct FenceScope {
     pub group: String,
     /// Topic name.
     pub topic: String,
-    /// Shards per partition.
-    pub shards: u32,
+    /// Key layout: shards per partition and their hash tags.
+    pub layout: layout::Layout,
 }
 
 impl FenceScope {
-    /// The applied-offset key of (partition, shard).
+    /// The applied-offset key of (partition, shard), tagged like the shard's counter keys.
     pub fn key(&self, partition: i32, shard: u32) -> String {
         script::fence_key(
             &self.prefix,
@@ -60,7 +61,7 @@ impl FenceScope {
             &self.topic,
             partition,
             shard,
-            None,
+            self.layout.tag(shard),
         )
     }
 }
@@ -113,9 +114,8 @@ enum AttemptError {
 
 /// The task owning the Redis connection.
 pub struct Sink {
-    client: Client,
-    conn_config: AsyncConnectionConfig,
-    conn: Option<MultiplexedConnection>,
+    connector: conn::Connector,
+    conn: Option<conn::Conn>,
     apply_sha: String,
     scope: FenceScope,
     flush: FlushConfig,
@@ -123,20 +123,7 @@ pub struct Sink {
     health: Arc<Health>,
 }
 
-/// Build a client from the config; fails on a malformed URL.
-pub fn client(config: &RedisConfig) -> Result<Client, RedisError> {
-    use redis::IntoConnectionInfo;
-    let mut info = config.url.as_str().into_connection_info()?;
-    let mut settings = info.redis_settings().clone();
-    if let Some(user) = &config.username {
-        settings = settings.set_username(user);
-    }
-    if let Some(password) = &config.password {
-        settings = settings.set_password(password);
-    }
-    info = info.set_redis_settings(settings);
-    Client::open(info)
-}
+pub use conn::client;
 
 impl Sink {
     /// A sink for `scope`; connects lazily.
@@ -148,10 +135,7 @@ impl Sink {
         health: Arc<Health>,
     ) -> Result<Sink, RedisError> {
         Ok(Sink {
-            client: client(config)?,
-            conn_config: AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(config.connect_timeout))
-                .set_response_timeout(Some(config.response_timeout)),
+            connector: conn::Connector::new(config)?,
             conn: None,
             apply_sha: redis::Script::new(script::APPLY_LUA).get_hash().to_string(),
             scope,
@@ -254,70 +238,102 @@ impl Sink {
         }
     }
 
-    async fn connection(&mut self) -> Result<MultiplexedConnection, AttemptError> {
+    async fn connection(&mut self) -> Result<conn::Conn, AttemptError> {
         if let Some(conn) = &self.conn {
             return Ok(conn.clone());
         }
-        let mut conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.conn_config)
-            .await?;
-        let sha: String = redis::cmd("SCRIPT")
-            .arg("LOAD")
-            .arg(script::APPLY_LUA)
-            .query_async(&mut conn)
-            .await?;
-        debug_assert_eq!(sha, self.apply_sha);
+        let mut conn = self.connector.connect().await?;
+        self.load_script(&mut conn).await?;
         self.health.redis.store(true, Ordering::Relaxed);
         self.conn = Some(conn.clone());
         Ok(conn)
     }
 
+    /// SCRIPT LOAD (on every primary of a cluster).
+    async fn load_script(&self, conn: &mut conn::Conn) -> Result<(), AttemptError> {
+        let sha: String = conn
+            .query(redis::cmd("SCRIPT").arg("LOAD").arg(script::APPLY_LUA))
+            .await?;
+        debug_assert_eq!(sha, self.apply_sha);
+        Ok(())
+    }
+
+    /// Apply `units`: one pipeline per shard (one slot in a cluster), all shards concurrently.
+    /// Units of one (partition, shard) stay in order inside their pipeline.
     async fn try_flush(&mut self, units: &[Unit]) -> Result<FlushOutcome, AttemptError> {
-        let mut conn = self.connection().await?;
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for unit in units {
+        let conn = self.connection().await?;
+        let mut groups: Vec<(redis::Pipeline, Vec<usize>)> = Vec::new();
+        let mut group_of_shard: std::collections::HashMap<u32, usize> =
+            std::collections::HashMap::new();
+        for (i, unit) in units.iter().enumerate() {
+            let g = *group_of_shard.entry(unit.shard).or_insert_with(|| {
+                groups.push((redis::pipe(), Vec::new()));
+                groups.len() - 1
+            });
             let fence = self.scope.key(unit.partition, unit.shard);
-            pipe.add_command(script::apply_cmd(&self.apply_sha, &fence, unit));
+            groups[g]
+                .0
+                .add_command(script::apply_cmd(&self.apply_sha, &fence, unit));
+            groups[g].1.push(i);
         }
-        let replies: Vec<Value> = pipe.query_async(&mut conn).await?;
-        if replies.len() != units.len() {
-            return Err(AttemptError::Reply(format!(
-                "{} replies for {} units",
-                replies.len(),
-                units.len()
-            )));
-        }
+        let results = futures::future::join_all(groups.iter().map(|(pipe, _)| {
+            let mut conn = conn.clone();
+            async move { conn.pipe(pipe).await }
+        }))
+        .await;
         let mut outcome = FlushOutcome::default();
-        for (unit, reply) in units.iter().zip(replies) {
-            let (status, a, b) = match reply {
-                Value::Array(items) if items.len() == 3 => {
-                    match (&items[0], &items[1], &items[2]) {
-                        (Value::Int(s), Value::Int(a), Value::Int(b)) => (*s, *a, *b),
-                        _ => return Err(AttemptError::Reply(format!("{items:?}"))),
-                    }
+        let mut noscript = false;
+        let mut first_error = None;
+        for ((_, indexes), result) in groups.iter().zip(results) {
+            let replies = match result {
+                Ok(replies) => replies,
+                Err(e) if e.code() == Some("NOSCRIPT") => {
+                    noscript = true;
+                    continue;
                 }
-                Value::ServerError(e) if e.code() == "NOSCRIPT" => {
-                    let _: String = redis::cmd("SCRIPT")
-                        .arg("LOAD")
-                        .arg(script::APPLY_LUA)
-                        .query_async(&mut conn)
-                        .await?;
-                    return Err(AttemptError::NoScript);
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    continue;
                 }
-                Value::ServerError(e) => return Err(AttemptError::Redis(e.into())),
-                other => return Err(AttemptError::Reply(format!("{other:?}"))),
             };
-            match status {
-                1 => {
-                    outcome.late_keys += a as u64;
-                    outcome.rejected_keys += b as u64;
-                    outcome.keys_written += unit.keys.len() as u64 - (a + b) as u64;
-                }
-                0 => outcome.already_applied += 1,
-                _ => outcome.conflicts.push((unit.partition, unit.shard, a)),
+            if replies.len() != indexes.len() {
+                return Err(AttemptError::Reply(format!(
+                    "{} replies for {} units",
+                    replies.len(),
+                    indexes.len()
+                )));
             }
+            for (&i, reply) in indexes.iter().zip(replies) {
+                let unit = &units[i];
+                let (status, a, b) = match reply {
+                    Value::Array(items) if items.len() == 3 => {
+                        match (&items[0], &items[1], &items[2]) {
+                            (Value::Int(s), Value::Int(a), Value::Int(b)) => (*s, *a, *b),
+                            _ => return Err(AttemptError::Reply(format!("{items:?}"))),
+                        }
+                    }
+                    other => return Err(AttemptError::Reply(format!("{other:?}"))),
+                };
+                match status {
+                    1 => {
+                        outcome.late_keys += a as u64;
+                        outcome.rejected_keys += b as u64;
+                        outcome.keys_written += unit.keys.len() as u64 - (a + b) as u64;
+                    }
+                    0 => outcome.already_applied += 1,
+                    _ => outcome.conflicts.push((unit.partition, unit.shard, a)),
+                }
+            }
+        }
+        // Any failure fails the attempt; the retry re-sends everything and the fences skip
+        // what did land.
+        if noscript {
+            let mut conn = conn;
+            self.load_script(&mut conn).await?;
+            return Err(AttemptError::NoScript);
+        }
+        if let Some(e) = first_error {
+            return Err(AttemptError::Redis(e));
         }
         if outcome.rejected_keys > 0 {
             tracing::warn!(
@@ -332,24 +348,43 @@ impl Sink {
         &mut self,
         partitions: &[(i32, i64)],
     ) -> Result<Vec<(i32, Vec<i64>)>, AttemptError> {
-        let mut conn = self.connection().await?;
-        let mut pipe = redis::pipe();
-        for &(p, initial) in partitions {
-            for s in 0..self.scope.shards {
-                pipe.cmd("EVAL")
-                    .arg(script::INIT_LUA)
-                    .arg(1)
-                    .arg(self.scope.key(p, s))
-                    .arg(initial);
-            }
+        let conn = self.connection().await?;
+        let shards = self.scope.layout.shards();
+        // One pipeline per shard: in a cluster each shard's keys share a slot.
+        let pipes: Vec<redis::Pipeline> = (0..shards)
+            .map(|s| {
+                let mut pipe = redis::pipe();
+                for &(p, initial) in partitions {
+                    pipe.cmd("EVAL")
+                        .arg(script::INIT_LUA)
+                        .arg(1)
+                        .arg(self.scope.key(p, s))
+                        .arg(initial);
+                }
+                pipe
+            })
+            .collect();
+        let results = futures::future::join_all(pipes.iter().map(|pipe| {
+            let mut conn = conn.clone();
+            async move { conn.pipe(pipe).await }
+        }))
+        .await;
+        let mut per_shard: Vec<Vec<Value>> = Vec::with_capacity(shards as usize);
+        for r in results {
+            per_shard.push(r?);
         }
-        let values: Vec<i64> = pipe.query_async(&mut conn).await?;
-        let per = self.scope.shards as usize;
-        Ok(partitions
-            .iter()
-            .zip(values.chunks(per))
-            .map(|(&(p, _), v)| (p, v.to_vec()))
-            .collect())
+        let mut out = Vec::with_capacity(partitions.len());
+        for (i, &(p, _)) in partitions.iter().enumerate() {
+            let mut applied = Vec::with_capacity(shards as usize);
+            for values in &per_shard {
+                match values.get(i) {
+                    Some(Value::Int(n)) => applied.push(*n),
+                    other => return Err(AttemptError::Reply(format!("applied offset: {other:?}"))),
+                }
+            }
+            out.push((p, applied));
+        }
+        Ok(out)
     }
 }
 

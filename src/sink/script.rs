@@ -66,7 +66,7 @@ pub fn apply_cmd(sha: &str, fence_key: &str, unit: &Unit) -> Cmd {
     cmd
 }
 
-/// Where the applied offset of (partition, shard) lives. Group and topic are escaped like
+/// Where the applied offset of (partition, shard) lives (`tag`: the shard's cluster hash tag). Group and topic are escaped like
 /// dimension values so that no two (group, topic, partition, shard) share a key.
 pub fn fence_key(
     prefix: &str,
@@ -79,13 +79,13 @@ pub fn fence_key(
     let mut buf = Vec::with_capacity(64);
     buf.extend_from_slice(prefix.as_bytes());
     buf.extend_from_slice(b"applied:");
-    if let Some(tag) = tag {
-        buf.extend_from_slice(tag.as_bytes());
-        buf.push(b':');
-    }
     crate::key::escape_into(&mut buf, group);
     buf.push(b':');
     crate::key::escape_into(&mut buf, topic);
     buf.extend_from_slice(format!(":{partition}:{shard}").as_bytes());
+    if let Some(tag) = tag {
+        // Same slot as the shard's counter keys, so one script can update both.
+        buf.extend_from_slice(format!(":{{{tag}}}").as_bytes());
+    }
     String::from_utf8(buf).expect("escaped text stays UTF-8")
 }

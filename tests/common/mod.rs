@@ -2,6 +2,7 @@
 //! `redis-server` on a free loopback port, and tally running in-process.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod process;
 pub mod stream;
 

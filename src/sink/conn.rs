@@ -1,0 +1,111 @@
+//! One Redis connection handle for either deployment. Both kinds multiplex requests over their
+//! connections and are cheap to clone; the cluster one follows MOVED/ASK and refreshes slots.
+
+use redis::aio::MultiplexedConnection;
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, FromRedisValue, Pipeline, RedisError, RedisResult, Value,
+};
+
+use crate::config::{RedisConfig, RedisMode};
+
+/// Builds connections; holds no socket itself.
+#[derive(Clone)]
+pub enum Connector {
+    /// A single server.
+    Single(Client, AsyncConnectionConfig),
+    /// Redis Cluster seeded from a list of nodes.
+    Cluster(ClusterClient),
+}
+
+/// A live connection.
+#[derive(Clone)]
+pub enum Conn {
+    /// To a single server.
+    Single(MultiplexedConnection),
+    /// To a cluster.
+    Cluster(ClusterConnection),
+}
+
+/// A client for one server, with the config's user and password applied.
+pub fn client(config: &RedisConfig) -> Result<Client, RedisError> {
+    Client::open(connection_info(&config.url, config)?)
+}
+
+fn connection_info(url: &str, config: &RedisConfig) -> Result<redis::ConnectionInfo, RedisError> {
+    use redis::IntoConnectionInfo;
+    let mut info = url.into_connection_info()?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &config.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &config.password {
+        settings = settings.set_password(password);
+    }
+    info = info.set_redis_settings(settings);
+    Ok(info)
+}
+
+impl Connector {
+    /// A connector for the configured deployment; fails only on malformed settings.
+    pub fn new(config: &RedisConfig) -> Result<Connector, RedisError> {
+        match config.mode {
+            RedisMode::Standalone => Ok(Connector::Single(
+                client(config)?,
+                AsyncConnectionConfig::new()
+                    .set_connection_timeout(Some(config.connect_timeout))
+                    .set_response_timeout(Some(config.response_timeout)),
+            )),
+            RedisMode::Cluster => {
+                let seeds: Vec<&str> = if config.nodes.is_empty() {
+                    vec![config.url.as_str()]
+                } else {
+                    config.nodes.iter().map(String::as_str).collect()
+                };
+                let infos = seeds
+                    .iter()
+                    .map(|u| connection_info(u, config))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let client = ClusterClient::builder(infos)
+                    .connection_timeout(config.connect_timeout)
+                    .response_timeout(config.response_timeout)
+                    // tally retries whole flushes itself (they are idempotent); keep the
+                    // client's own redirect/refresh retries short so failures surface.
+                    .retries(4)
+                    .build()?;
+                Ok(Connector::Cluster(client))
+            }
+        }
+    }
+
+    /// Open a connection.
+    pub async fn connect(&self) -> RedisResult<Conn> {
+        match self {
+            Connector::Single(client, config) => Ok(Conn::Single(
+                client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await?,
+            )),
+            Connector::Cluster(client) => Ok(Conn::Cluster(client.get_async_connection().await?)),
+        }
+    }
+}
+
+impl Conn {
+    /// Run a pipeline. On a cluster, every command of `pipe` must map to one slot.
+    pub async fn pipe(&mut self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
+        match self {
+            Conn::Single(c) => pipe.query_async(c).await,
+            Conn::Cluster(c) => pipe.query_async(c).await,
+        }
+    }
+
+    /// Run one command (on a cluster, routed by key, or to all primaries for SCRIPT LOAD).
+    pub async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
+        match self {
+            Conn::Single(c) => cmd.query_async(c).await,
+            Conn::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+}

@@ -1,0 +1,243 @@
+//! Redis Cluster: 3 primaries with replicas on loopback. Exact counts with keys spread over all
+//! primaries, through resharding, a primary failover and crash loops of tally itself.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::process::{BrokerProcess, TallyProcess};
+use common::stream::{Stream, COUNTERS};
+use rand::Rng;
+use tally::local_redis::LocalCluster;
+
+const PARTITIONS: i32 = 8;
+const SHARDS: u32 = 64;
+
+fn config(bootstrap: &str, cluster: &LocalCluster, group: &str, topic: &str) -> String {
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    format!(
+        r#"
+[kafka]
+brokers = "{bootstrap}"
+topic = "{topic}"
+group_id = "{group}"
+[kafka.properties]
+"session.timeout.ms" = "3000"
+"heartbeat.interval.ms" = "300"
+[redis]
+mode = "cluster"
+nodes = [{}]
+cluster_shards = {SHARDS}
+connect_timeout = "500ms"
+response_timeout = "2s"
+[flush]
+interval = "100ms"
+max_keys_per_call = 100
+retry_initial = "20ms"
+retry_max = "500ms"
+shutdown_grace = "20s"
+{COUNTERS}"#,
+        nodes.join(", ")
+    )
+}
+
+fn wait_metric(t: &TallyProcess, name: &str, min: f64, timeout: Duration) -> bool {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if t.metric(name).is_some_and(|v| v >= min) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
+}
+
+/// Let one replica run until everything produced is applied, stop it (exit 0), compare.
+fn finish(
+    cfg: &str,
+    cluster: &LocalCluster,
+    group: &str,
+    topic: &str,
+    produced: &[i64],
+    stream: &Stream,
+) -> (usize, usize, Vec<usize>) {
+    let mut t = TallyProcess::start(cfg, "final");
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        let applied = common::cluster::applied(cluster, SHARDS, group, topic, PARTITIONS);
+        if applied == produced {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "did not catch up: applied {applied:?} produced {produced:?}\n{}",
+            t.log()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(wait_metric(
+        &t,
+        "tally_assigned_partitions",
+        1.0,
+        Duration::from_secs(30)
+    ));
+    assert!(t.terminate(Duration::from_secs(30)).success());
+    common::cluster::compare(cluster, SHARDS, &stream.truth())
+}
+
+fn node_id(port: u16) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "CLUSTER", "MYID"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+#[test]
+fn cluster_exact_counts_spread_over_all_primaries() {
+    let topic = "cl-exact";
+    let cluster = LocalCluster::start(3, 1).unwrap();
+    let broker = BrokerProcess::start(&[(topic, PARTITIONS)]);
+    let cfg = config(&broker.bootstrap, &cluster, "g-cl", topic);
+    let stream = Stream {
+        n: 100_000,
+        partitions: PARTITIONS,
+        now_ms: chrono::Utc::now().timestamp_millis(),
+    };
+    let (producer, _) = stream.produce(&broker.bootstrap, topic, 50_000);
+    let produced = producer.join().unwrap();
+    let (keys, mismatches, spread) = finish(&cfg, &cluster, "g-cl", topic, &produced, &stream);
+    let total: usize = spread.iter().sum();
+    eprintln!("cluster: {} events, {keys} keys compared, {mismatches} mismatches, keys per primary {spread:?}", stream.n);
+    assert_eq!(mismatches, 0);
+    assert_eq!(spread.len(), 3);
+    for n in &spread {
+        assert!(*n * 100 / total >= 25, "uneven spread {spread:?}");
+    }
+}
+
+#[test]
+fn cluster_resharding_while_writing_counts_exactly() {
+    let topic = "cl-reshard";
+    let cluster = LocalCluster::start(3, 1).unwrap();
+    let broker = BrokerProcess::start(&[(topic, PARTITIONS)]);
+    let cfg = config(&broker.bootstrap, &cluster, "g-rs", topic);
+    let stream = Stream {
+        n: 120_000,
+        partitions: PARTITIONS,
+        now_ms: chrono::Utc::now().timestamp_millis(),
+    };
+    let (producer, _) = stream.produce(&broker.bootstrap, topic, 6_000);
+    let t = TallyProcess::start(&cfg, "reshard");
+    assert!(
+        wait_metric(&t, "tally_keys_flushed_total", 1.0, Duration::from_secs(60)),
+        "{}",
+        t.log()
+    );
+    let primaries = cluster.primaries();
+    let mut moved = 0;
+    for (from, to) in [
+        (primaries[0], primaries[1]),
+        (primaries[1], primaries[2]),
+        (primaries[2], primaries[0]),
+    ] {
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "reshard", &format!("127.0.0.1:{from}")])
+            .args([
+                "--cluster-from",
+                &node_id(from),
+                "--cluster-to",
+                &node_id(to),
+            ])
+            .args(["--cluster-slots", "1500", "--cluster-yes"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "reshard failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        moved += 1500;
+    }
+    let produced = producer.join().unwrap();
+    let migrations = t.metric("tally_redis_retries_total").unwrap_or(0.0);
+    drop(t);
+    cluster.wait_ok(Duration::from_secs(30)).unwrap();
+    let (keys, mismatches, spread) = finish(&cfg, &cluster, "g-rs", topic, &produced, &stream);
+    eprintln!("reshard: {moved} slots migrated while writing, {migrations} flush retries, {} events, {keys} keys compared, {mismatches} mismatches, keys per primary {spread:?}", stream.n);
+    assert_eq!(mismatches, 0);
+}
+
+#[test]
+fn cluster_primary_failover_while_writing() {
+    let topic = "cl-failover";
+    let mut cluster = LocalCluster::start(3, 1).unwrap();
+    let broker = BrokerProcess::start(&[(topic, PARTITIONS)]);
+    let cfg = config(&broker.bootstrap, &cluster, "g-fo", topic);
+    let stream = Stream {
+        n: 100_000,
+        partitions: PARTITIONS,
+        now_ms: chrono::Utc::now().timestamp_millis(),
+    };
+    let (producer, _) = stream.produce(&broker.bootstrap, topic, 5_000);
+    let t = TallyProcess::start(&cfg, "failover");
+    assert!(
+        wait_metric(&t, "tally_keys_flushed_total", 1.0, Duration::from_secs(60)),
+        "{}",
+        t.log()
+    );
+    std::thread::sleep(Duration::from_millis(
+        rand::thread_rng().gen_range(500..2000),
+    ));
+    let victim = cluster.primaries()[0];
+    cluster.node_mut(victim).unwrap().stop();
+    let killed_at = Instant::now();
+    cluster.wait_ok(Duration::from_secs(60)).unwrap();
+    let promoted_after = killed_at.elapsed();
+    let produced = producer.join().unwrap();
+    let retries = t.metric("tally_redis_retries_total").unwrap_or(0.0);
+    let conflicts = t.metric("tally_fence_conflicts_total").unwrap_or(0.0);
+    drop(t);
+    let (keys, mismatches, spread) = finish(&cfg, &cluster, "g-fo", topic, &produced, &stream);
+    eprintln!(
+        "failover: primary {victim} killed, replica promoted after {promoted_after:?}, {retries} flush retries, {conflicts} fence resyncs, {} events, {keys} keys compared, {mismatches} mismatches, keys per primary {spread:?}",
+        stream.n
+    );
+    assert_eq!(mismatches, 0);
+}
+
+#[test]
+fn cluster_crash_loop_counts_exactly() {
+    let topic = "cl-crash";
+    let cluster = LocalCluster::start(3, 1).unwrap();
+    let broker = BrokerProcess::start(&[(topic, PARTITIONS)]);
+    let cfg = config(&broker.bootstrap, &cluster, "g-cc", topic);
+    let stream = Stream {
+        n: 100_000,
+        partitions: PARTITIONS,
+        now_ms: chrono::Utc::now().timestamp_millis(),
+    };
+    let (producer, _) = stream.produce(&broker.bootstrap, topic, 5_000);
+    let mut kills = 0;
+    while kills < 8 || !producer.is_finished() {
+        let mut t = TallyProcess::start(&cfg, "crash");
+        assert!(
+            wait_metric(
+                &t,
+                "tally_messages_consumed_total",
+                1.0,
+                Duration::from_secs(60)
+            ),
+            "{}",
+            t.log()
+        );
+        std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..1500)));
+        t.kill9();
+        kills += 1;
+    }
+    let produced = producer.join().unwrap();
+    let (keys, mismatches, _) = finish(&cfg, &cluster, "g-cc", topic, &produced, &stream);
+    eprintln!("cluster crash loop: {kills} SIGKILLs, {} events, {keys} keys compared, {mismatches} mismatches", stream.n);
+    assert_eq!(mismatches, 0);
+}
