@@ -137,6 +137,9 @@ impl LocalCluster {
                     &conf,
                     "--cluster-node-timeout",
                     "1000",
+                    // Replicas sync at once, so a failover soon after start has a replica to promote.
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ],
             )?);
         }
@@ -159,6 +162,17 @@ impl LocalCluster {
         }
         let cluster = LocalCluster { nodes };
         cluster.wait_ok(Duration::from_secs(30))?;
+        // Every replica has completed its first sync.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !cluster.nodes.iter().all(|n| {
+            node_info(n.port, "INFO", "replication")
+                .is_some_and(|i| i.contains("role:master") || i.contains("master_link_status:up"))
+        }) {
+            if Instant::now() > deadline {
+                return Err(std::io::Error::other("replicas did not sync"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         Ok(cluster)
     }
 

@@ -86,6 +86,26 @@ fn finish(
     common::cluster::compare(cluster, SHARDS, &stream.truth())
 }
 
+/// Wait until every node agrees on the slot configuration (`redis-cli --cluster check`).
+fn wait_agreement(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = Command::new("redis-cli")
+            .args(["--cluster", "check", &format!("127.0.0.1:{port}")])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        if out.status.success() && !text.contains("[ERR]") && !text.contains("[WARNING]") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "cluster nodes never agreed: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn node_id(port: u16) -> String {
     let out = Command::new("redis-cli")
         .args(["-p", &port.to_string(), "CLUSTER", "MYID"])
@@ -142,6 +162,7 @@ fn cluster_resharding_while_writing_counts_exactly() {
         (primaries[1], primaries[2]),
         (primaries[2], primaries[0]),
     ] {
+        wait_agreement(from);
         let out = Command::new("redis-cli")
             .args(["--cluster", "reshard", &format!("127.0.0.1:{from}")])
             .args([
@@ -157,6 +178,11 @@ fn cluster_resharding_while_writing_counts_exactly() {
             out.status.success(),
             "reshard failed: {}",
             String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .rev()
+                .take(12)
+                .collect::<Vec<_>>()
+                .join("\n")
         );
         moved += 1500;
     }
@@ -193,6 +219,27 @@ fn cluster_primary_failover_while_writing() {
     let victim = cluster.primaries()[0];
     cluster.node_mut(victim).unwrap().stop();
     let killed_at = Instant::now();
+    // Promotion: the victim is no longer a primary and its replica took its slots.
+    while cluster.primaries().contains(&victim) || cluster.primaries().len() < 3 {
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(30),
+            "no replica was promoted: {:?}\n{}",
+            cluster.primaries(),
+            String::from_utf8_lossy(
+                &Command::new("redis-cli")
+                    .args([
+                        "-p",
+                        &cluster.primaries().last().copied().unwrap_or(0).to_string(),
+                        "CLUSTER",
+                        "NODES"
+                    ])
+                    .output()
+                    .unwrap()
+                    .stdout
+            )
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     cluster.wait_ok(Duration::from_secs(60)).unwrap();
     let promoted_after = killed_at.elapsed();
     let produced = producer.join().unwrap();

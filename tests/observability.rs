@@ -93,11 +93,12 @@ impl Drop for Proc {
             let deadline = Instant::now() + Duration::from_secs(15);
             while Instant::now() < deadline {
                 if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
+                    break;
                 }
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        // Whatever is left of the group. The group id stays reserved while members exist.
         // SAFETY: kill(2) on the process group this child leads.
         unsafe { libc::kill(-(self.child.id() as i32), libc::SIGKILL) };
         let _ = self.child.kill();
