@@ -43,5 +43,6 @@ pub mod local_redis;
 pub mod metrics;
 pub mod pipeline;
 pub mod produce;
+pub mod query;
 pub mod sink;
 pub mod window;

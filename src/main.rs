@@ -52,6 +52,32 @@ enum Command {
     },
     /// Produce synthetic JSON events to a topic at a target rate (load generator).
     Produce(tally::produce::ProduceArgs),
+    /// Print the Redis key of a counter for given dimension values (and time).
+    Key(KeyArgs),
+    /// Print a counter's key and current value, read from Redis.
+    Query(KeyArgs),
+}
+
+/// Which counter value to look up.
+#[derive(Args)]
+struct KeyArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Counter name, e.g. flow.
+    #[arg(long, default_value = "flow")]
+    counter: String,
+    /// A dimension value as name=value; repeat for each dimension.
+    #[arg(long = "dim", value_parser = parse_dim)]
+    dims: Vec<(String, String)>,
+    /// The time whose window to read: RFC 3339 or epoch ms (default: now).
+    #[arg(long)]
+    at: Option<String>,
+}
+
+fn parse_dim(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("`{s}` is not name=value"))
 }
 
 /// Options shared by the commands that read a configuration.
@@ -139,7 +165,11 @@ fn main() -> ExitCode {
     init_logging();
     // Config is read and validated before anything starts.
     let prepared = match &cli.command {
-        Command::Run(c) | Command::Check(c) | Command::Demo { common: c, .. } => match c.load() {
+        Command::Run(c)
+        | Command::Check(c)
+        | Command::Demo { common: c, .. }
+        | Command::Key(KeyArgs { common: c, .. })
+        | Command::Query(KeyArgs { common: c, .. }) => match c.load() {
             Ok(config) => Some(config),
             Err(code) => return code,
         },
@@ -151,6 +181,11 @@ fn main() -> ExitCode {
             eprintln!("tally: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
+    };
+    let cli_kind = if matches!(cli.command, Command::Query(_)) {
+        Kind::Query
+    } else {
+        Kind::Other
     };
     let result = runtime.block_on(async move {
         let shutdown = CancellationToken::new();
@@ -188,6 +223,28 @@ fn main() -> ExitCode {
             }
             Command::MockBroker { topics } => tally::produce::mock_broker(&topics, shutdown).await,
             Command::Produce(args) => tally::produce::run(args, shutdown).await,
+            Command::Key(args) | Command::Query(args) => {
+                let fetch = matches!(cli_kind, Kind::Query);
+                let config = prepared.expect("loaded above");
+                let query = tally::query::Query::new(&config)?;
+                let at = tally::query::parse_time(args.at.as_deref())?;
+                let dims = args.dims.into_iter().collect();
+                let answer = if fetch {
+                    query.fetch(&args.counter, &dims, at).await?
+                } else {
+                    query.key(&args.counter, &dims, at)?
+                };
+                if fetch {
+                    println!(
+                        "{}\t{}",
+                        answer.key,
+                        answer.value.map_or("(none)".to_string(), |v| v.to_string())
+                    );
+                } else {
+                    println!("{}", answer.key);
+                }
+                Ok(())
+            }
         }
     });
     match result {
@@ -197,4 +254,9 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+enum Kind {
+    Query,
+    Other,
 }

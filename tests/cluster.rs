@@ -128,6 +128,41 @@ fn cluster_exact_counts_spread_over_all_primaries() {
     let (producer, _) = stream.produce(&broker.bootstrap, topic, 50_000);
     let produced = producer.join().unwrap();
     let (keys, mismatches, spread) = finish(&cfg, &cluster, "g-cl", topic, &produced, &stream);
+    // The query tooling computes the tagged key and reads it: event 0 is app0/dev0/10.0.0.0 at now.
+    let path = std::env::temp_dir().join(format!("tally-cl-query-{}.toml", std::process::id()));
+    std::fs::write(&path, &cfg).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args([
+            "query",
+            "--config",
+            path.to_str().unwrap(),
+            "--counter",
+            "flow",
+        ])
+        .args([
+            "--dim",
+            "app_id=app0",
+            "--dim",
+            "device_id=dev0",
+            "--dim",
+            "ip=10.0.0.0",
+        ])
+        .args(["--at", &stream.now_ms.to_string()])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    let printed = String::from_utf8_lossy(&out.stdout).to_string();
+    let (key, value) = printed.trim().split_once('\t').expect("key<TAB>value");
+    let hour = chrono::DateTime::from_timestamp_millis(stream.now_ms)
+        .unwrap()
+        .format("%Y%m%d%H");
+    let plain = format!("eo:flow:app0:dev0:10.0.0.0:{hour}");
+    assert!(key.starts_with(&format!("{plain}:{{")), "{printed}");
+    assert_eq!(
+        value.parse::<i64>().ok(),
+        stream.truth().get(&plain).copied(),
+        "{printed}"
+    );
     let total: usize = spread.iter().sum();
     eprintln!("cluster: {} events, {keys} keys compared, {mismatches} mismatches, keys per primary {spread:?}", stream.n);
     assert_eq!(mismatches, 0);

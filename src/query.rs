@@ -1,0 +1,175 @@
+//! Query: the Redis key (and value) of a counter for given dimension values and a time, for the
+//! CLI (`tally key`, `tally query`) and HTTP (`GET /v1/count`). Uses the same template, escaping,
+//! window and cluster-tag code as the pipeline, so a user never computes keys by hand.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::config::{Config, RedisMode};
+use crate::key::KeyTemplate;
+use crate::sink::conn::{Conn, Connector};
+use crate::sink::layout::Layout;
+use crate::window::WindowSpec;
+
+/// Why a query cannot be answered.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    /// No counter of that name in the configuration.
+    #[error("unknown counter `{0}`")]
+    UnknownCounter(String),
+    /// A dimension of the counter was not given.
+    #[error("missing dimension `{0}`")]
+    MissingDimension(String),
+    /// A given parameter is not a dimension of the counter.
+    #[error("`{0}` is not a dimension of this counter")]
+    UnknownDimension(String),
+    /// The time could not be parsed.
+    #[error("bad time `{0}`: use RFC 3339 or epoch milliseconds")]
+    BadTime(String),
+    /// Redis failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// The answer to a query.
+#[derive(Debug, Clone, Serialize)]
+pub struct Answer {
+    /// Counter name.
+    pub counter: String,
+    /// The key as stored in Redis.
+    pub key: String,
+    /// Current value (None: no event counted, or expired). Filled by `Query::fetch`.
+    pub value: Option<i64>,
+    /// Window start, Unix ms.
+    pub window_start_ms: i64,
+    /// Window end, Unix ms.
+    pub window_end_ms: i64,
+    /// When the key expires (window end + retention), Unix ms.
+    pub expire_at_ms: i64,
+}
+
+struct Compiled {
+    name: String,
+    dimensions: Vec<String>,
+    window: WindowSpec,
+    template: KeyTemplate,
+    retention_ms: i64,
+}
+
+/// Computes keys for a configuration and reads them.
+pub struct Query {
+    counters: Vec<Compiled>,
+    layout: Layout,
+    connector: Connector,
+    conn: tokio::sync::Mutex<Option<Conn>>,
+}
+
+impl Query {
+    /// Build from a validated configuration.
+    pub fn new(config: &Config) -> anyhow::Result<Query> {
+        let mut counters = Vec::new();
+        for c in &config.counters {
+            let tz: chrono_tz::Tz = c
+                .timezone
+                .parse()
+                .map_err(|_| anyhow::anyhow!("bad time zone"))?;
+            let window = WindowSpec::new(c.window, tz)?;
+            let template = KeyTemplate::parse(&c.key, &c.dimensions, &window)?;
+            counters.push(Compiled {
+                name: c.name.clone(),
+                dimensions: c.dimensions.clone(),
+                window,
+                template,
+                retention_ms: c.retention.as_millis() as i64,
+            });
+        }
+        let layout = match config.redis.mode {
+            RedisMode::Standalone => Layout::standalone(),
+            RedisMode::Cluster => Layout::cluster(config.redis.cluster_shards),
+        };
+        Ok(Query {
+            counters,
+            layout,
+            connector: Connector::new(&config.redis)?,
+            conn: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    /// The key of `counter` for `dims` at `at_ms` (Unix ms).
+    pub fn key(
+        &self,
+        counter: &str,
+        dims: &BTreeMap<String, String>,
+        at_ms: i64,
+    ) -> Result<Answer, QueryError> {
+        let c = self
+            .counters
+            .iter()
+            .find(|c| c.name == counter)
+            .ok_or_else(|| QueryError::UnknownCounter(counter.to_string()))?;
+        if let Some(extra) = dims.keys().find(|k| !c.dimensions.contains(k)) {
+            return Err(QueryError::UnknownDimension(extra.clone()));
+        }
+        let values = c
+            .dimensions
+            .iter()
+            .map(|d| {
+                dims.get(d)
+                    .map(String::as_str)
+                    .ok_or_else(|| QueryError::MissingDimension(d.clone()))
+            })
+            .collect::<Result<Vec<&str>, _>>()?;
+        let window = c.window.window_of(at_ms);
+        let mut time = String::new();
+        c.template.format_time(window.local_start, &mut time);
+        let mut plain = Vec::new();
+        c.template.render(&mut plain, &values, &time);
+        let key = String::from_utf8_lossy(&self.layout.stored_key(&plain)).into_owned();
+        Ok(Answer {
+            counter: c.name.clone(),
+            key,
+            value: None,
+            window_start_ms: window.start_ms,
+            window_end_ms: window.end_ms,
+            expire_at_ms: window.end_ms + c.retention_ms,
+        })
+    }
+
+    /// `key` plus the current value read from Redis.
+    pub async fn fetch(
+        &self,
+        counter: &str,
+        dims: &BTreeMap<String, String>,
+        at_ms: i64,
+    ) -> Result<Answer, QueryError> {
+        let mut answer = self.key(counter, dims, at_ms)?;
+        let mut guard = self.conn.lock().await;
+        if guard.is_none() {
+            *guard = Some(self.connector.connect().await?);
+        }
+        let conn = guard.as_mut().expect("connected above");
+        match conn
+            .query::<Option<i64>>(redis::cmd("GET").arg(&answer.key))
+            .await
+        {
+            Ok(v) => answer.value = v,
+            Err(e) => {
+                *guard = None;
+                return Err(e.into());
+            }
+        }
+        Ok(answer)
+    }
+}
+
+/// Parse a time given as RFC 3339 or epoch milliseconds; None means now.
+pub fn parse_time(text: Option<&str>) -> Result<i64, QueryError> {
+    match text {
+        None => Ok(chrono::Utc::now().timestamp_millis()),
+        Some(t) => t
+            .parse::<i64>()
+            .or_else(|_| chrono::DateTime::parse_from_rfc3339(t).map(|d| d.timestamp_millis()))
+            .map_err(|_| QueryError::BadTime(t.to_string())),
+    }
+}
