@@ -11,6 +11,8 @@ command -v make >/dev/null || need+=(make)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v cmake >/dev/null || need+=(cmake)
 command -v promtool >/dev/null || need+=(prometheus)
+# Validates docker-compose.yml in the tests (no Docker engine needed).
+command -v docker-compose >/dev/null || need+=(docker-compose)
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || need+=(zlib1g-dev)
 

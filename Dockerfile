@@ -1,0 +1,35 @@
+# syntax=docker/dockerfile:1
+# tally: multi-stage build. The builder compiles librdkafka from source (the rdkafka crate does),
+# which needs cmake; OpenSSL (Kafka SSL/SASL, rediss://) links against the system libssl.
+# The runtime image holds the binary, the shared libraries it links to, and curl for the
+# healthcheck that docker-compose.yml defines. The compose stack uses this image both for
+# `tally run` and for the `tally produce` load generator.
+
+# At least the highest rust-version among the locked dependencies (cargo refuses older).
+ARG RUST_VERSION=1.88
+
+FROM rust:${RUST_VERSION}-bookworm AS builder
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends cmake libssl-dev pkg-config zlib1g-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+COPY . .
+# Cache mounts keep the crate registry and compiled dependencies between builds.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked --bin tally \
+    && cp target/release/tally /usr/local/bin/tally
+
+FROM debian:bookworm-slim
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates curl libssl3 zlib1g \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --no-create-home --shell /usr/sbin/nologin tally
+COPY --from=builder /usr/local/bin/tally /usr/local/bin/tally
+COPY config/tally.toml /etc/tally/tally.toml
+USER tally
+# /metrics and /health: listen on all interfaces inside the container.
+ENV TALLY_HTTP__LISTEN=0.0.0.0:9100
+EXPOSE 9100
+ENTRYPOINT ["/usr/local/bin/tally"]
+CMD ["run", "--config", "/etc/tally/tally.toml"]
