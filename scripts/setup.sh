@@ -10,6 +10,7 @@ command -v cc >/dev/null || need+=(build-essential)
 command -v make >/dev/null || need+=(make)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v cmake >/dev/null || need+=(cmake)
+command -v openssl >/dev/null || need+=(openssl)
 command -v promtool >/dev/null || need+=(prometheus)
 # Validates docker-compose.yml in the tests (no Docker engine needed).
 command -v docker-compose >/dev/null || need+=(docker-compose)

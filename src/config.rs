@@ -81,6 +81,12 @@ pub struct RedisConfig {
     pub username: Option<String>,
     /// Password for AUTH (overrides one given in the URL).
     pub password: Option<String>,
+    /// PEM file of the CA that signed the server certificate (`rediss://`); default: system roots.
+    pub tls_ca_file: Option<std::path::PathBuf>,
+    /// PEM client certificate, for servers that require mutual TLS (with `tls_key_file`).
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of `tls_cert_file`.
+    pub tls_key_file: Option<std::path::PathBuf>,
     /// Time allowed to establish a connection.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
@@ -221,6 +227,9 @@ impl Default for RedisConfig {
             cluster_shards: 64,
             username: None,
             password: None,
+            tls_ca_file: None,
+            tls_cert_file: None,
+            tls_key_file: None,
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(30),
             state_prefix: "tally:".into(),
@@ -352,6 +361,34 @@ impl Config {
                     "is managed by tally (use kafka.brokers / kafka.group_id / kafka.start_from)",
                 ));
             }
+        }
+        for (key, file) in [
+            ("redis.tls_ca_file", &self.redis.tls_ca_file),
+            ("redis.tls_cert_file", &self.redis.tls_cert_file),
+            ("redis.tls_key_file", &self.redis.tls_key_file),
+        ] {
+            if let Some(f) = file {
+                if !f.is_file() {
+                    return Err(invalid(
+                        key,
+                        format!("{} is not a readable file", f.display()),
+                    ));
+                }
+            }
+        }
+        if self.redis.mode == RedisMode::Cluster
+            && (self.redis.tls_ca_file.is_some() || self.redis.tls_cert_file.is_some())
+        {
+            return Err(invalid(
+                "redis.tls_ca_file",
+                "custom certificate files work in standalone mode; in cluster mode add the CA to the system trust store",
+            ));
+        }
+        if self.redis.tls_cert_file.is_some() != self.redis.tls_key_file.is_some() {
+            return Err(invalid(
+                "redis.tls_key_file",
+                "tls_cert_file and tls_key_file go together",
+            ));
         }
         if self.redis.cluster_shards == 0 || self.redis.cluster_shards > 1024 {
             return Err(invalid(

@@ -70,8 +70,11 @@ impl LocalRedis {
             if let Ok(client) = redis::Client::open(self.url()) {
                 if let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200))
                 {
-                    if redis::cmd("PING").query::<String>(&mut conn).is_ok() {
-                        return Ok(());
+                    match redis::cmd("PING").query::<String>(&mut conn) {
+                        Ok(_) => return Ok(()),
+                        // NOAUTH and the like: the server is up, it just wants credentials.
+                        Err(e) if !e.is_io_error() && !e.is_connection_dropped() => return Ok(()),
+                        Err(_) => {}
                     }
                 }
             }

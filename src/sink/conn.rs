@@ -28,9 +28,40 @@ pub enum Conn {
     Cluster(ClusterConnection),
 }
 
-/// A client for one server, with the config's user and password applied.
+/// A client for one server, with the config's user, password and TLS files applied.
 pub fn client(config: &RedisConfig) -> Result<Client, RedisError> {
-    Client::open(connection_info(&config.url, config)?)
+    let info = connection_info(&config.url, config)?;
+    match tls_certificates(config)? {
+        Some(certs) => Client::build_with_tls(info, certs),
+        None => Client::open(info),
+    }
+}
+
+/// Certificates from `tls_ca_file` / `tls_cert_file` / `tls_key_file`, if any is set.
+fn tls_certificates(config: &RedisConfig) -> Result<Option<redis::TlsCertificates>, RedisError> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| {
+            RedisError::from(std::io::Error::new(
+                e.kind(),
+                format!("{}: {e}", path.display()),
+            ))
+        })
+    };
+    if config.tls_ca_file.is_none() && config.tls_cert_file.is_none() {
+        return Ok(None);
+    }
+    let root_cert = config.tls_ca_file.as_deref().map(read).transpose()?;
+    let client_tls = match (&config.tls_cert_file, &config.tls_key_file) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read(cert)?,
+            client_key: read(key)?,
+        }),
+        _ => None,
+    };
+    Ok(Some(redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
 }
 
 fn connection_info(url: &str, config: &RedisConfig) -> Result<redis::ConnectionInfo, RedisError> {
@@ -67,6 +98,8 @@ impl Connector {
                     .iter()
                     .map(|u| connection_info(u, config))
                     .collect::<Result<Vec<_>, _>>()?;
+                // rediss:// seeds use TLS with the system trust store (config validation
+                // refuses custom certificate files in cluster mode).
                 let client = ClusterClient::builder(infos)
                     .connection_timeout(config.connect_timeout)
                     .response_timeout(config.response_timeout)
