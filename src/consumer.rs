@@ -571,7 +571,7 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
     let mut polls: u32 = 0;
     while !ctx.shutdown.is_cancelled() {
         polls = polls.wrapping_add(1);
-        if polls % 64 == 0 {
+        if polls.is_multiple_of(64) {
             now_ms = unix_ms();
             ctx.worker().tick(&consumer);
         }
