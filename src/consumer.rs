@@ -596,6 +596,9 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
     }
     tracing::info!("shutting down: final flush");
     ctx.worker().finish(&consumer, grace);
+    tracing::debug!("closing the kafka consumer");
+    drop(consumer);
+    tracing::debug!("kafka consumer closed");
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! Wiring: build every stage from a validated config and run them until shutdown.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context as _;
 use rdkafka::consumer::BaseConsumer;
@@ -150,7 +151,24 @@ impl Tally {
         let thread = std::thread::Builder::new()
             .name("tally-consumer".into())
             .spawn(move || consumer::run(consumer, grace))?;
-        let joined = tokio::task::spawn_blocking(move || thread.join()).await;
+        let mut join = tokio::task::spawn_blocking(move || thread.join());
+        // The final flush is bounded by `grace`; closing the Kafka consumer can hang on a group
+        // rebalance in progress, so it gets a bounded wait too. Nothing is lost if it is cut:
+        // Redis holds the applied offsets.
+        let limit = grace * 2 + Duration::from_secs(10);
+        let joined = tokio::select! {
+            joined = &mut join => Some(joined),
+            _ = async { shutdown.cancelled().await; tokio::time::sleep(limit).await } => None,
+        };
+        let Some(joined) = joined else {
+            tracing::warn!(
+                ?limit,
+                "kafka consumer did not close in time; exiting anyway"
+            );
+            abort.cancel();
+            http_stop.cancel();
+            return Ok(());
+        };
 
         // The consumer (and with it the sink's sender) is gone: the sink finishes what it has.
         if tokio::time::timeout(grace, sink_task).await.is_err() {
