@@ -1,0 +1,176 @@
+//! Consume: one thread owns the Kafka consumer, decodes and aggregates, and hands sealed
+//! batches to the Redis sink. Rebalance callbacks run on this same thread (inside `poll`), so a
+//! revoked partition is flushed and committed before it is released, without races.
+//!
+//! Offsets: on assignment a partition starts at the offset Redis says it has applied (the
+//! minimum over its shards), not at Kafka's committed offset; Kafka commits follow each landed
+//! flush so that lag monitoring works. Redis is the source of truth.
+
+mod rebalance;
+mod worker;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::statistics::Statistics;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientContext, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::sink::Health;
+
+pub use worker::Worker;
+
+const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The rdkafka context: routes rebalances and statistics to the worker.
+pub struct TallyContext {
+    worker: Mutex<Worker>,
+    metrics: Metrics,
+    health: Arc<Health>,
+    topic: String,
+    shutdown: CancellationToken,
+}
+
+impl TallyContext {
+    /// Context for a consumer of `topic`.
+    pub fn new(worker: Worker, health: Arc<Health>, shutdown: CancellationToken) -> TallyContext {
+        TallyContext {
+            metrics: worker.metrics.clone(),
+            topic: worker.topic.clone(),
+            worker: Mutex::new(worker),
+            health,
+            shutdown,
+        }
+    }
+
+    fn worker(&self) -> MutexGuard<'_, Worker> {
+        // A panic while holding the lock already aborts the thread; keep the data.
+        self.worker.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl ClientContext for TallyContext {
+    fn stats(&self, statistics: Statistics) {
+        let Some(topic) = statistics.topics.get(&self.topic) else {
+            return;
+        };
+        for (p, part) in &topic.partitions {
+            if *p >= 0 && part.consumer_lag >= 0 {
+                self.metrics
+                    .consumer_lag
+                    .with_label_values(&[&p.to_string()])
+                    .set(part.consumer_lag);
+            }
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(error = %error, reason, "kafka client error");
+    }
+}
+
+impl ConsumerContext for TallyContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let mut worker = self.worker();
+        let result = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.metrics.rebalances.with_label_values(&["assign"]).inc();
+                if !self.shutdown.is_cancelled() {
+                    worker.on_assign(consumer, tpl);
+                }
+                let r = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                if worker.paused {
+                    let _ = consumer.pause(tpl);
+                }
+                r
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                self.metrics.rebalances.with_label_values(&["revoke"]).inc();
+                worker.on_revoke(consumer, tpl);
+                if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                }
+            }
+            other => {
+                tracing::error!(error = ?other, "rebalance error; releasing all partitions");
+                for e in tpl.elements_for_topic(&self.topic) {
+                    worker.agg.revoke(e.partition());
+                }
+                consumer.unassign()
+            }
+        };
+        if let Err(e) = result {
+            tracing::error!(error = %e, "applying the new assignment failed");
+        }
+        self.health
+            .kafka
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let assigned = consumer.assignment().map_or(0, |a| a.count());
+        self.metrics.assigned_partitions.set(assigned as i64);
+    }
+}
+
+/// The consumer thread: poll, decode, aggregate, flush; until `shutdown`, then a final flush.
+pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), KafkaError> {
+    let ctx = consumer.context().clone();
+    consumer.subscribe(&[&ctx.topic])?;
+    let mut now_ms = unix_ms();
+    let mut polls: u32 = 0;
+    while !ctx.shutdown.is_cancelled() {
+        polls = polls.wrapping_add(1);
+        if polls.is_multiple_of(64) {
+            now_ms = unix_ms();
+            ctx.worker().tick(&consumer);
+        }
+        match consumer.poll(Duration::from_millis(20)) {
+            None => {
+                now_ms = unix_ms();
+                ctx.worker().tick(&consumer);
+            }
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "kafka consume error");
+                ctx.worker().tick(&consumer);
+            }
+            Some(Ok(msg)) => {
+                ctx.health
+                    .kafka
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                let ts = msg.timestamp().to_millis();
+                ctx.worker()
+                    .handle(msg.partition(), msg.offset(), msg.payload(), ts, now_ms);
+            }
+        }
+    }
+    tracing::info!("shutting down: final flush");
+    ctx.worker().finish(&consumer, grace);
+    tracing::debug!("closing the kafka consumer");
+    drop(consumer);
+    tracing::debug!("kafka consumer closed");
+    Ok(())
+}
+
+fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

@@ -1,0 +1,345 @@
+//! The worker: everything the consumer thread owns besides the consumer itself — decoding,
+//! aggregation, the flush in flight, backpressure and Kafka commits.
+
+use std::collections::HashSet;
+use std::sync::mpsc as std_mpsc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
+use tokio::sync::mpsc;
+
+use crate::aggregate::Aggregator;
+use crate::config::{FlushConfig, StartFrom};
+use crate::decode::Decoder;
+use crate::metrics::{Metrics, DECODE_REASONS};
+use crate::sink::{FlushOutcome, SinkRequest};
+
+use super::TallyContext;
+
+const LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// A flush sent to the sink and not yet answered.
+pub(super) struct InFlight {
+    pub(super) reply: std_mpsc::Receiver<FlushOutcome>,
+    /// Offset each partition is complete up to once the flush lands.
+    pub(super) ends: Vec<(i32, i64)>,
+    pub(super) keys: usize,
+}
+
+/// Everything the consumer thread owns besides the consumer itself.
+pub struct Worker {
+    pub(super) agg: Aggregator,
+    pub(super) decoder: Decoder,
+    pub(super) sink: mpsc::UnboundedSender<SinkRequest>,
+    pub(super) in_flight: Option<InFlight>,
+    pub(super) metrics: Metrics,
+    pub(super) topic: String,
+    pub(super) flush: FlushConfig,
+    pub(super) start_from: StartFrom,
+    /// When the oldest unflushed message was processed.
+    pub(super) batch_started: Option<Instant>,
+    pub(super) paused: bool,
+    /// Partitions being revoked right now: never seek or recover them.
+    pub(super) revoking: Vec<i32>,
+    pub(super) consumed: u64,
+    pub(super) decode_errors: [u64; 7],
+    pub(super) last_publish: Instant,
+    pub(super) last_error_log: Instant,
+    pub(super) errors_since_log: u64,
+}
+
+impl Worker {
+    /// A worker for `topic` sending flushes to `sink`.
+    pub fn new(
+        agg: Aggregator,
+        decoder: Decoder,
+        sink: mpsc::UnboundedSender<SinkRequest>,
+        metrics: Metrics,
+        topic: String,
+        flush: FlushConfig,
+        start_from: StartFrom,
+    ) -> Worker {
+        Worker {
+            agg,
+            decoder,
+            sink,
+            in_flight: None,
+            metrics,
+            topic,
+            flush,
+            start_from,
+            batch_started: None,
+            paused: false,
+            revoking: Vec::new(),
+            consumed: 0,
+            decode_errors: [0; 7],
+            last_publish: Instant::now(),
+            last_error_log: Instant::now() - LOG_EVERY,
+            errors_since_log: 0,
+        }
+    }
+
+    pub(super) fn handle(
+        &mut self,
+        partition: i32,
+        offset: i64,
+        payload: Option<&[u8]>,
+        kafka_ts: Option<i64>,
+        now_ms: i64,
+    ) {
+        self.consumed += 1;
+        if !self.agg.owns(partition) {
+            return;
+        }
+        match self.decoder.decode(payload, kafka_ts) {
+            Ok(event) => {
+                self.agg.add(partition, offset, &event, now_ms);
+            }
+            Err(e) => {
+                if self.agg.position(partition).is_some_and(|p| offset >= p) {
+                    self.decode_errors[e.index()] += 1;
+                    self.errors_since_log += 1;
+                    if self.last_error_log.elapsed() >= LOG_EVERY {
+                        tracing::warn!(
+                            partition,
+                            offset,
+                            reason = e.reason(),
+                            skipped = self.errors_since_log,
+                            "skipping undecodable messages"
+                        );
+                        self.last_error_log = Instant::now();
+                        self.errors_since_log = 0;
+                    }
+                }
+                self.agg.skip(partition, offset);
+            }
+        }
+        self.batch_started.get_or_insert_with(Instant::now);
+    }
+
+    /// Periodic work between messages: collect a finished flush, start one, apply backpressure.
+    pub(super) fn tick(&mut self, consumer: &BaseConsumer<TallyContext>) {
+        if let Some(f) = &self.in_flight {
+            match f.reply.try_recv() {
+                Ok(outcome) => self.complete(consumer, outcome, CommitMode::Async),
+                Err(std_mpsc::TryRecvError::Empty) => {}
+                Err(std_mpsc::TryRecvError::Disconnected) => self.in_flight = None,
+            }
+        }
+        let due = self
+            .batch_started
+            .is_some_and(|t| t.elapsed() >= self.flush.interval)
+            || self.agg.pending_keys() >= self.flush.max_keys;
+        if self.in_flight.is_none() && due {
+            self.start_flush(None);
+        }
+        let pending = self.agg.pending_keys() + self.in_flight.as_ref().map_or(0, |f| f.keys);
+        let over = self.in_flight.is_some() && pending >= self.flush.max_pending_keys;
+        if over != self.paused {
+            self.set_paused(consumer, over);
+        }
+        if self.last_publish.elapsed() >= Duration::from_millis(200) {
+            self.publish();
+        }
+    }
+
+    pub(super) fn set_paused(&mut self, consumer: &BaseConsumer<TallyContext>, paused: bool) {
+        let Ok(assignment) = consumer.assignment() else {
+            return;
+        };
+        let result = if paused {
+            consumer.pause(&assignment)
+        } else {
+            consumer.resume(&assignment)
+        };
+        if let Err(e) = result {
+            tracing::warn!(error = %e, paused, "cannot change consumption state");
+            return;
+        }
+        if paused {
+            tracing::info!(
+                pending_keys = self.agg.pending_keys(),
+                "backpressure: pausing consumption until the flush lands"
+            );
+        }
+        self.paused = paused;
+        self.metrics.backpressure_paused.set(i64::from(paused));
+    }
+
+    /// Publish per-batch counts to metrics.
+    pub(super) fn publish(&mut self) {
+        self.last_publish = Instant::now();
+        self.metrics
+            .messages_consumed
+            .inc_by(std::mem::take(&mut self.consumed));
+        for (i, n) in self.decode_errors.iter_mut().enumerate() {
+            if *n > 0 {
+                self.metrics
+                    .decode_errors
+                    .with_label_values(&[DECODE_REASONS[i]])
+                    .inc_by(std::mem::take(n));
+            }
+        }
+        let stats = self.agg.take_stats();
+        for (i, counter) in self.agg.counters().iter().enumerate() {
+            if stats.counted[i] > 0 {
+                self.metrics
+                    .events_counted
+                    .with_label_values(&[&counter.name])
+                    .inc_by(stats.counted[i]);
+            }
+            if stats.late[i] > 0 {
+                self.metrics
+                    .late_events
+                    .with_label_values(&[&counter.name])
+                    .inc_by(stats.late[i]);
+            }
+        }
+        self.metrics
+            .replayed_events_skipped
+            .inc_by(stats.replay_skipped);
+        let in_flight = self.in_flight.as_ref().map_or(0, |f| f.keys);
+        self.metrics
+            .pending_keys
+            .set((self.agg.pending_keys() + in_flight) as i64);
+    }
+
+    /// Seal pending units (of `only` partitions, or all) and send them to the sink.
+    /// Returns the number of units and keys sent.
+    pub(super) fn start_flush(&mut self, only: Option<&[i32]>) -> (usize, usize) {
+        debug_assert!(
+            self.in_flight.is_none(),
+            "one flush at a time keeps units in order"
+        );
+        let batch = self.agg.seal(only);
+        if only.is_some() {
+            let ranges: Vec<(i32, i64, i64)> = batch
+                .ends
+                .iter()
+                .map(|&(p, end)| {
+                    let start = batch
+                        .units
+                        .iter()
+                        .filter(|u| u.partition == p)
+                        .map(|u| u.start)
+                        .min()
+                        .unwrap_or(end);
+                    (p, start, end)
+                })
+                .collect();
+            tracing::debug!(?ranges, "sealing partitions being revoked");
+        }
+        if only.is_none() {
+            self.batch_started = None;
+        }
+        if batch.units.is_empty() {
+            return (0, 0);
+        }
+        let (tx, rx) = std_mpsc::channel();
+        let keys = batch.keys;
+        let units = batch.units.len();
+        if self
+            .sink
+            .send(SinkRequest::Flush {
+                units: batch.units,
+                reply: tx,
+            })
+            .is_err()
+        {
+            tracing::error!("redis sink has stopped; pending data will be replayed on restart");
+            return (0, 0);
+        }
+        self.in_flight = Some(InFlight {
+            reply: rx,
+            ends: batch.ends,
+            keys,
+        });
+        self.publish();
+        (units, keys)
+    }
+
+    /// Wait up to `timeout` for the flush in flight and process its outcome.
+    pub(super) fn drain(
+        &mut self,
+        consumer: &BaseConsumer<TallyContext>,
+        timeout: Duration,
+        mode: CommitMode,
+    ) -> bool {
+        let Some(f) = &self.in_flight else {
+            return true;
+        };
+        match f.reply.recv_timeout(timeout) {
+            Ok(outcome) => {
+                self.complete(consumer, outcome, mode);
+                true
+            }
+            Err(_) => {
+                // Not lost: Redis has not recorded these offsets, so they are consumed again.
+                tracing::warn!("flush did not land in time; its events will be replayed from the applied offsets");
+                self.in_flight = None;
+                false
+            }
+        }
+    }
+
+    /// A flush landed: commit what it covered, and resynchronise partitions whose units Redis refused.
+    pub(super) fn complete(
+        &mut self,
+        consumer: &BaseConsumer<TallyContext>,
+        outcome: FlushOutcome,
+        mode: CommitMode,
+    ) {
+        let Some(f) = self.in_flight.take() else {
+            return;
+        };
+        let conflicted: HashSet<i32> = outcome.conflicts.iter().map(|c| c.0).collect();
+        let mut tpl = TopicPartitionList::new();
+        for &(p, end) in &f.ends {
+            if conflicted.contains(&p) {
+                continue;
+            }
+            // Kafka's committed offset is the next message to read, like our `end`.
+            if tpl
+                .add_partition_offset(&self.topic, p, Offset::Offset(end))
+                .is_ok()
+            {
+                self.metrics
+                    .committed_offset
+                    .with_label_values(&[&p.to_string()])
+                    .set(end);
+            }
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = consumer.commit(&tpl, mode) {
+                // Harmless for exactness (Redis holds the applied offsets); lag may read high.
+                tracing::warn!(error = %e, "kafka offset commit failed");
+            }
+        }
+        let mut resynced: Vec<i32> = Vec::new();
+        for &(p, shard, applied) in &outcome.conflicts {
+            if resynced.contains(&p) {
+                continue;
+            }
+            resynced.push(p);
+            let refused = outcome.conflicts.iter().filter(|c| c.0 == p).count();
+            tracing::warn!(partition = p, shard, applied, refused_units = refused, "redis applied a different offset range (another replica, or a replay); resynchronising");
+            if self.agg.owns(p) && !self.revoking.contains(&p) {
+                self.resync(consumer, p, applied);
+            }
+        }
+        self.publish();
+    }
+
+    /// Final flush and commit on shutdown, within `grace`.
+    pub(super) fn finish(&mut self, consumer: &BaseConsumer<TallyContext>, grace: Duration) {
+        let deadline = Instant::now() + grace;
+        self.drain(consumer, grace, CommitMode::Sync);
+        self.start_flush(None);
+        let left = deadline.saturating_duration_since(Instant::now());
+        if self.drain(consumer, left, CommitMode::Sync) {
+            tracing::info!("final flush landed and offsets committed");
+        }
+        self.publish();
+    }
+}
