@@ -5,7 +5,6 @@
 //! `TALLY_REDIS__URL`, `TALLY_FLUSH__INTERVAL=250ms`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
@@ -13,8 +12,9 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
-use crate::key::KeyTemplate;
-use crate::window::WindowSpec;
+mod validate;
+
+use validate::invalid;
 
 /// Exit code for a configuration error (EX_USAGE from sysexits.h).
 pub const EXIT_CONFIG: i32 = 64;
@@ -301,22 +301,6 @@ pub enum ConfigError {
     },
 }
 
-fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid {
-        key: key.into(),
-        reason: reason.into(),
-    }
-}
-
-/// librdkafka properties tally sets itself; overriding them would break exactness.
-const MANAGED_PROPERTIES: &[&str] = &[
-    "bootstrap.servers",
-    "group.id",
-    "enable.auto.commit",
-    "enable.auto.offset.store",
-    "auto.offset.reset",
-];
-
 impl Config {
     /// Layer defaults, an optional file, `TALLY_…` environment and `overrides` (CLI flags, as
     /// a partial nested map), then validate.
@@ -341,202 +325,6 @@ impl Config {
         let config: Config = fig.extract().map_err(Box::new)?;
         config.validate()?;
         Ok(config)
-    }
-
-    /// Rules that span fields or need parsing beyond serde.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.kafka.brokers.trim().is_empty() {
-            return Err(invalid("kafka.brokers", "must list at least one host:port"));
-        }
-        if self.kafka.topic.trim().is_empty() {
-            return Err(invalid("kafka.topic", "must name a topic"));
-        }
-        if self.kafka.group_id.trim().is_empty() {
-            return Err(invalid("kafka.group_id", "must not be empty"));
-        }
-        for key in self.kafka.properties.keys() {
-            if MANAGED_PROPERTIES.contains(&key.as_str()) {
-                return Err(invalid(
-                    format!("kafka.properties.\"{key}\""),
-                    "is managed by tally (use kafka.brokers / kafka.group_id / kafka.start_from)",
-                ));
-            }
-        }
-        for (key, file) in [
-            ("redis.tls_ca_file", &self.redis.tls_ca_file),
-            ("redis.tls_cert_file", &self.redis.tls_cert_file),
-            ("redis.tls_key_file", &self.redis.tls_key_file),
-        ] {
-            if let Some(f) = file {
-                if !f.is_file() {
-                    return Err(invalid(
-                        key,
-                        format!("{} is not a readable file", f.display()),
-                    ));
-                }
-            }
-        }
-        if self.redis.mode == RedisMode::Cluster
-            && (self.redis.tls_ca_file.is_some() || self.redis.tls_cert_file.is_some())
-        {
-            return Err(invalid(
-                "redis.tls_ca_file",
-                "custom certificate files work in standalone mode; in cluster mode add the CA to the system trust store",
-            ));
-        }
-        if self.redis.tls_cert_file.is_some() != self.redis.tls_key_file.is_some() {
-            return Err(invalid(
-                "redis.tls_key_file",
-                "tls_cert_file and tls_key_file go together",
-            ));
-        }
-        if self.redis.cluster_shards == 0 || self.redis.cluster_shards > 1024 {
-            return Err(invalid(
-                "redis.cluster_shards",
-                "must be between 1 and 1024",
-            ));
-        }
-        if self.redis.mode == RedisMode::Cluster
-            && self.redis.nodes.is_empty()
-            && self.redis.url.is_empty()
-        {
-            return Err(invalid(
-                "redis.nodes",
-                "cluster mode needs at least one seed node",
-            ));
-        }
-        for (i, url) in self.redis.nodes.iter().enumerate() {
-            if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
-                return Err(invalid(
-                    format!("redis.nodes[{i}]"),
-                    format!("`{url}` must start with redis:// or rediss://"),
-                ));
-            }
-            redis::parse_redis_url(url).ok_or_else(|| {
-                invalid(
-                    format!("redis.nodes[{i}]"),
-                    format!("`{url}` is not a valid Redis URL"),
-                )
-            })?;
-        }
-        if !self.redis.url.is_empty() {
-            let url = &self.redis.url;
-            if !(url.starts_with("redis://")
-                || url.starts_with("rediss://")
-                || url.starts_with("unix://"))
-            {
-                return Err(invalid(
-                    "redis.url",
-                    format!("`{url}` must start with redis://, rediss:// or unix://"),
-                ));
-            }
-            redis::parse_redis_url(url)
-                .ok_or_else(|| invalid("redis.url", format!("`{url}` is not a valid Redis URL")))?;
-        }
-        if self.redis.state_prefix.is_empty() || self.redis.state_prefix.contains(['{', '}']) {
-            return Err(invalid(
-                "redis.state_prefix",
-                "must be non-empty and contain no braces",
-            ));
-        }
-        if self.decode.max_message_bytes == 0 || self.decode.max_value_bytes == 0 {
-            return Err(invalid(
-                "decode.max_message_bytes",
-                "limits must be positive",
-            ));
-        }
-        let f = &self.flush;
-        if f.max_keys == 0 {
-            return Err(invalid("flush.max_keys", "must be positive"));
-        }
-        if f.max_pending_keys < f.max_keys {
-            return Err(invalid(
-                "flush.max_pending_keys",
-                format!("must be at least flush.max_keys ({})", f.max_keys),
-            ));
-        }
-        if f.max_keys_per_call == 0 || f.max_keys_per_call > 100_000 {
-            return Err(invalid(
-                "flush.max_keys_per_call",
-                "must be between 1 and 100000",
-            ));
-        }
-        if f.interval.is_zero() {
-            return Err(invalid("flush.interval", "must be positive"));
-        }
-        if f.retry_initial.is_zero() || f.retry_max < f.retry_initial {
-            return Err(invalid(
-                "flush.retry_max",
-                "need 0 < retry_initial <= retry_max",
-            ));
-        }
-        if !self.http.listen.is_empty() && self.http.listen.parse::<SocketAddr>().is_err() {
-            return Err(invalid(
-                "http.listen",
-                format!("`{}` is not an ip:port address", self.http.listen),
-            ));
-        }
-        self.validate_counters()
-    }
-
-    fn validate_counters(&self) -> Result<(), ConfigError> {
-        if self.counters.is_empty() {
-            return Err(invalid("counters", "at least one counter is required"));
-        }
-        let mut seen = std::collections::HashSet::new();
-        for (i, c) in self.counters.iter().enumerate() {
-            let at = |field: &str| format!("counters[{i}].{field}");
-            if c.name.is_empty()
-                || !c
-                    .name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-            {
-                return Err(invalid(at("name"), "use letters, digits, '_' or '-'"));
-            }
-            if !seen.insert(c.name.as_str()) {
-                return Err(invalid(
-                    at("name"),
-                    format!("`{}` is used by two counters", c.name),
-                ));
-            }
-            if c.dimensions.is_empty() {
-                return Err(invalid(at("dimensions"), "list at least one event field"));
-            }
-            let tz: chrono_tz::Tz = c.timezone.parse().map_err(|_| {
-                invalid(
-                    at("timezone"),
-                    format!("`{}` is not an IANA time zone", c.timezone),
-                )
-            })?;
-            let window =
-                WindowSpec::new(c.window, tz).map_err(|e| invalid(at("window"), e.to_string()))?;
-            KeyTemplate::parse(&c.key, &c.dimensions, &window)
-                .map_err(|e| invalid(at("key"), e.to_string()))?;
-            if let Some(v) = &c.value_field {
-                if self.counters.iter().any(|o| o.dimensions.contains(v)) {
-                    return Err(invalid(
-                        at("value_field"),
-                        format!("`{v}` is also used as a dimension"),
-                    ));
-                }
-                if self.decode.time_field.as_ref() == Some(v) {
-                    return Err(invalid(
-                        at("value_field"),
-                        format!("`{v}` is also decode.time_field"),
-                    ));
-                }
-            }
-            if let Some(t) = &self.decode.time_field {
-                if c.dimensions.contains(t) {
-                    return Err(invalid(
-                        at("dimensions"),
-                        format!("`{t}` is also decode.time_field"),
-                    ));
-                }
-            }
-        }
-        Ok(())
     }
 
     /// The TOML text of this configuration, as `tally config` prints it.
