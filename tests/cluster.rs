@@ -42,17 +42,6 @@ shutdown_grace = "20s"
     )
 }
 
-fn wait_metric(t: &TallyProcess, name: &str, min: f64, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if t.metric(name).is_some_and(|v| v >= min) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
-
 /// Let one replica run until everything produced is applied, stop it (exit 0), compare.
 fn finish(
     cfg: &str,
@@ -76,12 +65,7 @@ fn finish(
         );
         std::thread::sleep(Duration::from_millis(200));
     }
-    assert!(wait_metric(
-        &t,
-        "tally_assigned_partitions",
-        1.0,
-        Duration::from_secs(30)
-    ));
+    assert!(t.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(30)));
     assert!(t.terminate(Duration::from_secs(30)).success());
     common::cluster::compare(cluster, SHARDS, &stream.truth())
 }
@@ -186,7 +170,7 @@ fn cluster_resharding_while_writing_counts_exactly() {
     let (producer, _) = stream.produce(&broker.bootstrap, topic, 6_000);
     let t = TallyProcess::start(&cfg, "reshard");
     assert!(
-        wait_metric(&t, "tally_keys_flushed_total", 1.0, Duration::from_secs(60)),
+        t.wait_metric("tally_keys_flushed_total", 1.0, Duration::from_secs(60)),
         "{}",
         t.log()
     );
@@ -244,7 +228,7 @@ fn cluster_primary_failover_while_writing() {
     let (producer, _) = stream.produce(&broker.bootstrap, topic, 5_000);
     let t = TallyProcess::start(&cfg, "failover");
     assert!(
-        wait_metric(&t, "tally_keys_flushed_total", 1.0, Duration::from_secs(60)),
+        t.wait_metric("tally_keys_flushed_total", 1.0, Duration::from_secs(60)),
         "{}",
         t.log()
     );
@@ -305,8 +289,7 @@ fn cluster_crash_loop_counts_exactly() {
     while kills < 8 || !producer.is_finished() {
         let mut t = TallyProcess::start(&cfg, "crash");
         assert!(
-            wait_metric(
-                &t,
+            t.wait_metric(
                 "tally_messages_consumed_total",
                 1.0,
                 Duration::from_secs(60)
@@ -342,7 +325,7 @@ fn cluster_failover_losing_acknowledged_writes_stays_exact() {
     let (producer, _) = stream.produce(&broker.bootstrap, topic, 5_000);
     let t = TallyProcess::start(&cfg, "lost");
     assert!(
-        wait_metric(&t, "tally_keys_flushed_total", 1.0, Duration::from_secs(60)),
+        t.wait_metric("tally_keys_flushed_total", 1.0, Duration::from_secs(60)),
         "{}",
         t.log()
     );
@@ -368,8 +351,7 @@ fn cluster_failover_losing_acknowledged_writes_stays_exact() {
         .unwrap();
     let flushed = t.metric("tally_keys_flushed_total").unwrap_or(0.0);
     // The primary acknowledges writes its replica will never see.
-    assert!(wait_metric(
-        &t,
+    assert!(t.wait_metric(
         "tally_keys_flushed_total",
         flushed + 5_000.0,
         Duration::from_secs(60)

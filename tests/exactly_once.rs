@@ -66,18 +66,6 @@ fn redis_conn(url: &str) -> redis::Connection {
         .unwrap()
 }
 
-/// Wait until a metric of `t` is at least `min`.
-fn wait_metric(t: &TallyProcess, name: &str, min: f64, timeout: Duration) -> bool {
-    let deadline = Instant::now() + timeout;
-    while Instant::now() < deadline {
-        if t.metric(name).is_some_and(|v| v >= min) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
-
 /// Run a final replica until Redis has applied every produced message, stop it with SIGTERM
 /// (must exit 0), and compare every key with the truth.
 fn finish_and_compare(
@@ -104,12 +92,7 @@ fn finish_and_compare(
         std::thread::sleep(Duration::from_millis(100));
     }
     // It must be up (signal handlers installed, partitions owned) before SIGTERM means "drain".
-    assert!(wait_metric(
-        &last,
-        "tally_assigned_partitions",
-        1.0,
-        Duration::from_secs(60)
-    ));
+    assert!(last.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
     let status = last.terminate(Duration::from_secs(30));
     assert!(status.success(), "SIGTERM exits 0, got {status:?}");
     stream::compare(&mut conn, &stream.truth())
@@ -137,8 +120,7 @@ fn crash_loop_with_sigkill_counts_exactly() {
         let mut t = TallyProcess::start(&cfg, "crash");
         // Kill only once it is working: consuming, and (half the time) with a flush under way.
         assert!(
-            wait_metric(
-                &t,
+            t.wait_metric(
                 "tally_messages_consumed_total",
                 1.0,
                 Duration::from_secs(60)
@@ -165,8 +147,7 @@ fn crash_loop_with_sigkill_counts_exactly() {
                 let flushes = t
                     .metric("tally_flush_duration_seconds_count")
                     .unwrap_or(0.0);
-                wait_metric(
-                    &t,
+                t.wait_metric(
                     "tally_flush_duration_seconds_count",
                     flushes + 1.0,
                     Duration::from_secs(10),
@@ -218,12 +199,7 @@ fn replicas_joining_and_leaving_count_exactly() {
     while !producer.is_finished() || cycles < 6 {
         let mut b = TallyProcess::start(&cfg, "b");
         assert!(
-            wait_metric(
-                &b,
-                "tally_assigned_partitions",
-                1.0,
-                Duration::from_secs(60)
-            ),
+            b.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)),
             "b never got partitions:\n{}",
             b.log()
         );
@@ -265,35 +241,23 @@ fn zombie_replica_cannot_double_count() {
     let zombie_cfg = cfg.replace("interval = \"50ms\"", "interval = \"60s\"");
     assert_ne!(zombie_cfg, cfg);
     let mut zombie = TallyProcess::start(&zombie_cfg, "zombie");
-    assert!(wait_metric(
-        &zombie,
+    assert!(zombie.wait_metric(
         "tally_messages_consumed_total",
         1000.0,
         Duration::from_secs(60)
     ));
     let mut other = TallyProcess::start(&cfg, "other");
-    assert!(wait_metric(
-        &other,
-        "tally_assigned_partitions",
-        1.0,
-        Duration::from_secs(60)
-    ));
+    assert!(other.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
     // Freeze the zombie with data pending, well past its session timeout: its partitions move.
-    assert!(wait_metric(
-        &zombie,
-        "tally_assigned_partitions",
-        1.0,
-        Duration::from_secs(60)
-    ));
+    assert!(zombie.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
     assert!(
-        wait_metric(&zombie, "tally_pending_keys", 1.0, Duration::from_secs(60)),
+        zombie.wait_metric("tally_pending_keys", 1.0, Duration::from_secs(60)),
         "the zombie holds unflushed data"
     );
     let before = sent.load(Ordering::Relaxed);
     zombie.signal(libc::SIGSTOP);
     assert!(
-        wait_metric(
-            &other,
+        other.wait_metric(
             "tally_assigned_partitions",
             PARTITIONS as f64,
             Duration::from_secs(60)
@@ -352,12 +316,7 @@ fn redis_restarts_with_aof_count_exactly() {
     };
     let (producer, _) = stream.produce(&broker.bootstrap, topic, 4_000);
     let t = TallyProcess::start(&cfg, "rr");
-    assert!(wait_metric(
-        &t,
-        "tally_keys_flushed_total",
-        1.0,
-        Duration::from_secs(60)
-    ));
+    assert!(t.wait_metric("tally_keys_flushed_total", 1.0, Duration::from_secs(60)));
     let mut restarts = 0;
     while !producer.is_finished() || restarts < 3 {
         std::thread::sleep(Duration::from_millis(

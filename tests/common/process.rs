@@ -130,6 +130,18 @@ impl TallyProcess {
             .and_then(|v| v.trim().parse().ok())
     }
 
+    /// Wait until metric `name` is at least `min`; false on timeout.
+    pub fn wait_metric(&self, name: &str, min: f64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.metric(name).is_some_and(|v| v >= min) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.config_path.with_extension("log")).unwrap_or_default()
     }
