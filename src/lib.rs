@@ -11,14 +11,21 @@
 //!    zone, DST-safe) and renders its key from a template, escaping values so keys are injective.
 //! 4. [`aggregate`]: deltas are summed in memory per key and window, grouped into *units*:
 //!    the contributions of one partition's offsets `[start, end)` to one shard.
-//! 5. [`sink`]: one task owns the Redis connection and applies units with a pipelined Lua
-//!    script (INCRBY + absolute expiry), retrying until they land.
+//! 5. [`sink`]: one task owns the Redis connection (standalone or cluster, [`sink::conn`]) and
+//!    applies units with a pipelined Lua script (INCRBY + absolute expiry), retrying until they
+//!    land. [`sink::layout`] decides key names: plain keys standalone; in a cluster each key gets
+//!    the hash tag of its shard, so a unit and its applied offset share one slot.
 //! 6. Offsets are committed to Kafka after the flush that contains them has landed.
+//!
+//! [`query`] computes a counter's key for given values (CLI and `GET /v1/count`); [`http`]
+//! serves it with `/metrics` and health; [`demo`], [`produce`], [`gen`] and [`local_redis`]
+//! run the pieces locally.
 //!
 //! ## What makes a count exact
 //!
 //! The flush script applies a unit and records, in the same atomic step, the offset up to
-//! which that (partition, shard) has been applied (`<state_prefix>applied:<group>:<topic>:<partition>:<shard>`).
+//! which that (partition, shard) has been applied:
+//! `<state_prefix>applied:<group>:<topic>:<partition>:<shard>` (plus `:{tag}` in a cluster).
 //! It refuses a unit whose `start` is not the recorded offset. Hence:
 //! * a retry (lost reply, reconnect, NOSCRIPT) or a replay after a crash is skipped, not re-added;
 //! * a replica that lost its partitions but still flushes (a zombie) is refused, and the owner
@@ -26,8 +33,14 @@
 //! * a partition starts at the applied offset read from Redis, and a message is counted only
 //!   if its offset is at or past it.
 //!
+//! * a unit is the contributions of offsets `[start, end)` of one partition to one shard; it
+//!   ends on a message boundary and holds at most `flush.max_keys_per_call` keys (+ one message),
+//!   which bounds how long one script call blocks Redis.
+//!
 //! Kafka's committed offset follows Redis (for lag monitoring); Redis is the source of truth.
-//! Counts are exact as long as Redis keeps what it acknowledged (see README: persistence).
+//! If Redis loses writes (restart without persistence, failover before replication), it loses
+//! the matching applied offsets with them: the next flush finds the offset behind, the partition
+//! is resynchronised from Redis and the lost range is replayed from Kafka.
 //!
 //! Start reading at [`pipeline::Tally::run`].
 
