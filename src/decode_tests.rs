@@ -7,6 +7,7 @@ fn decoder(time_field: Option<&str>, format: TimeFormat) -> Decoder {
         time_format: format,
         max_message_bytes: 256,
         max_value_bytes: 16,
+        dead_letter_topic: None,
     };
     Decoder::new(
         &config,

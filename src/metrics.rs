@@ -40,6 +40,10 @@ pub struct Metrics {
     pub fence_conflicts: IntCounter,
     /// Flush units skipped because Redis had already applied their whole range (retry, replay, zombie).
     pub units_already_applied: IntCounter,
+    /// Undecodable messages delivered to the dead-letter topic.
+    pub dead_letters: IntCounter,
+    /// Dead letters that could not be queued or delivered.
+    pub dead_letter_errors: IntCounter,
     /// Keys waiting in memory for a flush.
     pub pending_keys: IntGauge,
     /// 1 while consumption is paused for backpressure.
@@ -191,6 +195,16 @@ impl Metrics {
                 &registry,
                 "tally_units_already_applied_total",
                 "Flush units not applied because Redis already held their whole offset range.",
+            ),
+            dead_letters: counter(
+                &registry,
+                "tally_dead_letters_total",
+                "Undecodable messages delivered to the dead-letter topic.",
+            ),
+            dead_letter_errors: counter(
+                &registry,
+                "tally_dead_letter_errors_total",
+                "Dead letters that could not be queued or delivered.",
             ),
             pending_keys: gauge(
                 &registry,

@@ -133,7 +133,7 @@ impl Tally {
             tracing::info!(%local, "serving /metrics and /health");
         }
 
-        let worker = Worker::new(
+        let mut worker = Worker::new(
             agg,
             decoder,
             sink_tx,
@@ -142,6 +142,11 @@ impl Tally {
             config.flush.clone(),
             config.kafka.start_from,
         );
+        if let Some(topic) = &config.decode.dead_letter_topic {
+            let dlq = crate::consumer::DeadLetters::new(&config.kafka, topic, self.metrics.clone())
+                .context("dead-letter producer")?;
+            worker = worker.with_dead_letters(dlq);
+        }
         let ctx = TallyContext::new(worker, self.health.clone(), shutdown.clone());
         let consumer: BaseConsumer<TallyContext> = kafka_client_config(&config.kafka)
             .create_with_context(ctx)

@@ -450,3 +450,71 @@ async fn redis_over_tls_with_a_private_ca() {
     assert_eq!(sum, 50);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_messages_go_to_the_dead_letter_topic_with_reasons() {
+    use rdkafka::message::{Headers, Message};
+    let mut h = Harness::new("dlq-src", 1);
+    h.mock.create_topic("dlq", 1, 1).unwrap();
+    let mut config = h.config("g-dlq", hourly("dlq"));
+    config.decode.dead_letter_topic = Some("dlq".into());
+    let now = Some(Utc::now().timestamp_millis());
+    let bad: Vec<(&[u8], &str)> = vec![
+        (b"nope", "not_json"),
+        (br#"{"app_id":"a"}"#, "missing_field"),
+        (b"\xff\xfe", "not_utf8"),
+    ];
+    let mut offsets = Vec::new();
+    for (i, (payload, _)) in bad.iter().enumerate() {
+        h.produce(0, br#"{"app_id":"a","device_id":"d"}"#, now);
+        offsets.push(2 * i as i64 + 1);
+        h.produce(0, payload, now);
+    }
+    h.flush_producer();
+    let running = h.start(config);
+    h.wait_applied("g-dlq", Duration::from_secs(60)).await;
+    let m = running.metrics.clone();
+    wait_for("dead letters delivered", Duration::from_secs(30), || {
+        m.dead_letters.get() == 3
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(total(&h, "dlq:*"), 3);
+
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", h.mock.bootstrap_servers())
+        .set("group.id", "dlq-reader")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset("dlq", 0, Offset::Beginning)
+        .unwrap();
+    c.assign(&tpl).unwrap();
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while got.len() < 3 && std::time::Instant::now() < deadline {
+        if let Some(Ok(msg)) = c.poll(Duration::from_millis(100)) {
+            let headers = msg.headers().expect("headers");
+            let header = |name: &str| {
+                headers
+                    .iter()
+                    .find(|h| h.key == name)
+                    .and_then(|h| h.value)
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            };
+            got.push((
+                msg.payload().unwrap_or_default().to_vec(),
+                header("tally-reason"),
+                header("tally-source-offset"),
+                header("tally-source-topic"),
+            ));
+        }
+    }
+    assert_eq!(got.len(), 3, "{got:?}");
+    for (i, (payload, reason)) in bad.iter().enumerate() {
+        assert_eq!(got[i].0, payload.to_vec());
+        assert_eq!(got[i].1.as_deref(), Some(*reason));
+        assert_eq!(got[i].2, Some(offsets[i].to_string()));
+        assert_eq!(got[i].3.as_deref(), Some("dlq-src"));
+    }
+}

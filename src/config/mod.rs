@@ -119,6 +119,8 @@ pub struct DecodeConfig {
     pub max_message_bytes: usize,
     /// Longer dimension values are rejected as `too_large` (they would make huge keys).
     pub max_value_bytes: usize,
+    /// Kafka topic that receives a copy of every undecodable message (with reason headers).
+    pub dead_letter_topic: Option<String>,
 }
 
 /// Encodings accepted for the event-time field.
@@ -244,6 +246,7 @@ impl Default for DecodeConfig {
             time_format: TimeFormat::EpochMs,
             max_message_bytes: 1 << 20,
             max_value_bytes: 256,
+            dead_letter_topic: None,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! minimum over its shards), not at Kafka's committed offset; Kafka commits follow each landed
 //! flush so that lag monitoring works. Redis is the source of truth.
 
+mod dead_letter;
 mod rebalance;
 mod worker;
 
@@ -23,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::metrics::Metrics;
 use crate::sink::Health;
 
+pub use dead_letter::DeadLetters;
 pub use worker::Worker;
 
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -156,8 +158,14 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
                     .kafka
                     .store(true, std::sync::atomic::Ordering::Relaxed);
                 let ts = msg.timestamp().to_millis();
-                ctx.worker()
-                    .handle(msg.partition(), msg.offset(), msg.payload(), ts, now_ms);
+                ctx.worker().handle(
+                    msg.partition(),
+                    msg.offset(),
+                    msg.key(),
+                    msg.payload(),
+                    ts,
+                    now_ms,
+                );
             }
         }
     }

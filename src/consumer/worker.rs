@@ -47,6 +47,8 @@ pub struct Worker {
     pub(super) last_publish: Instant,
     pub(super) last_error_log: Instant,
     pub(super) errors_since_log: u64,
+    /// Where undecodable messages are copied, if configured.
+    pub(super) dead_letters: Option<super::DeadLetters>,
 }
 
 impl Worker {
@@ -77,13 +79,21 @@ impl Worker {
             last_publish: Instant::now(),
             last_error_log: Instant::now() - LOG_EVERY,
             errors_since_log: 0,
+            dead_letters: None,
         }
+    }
+
+    /// Copy undecodable messages to a dead-letter topic.
+    pub fn with_dead_letters(mut self, dead_letters: super::DeadLetters) -> Worker {
+        self.dead_letters = Some(dead_letters);
+        self
     }
 
     pub(super) fn handle(
         &mut self,
         partition: i32,
         offset: i64,
+        key: Option<&[u8]>,
         payload: Option<&[u8]>,
         kafka_ts: Option<i64>,
         now_ms: i64,
@@ -98,6 +108,9 @@ impl Worker {
             }
             Err(e) => {
                 if self.agg.position(partition).is_some_and(|p| offset >= p) {
+                    if let Some(dlq) = &self.dead_letters {
+                        dlq.send(partition, offset, key, payload, e.reason());
+                    }
                     self.decode_errors[e.index()] += 1;
                     self.errors_since_log += 1;
                     if self.last_error_log.elapsed() >= LOG_EVERY {
@@ -339,6 +352,9 @@ impl Worker {
         let left = deadline.saturating_duration_since(Instant::now());
         if self.drain(consumer, left, CommitMode::Sync) {
             tracing::info!("final flush landed and offsets committed");
+        }
+        if let Some(dlq) = &self.dead_letters {
+            dlq.flush(deadline.saturating_duration_since(Instant::now()));
         }
         self.publish();
     }
