@@ -986,7 +986,7 @@ fn phase_e2e(ctx: &Ctx, v: &Variant, topic: &str, per_partition: i64) -> anyhow:
             samples.push((now, c));
         }
         // tally publishes its consumed count at least every 200 ms while consuming.
-        if consumed_seen.is_none() && samples.len() % 5 == 0 {
+        if consumed_seen.is_none() && samples.len().is_multiple_of(5) {
             if let Ok(s) = Scrape::get(port) {
                 if s.value("tally_messages_consumed_total") >= n {
                     consumed_seen = Some(unix_secs_f64());
