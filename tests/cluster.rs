@@ -284,19 +284,11 @@ fn cluster_crash_loop_counts_exactly() {
         partitions: PARTITIONS,
         now_ms: chrono::Utc::now().timestamp_millis(),
     };
-    let (producer, _) = stream.produce(&broker.bootstrap, topic, 5_000);
+    let (producer, _) = stream.produce(&broker.bootstrap, topic, 2_000);
     let mut kills = 0;
     while kills < 8 || !producer.is_finished() {
         let mut t = TallyProcess::start(&cfg, "crash");
-        assert!(
-            t.wait_metric(
-                "tally_messages_consumed_total",
-                1.0,
-                Duration::from_secs(60)
-            ),
-            "{}",
-            t.log()
-        );
+        t.wait_working();
         std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..1500)));
         t.kill9();
         kills += 1;

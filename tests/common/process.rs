@@ -142,6 +142,21 @@ impl TallyProcess {
         false
     }
 
+    /// Wait until it owns partitions (panics after 60 s), then until it has consumed something
+    /// (up to 10 s: there may be no backlog left). Returns whether it is consuming.
+    pub fn wait_working(&self) -> bool {
+        assert!(
+            self.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)),
+            "replica never got partitions:\n{}",
+            self.log()
+        );
+        self.wait_metric(
+            "tally_messages_consumed_total",
+            1.0,
+            Duration::from_secs(10),
+        )
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.config_path.with_extension("log")).unwrap_or_default()
     }
