@@ -121,6 +121,8 @@ pub struct Aggregator {
     key_buf: Vec<u8>,
     /// Cluster key layout: appends each key's shard hash tag. None: plain keys.
     layout: Option<crate::sink::layout::Layout>,
+    /// Partition a capped seal starts at next.
+    seal_cursor: i32,
     /// Counts since the last `take_stats`.
     pub stats: Stats,
 }
@@ -138,6 +140,7 @@ impl Aggregator {
             hasher: RandomState::new(),
             key_buf: Vec::with_capacity(256),
             layout: None,
+            seal_cursor: 0,
             stats: Stats {
                 counted: vec![0; n],
                 late: vec![0; n],
@@ -291,7 +294,18 @@ impl Aggregator {
     /// Seal every tracked partition (or only `only`) up to its position and return the units,
     /// oldest first per (partition, shard), plus each partition's end offset.
     pub fn seal(&mut self, only: Option<&[i32]>) -> Batch {
-        let mut batch = Batch::default();
+        self.seal_up_to(only, usize::MAX)
+    }
+
+    /// Like `seal`, but stop after the partition that brings the batch to `max_keys` keys, so a
+    /// flush stays bounded in size and memory even after a backlog built up. Successive calls
+    /// start at successive partitions, so none waits for long. `Batch::complete` says whether
+    /// everything pending was sealed.
+    pub fn seal_up_to(&mut self, only: Option<&[i32]>, max_keys: usize) -> Batch {
+        let mut batch = Batch {
+            complete: true,
+            ..Batch::default()
+        };
         let mut parts: Vec<i32> = match only {
             Some(list) => list
                 .iter()
@@ -301,7 +315,20 @@ impl Aggregator {
             None => self.partitions.keys().copied().collect(),
         };
         parts.sort_unstable();
-        for p in parts {
+        // Rotate the starting point so a capped flush does not always favour low partitions.
+        let start = parts
+            .iter()
+            .position(|&p| p >= self.seal_cursor)
+            .unwrap_or(0);
+        parts.rotate_left(start);
+        for (i, &p) in parts.iter().enumerate() {
+            if batch.keys >= max_keys {
+                self.seal_cursor = p;
+                break;
+            }
+            if i + 1 == parts.len() {
+                self.seal_cursor = 0;
+            }
             let state = self
                 .partitions
                 .get_mut(&p)
@@ -327,6 +354,7 @@ impl Aggregator {
             }
         }
         self.pending_keys -= batch.keys;
+        batch.complete = self.pending_keys == 0;
         batch
     }
 
@@ -372,6 +400,8 @@ pub struct Batch {
     pub ends: Vec<(i32, i64)>,
     /// Total keys in `units`.
     pub keys: usize,
+    /// Whether every pending key was sealed (false when a size cap stopped early).
+    pub complete: bool,
 }
 
 /// Deterministic shard of a key: FNV-1a, stable across processes and versions, because a

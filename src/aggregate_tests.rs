@@ -471,3 +471,52 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn capped_seals_stay_bounded_rotate_and_lose_nothing() {
+    let mut rig = Rig::new(vec![hits()], 1, 1_000);
+    for p in 0..4 {
+        rig.agg.assign(p, &[0]);
+        feed_unique(&mut rig, p, 0, 10);
+    }
+    // 40 keys pending over 4 partitions; cap at 15: two partitions per batch.
+    let first = rig.agg.seal_up_to(None, 15);
+    assert!(!first.complete);
+    assert_eq!(
+        first.keys, 20,
+        "stops after the partition that reaches the cap"
+    );
+    let second = rig.agg.seal_up_to(None, 15);
+    assert!(second.complete, "the rest fits");
+    let mut covered: Vec<i32> = first.ends.iter().chain(&second.ends).map(|e| e.0).collect();
+    covered.sort_unstable();
+    assert_eq!(
+        covered,
+        vec![0, 1, 2, 3],
+        "every partition sealed exactly once"
+    );
+    assert_eq!(rig.agg.pending_keys(), 0);
+    // Round robin: the second batch started where the first stopped, and the next full round
+    // starts with the partitions the second batch did not reach.
+    assert_eq!(
+        first.ends.iter().map(|e| e.0).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    assert_eq!(
+        second.ends.iter().map(|e| e.0).collect::<Vec<_>>(),
+        vec![2, 3]
+    );
+    for p in 0..4 {
+        feed_unique(&mut rig, p, 10, 10);
+    }
+    let third = rig.agg.seal_up_to(None, 15);
+    assert_eq!(
+        third.ends.iter().map(|e| e.0).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
+    let fourth = rig.agg.seal_up_to(None, 15);
+    assert_eq!(
+        fourth.ends.iter().map(|e| e.0).collect::<Vec<_>>(),
+        vec![2, 3]
+    );
+}

@@ -115,7 +115,7 @@ impl Worker {
             self.metrics.fence_conflicts.get(),
             self.metrics.units_already_applied.get(),
         );
-        let (units, keys) = self.start_flush(Some(&parts));
+        let (units, keys) = self.start_flush(Some(&parts), usize::MAX);
         self.drain(consumer, grace, CommitMode::Sync);
         let refused = self.metrics.fence_conflicts.get() + self.metrics.units_already_applied.get()
             - before.0

@@ -145,7 +145,7 @@ impl Worker {
             .is_some_and(|t| t.elapsed() >= self.flush.interval)
             || self.agg.pending_keys() >= self.flush.max_keys;
         if self.in_flight.is_none() && due {
-            self.start_flush(None);
+            self.start_flush(None, self.flush.max_keys);
         }
         let pending = self.agg.pending_keys() + self.in_flight.as_ref().map_or(0, |f| f.keys);
         let over = self.in_flight.is_some() && pending >= self.flush.max_pending_keys;
@@ -220,12 +220,13 @@ impl Worker {
 
     /// Seal pending units (of `only` partitions, or all) and send them to the sink.
     /// Returns the number of units and keys sent.
-    pub(super) fn start_flush(&mut self, only: Option<&[i32]>) -> (usize, usize) {
+    /// `max_keys` caps the batch (regular flushes); revoke and shutdown flush everything.
+    pub(super) fn start_flush(&mut self, only: Option<&[i32]>, max_keys: usize) -> (usize, usize) {
         debug_assert!(
             self.in_flight.is_none(),
             "one flush at a time keeps units in order"
         );
-        let batch = self.agg.seal(only);
+        let batch = self.agg.seal_up_to(only, max_keys);
         if only.is_some() {
             let ranges: Vec<(i32, i64, i64)> = batch
                 .ends
@@ -243,7 +244,8 @@ impl Worker {
                 .collect();
             tracing::debug!(?ranges, "sealing partitions being revoked");
         }
-        if only.is_none() {
+        // A capped flush leaves the rest due: the next one starts as soon as this one lands.
+        if only.is_none() && batch.complete {
             self.batch_started = None;
         }
         if batch.units.is_empty() {
@@ -348,7 +350,7 @@ impl Worker {
     pub(super) fn finish(&mut self, consumer: &BaseConsumer<TallyContext>, grace: Duration) {
         let deadline = Instant::now() + grace;
         self.drain(consumer, grace, CommitMode::Sync);
-        self.start_flush(None);
+        self.start_flush(None, usize::MAX);
         let left = deadline.saturating_duration_since(Instant::now());
         if self.drain(consumer, left, CommitMode::Sync) {
             tracing::info!("final flush landed and offsets committed");

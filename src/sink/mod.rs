@@ -101,6 +101,13 @@ pub struct FlushOutcome {
     pub rejected_keys: u64,
 }
 
+/// What reading a unit's reply needs once its keys are encoded.
+struct UnitMeta {
+    partition: i32,
+    shard: u32,
+    keys: u64,
+}
+
 /// Why one attempt failed; every variant is retried.
 #[derive(Debug, thiserror::Error)]
 enum AttemptError {
@@ -157,9 +164,11 @@ impl Sink {
                 SinkRequest::Flush { units, reply } => {
                     let started = Instant::now();
                     let keys: usize = units.iter().map(|u| u.keys.len()).sum();
+                    // Encode once and drop the units: retries resend the same commands.
+                    let groups = self.prepare(units);
                     let mut delay = self.flush.retry_initial;
                     let outcome = loop {
-                        match self.try_flush(&units).await {
+                        match self.try_flush(&groups).await {
                             Ok(outcome) => break Some(outcome),
                             Err(e) => {
                                 if !self.recover(e, &mut delay, &abort).await {
@@ -260,12 +269,12 @@ impl Sink {
 
     /// Apply `units`: one pipeline per shard (one slot in a cluster), all shards concurrently.
     /// Units of one (partition, shard) stay in order inside their pipeline.
-    async fn try_flush(&mut self, units: &[Unit]) -> Result<FlushOutcome, AttemptError> {
-        let conn = self.connection().await?;
-        let mut groups: Vec<(redis::Pipeline, Vec<usize>)> = Vec::new();
+    /// One pipeline per shard (one slot on a cluster), with what is needed to read the replies.
+    fn prepare(&self, units: Vec<Unit>) -> Vec<(redis::Pipeline, Vec<UnitMeta>)> {
+        let mut groups: Vec<(redis::Pipeline, Vec<UnitMeta>)> = Vec::new();
         let mut group_of_shard: std::collections::HashMap<u32, usize> =
             std::collections::HashMap::new();
-        for (i, unit) in units.iter().enumerate() {
+        for unit in units {
             let g = *group_of_shard.entry(unit.shard).or_insert_with(|| {
                 groups.push((redis::pipe(), Vec::new()));
                 groups.len() - 1
@@ -273,9 +282,21 @@ impl Sink {
             let fence = self.scope.key(unit.partition, unit.shard);
             groups[g]
                 .0
-                .add_command(script::apply_cmd(&self.apply_sha, &fence, unit));
-            groups[g].1.push(i);
+                .add_command(script::apply_cmd(&self.apply_sha, &fence, &unit));
+            groups[g].1.push(UnitMeta {
+                partition: unit.partition,
+                shard: unit.shard,
+                keys: unit.keys.len() as u64,
+            });
         }
+        groups
+    }
+
+    async fn try_flush(
+        &mut self,
+        groups: &[(redis::Pipeline, Vec<UnitMeta>)],
+    ) -> Result<FlushOutcome, AttemptError> {
+        let conn = self.connection().await?;
         let results = futures::future::join_all(groups.iter().map(|(pipe, _)| {
             let mut conn = conn.clone();
             async move { conn.pipe(pipe).await }
@@ -284,7 +305,7 @@ impl Sink {
         let mut outcome = FlushOutcome::default();
         let mut noscript = false;
         let mut first_error = None;
-        for ((_, indexes), result) in groups.iter().zip(results) {
+        for ((_, metas), result) in groups.iter().zip(results) {
             let replies = match result {
                 Ok(replies) => replies,
                 Err(e) if e.code() == Some("NOSCRIPT") => {
@@ -296,15 +317,14 @@ impl Sink {
                     continue;
                 }
             };
-            if replies.len() != indexes.len() {
+            if replies.len() != metas.len() {
                 return Err(AttemptError::Reply(format!(
                     "{} replies for {} units",
                     replies.len(),
-                    indexes.len()
+                    metas.len()
                 )));
             }
-            for (&i, reply) in indexes.iter().zip(replies) {
-                let unit = &units[i];
+            for (unit, reply) in metas.iter().zip(replies) {
                 let (status, a, b) = match reply {
                     Value::Array(items) if items.len() == 3 => {
                         match (&items[0], &items[1], &items[2]) {
@@ -318,7 +338,7 @@ impl Sink {
                     1 => {
                         outcome.late_keys += a as u64;
                         outcome.rejected_keys += b as u64;
-                        outcome.keys_written += unit.keys.len() as u64 - (a + b) as u64;
+                        outcome.keys_written += unit.keys - (a + b) as u64;
                     }
                     0 => outcome.already_applied += 1,
                     _ => outcome.conflicts.push((unit.partition, unit.shard, a)),
