@@ -206,3 +206,48 @@ async fn hostile_values_cannot_collide_or_escape_the_key_format() {
         .keys()
         .all(|k| !k.contains('{') && !k.contains('}') && !k.contains('\n')));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_without_expiry_are_repaired() {
+    let mut h = Harness::new("repair", 1);
+    let mut config = h.config(
+        "g-repair",
+        vec![counter(
+            "c",
+            &["app_id"],
+            "rep:{app_id}:{yyyyMMddHH}",
+            Duration::from_secs(3600),
+            "UTC",
+            Duration::ZERO,
+        )],
+    );
+    config.flush.ttl_check_every = 1;
+    let now = Utc::now().timestamp_millis();
+    let hour = Utc.timestamp_millis_opt(now).unwrap().format("%Y%m%d%H");
+    let key = format!("rep:a:{hour}");
+    // Someone created the key without an expiry (e.g. a hand-written INCR).
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(5)
+        .query(&mut h.conn())
+        .unwrap();
+    for _ in 0..3 {
+        h.produce(0, br#"{"app_id":"a"}"#, Some(now));
+    }
+    h.flush_producer();
+    let running = h.start(config);
+    h.wait_applied("g-repair", Duration::from_secs(60)).await;
+    running.stop().await;
+    let mut conn = h.conn();
+    let value: i64 = redis::cmd("GET").arg(&key).query(&mut conn).unwrap();
+    let at: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&key)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(value, 8);
+    assert_eq!(
+        at,
+        hour_floor(now) + HOUR,
+        "expiry repaired to the window end"
+    );
+}

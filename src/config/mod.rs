@@ -154,6 +154,9 @@ pub struct FlushConfig {
     /// Longest delay between flush retries.
     #[serde(with = "humantime_serde")]
     pub retry_max: Duration,
+    /// Every this many flushes, existing keys are also checked for a missing expiry (and repaired).
+    /// New keys always get theirs; 1 = check on every flush (slower: one more call per key).
+    pub ttl_check_every: u32,
     /// Time allowed for the final flush and commit on shutdown or partition revoke.
     #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
@@ -260,6 +263,7 @@ impl Default for FlushConfig {
             max_keys_per_call: 1_000,
             retry_initial: Duration::from_millis(100),
             retry_max: Duration::from_secs(10),
+            ttl_check_every: 10,
             shutdown_grace: Duration::from_secs(30),
         }
     }

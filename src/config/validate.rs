@@ -142,6 +142,9 @@ impl Config {
                 "must be between 1 and 100000",
             ));
         }
+        if f.ttl_check_every == 0 {
+            return Err(invalid("flush.ttl_check_every", "must be at least 1"));
+        }
         if f.interval.is_zero() {
             return Err(invalid("flush.interval", "must be positive"));
         }

@@ -124,6 +124,8 @@ pub struct Sink {
     connector: conn::Connector,
     conn: Option<conn::Conn>,
     apply_sha: String,
+    /// Flushes prepared so far; every `ttl_check_every`-th checks existing keys' expiry.
+    flushes: u64,
     scope: FenceScope,
     flush: FlushConfig,
     metrics: Metrics,
@@ -145,6 +147,7 @@ impl Sink {
             connector: conn::Connector::new(config)?,
             conn: None,
             apply_sha: redis::Script::new(script::APPLY_LUA).get_hash().to_string(),
+            flushes: 0,
             scope,
             flush,
             metrics,
@@ -270,7 +273,9 @@ impl Sink {
     /// Apply `units`: one pipeline per shard (one slot in a cluster), all shards concurrently.
     /// Units of one (partition, shard) stay in order inside their pipeline.
     /// One pipeline per shard (one slot on a cluster), with what is needed to read the replies.
-    fn prepare(&self, units: Vec<Unit>) -> Vec<(redis::Pipeline, Vec<UnitMeta>)> {
+    fn prepare(&mut self, units: Vec<Unit>) -> Vec<(redis::Pipeline, Vec<UnitMeta>)> {
+        let check_ttl = self.flushes.is_multiple_of(u64::from(self.flush.ttl_check_every));
+        self.flushes += 1;
         let mut groups: Vec<(redis::Pipeline, Vec<UnitMeta>)> = Vec::new();
         let mut group_of_shard: std::collections::HashMap<u32, usize> =
             std::collections::HashMap::new();
@@ -280,9 +285,12 @@ impl Sink {
                 groups.len() - 1
             });
             let fence = self.scope.key(unit.partition, unit.shard);
-            groups[g]
-                .0
-                .add_command(script::apply_cmd(&self.apply_sha, &fence, &unit));
+            groups[g].0.add_command(script::apply_cmd_with(
+                &self.apply_sha,
+                &fence,
+                &unit,
+                check_ttl,
+            ));
             groups[g].1.push(UnitMeta {
                 partition: unit.partition,
                 shard: unit.shard,
