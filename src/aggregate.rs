@@ -247,7 +247,7 @@ impl Aggregator {
                     .format_time(window.local_start, &mut counter.time_text);
                 counter.time_window = Some(window.start_ms);
             }
-            let mut values: smallvec::SmallVec<[&str; 8]> = smallvec::SmallVec::new();
+            let mut values: smallvec::SmallVec<[&str; 4]> = smallvec::SmallVec::new();
             values.extend(counter.dims.iter().map(|&i| &*event.dims[i]));
             counter
                 .template
@@ -379,7 +379,12 @@ fn seal(
     end: i64,
     hasher: &RandomState,
 ) -> Unit {
-    let keys = std::mem::replace(&mut state.open.keys, KeyMap::with_hasher(hasher.clone()));
+    // The next unit likely sees as many keys: size its map up front instead of growing it.
+    let expect = state.open.keys.len();
+    let keys = std::mem::replace(
+        &mut state.open.keys,
+        KeyMap::with_capacity_and_hasher(expect, hasher.clone()),
+    );
     let unit = Unit {
         partition,
         shard,

@@ -87,9 +87,9 @@ pub enum FieldRole {
 #[derive(Debug)]
 pub struct Event<'a> {
     /// `values[i]` belongs to `Decoder::fields()[i]`; dimensions are strings, values integers.
-    pub dims: SmallVec<[Cow<'a, str>; 8]>,
+    pub dims: SmallVec<[Cow<'a, str>; 4]>,
     /// Integer values of `Value` fields, in field order (0 for other fields).
-    pub nums: SmallVec<[i64; 8]>,
+    pub nums: SmallVec<[i64; 4]>,
     /// Event time, Unix epoch milliseconds.
     pub ts_ms: i64,
 }
@@ -143,7 +143,7 @@ impl Decoder {
             return Err(DecodeError::TooLarge);
         }
         let text = std::str::from_utf8(payload).map_err(|_| DecodeError::NotUtf8)?;
-        let mut raw: SmallVec<[Option<FieldValue<'a>>; 8]> = SmallVec::new();
+        let mut raw: SmallVec<[Option<FieldValue<'a>>; 4]> = SmallVec::new();
         raw.resize(self.names.len(), None);
         let mut de = serde_json::Deserializer::from_str(text);
         ObjectSeed {
@@ -233,7 +233,7 @@ impl Decoder {
 /// Walks one JSON object, keeping only the wanted fields.
 struct ObjectSeed<'d, 'a> {
     names: &'d [Box<str>],
-    out: &'d mut SmallVec<[Option<FieldValue<'a>>; 8]>,
+    out: &'d mut SmallVec<[Option<FieldValue<'a>>; 4]>,
 }
 
 impl<'de, 'd> DeserializeSeed<'de> for ObjectSeed<'d, 'de> {
