@@ -270,11 +270,12 @@ impl Sink {
         Ok(())
     }
 
-    /// Apply `units`: one pipeline per shard (one slot in a cluster), all shards concurrently.
-    /// Units of one (partition, shard) stay in order inside their pipeline.
-    /// One pipeline per shard (one slot on a cluster), with what is needed to read the replies.
+    /// Encode `units` as one pipeline per shard (one slot on a cluster), with what is needed to
+    /// read the replies. Units of one (partition, shard) stay in order inside their pipeline.
     fn prepare(&mut self, units: Vec<Unit>) -> Vec<(redis::Pipeline, Vec<UnitMeta>)> {
-        let check_ttl = self.flushes.is_multiple_of(u64::from(self.flush.ttl_check_every));
+        let check_ttl = self
+            .flushes
+            .is_multiple_of(u64::from(self.flush.ttl_check_every));
         self.flushes += 1;
         let mut groups: Vec<(redis::Pipeline, Vec<UnitMeta>)> = Vec::new();
         let mut group_of_shard: std::collections::HashMap<u32, usize> =
@@ -300,6 +301,7 @@ impl Sink {
         groups
     }
 
+    /// Send every shard's pipeline concurrently and read the replies.
     async fn try_flush(
         &mut self,
         groups: &[(redis::Pipeline, Vec<UnitMeta>)],
