@@ -144,7 +144,13 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
             now_ms = unix_ms();
             ctx.worker().tick(&consumer);
         }
-        match consumer.poll(Duration::from_millis(20)) {
+        // A non-blocking poll first: with messages queued (the busy case) librdkafka then skips
+        // its timeout bookkeeping (clock reads); block only when the queue is empty.
+        let polled = match consumer.poll(Duration::ZERO) {
+            None => consumer.poll(Duration::from_millis(20)),
+            some => some,
+        };
+        match polled {
             None => {
                 now_ms = unix_ms();
                 ctx.worker().tick(&consumer);
