@@ -10,7 +10,10 @@ mod dead_letter;
 mod rebalance;
 mod worker;
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
@@ -31,7 +34,9 @@ const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The rdkafka context: routes rebalances and statistics to the worker.
 pub struct TallyContext {
-    worker: Mutex<Worker>,
+    /// Only the consumer thread touches the worker: the loop holds this lock across a batch of
+    /// polls, and rebalance callbacks (run inside `poll`, on the same thread) re-enter it.
+    worker: ReentrantMutex<RefCell<Worker>>,
     metrics: Metrics,
     health: Arc<Health>,
     topic: String,
@@ -44,15 +49,14 @@ impl TallyContext {
         TallyContext {
             metrics: worker.metrics.clone(),
             topic: worker.topic.clone(),
-            worker: Mutex::new(worker),
+            worker: ReentrantMutex::new(RefCell::new(worker)),
             health,
             shutdown,
         }
     }
 
-    fn worker(&self) -> MutexGuard<'_, Worker> {
-        // A panic while holding the lock already aborts the thread; keep the data.
-        self.worker.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> ReentrantMutexGuard<'_, RefCell<Worker>> {
+        self.worker.lock()
     }
 }
 
@@ -87,7 +91,8 @@ impl ConsumerContext for TallyContext {
             consumer.rebalance_protocol(),
             RebalanceProtocol::Cooperative
         );
-        let mut worker = self.worker();
+        let guard = self.lock();
+        let mut worker = guard.borrow_mut();
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 self.metrics.rebalances.with_label_values(&["assign"]).inc();
@@ -138,11 +143,15 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
     consumer.subscribe(&[&ctx.topic])?;
     let mut now_ms = unix_ms();
     let mut polls: u32 = 0;
+    // Held across polls: rebalance callbacks re-enter it on this thread. The worker is borrowed
+    // only for one call at a time, never across a poll.
+    let mut guard = ctx.lock();
     while !ctx.shutdown.is_cancelled() {
         polls = polls.wrapping_add(1);
         if polls.is_multiple_of(64) {
             now_ms = unix_ms();
-            ctx.worker().tick(&consumer);
+            guard.borrow_mut().tick(&consumer);
+            ReentrantMutexGuard::bump(&mut guard);
         }
         // A non-blocking poll first: with messages queued (the busy case) librdkafka then skips
         // its timeout bookkeeping (clock reads); block only when the queue is empty.
@@ -153,18 +162,18 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
         match polled {
             None => {
                 now_ms = unix_ms();
-                ctx.worker().tick(&consumer);
+                guard.borrow_mut().tick(&consumer);
             }
             Some(Err(e)) => {
                 tracing::warn!(error = %e, "kafka consume error");
-                ctx.worker().tick(&consumer);
+                guard.borrow_mut().tick(&consumer);
             }
             Some(Ok(msg)) => {
                 ctx.health
                     .kafka
                     .store(true, std::sync::atomic::Ordering::Relaxed);
                 let ts = msg.timestamp().to_millis();
-                ctx.worker().handle(
+                guard.borrow_mut().handle(
                     msg.partition(),
                     msg.offset(),
                     msg.key(),
@@ -176,7 +185,8 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
         }
     }
     tracing::info!("shutting down: final flush");
-    ctx.worker().finish(&consumer, grace);
+    guard.borrow_mut().finish(&consumer, grace);
+    drop(guard);
     tracing::debug!("closing the kafka consumer");
     drop(consumer);
     tracing::debug!("kafka consumer closed");
