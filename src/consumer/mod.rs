@@ -41,6 +41,8 @@ pub struct TallyContext {
     health: Arc<Health>,
     topic: String,
     shutdown: CancellationToken,
+    /// Rate limit for Kafka client errors and librdkafka warnings.
+    kafka_log: LogLimiter,
 }
 
 impl TallyContext {
@@ -52,6 +54,7 @@ impl TallyContext {
             worker: ReentrantMutex::new(RefCell::new(worker)),
             health,
             shutdown,
+            kafka_log: LogLimiter::new(),
         }
     }
 
@@ -76,7 +79,55 @@ impl ClientContext for TallyContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        tracing::warn!(error = %error, reason, "kafka client error");
+        if let Some(suppressed) = self.kafka_log.allow() {
+            tracing::warn!(error = %error, reason, suppressed, "kafka client error");
+        }
+    }
+
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        use rdkafka::config::RDKafkaLogLevel as L;
+        let serious = matches!(
+            level,
+            L::Emerg | L::Alert | L::Critical | L::Error | L::Warning
+        );
+        if !serious {
+            tracing::debug!(fac, message, "librdkafka");
+        } else if let Some(suppressed) = self.kafka_log.allow() {
+            tracing::warn!(fac, message, suppressed, "librdkafka");
+        }
+    }
+}
+
+/// At most one log line per interval; counts what it held back. A broker that is down makes
+/// librdkafka report every reconnect attempt.
+pub(crate) struct LogLimiter {
+    last_ms: std::sync::atomic::AtomicI64,
+    suppressed: std::sync::atomic::AtomicU64,
+}
+
+impl LogLimiter {
+    pub(crate) fn new() -> LogLimiter {
+        LogLimiter {
+            last_ms: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
+            suppressed: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(suppressed since the last line)` when a line may be logged now.
+    pub(crate) fn allow(&self) -> Option<u64> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = unix_ms();
+        let last = self.last_ms.load(Relaxed);
+        if now - last >= 10_000
+            && self
+                .last_ms
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            return Some(self.suppressed.swap(0, Relaxed));
+        }
+        self.suppressed.fetch_add(1, Relaxed);
+        None
     }
 }
 
@@ -165,7 +216,9 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
                 guard.borrow_mut().tick(&consumer);
             }
             Some(Err(e)) => {
-                tracing::warn!(error = %e, "kafka consume error");
+                if let Some(suppressed) = ctx.kafka_log.allow() {
+                    tracing::warn!(error = %e, suppressed, "kafka consume error");
+                }
                 guard.borrow_mut().tick(&consumer);
             }
             Some(Ok(msg)) => {

@@ -126,6 +126,8 @@ pub struct Sink {
     apply_sha: String,
     /// Flushes prepared so far; every `ttl_check_every`-th checks existing keys' expiry.
     flushes: u64,
+    /// An unreachable Redis was logged (the probe logs transitions only).
+    reported_down: bool,
     scope: FenceScope,
     flush: FlushConfig,
     metrics: Metrics,
@@ -148,6 +150,7 @@ impl Sink {
             conn: None,
             apply_sha: redis::Script::new(script::APPLY_LUA).get_hash().to_string(),
             flushes: 0,
+            reported_down: false,
             scope,
             flush,
             metrics,
@@ -162,7 +165,21 @@ impl Sink {
         mut requests: mpsc::UnboundedReceiver<SinkRequest>,
         abort: CancellationToken,
     ) {
-        while let Some(request) = requests.recv().await {
+        // Between requests, check Redis every few seconds so readiness and logs tell the truth
+        // even while nothing is flushed (e.g. no partitions yet).
+        let mut probe = tokio::time::interval(Duration::from_secs(5));
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let request = tokio::select! {
+                request = requests.recv() => match request {
+                    Some(request) => request,
+                    None => break,
+                },
+                _ = probe.tick() => {
+                    self.probe().await;
+                    continue;
+                }
+            };
             match request {
                 SinkRequest::Flush { units, reply } => {
                     let started = Instant::now();
@@ -211,6 +228,34 @@ impl Sink {
                         }
                     }
                 }
+            }
+        }
+    }
+
+    /// Connect (or PING the live connection) and report changes of reachability.
+    async fn probe(&mut self) {
+        let was_up = self.health.redis.load(Ordering::Relaxed);
+        let result = match self.connection().await {
+            Ok(mut conn) => conn
+                .query::<String>(&redis::cmd("PING"))
+                .await
+                .map_err(AttemptError::from),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(_) => {
+                if !was_up {
+                    tracing::info!("redis reachable");
+                }
+                self.health.redis.store(true, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.conn = None;
+                if was_up || !self.reported_down {
+                    tracing::warn!(error = %e, "redis unreachable; retrying");
+                    self.reported_down = true;
+                }
+                self.health.redis.store(false, Ordering::Relaxed);
             }
         }
     }
