@@ -1,0 +1,154 @@
+//! Role `tally` (part 2): `tally::pipeline::Tally` in its own process; how the parent starts it
+//! and reads its `/metrics`.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use tally::config::Config;
+use tally::pipeline::Tally;
+
+use crate::child::{wait_for_stdin_eof, ChildRole};
+use crate::config_toml;
+use crate::proc_stats::unix_secs_f64;
+use crate::store::Store;
+
+pub fn role_tally(config: &Path, partitions: i64) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TALLY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let config = Config::load(Some(config), &serde_json::json!({}))?;
+    let tally = Tally::new(config);
+    let metrics = tally.metrics.clone();
+    // Tell the parent when every partition is assigned: measurement starts there.
+    std::thread::Builder::new()
+        .name("bench-watch".into())
+        .spawn(move || loop {
+            if metrics.assigned_partitions.get() >= partitions {
+                println!("{}", serde_json::json!({ "assigned_at": unix_secs_f64() }));
+                let _ = std::io::stdout().flush();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        })?;
+    let token = CancellationToken::new();
+    let stop = token.clone();
+    std::thread::spawn(move || {
+        wait_for_stdin_eof();
+        stop.cancel();
+    });
+    // The same runtime as `tally run` (multi-threaded, one worker per core).
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(tally.run(token))
+}
+
+/// One scrape of tally's `/metrics`.
+pub struct Scrape(String);
+
+impl Scrape {
+    pub fn get(port: u16) -> anyhow::Result<Scrape> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(5)))?;
+        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+        let mut body = String::new();
+        s.read_to_string(&mut body)?;
+        Ok(Scrape(body))
+    }
+
+    pub fn value(&self, name: &str) -> f64 {
+        self.0
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(f64::NAN)
+    }
+
+    /// Quantile `q` of histogram `name`, interpolated linearly inside its bucket (like
+    /// Prometheus' `histogram_quantile`).
+    pub fn quantile(&self, name: &str, q: f64) -> f64 {
+        let prefix = format!("{name}_bucket{{le=\"");
+        let mut buckets: Vec<(f64, f64)> = self
+            .0
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix(&prefix)?;
+                let (le, count) = rest.split_once("\"} ")?;
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                Some((le, count.trim().parse().ok()?))
+            })
+            .collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let total = buckets.last().map_or(0.0, |b| b.1);
+        if total == 0.0 {
+            return f64::NAN;
+        }
+        let rank = q * total;
+        let mut prev = (0.0, 0.0);
+        for &(le, count) in &buckets {
+            if count >= rank {
+                if le.is_infinite() {
+                    return prev.0;
+                }
+                let inside = (rank - prev.1) / (count - prev.1).max(1.0);
+                return prev.0 + (le - prev.0) * inside;
+            }
+            prev = (le, count);
+        }
+        f64::NAN
+    }
+}
+
+/// What every phase of the parent needs.
+pub struct Ctx {
+    pub broker_pid: u32,
+    pub exe_args_partitions: i32,
+    pub bootstrap: String,
+    /// The standalone `redis-server` (parts 2, 3, 4 and latency).
+    pub redis_url: String,
+    pub perf: Option<PathBuf>,
+}
+
+/// Start tally on `topic` as `group`, writing to `store`. Returns the child, the port of its
+/// `/metrics`, and its config file (to remove afterwards).
+pub fn spawn_tally(
+    ctx: &Ctx,
+    store: &Store,
+    topic: &str,
+    group: &str,
+    name: &str,
+    kafka_properties: &str,
+) -> anyhow::Result<(ChildRole, u16, PathBuf)> {
+    let port = tally::local_redis::free_port()?;
+    let path = std::env::temp_dir().join(format!("tally-bench-{}-{name}.toml", std::process::id()));
+    std::fs::write(
+        &path,
+        config_toml(
+            &ctx.bootstrap,
+            topic,
+            group,
+            &store.redis_toml(),
+            &format!("127.0.0.1:{port}"),
+            kafka_properties,
+        ),
+    )?;
+    let child = ChildRole::spawn(
+        &[
+            "tally".into(),
+            "--config".into(),
+            path.display().to_string(),
+            "--partitions".into(),
+            ctx.exe_args_partitions.to_string(),
+        ],
+        name,
+    )?;
+    Ok((child, port, path))
+}
