@@ -163,7 +163,7 @@ impl Tally {
         // The final flush is bounded by `grace`; closing the Kafka consumer can hang on a group
         // rebalance in progress, so it gets a bounded wait too. Nothing is lost if it is cut:
         // Redis holds the applied offsets.
-        let limit = grace * 2 + Duration::from_secs(10);
+        let limit = grace + Duration::from_secs(10);
         let joined = tokio::select! {
             joined = &mut join => Some(joined),
             _ = async { shutdown.cancelled().await; tokio::time::sleep(limit).await } => None,
