@@ -365,8 +365,8 @@ fn cluster_failover_losing_acknowledged_writes_stays_exact() {
     }
     cluster.wait_ok(Duration::from_secs(60)).unwrap();
     let produced = producer.join().unwrap();
-    // Let it finish: resynchronisations happen when the next flush meets the older offsets.
-    std::thread::sleep(Duration::from_secs(2));
+    // Resynchronisations happen when the next flush meets the rolled-back offsets.
+    t.wait_metric("tally_fence_conflicts_total", 1.0, Duration::from_secs(30));
     let resyncs = t.metric("tally_fence_conflicts_total").unwrap_or(0.0);
     drop(t);
     let (keys, mismatches, _) = finish(&cfg, &cluster, "g-lost", topic, &produced, &stream);

@@ -281,11 +281,18 @@ fn zombie_replica_cannot_double_count() {
     // Wake it: it still holds a batch for partitions it no longer owns and tries to flush it.
     zombie.signal(libc::SIGCONT);
     let produced = producer.join().unwrap();
-    std::thread::sleep(Duration::from_secs(2));
-    let refused = zombie.metric("tally_fence_conflicts_total").unwrap_or(0.0)
-        + zombie
-            .metric("tally_units_already_applied_total")
-            .unwrap_or(0.0);
+    // Its revoke flush reaches Redis and is refused: wait for the refusal to be counted.
+    let refused_now = || {
+        zombie.metric("tally_fence_conflicts_total").unwrap_or(0.0)
+            + zombie
+                .metric("tally_units_already_applied_total")
+                .unwrap_or(0.0)
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while refused_now() < 1.0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let refused = refused_now();
     zombie.terminate(Duration::from_secs(30));
     other.kill9();
     let (keys, mismatches) =

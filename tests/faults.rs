@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use chrono::Utc;
-use common::{counter, wait_for, Harness};
+use common::{counter, http_get, wait_for, Harness};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tally::config::CounterConfig;
@@ -197,21 +197,6 @@ async fn bad_messages_are_counted_by_reason_and_the_stream_continues() {
             "reason {reason}"
         );
     }
-}
-
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    Some((
-        status,
-        text.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_string())
-            .unwrap_or_default(),
-    ))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,25 +2,10 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{counter, Harness};
-
-fn http_get(port: u16, path: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).unwrap();
-    let status = text.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    (status, body)
-}
+use common::{counter, http_get, Harness};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_query_and_http_count_agree_with_redis() {
@@ -65,15 +50,16 @@ async fn key_query_and_http_count_agree_with_redis() {
     let (status, body) = http_get(
         port,
         &format!("/v1/count?counter=flow&app_id=a1&device_id=d%3A1&ip=%3A%3A1&at={at}"),
-    );
+    )
+    .expect("http answer");
     assert_eq!(status, 200, "{body}");
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(json["key"], want_key.as_str());
     assert_eq!(json["value"], 7);
-    let (status, body) = http_get(port, "/v1/count?counter=flow&app_id=a1");
+    let (status, body) = http_get(port, "/v1/count?counter=flow&app_id=a1").expect("http answer");
     assert_eq!(status, 400, "missing dimensions are a client error: {body}");
     assert!(body.contains("device_id"), "{body}");
-    let (status, _) = http_get(port, "/v1/count?counter=nope&app_id=a1");
+    let (status, _) = http_get(port, "/v1/count?counter=nope&app_id=a1").expect("http answer");
     assert_eq!(status, 400);
     running.stop().await;
 

@@ -227,23 +227,6 @@ impl Worker {
             "one flush at a time keeps units in order"
         );
         let batch = self.agg.seal_up_to(only, max_keys);
-        if only.is_some() {
-            let ranges: Vec<(i32, i64, i64)> = batch
-                .ends
-                .iter()
-                .map(|&(p, end)| {
-                    let start = batch
-                        .units
-                        .iter()
-                        .filter(|u| u.partition == p)
-                        .map(|u| u.start)
-                        .min()
-                        .unwrap_or(end);
-                    (p, start, end)
-                })
-                .collect();
-            tracing::debug!(?ranges, "sealing partitions being revoked");
-        }
         // A capped flush leaves the rest due: the next one starts as soon as this one lands.
         if only.is_none() && batch.complete {
             self.batch_started = None;

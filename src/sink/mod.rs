@@ -462,8 +462,3 @@ impl Sink {
         Ok(out)
     }
 }
-
-/// Wait for a std-channel reply, up to `timeout`.
-pub fn wait<T>(rx: &std_mpsc::Receiver<T>, timeout: Duration) -> Option<T> {
-    rx.recv_timeout(timeout).ok()
-}

@@ -128,7 +128,6 @@ impl Harness {
         if let Some(ts) = ts {
             rec = rec.timestamp(ts);
         }
-        let mut rec = rec;
         loop {
             match self.producer.send(rec) {
                 Ok(()) => break,
@@ -198,6 +197,21 @@ impl Harness {
         }
         out
     }
+}
+
+/// `GET path` on 127.0.0.1:`port` (HTTP/1.0): status and body, None if nothing answers.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default();
+    Some((status, body))
 }
 
 /// Wait until `cond` holds, polling; panics with `what` after `timeout`.
