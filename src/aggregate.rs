@@ -223,72 +223,121 @@ impl Aggregator {
         }
     }
 
-    /// Add one event at `offset` of `partition`. `now_ms` decides lateness. Returns false when
-    /// the message was ignored (unknown partition, or an offset already processed).
-    pub fn add(&mut self, partition: i32, offset: i64, event: &Event<'_>, now_ms: i64) -> bool {
+    /// Add one event at `offset` of `partition`. `now_ms` decides lateness.
+    ///
+    /// The event is added to every counter or to none: if one counter's pending sum would
+    /// overflow i64, what the event added to the counters before it is taken back and the
+    /// caller treats the message as bad input.
+    pub fn add(&mut self, partition: i32, offset: i64, event: &Event<'_>, now_ms: i64) -> Added {
         let Some(part) = self.partitions.get_mut(&partition) else {
-            return false;
+            return Added::Ignored;
         };
         if offset < part.position {
-            return false;
+            return Added::Ignored;
         }
         part.position = offset + 1;
         let mut full: smallvec::SmallVec<[u32; 4]> = smallvec::SmallVec::new();
+        // Whether counter i created its key for this event (undone on overflow).
+        let mut created: smallvec::SmallVec<[bool; 8]> = smallvec::SmallVec::new();
+        let mut overflow_at = None;
         for (ci, counter) in self.counters.iter_mut().enumerate() {
-            let window = *counter.windows.get(event.ts_ms);
-            let expire_at_ms = window.end_ms.saturating_add(counter.retention_ms);
-            if expire_at_ms <= now_ms {
+            created.push(false);
+            let Some(target) = target(
+                counter,
+                event,
+                now_ms,
+                &mut self.key_buf,
+                self.shards,
+                self.layout.as_ref(),
+            ) else {
                 self.stats.late[ci] += 1;
                 continue;
-            }
-            if counter.time_window != Some(window.start_ms) {
-                counter
-                    .template
-                    .format_time(window.local_start, &mut counter.time_text);
-                counter.time_window = Some(window.start_ms);
-            }
-            let mut values: smallvec::SmallVec<[&str; 4]> = smallvec::SmallVec::new();
-            values.extend(counter.dims.iter().map(|&i| &*event.dims[i]));
-            counter
-                .template
-                .render(&mut self.key_buf, &values, &counter.time_text);
-            let delta = counter.value.map_or(1, |i| event.nums[i]);
-
-            let shard = shard_of(&self.key_buf, self.shards);
-            if let Some(layout) = &self.layout {
-                layout.append_tag(&mut self.key_buf, shard);
-            }
-            let state = &mut part.shards[shard as usize];
+            };
+            let state = &mut part.shards[target.shard as usize];
             if offset < state.open.start {
                 self.stats.replay_skipped += 1;
                 continue;
             }
-            self.stats.counted[ci] += 1;
             if let Some(d) = state.open.keys.get_mut(self.key_buf.as_slice()) {
-                // Saturate: hostile values must not wrap; Redis then refuses the overflowing INCRBY.
-                d.delta = d.delta.saturating_add(delta);
-                d.expire_at_ms = d.expire_at_ms.max(expire_at_ms);
+                let Some(sum) = d.delta.checked_add(target.delta) else {
+                    overflow_at = Some(ci);
+                    break;
+                };
+                d.delta = sum;
+                d.expire_at_ms = d.expire_at_ms.max(target.expire_at_ms);
             } else {
                 state.open.keys.insert(
                     self.key_buf.as_slice().into(),
                     Delta {
-                        delta,
-                        expire_at_ms,
+                        delta: target.delta,
+                        expire_at_ms: target.expire_at_ms,
                     },
                 );
+                created[ci] = true;
                 self.pending_keys += 1;
                 if state.open.keys.len() == self.max_keys_per_call {
-                    full.push(shard);
+                    full.push(target.shard);
                 }
             }
+            self.stats.counted[ci] += 1;
         }
+        if let Some(stop) = overflow_at {
+            self.undo(partition, offset, event, now_ms, &created[..stop]);
+            return Added::Overflow;
+        }
+        let part = self
+            .partitions
+            .get_mut(&partition)
+            .expect("partition checked above");
         // Cut full units after the whole message: a unit always ends on a message boundary.
         for shard in full {
             let state = &mut part.shards[shard as usize];
             let unit = seal(partition, shard, state, offset + 1, &self.hasher);
             state.sealed.push(unit);
         }
-        true
+        Added::Counted
+    }
+
+    /// Take back what counters `0..created.len()` added for `event` (newest first, so two
+    /// counters sharing a key unwind in order).
+    fn undo(
+        &mut self,
+        partition: i32,
+        offset: i64,
+        event: &Event<'_>,
+        now_ms: i64,
+        created: &[bool],
+    ) {
+        let part = self
+            .partitions
+            .get_mut(&partition)
+            .expect("undo follows add");
+        for ci in (0..created.len()).rev() {
+            let counter = &mut self.counters[ci];
+            let Some(target) = target(
+                counter,
+                event,
+                now_ms,
+                &mut self.key_buf,
+                self.shards,
+                self.layout.as_ref(),
+            ) else {
+                self.stats.late[ci] -= 1;
+                continue;
+            };
+            let state = &mut part.shards[target.shard as usize];
+            if offset < state.open.start {
+                self.stats.replay_skipped -= 1;
+                continue;
+            }
+            self.stats.counted[ci] -= 1;
+            if created[ci] {
+                state.open.keys.remove(self.key_buf.as_slice());
+                self.pending_keys -= 1;
+            } else if let Some(d) = state.open.keys.get_mut(self.key_buf.as_slice()) {
+                d.delta -= target.delta;
+            }
+        }
     }
 
     /// Seal every tracked partition (or only `only`) up to its position and return the units,
@@ -394,6 +443,62 @@ fn seal(
     };
     state.open.start = end;
     unit
+}
+
+/// What [`Aggregator::add`] did with an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Added {
+    /// Added to every counter (contributions that were late or already applied are skipped
+    /// and recorded in [`Stats`]).
+    Counted,
+    /// Unknown partition, or an offset already processed: nothing to do.
+    Ignored,
+    /// A counter's pending sum would overflow i64: nothing of the event was added.
+    Overflow,
+}
+
+/// Where one counter puts one event: `key_buf` holds the key.
+struct Target {
+    shard: u32,
+    delta: i64,
+    expire_at_ms: i64,
+}
+
+/// Render `counter`'s key for `event` into `key_buf`; None when the window (plus retention)
+/// has already expired at `now_ms`.
+fn target(
+    counter: &mut Counter,
+    event: &Event<'_>,
+    now_ms: i64,
+    key_buf: &mut Vec<u8>,
+    shards: u32,
+    layout: Option<&crate::sink::layout::Layout>,
+) -> Option<Target> {
+    let window = *counter.windows.get(event.ts_ms);
+    let expire_at_ms = window.end_ms.saturating_add(counter.retention_ms);
+    if expire_at_ms <= now_ms {
+        return None;
+    }
+    if counter.time_window != Some(window.start_ms) {
+        counter
+            .template
+            .format_time(window.local_start, &mut counter.time_text);
+        counter.time_window = Some(window.start_ms);
+    }
+    let mut values: smallvec::SmallVec<[&str; 4]> = smallvec::SmallVec::new();
+    values.extend(counter.dims.iter().map(|&i| &*event.dims[i]));
+    counter
+        .template
+        .render(key_buf, &values, &counter.time_text);
+    let shard = shard_of(key_buf, shards);
+    if let Some(layout) = layout {
+        layout.append_tag(key_buf, shard);
+    }
+    Some(Target {
+        shard,
+        delta: counter.value.map_or(1, |i| event.nums[i]),
+        expire_at_ms,
+    })
 }
 
 /// Units sealed for one flush.

@@ -81,6 +81,10 @@ impl Rig {
 
     /// Decode `{"user": user, "n": n}` with Kafka time `ts` and add it at `offset`.
     fn add(&mut self, p: i32, offset: i64, user: &str, n: i64, ts: i64, now: i64) -> bool {
+        self.add_event(p, offset, user, n, ts, now) == Added::Counted
+    }
+
+    fn add_event(&mut self, p: i32, offset: i64, user: &str, n: i64, ts: i64, now: i64) -> Added {
         let payload = format!(r#"{{"user":"{user}","n":{n},"other":[1,2]}}"#);
         let decoded = self.decoder.decode(Some(payload.as_bytes()), Some(ts));
         let event = decoded.expect("event decodes");
@@ -314,12 +318,12 @@ fn late_skipped_stale_and_unknown_messages() {
 fn large_values_do_not_overflow_the_delta() {
     let mut rig = Rig::new(vec![bytes()], 1, 1_000);
     rig.agg.assign(0, &[0]);
-    // Both values decode (they fit i64); their sum does not.
+    // Both values decode (they fit i64); their sum does not: the second event is refused.
     assert!(rig.add(0, 0, "a", i64::MAX, T0, T0));
-    assert!(rig.add(0, 1, "a", 1, T0, T0));
+    assert_eq!(rig.add_event(0, 1, "a", 1, T0, T0), Added::Overflow);
     let batch = rig.agg.seal(None);
     let deltas: Vec<i64> = batch.units[0].keys.iter().map(|(_, d)| d.delta).collect();
-    assert!(deltas.iter().all(|&d| d > 0), "{deltas:?}");
+    assert_eq!(deltas, vec![i64::MAX]);
 }
 
 #[test]
@@ -518,5 +522,38 @@ fn capped_seals_stay_bounded_rotate_and_lose_nothing() {
     assert_eq!(
         fourth.ends.iter().map(|e| e.0).collect::<Vec<_>>(),
         vec![2, 3]
+    );
+}
+
+#[test]
+fn overflowing_sum_skips_the_whole_event() {
+    let mut rig = Rig::new(vec![hits(), bytes()], 1, 1000);
+    rig.agg.assign(0, &[0]);
+    assert!(rig.add(0, 0, "u", i64::MAX, T0, T0));
+    // Same hour, next minute: `hits` creates a new key before `bytes` overflows.
+    let next = T0 + MINUTE;
+    assert_eq!(rig.add_event(0, 1, "u", 5, next, T0), Added::Overflow);
+    assert_eq!(rig.add_event(0, 2, "u", i64::MIN, next, T0), Added::Counted);
+    let stats = rig.agg.take_stats();
+    assert_eq!(
+        stats.counted,
+        vec![2, 2],
+        "the overflowing event counted nowhere"
+    );
+    let batch = rig.agg.seal(None);
+    let got = totals(&batch.units);
+    let mut want = BTreeMap::new();
+    want.insert(hits_key("u", T0).0, 1);
+    want.insert(hits_key("u", next).0, 1);
+    want.insert(bytes_key("u", T0).0, -1);
+    assert_eq!(got, want);
+    assert_eq!(
+        batch.keys, 3,
+        "the key created for the skipped event is gone"
+    );
+    assert_eq!(
+        batch.ends,
+        vec![(0, 3)],
+        "the skipped message still advances the offset"
     );
 }

@@ -35,6 +35,12 @@ pub enum DecodeError {
     /// The event time could not be read, or no timestamp was available.
     #[error("bad event timestamp")]
     BadTimestamp,
+    /// The event time lies further in the future than `decode.max_future` allows.
+    #[error("event time too far in the future")]
+    FutureTime,
+    /// Adding the event's value would overflow a counter's 64-bit sum.
+    #[error("value would overflow the counter")]
+    Overflow,
 }
 
 impl DecodeError {
@@ -48,6 +54,8 @@ impl DecodeError {
             DecodeError::MissingField => "missing_field",
             DecodeError::WrongType => "wrong_type",
             DecodeError::BadTimestamp => "bad_timestamp",
+            DecodeError::FutureTime => "future_time",
+            DecodeError::Overflow => "overflow",
         }
     }
 
@@ -102,6 +110,8 @@ pub struct Decoder {
     time_format: TimeFormat,
     max_message_bytes: usize,
     max_value_bytes: usize,
+    /// `decode.max_future` in ms: later event times are bad input, not keys living for millennia.
+    max_future_ms: i64,
 }
 
 impl Decoder {
@@ -121,12 +131,27 @@ impl Decoder {
             time_format: config.time_format,
             max_message_bytes: config.max_message_bytes,
             max_value_bytes: config.max_value_bytes,
+            max_future_ms: i64::try_from(config.max_future.as_millis()).unwrap_or(i64::MAX),
         }
     }
 
     /// Index of a field by name, as used in `Event::dims` / `Event::nums`.
     pub fn field_index(&self, name: &str) -> Option<usize> {
         self.names.iter().position(|n| &**n == name)
+    }
+
+    /// Decode one payload and refuse an event time more than `decode.max_future` after `now_ms`.
+    pub fn decode_at<'a>(
+        &self,
+        payload: Option<&'a [u8]>,
+        kafka_ts_ms: Option<i64>,
+        now_ms: i64,
+    ) -> Result<Event<'a>, DecodeError> {
+        let event = self.decode(payload, kafka_ts_ms)?;
+        if event.ts_ms > now_ms.saturating_add(self.max_future_ms) {
+            return Err(DecodeError::FutureTime);
+        }
+        Ok(event)
     }
 
     /// Decode one payload. `kafka_ts_ms` is the message timestamp, used when no time field is set.

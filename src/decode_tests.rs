@@ -8,6 +8,7 @@ fn decoder(time_field: Option<&str>, format: TimeFormat) -> Decoder {
         max_message_bytes: 256,
         max_value_bytes: 16,
         dead_letter_topic: None,
+        max_future: std::time::Duration::from_secs(3600),
     };
     Decoder::new(
         &config,
@@ -135,5 +136,32 @@ fn time_formats() {
         none.decode(Some(br#"{"app_id":"a","ip":"b","bytes":1}"#), None)
             .unwrap_err(),
         DecodeError::BadTimestamp
+    );
+}
+
+#[test]
+fn event_time_past_max_future_is_bad_input() {
+    let d = decoder(Some("ts"), TimeFormat::EpochMs);
+    let now = 1_700_000_000_000;
+    let ok = format!(
+        r#"{{"app_id":"a","ip":"i","bytes":1,"ts":{}}}"#,
+        now + 3_600_000
+    );
+    assert!(d.decode_at(Some(ok.as_bytes()), None, now).is_ok());
+    let far = format!(
+        r#"{{"app_id":"a","ip":"i","bytes":1,"ts":{}}}"#,
+        now + 3_600_001
+    );
+    assert_eq!(
+        d.decode_at(Some(far.as_bytes()), None, now).unwrap_err(),
+        DecodeError::FutureTime
+    );
+    // Year 2200: a valid timestamp, but no event happens there.
+    let far_future = r#"{"app_id":"a","ip":"i","bytes":1,"ts":7258118400000}"#;
+    assert!(d.decode(Some(far_future.as_bytes()), None).is_ok());
+    assert_eq!(
+        d.decode_at(Some(far_future.as_bytes()), None, now)
+            .unwrap_err(),
+        DecodeError::FutureTime
     );
 }

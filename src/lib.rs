@@ -58,4 +58,5 @@ pub mod pipeline;
 pub mod produce;
 pub mod query;
 pub mod sink;
+pub mod state;
 pub mod window;

@@ -56,6 +56,34 @@ enum Command {
     Key(KeyArgs),
     /// Print a counter's key and current value, read from Redis.
     Query(KeyArgs),
+    /// Inspect (and with `repair`, fix) tally's own state in Redis: applied offsets per partition.
+    State(StateArgs),
+}
+
+/// `tally state [repair --partition P [--offset N]]`.
+#[derive(Args)]
+struct StateArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Also show these partitions (comma separated) even if Redis has nothing for them.
+    #[arg(long, value_delimiter = ',')]
+    partitions: Vec<i32>,
+    #[command(subcommand)]
+    action: Option<StateAction>,
+}
+
+#[derive(Subcommand)]
+enum StateAction {
+    /// Set a halted partition's applied offset on every shard: to --offset, or to the state
+    /// marker's copy (exact when only the offset key was lost).
+    Repair {
+        /// The partition to repair.
+        #[arg(long)]
+        partition: i32,
+        /// The offset Redis has counted up to (next offset to count).
+        #[arg(long)]
+        offset: Option<i64>,
+    },
 }
 
 /// Which counter value to look up.
@@ -169,7 +197,8 @@ fn main() -> ExitCode {
         | Command::Check(c)
         | Command::Demo { common: c, .. }
         | Command::Key(KeyArgs { common: c, .. })
-        | Command::Query(KeyArgs { common: c, .. }) => match c.load() {
+        | Command::Query(KeyArgs { common: c, .. })
+        | Command::State(StateArgs { common: c, .. }) => match c.load() {
             Ok(config) => Some(config),
             Err(code) => return code,
         },
@@ -223,6 +252,7 @@ fn main() -> ExitCode {
             }
             Command::MockBroker { topics } => tally::produce::mock_broker(&topics, shutdown).await,
             Command::Produce(args) => tally::produce::run(args, shutdown).await,
+            Command::State(args) => state(prepared.expect("loaded above"), args).await,
             Command::Key(args) | Command::Query(args) => {
                 let fetch = matches!(cli_kind, Kind::Query);
                 let config = prepared.expect("loaded above");
@@ -254,6 +284,28 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+async fn state(config: Config, args: StateArgs) -> anyhow::Result<()> {
+    if let Some(StateAction::Repair { partition, offset }) = args.action {
+        for (shard, value) in tally::state::repair(&config, partition, offset).await? {
+            println!("partition {partition} shard {shard}: applied offset set to {value}");
+        }
+        return Ok(());
+    }
+    let rows = tally::state::inspect(&config, &args.partitions).await?;
+    println!("partition\tshard\tapplied\tmarker_copy\tstatus");
+    for r in rows {
+        println!(
+            "{}\t{}\t{}\t{}\t{}",
+            r.partition,
+            r.shard,
+            r.fence.as_deref().unwrap_or("-"),
+            r.marker_copy.as_deref().unwrap_or("-"),
+            r.status()
+        );
+    }
+    Ok(())
 }
 
 enum Kind {

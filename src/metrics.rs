@@ -56,7 +56,30 @@ pub struct Metrics {
     pub rebalances: IntCounterVec,
     /// Partitions currently assigned to this process.
     pub assigned_partitions: IntGauge,
+    /// Keys Redis refused to increment, by reason (`overflow`, `not_integer`).
+    pub keys_rejected: IntCounterVec,
+    /// 1 while Redis' maxmemory-policy may evict keys.
+    pub eviction_policy_unsafe: IntGauge,
+    /// Partitions not counted because their state in Redis needs an operator (or Redis/Kafka
+    /// did not answer), by reason. The partitions are named in the log and `/health/ready`.
+    pub partitions_halted: IntGaugeVec,
+    /// Partitions recounted from the earliest retained offset after Redis lost tally's state.
+    pub state_rebuilds: IntCounter,
+    /// Offsets the partitions being rebuilt still have to read.
+    pub rebuild_remaining: IntGauge,
+    /// Resume points outside the topic's retained range, by reason.
+    pub offset_resets: IntCounterVec,
 }
+
+/// Why a partition is halted; a closed set so the label stays bounded.
+pub const HALT_REASONS: &[&str] = &[
+    "redis_unavailable",
+    "kafka_unavailable",
+    "fence_missing",
+    "fence_corrupt",
+    "state_lost",
+    "beyond_end",
+];
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
     let c = IntCounter::new(name, help).expect("static metric definition");
@@ -108,6 +131,8 @@ pub const DECODE_REASONS: &[&str] = &[
     "missing_field",
     "wrong_type",
     "bad_timestamp",
+    "future_time",
+    "overflow",
 ];
 
 impl Metrics {
@@ -239,9 +264,51 @@ impl Metrics {
                 "tally_assigned_partitions",
                 "Partitions currently assigned to this process.",
             ),
+            keys_rejected: counter_vec(
+                &registry,
+                "tally_keys_rejected_total",
+                "Keys Redis refused to increment (left unchanged), by reason: overflow, not_integer.",
+                &["reason"],
+            ),
+            eviction_policy_unsafe: gauge(
+                &registry,
+                "tally_redis_eviction_unsafe",
+                "1 while Redis' maxmemory-policy may evict keys (tally then refuses to write unless redis.allow_eviction).",
+            ),
+            partitions_halted: gauge_vec(
+                &registry,
+                "tally_partitions_halted",
+                "Partitions not counted because their state in Redis needs an operator (see `tally state`) or Redis/Kafka did not answer, by reason.",
+                &["reason"],
+            ),
+            state_rebuilds: counter(
+                &registry,
+                "tally_state_rebuilds_total",
+                "Partitions recounted from the earliest retained offset after Redis lost tally's state.",
+            ),
+            rebuild_remaining: gauge(
+                &registry,
+                "tally_rebuild_remaining_offsets",
+                "Offsets the partitions being rebuilt after a loss of tally's state still have to read.",
+            ),
+            offset_resets: counter_vec(
+                &registry,
+                "tally_offset_resets_total",
+                "Resume points outside the retained range of a partition, by reason: beyond_end, before_log_start, auto_reset.",
+                &["reason"],
+            ),
             registry,
         };
         // Touch every bounded label so dashboards see zeroes instead of no series.
+        for r in ["overflow", "not_integer"] {
+            m.keys_rejected.with_label_values(&[r]);
+        }
+        for r in HALT_REASONS {
+            m.partitions_halted.with_label_values(&[r]);
+        }
+        for r in ["beyond_end", "before_log_start", "auto_reset"] {
+            m.offset_resets.with_label_values(&[r]);
+        }
         for r in DECODE_REASONS {
             m.decode_errors.with_label_values(&[r]);
         }

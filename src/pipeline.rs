@@ -9,11 +9,10 @@ use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
 
 use crate::aggregate::{Aggregator, Counter};
-use crate::config::{Config, KafkaConfig, RedisMode, StartFrom};
-use crate::consumer::{self, TallyContext, Worker};
+use crate::config::{Config, KafkaConfig};
+use crate::consumer::{self, StateAccess, TallyContext, Worker};
 use crate::decode::{Decoder, FieldRole};
 use crate::metrics::Metrics;
-use crate::sink::layout::Layout;
 use crate::sink::{FenceScope, Health, Sink};
 
 /// The decoder and compiled counters for `config` (also used by the benchmark).
@@ -51,13 +50,10 @@ pub fn kafka_client_config(kafka: &KafkaConfig) -> ClientConfig {
         .set("group.id", &kafka.group_id)
         .set("enable.auto.commit", "false")
         .set("enable.auto.offset.store", "false")
-        .set(
-            "auto.offset.reset",
-            match kafka.start_from {
-                StartFrom::Earliest => "earliest",
-                StartFrom::Latest => "latest",
-            },
-        )
+        // tally chooses every start offset itself (from Redis, or `start_from` for a partition
+        // it never counted); this only applies when a chosen offset has been deleted meanwhile,
+        // and "latest" would then skip the whole retained backlog.
+        .set("auto.offset.reset", "earliest")
         // librdkafka's default (1000 ms) caps a fast consumer near 180K msg/s.
         .set("fetch.queue.backoff.ms", "10")
         // librdkafka prefetches up to 64 MiB by default; 16 MiB (~160K typical events) keeps
@@ -95,20 +91,10 @@ impl Tally {
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let config = self.config;
         let (decoder, counters) = build_stages(&config)?;
-        let layout = match config.redis.mode {
-            RedisMode::Standalone => Layout::standalone(),
-            RedisMode::Cluster => Layout::cluster(config.redis.cluster_shards),
-        };
+        let scope = FenceScope::from_config(&config);
         let agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call)
-            .with_layout(layout.clone());
-
-        let scope = FenceScope {
-            prefix: config.redis.state_prefix.clone(),
-            group: config.kafka.group_id.clone(),
-            topic: config.kafka.topic.clone(),
-            layout,
-        };
-        let sink = Sink::new(
+            .with_layout(scope.layout.clone());
+        let mut sink = Sink::new(
             &config.redis,
             config.flush.clone(),
             scope,
@@ -116,6 +102,7 @@ impl Tally {
             self.health.clone(),
         )
         .context("redis configuration")?;
+        sink.preflight().await.map_err(|e| anyhow::anyhow!(e))?;
         let (sink_tx, sink_rx) = tokio::sync::mpsc::unbounded_channel();
         let abort = CancellationToken::new();
         let sink_task = tokio::spawn(sink.run(sink_rx, abort.clone()));
@@ -143,7 +130,12 @@ impl Tally {
             self.metrics.clone(),
             config.kafka.topic.clone(),
             config.flush.clone(),
-            config.kafka.start_from,
+            StateAccess {
+                start_from: config.kafka.start_from,
+                recovery: config.recovery.clone(),
+                health: self.health.clone(),
+                init_timeout: config.redis.connect_timeout + config.redis.response_timeout,
+            },
         );
         if let Some(topic) = &config.decode.dead_letter_topic {
             let dlq = crate::consumer::DeadLetters::new(&config.kafka, topic, self.metrics.clone())

@@ -33,6 +33,8 @@ pub struct Config {
     pub flush: FlushConfig,
     /// The metrics and health endpoint.
     pub http: HttpConfig,
+    /// What to do when tally's state in Redis is missing or inconsistent.
+    pub recovery: RecoveryConfig,
     /// The counters maintained from each event.
     pub counters: Vec<CounterConfig>,
 }
@@ -95,6 +97,33 @@ pub struct RedisConfig {
     pub response_timeout: Duration,
     /// Prefix of tally's own keys (applied offsets), kept apart from counter keys.
     pub state_prefix: String,
+    /// Accept a `maxmemory-policy` other than `noeviction`. Evicting a counter or one of tally's
+    /// offsets breaks exactness, so tally refuses to write to such a server unless this is set.
+    pub allow_eviction: bool,
+}
+
+/// What to do when tally's own state in Redis is missing or does not fit the topic.
+///
+/// A partition whose applied offset is gone while the rest of tally's state is there (deleted,
+/// partially restored), is corrupt, or lies beyond the end of the topic always halts: replaying
+/// it blindly would count twice or skip. `tally state` inspects and repairs it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecoveryConfig {
+    /// Redis holds no state for a partition that Kafka says tally counted before (Redis lost
+    /// everything: restart without persistence, FLUSHALL, a new server).
+    pub on_state_lost: OnStateLost,
+}
+
+/// Policy for a partition whose state Redis lost entirely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStateLost {
+    /// Recount the partition from the earliest offset the topic retains: exact for every window
+    /// whose events are all still retained.
+    Rebuild,
+    /// Stop the partition (readiness 503) until an operator repairs it with `tally state`.
+    Halt,
 }
 
 /// Which Redis deployment tally talks to.
@@ -121,6 +150,10 @@ pub struct DecodeConfig {
     pub max_value_bytes: usize,
     /// Kafka topic that receives a copy of every undecodable message (with reason headers).
     pub dead_letter_topic: Option<String>,
+    /// Events timed further than this after the current time are rejected as `future_time`
+    /// (a wrong clock or unit would otherwise create keys that live for centuries).
+    #[serde(with = "humantime_serde")]
+    pub max_future: Duration,
 }
 
 /// Encodings accepted for the event-time field.
@@ -206,6 +239,7 @@ impl Default for Config {
             decode: DecodeConfig::default(),
             flush: FlushConfig::default(),
             http: HttpConfig::default(),
+            recovery: RecoveryConfig::default(),
             counters: vec![CounterConfig::reference()],
         }
     }
@@ -238,6 +272,15 @@ impl Default for RedisConfig {
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(30),
             state_prefix: "tally:".into(),
+            allow_eviction: false,
+        }
+    }
+}
+
+impl Default for RecoveryConfig {
+    fn default() -> Self {
+        RecoveryConfig {
+            on_state_lost: OnStateLost::Rebuild,
         }
     }
 }
@@ -250,6 +293,7 @@ impl Default for DecodeConfig {
             max_message_bytes: 1 << 20,
             max_value_bytes: 256,
             dead_letter_topic: None,
+            max_future: Duration::from_secs(86_400),
         }
     }
 }

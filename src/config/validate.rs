@@ -126,6 +126,12 @@ impl Config {
                 "limits must be positive",
             ));
         }
+        if self.decode.max_future.is_zero() {
+            return Err(invalid(
+                "decode.max_future",
+                "must be positive (e.g. \"1d\")",
+            ));
+        }
         let f = &self.flush;
         if f.max_keys == 0 {
             return Err(invalid("flush.max_keys", "must be positive"));
@@ -186,6 +192,10 @@ impl Config {
             }
             if c.dimensions.is_empty() {
                 return Err(invalid(at("dimensions"), "list at least one event field"));
+            }
+            // Expiry times are i64 milliseconds; a century is far beyond any sensible retention.
+            if c.retention > std::time::Duration::from_secs(100 * 365 * 86_400) {
+                return Err(invalid(at("retention"), "must be at most 100 years"));
             }
             let tz: chrono_tz::Tz = c.timezone.parse().map_err(|_| {
                 invalid(

@@ -8,6 +8,7 @@
 
 mod dead_letter;
 mod rebalance;
+mod recovery;
 mod worker;
 
 use std::cell::RefCell;
@@ -28,7 +29,7 @@ use crate::metrics::Metrics;
 use crate::sink::Health;
 
 pub use dead_letter::DeadLetters;
-pub use worker::Worker;
+pub use worker::{StateAccess, Worker};
 
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -158,6 +159,7 @@ impl ConsumerContext for TallyContext {
                 if worker.paused {
                     let _ = consumer.pause(tpl);
                 }
+                worker.pause_parked(consumer);
                 r
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
@@ -216,7 +218,15 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
                 guard.borrow_mut().tick(&consumer);
             }
             Some(Err(e)) => {
-                if let Some(suppressed) = ctx.kafka_log.allow() {
+                if is_offset_reset(&e) {
+                    // librdkafka moved a partition to the start of the log because the
+                    // position it was reading had been deleted: what lay between is lost.
+                    ctx.metrics
+                        .offset_resets
+                        .with_label_values(&["auto_reset"])
+                        .inc();
+                    tracing::error!(error = %e, "kafka reset a partition's position: offsets deleted by retention before tally read them are lost");
+                } else if let Some(suppressed) = ctx.kafka_log.allow() {
                     tracing::warn!(error = %e, suppressed, "kafka consume error");
                 }
                 guard.borrow_mut().tick(&consumer);
@@ -244,6 +254,14 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
     drop(consumer);
     tracing::debug!("kafka consumer closed");
     Ok(())
+}
+
+fn is_offset_reset(e: &KafkaError) -> bool {
+    use rdkafka::error::RDKafkaErrorCode as C;
+    matches!(
+        e.rdkafka_error_code(),
+        Some(C::AutoOffsetReset | C::OffsetOutOfRange)
+    )
 }
 
 fn unix_ms() -> i64 {

@@ -1,19 +1,22 @@
 //! The worker: everything the consumer thread owns besides the consumer itself — decoding,
 //! aggregation, the flush in flight, backpressure and Kafka commits.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
-use crate::aggregate::Aggregator;
-use crate::config::{FlushConfig, StartFrom};
-use crate::decode::Decoder;
+use crate::aggregate::{Added, Aggregator};
+use crate::config::{FlushConfig, RecoveryConfig, StartFrom};
+use crate::decode::{DecodeError, Decoder};
 use crate::metrics::{Metrics, DECODE_REASONS};
-use crate::sink::{FlushOutcome, SinkRequest};
+use crate::sink::{ApplyReply, FlushOutcome, Health, SinkRequest};
+
+use super::recovery::{Halt, Rebuild};
 
 use super::TallyContext;
 
@@ -43,12 +46,36 @@ pub struct Worker {
     /// Partitions being revoked right now: never seek or recover them.
     pub(super) revoking: Vec<i32>,
     pub(super) consumed: u64,
-    pub(super) decode_errors: [u64; 7],
+    pub(super) decode_errors: [u64; DECODE_REASONS.len()],
     pub(super) last_publish: Instant,
     pub(super) last_error_log: Instant,
     pub(super) errors_since_log: u64,
     /// Where undecodable messages are copied, if configured.
     pub(super) dead_letters: Option<super::DeadLetters>,
+    /// What to do when Redis lost tally's state.
+    pub(super) recovery: RecoveryConfig,
+    /// Readiness, which lists halted partitions.
+    pub(super) health: Arc<Health>,
+    /// Longest wait for Redis' answer about fences before a partition is parked.
+    pub(super) init_timeout: Duration,
+    /// Assigned partitions not consumed until their state allows it, and why.
+    pub(super) parked: BTreeMap<i32, Halt>,
+    pub(super) last_parked_retry: Instant,
+    /// Partitions being recounted after Redis lost their state.
+    pub(super) rebuilding: HashMap<i32, Rebuild>,
+    pub(super) last_progress_log: Instant,
+}
+
+/// How the worker reaches and recovers tally's state in Redis.
+pub struct StateAccess {
+    /// Where a partition tally never counted starts.
+    pub start_from: StartFrom,
+    /// What to do when Redis lost tally's state.
+    pub recovery: RecoveryConfig,
+    /// Readiness, which lists halted partitions.
+    pub health: Arc<Health>,
+    /// Longest wait for Redis' answer about fences.
+    pub init_timeout: Duration,
 }
 
 impl Worker {
@@ -60,7 +87,7 @@ impl Worker {
         metrics: Metrics,
         topic: String,
         flush: FlushConfig,
-        start_from: StartFrom,
+        state: StateAccess,
     ) -> Worker {
         Worker {
             agg,
@@ -70,16 +97,23 @@ impl Worker {
             metrics,
             topic,
             flush,
-            start_from,
+            start_from: state.start_from,
             batch_started: None,
             paused: false,
             revoking: Vec::new(),
             consumed: 0,
-            decode_errors: [0; 7],
+            decode_errors: [0; DECODE_REASONS.len()],
             last_publish: Instant::now(),
             last_error_log: Instant::now() - LOG_EVERY,
             errors_since_log: 0,
             dead_letters: None,
+            recovery: state.recovery,
+            health: state.health,
+            init_timeout: state.init_timeout,
+            parked: BTreeMap::new(),
+            last_parked_retry: Instant::now(),
+            rebuilding: HashMap::new(),
+            last_progress_log: Instant::now(),
         }
     }
 
@@ -102,33 +136,49 @@ impl Worker {
         if !self.agg.owns(partition) {
             return;
         }
-        match self.decoder.decode(payload, kafka_ts) {
-            Ok(event) => {
-                self.agg.add(partition, offset, &event, now_ms);
-            }
+        let error = match self.decoder.decode_at(payload, kafka_ts, now_ms) {
+            Ok(event) => match self.agg.add(partition, offset, &event, now_ms) {
+                Added::Counted | Added::Ignored => None,
+                // `add` already moved past the message; it is bad input like any other.
+                Added::Overflow => Some(DecodeError::Overflow),
+            },
             Err(e) => {
-                if self.agg.position(partition).is_some_and(|p| offset >= p) {
-                    if let Some(dlq) = &self.dead_letters {
-                        dlq.send(partition, offset, key, payload, e.reason());
-                    }
-                    self.decode_errors[e.index()] += 1;
-                    self.errors_since_log += 1;
-                    if self.last_error_log.elapsed() >= LOG_EVERY {
-                        tracing::warn!(
-                            partition,
-                            offset,
-                            reason = e.reason(),
-                            skipped = self.errors_since_log,
-                            "skipping undecodable messages"
-                        );
-                        self.last_error_log = Instant::now();
-                        self.errors_since_log = 0;
-                    }
-                }
+                let fresh = self.agg.position(partition).is_some_and(|p| offset >= p);
                 self.agg.skip(partition, offset);
+                fresh.then_some(e)
             }
+        };
+        if let Some(e) = error {
+            self.bad_message(partition, offset, key, payload, e);
         }
         self.batch_started.get_or_insert_with(Instant::now);
+    }
+
+    /// Count, dead-letter and (rate-limited) log a message skipped as bad input.
+    fn bad_message(
+        &mut self,
+        partition: i32,
+        offset: i64,
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+        e: DecodeError,
+    ) {
+        if let Some(dlq) = &self.dead_letters {
+            dlq.send(partition, offset, key, payload, e.reason());
+        }
+        self.decode_errors[e.index()] += 1;
+        self.errors_since_log += 1;
+        if self.last_error_log.elapsed() >= LOG_EVERY {
+            tracing::warn!(
+                partition,
+                offset,
+                reason = e.reason(),
+                skipped = self.errors_since_log,
+                "skipping undecodable messages"
+            );
+            self.last_error_log = Instant::now();
+            self.errors_since_log = 0;
+        }
     }
 
     /// Periodic work between messages: collect a finished flush, start one, apply backpressure.
@@ -154,7 +204,9 @@ impl Worker {
         }
         if self.last_publish.elapsed() >= Duration::from_millis(200) {
             self.publish();
+            self.report_rebuilds();
         }
+        self.retry_parked(consumer);
     }
 
     pub(super) fn set_paused(&mut self, consumer: &BaseConsumer<TallyContext>, paused: bool) {
@@ -164,7 +216,14 @@ impl Worker {
         let result = if paused {
             consumer.pause(&assignment)
         } else {
-            consumer.resume(&assignment)
+            // Parked partitions stay paused until their state allows counting them.
+            let mut active = TopicPartitionList::new();
+            for e in assignment.elements() {
+                if !self.parked.contains_key(&e.partition()) {
+                    active.add_partition(e.topic(), e.partition());
+                }
+            }
+            consumer.resume(&active)
         };
         if let Err(e) = result {
             tracing::warn!(error = %e, paused, "cannot change consumption state");
@@ -291,10 +350,10 @@ impl Worker {
         let Some(f) = self.in_flight.take() else {
             return;
         };
-        let conflicted: HashSet<i32> = outcome.conflicts.iter().map(|c| c.0).collect();
+        let refused: HashSet<i32> = outcome.refusals.iter().map(|r| r.partition).collect();
         let mut tpl = TopicPartitionList::new();
         for &(p, end) in &f.ends {
-            if conflicted.contains(&p) {
+            if refused.contains(&p) {
                 continue;
             }
             // Kafka's committed offset is the next message to read, like our `end`.
@@ -314,16 +373,43 @@ impl Worker {
                 tracing::warn!(error = %e, "kafka offset commit failed");
             }
         }
-        let mut resynced: Vec<i32> = Vec::new();
-        for &(p, shard, applied) in &outcome.conflicts {
-            if resynced.contains(&p) {
+        let mut handled: Vec<i32> = Vec::new();
+        for refusal in &outcome.refusals {
+            let p = refusal.partition;
+            if handled.contains(&p) {
                 continue;
             }
-            resynced.push(p);
-            let refused = outcome.conflicts.iter().filter(|c| c.0 == p).count();
-            tracing::warn!(partition = p, shard, applied, refused_units = refused, "redis applied a different offset range (another replica, or a replay); resynchronising");
-            if self.agg.owns(p) && !self.revoking.contains(&p) {
-                self.resync(consumer, p, applied);
+            handled.push(p);
+            if !self.agg.owns(p) || self.revoking.contains(&p) {
+                continue;
+            }
+            // The most serious refusal of the partition decides.
+            let worst = outcome
+                .refusals
+                .iter()
+                .filter(|r| r.partition == p)
+                .max_by_key(|r| severity(&r.reply))
+                .expect("the partition has a refusal");
+            match worst.reply {
+                ApplyReply::FenceMissing { marker_copy } => self.park(
+                    Some(consumer),
+                    p,
+                    Halt::FenceMissing {
+                        shard: worst.shard,
+                        marker_copy,
+                    },
+                ),
+                ApplyReply::Corrupt => {
+                    self.park(Some(consumer), p, Halt::FenceCorrupt { shard: worst.shard })
+                }
+                ApplyReply::StateLost => {
+                    tracing::error!(partition = p, shard = worst.shard, "redis holds no state for this partition any more (lost or flushed); reopening it");
+                    self.resync(consumer, p);
+                }
+                reply => {
+                    tracing::warn!(partition = p, shard = worst.shard, ?reply, "redis applied a different offset range (another replica, or lost writes); resynchronising");
+                    self.resync(consumer, p);
+                }
             }
         }
         self.publish();
@@ -342,5 +428,15 @@ impl Worker {
             dlq.flush(deadline.saturating_duration_since(Instant::now()));
         }
         self.publish();
+    }
+}
+
+/// Which refusal of a partition decides what happens to it: a partial loss or corruption halts
+/// it, even if another shard only reported a conflict.
+fn severity(reply: &ApplyReply) -> u8 {
+    match reply {
+        ApplyReply::FenceMissing { .. } | ApplyReply::Corrupt => 2,
+        ApplyReply::StateLost => 1,
+        _ => 0,
     }
 }

@@ -142,3 +142,52 @@ impl Conn {
         }
     }
 }
+
+impl Conn {
+    /// `maxmemory-policy` of the server, or of every node of a cluster, read from `INFO memory`
+    /// (allowed where `CONFIG` is not, e.g. on managed services).
+    pub async fn eviction_policies(&mut self) -> RedisResult<Vec<String>> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("memory");
+        let value: Value = match self {
+            Conn::Single(c) => cmd.query_async(c).await?,
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+                c.route_command(
+                    cmd,
+                    RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+                )
+                .await?
+            }
+        };
+        let mut policies = Vec::new();
+        collect_policies(&value, &mut policies);
+        Ok(policies)
+    }
+}
+
+fn collect_policies(value: &Value, out: &mut Vec<String>) {
+    let mut text = |bytes: &[u8]| {
+        for line in String::from_utf8_lossy(bytes).lines() {
+            if let Some(policy) = line.trim().strip_prefix("maxmemory_policy:") {
+                out.push(policy.to_string());
+            }
+        }
+    };
+    match value {
+        Value::BulkString(b) => text(b),
+        Value::SimpleString(s) => text(s.as_bytes()),
+        Value::VerbatimString { text: t, .. } => text(t.as_bytes()),
+        Value::Array(items) | Value::Set(items) => {
+            for v in items {
+                collect_policies(v, out);
+            }
+        }
+        Value::Map(pairs) => {
+            for (_, v) in pairs {
+                collect_policies(v, out);
+            }
+        }
+        _ => {}
+    }
+}

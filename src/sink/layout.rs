@@ -64,6 +64,14 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The layout of the configured deployment.
+    pub fn for_config(redis: &crate::config::RedisConfig) -> Layout {
+        match redis.mode {
+            crate::config::RedisMode::Standalone => Layout::standalone(),
+            crate::config::RedisMode::Cluster => Layout::cluster(redis.cluster_shards),
+        }
+    }
+
     /// Plain keys, one shard.
     pub fn standalone() -> Layout {
         Layout { tags: None }

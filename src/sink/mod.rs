@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::aggregate::Unit;
 use crate::config::{FlushConfig, RedisConfig};
 use crate::metrics::Metrics;
+pub use script::{ApplyReply, FenceState};
 
 /// Whether the process' connections are usable, for `/health/ready`.
 #[derive(Debug, Default)]
@@ -30,12 +31,17 @@ pub struct Health {
     pub kafka: AtomicBool,
     /// Last Redis request succeeded.
     pub redis: AtomicBool,
+    /// Partitions stopped because tally's state in Redis needs an operator, with the reason
+    /// (e.g. `partition 3: fence missing`). Not ready while any is listed.
+    pub halted: parking_lot::Mutex<Vec<String>>,
 }
 
 impl Health {
-    /// Ready = both Kafka and Redis reachable.
+    /// Ready = both Kafka and Redis reachable, and no partition halted.
     pub fn ready(&self) -> bool {
-        self.kafka.load(Ordering::Relaxed) && self.redis.load(Ordering::Relaxed)
+        self.kafka.load(Ordering::Relaxed)
+            && self.redis.load(Ordering::Relaxed)
+            && self.halted.lock().is_empty()
     }
 }
 
@@ -53,6 +59,16 @@ pub struct FenceScope {
 }
 
 impl FenceScope {
+    /// The scope of the configured group, topic and deployment.
+    pub fn from_config(config: &crate::config::Config) -> FenceScope {
+        FenceScope {
+            prefix: config.redis.state_prefix.clone(),
+            group: config.kafka.group_id.clone(),
+            topic: config.kafka.topic.clone(),
+            layout: layout::Layout::for_config(&config.redis),
+        }
+    }
+
     /// The applied-offset key of (partition, shard), tagged like the shard's counter keys.
     pub fn key(&self, partition: i32, shard: u32) -> String {
         script::fence_key(
@@ -63,6 +79,25 @@ impl FenceScope {
             shard,
             self.layout.tag(shard),
         )
+    }
+
+    /// The state marker of `shard` (same slot as its fences).
+    pub fn marker(&self, shard: u32) -> String {
+        script::marker_key(
+            &self.prefix,
+            &self.group,
+            &self.topic,
+            shard,
+            self.layout.tag(shard),
+        )
+    }
+
+    /// Fence and marker of (partition, shard).
+    pub fn keys(&self, partition: i32, shard: u32) -> script::StateKeys {
+        script::StateKeys {
+            fence: self.key(partition, shard),
+            marker: self.marker(shard),
+        }
     }
 }
 
@@ -76,28 +111,45 @@ pub enum SinkRequest {
         /// Receives the outcome; dropped without a reply if the sink was aborted.
         reply: std_mpsc::Sender<FlushOutcome>,
     },
-    /// Make sure every shard of these partitions has an applied offset (setting `initial` where
-    /// none exists) and return them, shard by shard.
+    /// Read the fences of every shard of these partitions, creating those the state has no
+    /// record of where asked to (see [`script::INIT_LUA`]). One attempt: the caller decides
+    /// what to do when Redis cannot answer.
     InitFences {
-        /// (partition, offset to record where Redis has none).
+        /// (partition, where to start it if Redis has no state for it; -1: do not create).
         partitions: Vec<(i32, i64)>,
-        /// Receives `(partition, applied offset per shard)`.
-        reply: std_mpsc::Sender<Vec<(i32, Vec<i64>)>>,
+        /// Receives `(partition, state per shard)`, or why Redis could not answer.
+        reply: std_mpsc::Sender<Result<PartitionFences, String>>,
     },
+}
+
+/// The state of each shard's fence, per partition.
+pub type PartitionFences = Vec<(i32, Vec<FenceState>)>;
+
+/// A unit Redis refused, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refusal {
+    /// Kafka partition of the unit.
+    pub partition: i32,
+    /// Shard of the unit.
+    pub shard: u32,
+    /// What the script found instead of the expected applied offset.
+    pub reply: ApplyReply,
 }
 
 /// What happened to a flushed batch.
 #[derive(Debug, Default)]
 pub struct FlushOutcome {
-    /// Units refused because Redis applied a different range: (partition, shard, applied).
-    pub conflicts: Vec<(i32, u32, i64)>,
+    /// Units refused: another range applied, or tally's state missing or corrupt.
+    pub refusals: Vec<Refusal>,
     /// Units whose whole range Redis had already applied (nothing written).
     pub already_applied: u64,
     /// Keys written.
     pub keys_written: u64,
-    /// Keys skipped by the script because their expiry passed before it ran.
+    /// Keys skipped by the script because their expiry had passed before it ran.
     pub late_keys: u64,
-    /// Keys whose Redis value was not an integer.
+    /// Keys whose INCRBY would overflow a 64-bit integer (left unchanged).
+    pub overflow_keys: u64,
+    /// Keys whose Redis value was not an integer (left unchanged).
     pub rejected_keys: u64,
 }
 
@@ -117,6 +169,8 @@ enum AttemptError {
     NoScript,
     #[error("unexpected reply: {0}")]
     Reply(String),
+    #[error("redis maxmemory-policy is `{0}`: it may evict counters or tally's offsets and break exactness; set it to noeviction (or redis.allow_eviction = true to accept the risk)")]
+    UnsafeEviction(String),
 }
 
 /// The task owning the Redis connection.
@@ -128,6 +182,10 @@ pub struct Sink {
     flushes: u64,
     /// An unreachable Redis was logged (the probe logs transitions only).
     reported_down: bool,
+    /// Accept a maxmemory-policy other than noeviction.
+    allow_eviction: bool,
+    /// Probes since the eviction policy was last checked.
+    probes: u32,
     scope: FenceScope,
     flush: FlushConfig,
     metrics: Metrics,
@@ -151,11 +209,22 @@ impl Sink {
             apply_sha: redis::Script::new(script::APPLY_LUA).get_hash().to_string(),
             flushes: 0,
             reported_down: false,
+            allow_eviction: config.allow_eviction,
+            probes: 0,
             scope,
             flush,
             metrics,
             health,
         })
+    }
+
+    /// Check before anything is consumed that Redis will not evict tally's keys. An unreachable
+    /// Redis is not an error here (the sink waits for it); an unsafe policy is.
+    pub async fn preflight(&mut self) -> Result<(), String> {
+        match self.connection().await {
+            Err(e @ AttemptError::UnsafeEviction(_)) => Err(e.to_string()),
+            _ => Ok(()),
+        }
     }
 
     /// Serve requests until the channel closes. `abort` stops retrying (requests in progress
@@ -204,29 +273,38 @@ impl Sink {
                     self.metrics.flush_keys.observe(keys as f64);
                     self.metrics.keys_flushed.inc_by(outcome.keys_written);
                     self.metrics.late_keys.inc_by(outcome.late_keys);
+                    self.metrics.fence_conflicts.inc_by(
+                        outcome
+                            .refusals
+                            .iter()
+                            .filter(|r| matches!(r.reply, ApplyReply::Conflict { .. }))
+                            .count() as u64,
+                    );
                     self.metrics
-                        .fence_conflicts
-                        .inc_by(outcome.conflicts.len() as u64);
+                        .keys_rejected
+                        .with_label_values(&["overflow"])
+                        .inc_by(outcome.overflow_keys);
+                    self.metrics
+                        .keys_rejected
+                        .with_label_values(&["not_integer"])
+                        .inc_by(outcome.rejected_keys);
                     self.metrics
                         .units_already_applied
                         .inc_by(outcome.already_applied);
                     let _ = reply.send(outcome);
                 }
                 SinkRequest::InitFences { partitions, reply } => {
-                    let mut delay = self.flush.retry_initial;
-                    loop {
-                        match self.try_init(&partitions).await {
-                            Ok(fences) => {
-                                let _ = reply.send(fences);
-                                break;
-                            }
-                            Err(e) => {
-                                if !self.recover(e, &mut delay, &abort).await {
-                                    break;
-                                }
-                            }
+                    let result = match self.try_init(&partitions).await {
+                        Ok(fences) => Ok(fences),
+                        Err(AttemptError::NoScript) => {
+                            self.try_init(&partitions).await.map_err(|e| e.to_string())
                         }
-                    }
+                        Err(e) => {
+                            self.note_failure(&e);
+                            Err(e.to_string())
+                        }
+                    };
+                    let _ = reply.send(result);
                 }
             }
         }
@@ -235,10 +313,15 @@ impl Sink {
     /// Connect (or PING the live connection) and report changes of reachability.
     async fn probe(&mut self) {
         let was_up = self.health.redis.load(Ordering::Relaxed);
+        self.probes += 1;
+        // Re-check the eviction policy every other probe: someone may change it at runtime.
+        let recheck = self.probes.is_multiple_of(2);
         let result = match self.connection().await {
+            Ok(mut conn) if recheck => self.check_eviction(&mut conn).await,
             Ok(mut conn) => conn
                 .query::<String>(&redis::cmd("PING"))
                 .await
+                .map(drop)
                 .map_err(AttemptError::from),
             Err(e) => Err(e),
         };
@@ -252,7 +335,7 @@ impl Sink {
             Err(e) => {
                 self.conn = None;
                 if was_up || !self.reported_down {
-                    tracing::warn!(error = %e, "redis unreachable; retrying");
+                    tracing::warn!(error = %e, "redis unreachable or unusable; retrying");
                     self.reported_down = true;
                 }
                 self.health.redis.store(false, Ordering::Relaxed);
@@ -276,16 +359,8 @@ impl Sink {
             tracing::info!("flush script was missing in redis and has been loaded again");
             return true;
         }
-        let kind = match &error {
-            AttemptError::Redis(r) if r.is_timeout() => "timeout",
-            AttemptError::Redis(r) if r.is_connection_refusal() => "connect",
-            AttemptError::Redis(r) if r.is_io_error() || r.is_connection_dropped() => "io",
-            _ => "response",
-        };
-        self.metrics.redis_errors.with_label_values(&[kind]).inc();
+        self.note_failure(&error);
         self.metrics.redis_retries.inc();
-        self.health.redis.store(false, Ordering::Relaxed);
-        self.conn = None;
         let jittered = delay.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
         tracing::warn!(error = %error, retry_in = ?jittered, "redis request failed, will retry");
         *delay = (*delay * 2).min(self.flush.retry_max);
@@ -295,11 +370,45 @@ impl Sink {
         }
     }
 
+    /// Count a failed request and drop the connection (the next request reconnects, which
+    /// also refreshes a cluster's topology).
+    fn note_failure(&mut self, error: &AttemptError) {
+        let kind = match error {
+            AttemptError::Redis(r) if r.is_timeout() => "timeout",
+            AttemptError::Redis(r) if r.is_connection_refusal() => "connect",
+            AttemptError::Redis(r) if r.is_io_error() || r.is_connection_dropped() => "io",
+            AttemptError::UnsafeEviction(_) => "eviction_policy",
+            _ => "response",
+        };
+        self.metrics.redis_errors.with_label_values(&[kind]).inc();
+        self.health.redis.store(false, Ordering::Relaxed);
+        self.conn = None;
+    }
+
+    /// Refuse to write while Redis may evict keys (unless allowed): an evicted counter or
+    /// offset silently breaks exactness.
+    async fn check_eviction(&mut self, conn: &mut conn::Conn) -> Result<(), AttemptError> {
+        let policies = conn.eviction_policies().await?;
+        let unsafe_policy = policies.into_iter().find(|p| p != "noeviction");
+        self.metrics
+            .eviction_policy_unsafe
+            .set(i64::from(unsafe_policy.is_some()));
+        match unsafe_policy {
+            Some(policy) if !self.allow_eviction => Err(AttemptError::UnsafeEviction(policy)),
+            Some(policy) => {
+                tracing::warn!(%policy, "redis may evict keys (allowed by redis.allow_eviction)");
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
     async fn connection(&mut self) -> Result<conn::Conn, AttemptError> {
         if let Some(conn) = &self.conn {
             return Ok(conn.clone());
         }
         let mut conn = self.connector.connect().await?;
+        self.check_eviction(&mut conn).await?;
         self.load_script(&mut conn).await?;
         self.health.redis.store(true, Ordering::Relaxed);
         self.conn = Some(conn.clone());
@@ -330,13 +439,10 @@ impl Sink {
                 groups.push((redis::pipe(), Vec::new()));
                 groups.len() - 1
             });
-            let fence = self.scope.key(unit.partition, unit.shard);
-            groups[g].0.add_command(script::apply_cmd_with(
-                &self.apply_sha,
-                &fence,
-                &unit,
-                check_ttl,
-            ));
+            let keys = self.scope.keys(unit.partition, unit.shard);
+            groups[g]
+                .0
+                .add_command(script::apply_cmd(&self.apply_sha, &keys, &unit, check_ttl));
             groups[g].1.push(UnitMeta {
                 partition: unit.partition,
                 shard: unit.shard,
@@ -380,23 +486,24 @@ impl Sink {
                 )));
             }
             for (unit, reply) in metas.iter().zip(replies) {
-                let (status, a, b) = match reply {
-                    Value::Array(items) if items.len() == 3 => {
-                        match (&items[0], &items[1], &items[2]) {
-                            (Value::Int(s), Value::Int(a), Value::Int(b)) => (*s, *a, *b),
-                            _ => return Err(AttemptError::Reply(format!("{items:?}"))),
-                        }
+                match ApplyReply::parse(&reply).map_err(AttemptError::Reply)? {
+                    ApplyReply::Applied {
+                        late,
+                        overflow,
+                        rejected,
+                    } => {
+                        outcome.late_keys += late;
+                        outcome.overflow_keys += overflow;
+                        outcome.rejected_keys += rejected;
+                        outcome.keys_written +=
+                            unit.keys.saturating_sub(late + overflow + rejected);
                     }
-                    other => return Err(AttemptError::Reply(format!("{other:?}"))),
-                };
-                match status {
-                    1 => {
-                        outcome.late_keys += a as u64;
-                        outcome.rejected_keys += b as u64;
-                        outcome.keys_written += unit.keys - (a + b) as u64;
-                    }
-                    0 => outcome.already_applied += 1,
-                    _ => outcome.conflicts.push((unit.partition, unit.shard, a)),
+                    ApplyReply::AlreadyApplied => outcome.already_applied += 1,
+                    refused => outcome.refusals.push(Refusal {
+                        partition: unit.partition,
+                        shard: unit.shard,
+                        reply: refused,
+                    }),
                 }
             }
         }
@@ -410,10 +517,11 @@ impl Sink {
         if let Some(e) = first_error {
             return Err(AttemptError::Redis(e));
         }
-        if outcome.rejected_keys > 0 {
-            tracing::warn!(
-                keys = outcome.rejected_keys,
-                "counter keys hold non-integer values; left untouched"
+        if outcome.rejected_keys > 0 || outcome.overflow_keys > 0 {
+            tracing::error!(
+                not_integer = outcome.rejected_keys,
+                overflow = outcome.overflow_keys,
+                "redis refused increments: counter keys hold non-integer values or would overflow; left unchanged (tally_keys_rejected_total)"
             );
         }
         Ok(outcome)
@@ -422,43 +530,52 @@ impl Sink {
     async fn try_init(
         &mut self,
         partitions: &[(i32, i64)],
-    ) -> Result<Vec<(i32, Vec<i64>)>, AttemptError> {
+    ) -> Result<Vec<(i32, Vec<FenceState>)>, AttemptError> {
         let conn = self.connection().await?;
         let shards = self.scope.layout.shards();
-        // One pipeline per shard: in a cluster each shard's keys share a slot.
-        let pipes: Vec<redis::Pipeline> = (0..shards)
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        // One script per shard: in a cluster a shard's marker and fences share a slot.
+        let cmds: Vec<redis::Cmd> = (0..shards)
             .map(|s| {
-                let mut pipe = redis::pipe();
-                for &(p, initial) in partitions {
-                    pipe.cmd("EVAL")
-                        .arg(script::INIT_LUA)
-                        .arg(1)
-                        .arg(self.scope.key(p, s))
-                        .arg(initial);
+                let mut cmd = redis::cmd("EVAL");
+                cmd.arg(script::INIT_LUA)
+                    .arg(partitions.len() + 1)
+                    .arg(self.scope.marker(s));
+                for &(p, _) in partitions {
+                    cmd.arg(self.scope.key(p, s));
                 }
-                pipe
+                cmd.arg(now_ms);
+                for &(p, fresh) in partitions {
+                    cmd.arg(p).arg(fresh);
+                }
+                cmd
             })
             .collect();
-        let results = futures::future::join_all(pipes.iter().map(|pipe| {
+        let results = futures::future::join_all(cmds.iter().map(|cmd| {
             let mut conn = conn.clone();
-            async move { conn.pipe(pipe).await }
+            async move { conn.query::<Value>(cmd).await }
         }))
         .await;
-        let mut per_shard: Vec<Vec<Value>> = Vec::with_capacity(shards as usize);
+        let mut per_shard: Vec<Vec<FenceState>> = Vec::with_capacity(shards as usize);
         for r in results {
-            per_shard.push(r?);
+            let items = match r? {
+                Value::Array(items) if items.len() == partitions.len() => items,
+                other => return Err(AttemptError::Reply(format!("fence states: {other:?}"))),
+            };
+            per_shard.push(
+                items
+                    .iter()
+                    .map(FenceState::parse)
+                    .collect::<Result<_, _>>()
+                    .map_err(AttemptError::Reply)?,
+            );
         }
-        let mut out = Vec::with_capacity(partitions.len());
-        for (i, &(p, _)) in partitions.iter().enumerate() {
-            let mut applied = Vec::with_capacity(shards as usize);
-            for values in &per_shard {
-                match values.get(i) {
-                    Some(Value::Int(n)) => applied.push(*n),
-                    other => return Err(AttemptError::Reply(format!("applied offset: {other:?}"))),
-                }
-            }
-            out.push((p, applied));
-        }
-        Ok(out)
+        Ok(partitions
+            .iter()
+            .enumerate()
+            .map(|(i, &(p, _))| (p, per_shard.iter().map(|states| states[i]).collect()))
+            .collect())
     }
 }

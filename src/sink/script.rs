@@ -1,21 +1,32 @@
-//! The Lua flush script and the commands that call it.
+//! The Lua scripts tally runs in Redis, the commands that call them, and their replies as types.
 //!
-//! One call applies one [`Unit`]: it checks the partition's applied offset for the unit's shard
-//! (compare-and-set), adds every delta, sets each new key's absolute expiry, and records the new
-//! applied offset — atomically, because Redis runs a script without interleaving other commands.
+//! One call of [`APPLY_LUA`] applies one [`Unit`]: it checks the partition's applied offset for
+//! the unit's shard (compare-and-set), adds every delta, sets each new key's absolute expiry, and
+//! records the new applied offset — atomically, because Redis runs a script without interleaving
+//! other commands.
+//!
+//! Beside the applied offsets (*fences*) each shard has a *state marker*: a hash that never
+//! expires, `<state_prefix>state:<group>:<topic>:<shard>`, with one field per partition holding a
+//! copy of its applied offset. It lets tally tell apart "Redis lost everything" (no marker, no
+//! fences: rebuild from Kafka) from "one fence is gone but the rest of the state is here" (the
+//! marker still names the partition: replaying blindly would count twice, so the partition stops).
 
-use redis::Cmd;
+use redis::{Cmd, Value};
 
 use crate::aggregate::Unit;
 
-/// Applies a unit. Returns `{status, a, b}`:
-/// * `{1, late, rejected}`: applied; `late` keys skipped because their expiry had passed,
-///   `rejected` keys whose value was not an integer (left untouched, counted).
-/// * `{0, applied, 0}`: already applied (a retry or replay); nothing written.
-/// * `{-1, applied, 0}`: Redis has applied a different range: the caller's view is stale.
-/// * `{-2, -1, 0}`: no applied offset recorded for this (partition, shard).
-///
-/// ARGV: start, end, check (`1`: look for keys without expiry), then per key: delta, expire-at.
+/// Applies a unit. KEYS: fence, marker, then the counter keys. ARGV: start, end, check (`1`: look
+/// for existing keys without expiry), partition, then per counter key: delta, expire-at.
+/// The reply is parsed by [`ApplyReply::parse`]:
+/// * `{1, late, overflow, rejected}`: applied; `late` keys skipped because their expiry had
+///   passed, `overflow` keys whose INCRBY would overflow, `rejected` keys holding something that
+///   is not an integer (both left untouched).
+/// * `{0, applied}`: already applied (a retry or replay); nothing written.
+/// * `{-1, applied}`: Redis has applied a different range: the caller's view is stale.
+/// * `{-2, copy}`: the fence is missing but the marker names the partition (`copy`: the marker's
+///   copy of the applied offset, `-1` if unreadable): part of tally's state was lost.
+/// * `{-3}`: the fence or the marker holds something that is not an offset.
+/// * `{-4}`: neither fence nor marker entry: Redis lost this shard's state (or never had it).
 ///
 /// Counter values are written with INCRBY. A key created by this increment (INCRBY returned the
 /// delta) gets PEXPIREAT window end + retention at once. An existing key already has its expiry
@@ -26,25 +37,38 @@ use crate::aggregate::Unit;
 /// An OOM error can only come from the first write (Redis lets a script that has written
 /// finish), so returning it leaves nothing half-applied.
 pub const APPLY_LUA: &str = r#"
-local applied = tonumber(redis.call('GET', KEYS[1]))
+local mtype = redis.call('TYPE', KEYS[2]).ok
+local function missing()
+  local copy = mtype == 'hash' and redis.call('HGET', KEYS[2], ARGV[4])
+  if not copy then return {-4} end
+  return {-2, tonumber(copy) or -1}
+end
 local start, stop = tonumber(ARGV[1]), tonumber(ARGV[2])
-if applied == nil then return {-2, -1, 0} end
-if applied >= stop then return {0, applied, 0} end
-if applied ~= start then return {-1, applied, 0} end
+local raw = redis.pcall('GET', KEYS[1])
+if type(raw) == 'table' or (mtype ~= 'none' and mtype ~= 'hash') then return {-3} end
+if not raw then return missing() end
+local applied = tonumber(raw)
+if applied == nil then return {-3} end
+if applied >= stop then return {0, applied} end
+if applied ~= start then return {-1, applied} end
 local check = ARGV[3] == '1'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local late, rejected = 0, 0
-for i = 2, #KEYS do
-  local at = ARGV[2 * i + 1]
+local late, overflow, rejected = 0, 0, 0
+for i = 3, #KEYS do
+  local at = ARGV[2 * i]
   if tonumber(at) <= now then
     late = late + 1
   else
-    local d = ARGV[2 * i]
+    local d = ARGV[2 * i - 1]
     local r = redis.pcall('INCRBY', KEYS[i], d)
     if type(r) == 'table' and r.err then
       if string.sub(r.err, 1, 3) == 'OOM' then return redis.error_reply(r.err) end
-      rejected = rejected + 1
+      if string.find(r.err, 'overflow', 1, true) then
+        overflow = overflow + 1
+      else
+        rejected = rejected + 1
+      end
     elseif r == tonumber(d) then
       redis.call('PEXPIREAT', KEYS[i], at)
     elseif check and redis.call('PTTL', KEYS[i]) == -1 then
@@ -53,39 +77,203 @@ for i = 2, #KEYS do
   end
 end
 redis.call('SET', KEYS[1], ARGV[2])
-return {1, late, rejected}
+redis.call('HSET', KEYS[2], ARGV[4], ARGV[2])
+return {1, late, overflow, rejected}
 "#;
 
-/// Sets the applied offset of a (partition, shard) if it has none, and returns the current one.
-pub const INIT_LUA: &str = r#"
-redis.call('SET', KEYS[1], ARGV[1], 'NX')
-return tonumber(redis.call('GET', KEYS[1]))
-"#;
-
-/// The EVALSHA command applying `unit`, whose applied offset lives at `fence_key`, checking
-/// every existing key for a missing expiry.
-pub fn apply_cmd(sha: &str, fence_key: &str, unit: &Unit) -> Cmd {
-    apply_cmd_with(sha, fence_key, unit, true)
+/// What Redis answered to one [`APPLY_LUA`] call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApplyReply {
+    /// The unit was applied.
+    Applied {
+        /// Keys skipped because their expiry passed before the script ran.
+        late: u64,
+        /// Keys whose INCRBY would overflow a 64-bit integer (left unchanged).
+        overflow: u64,
+        /// Keys holding a value that is not an integer, or another type (left unchanged).
+        rejected: u64,
+    },
+    /// Redis had already applied the unit's whole range (a retry or a replay).
+    AlreadyApplied,
+    /// Redis applied a different range: the caller's view is stale (zombie, or lost writes).
+    Conflict {
+        /// The offset Redis has applied up to.
+        applied: i64,
+    },
+    /// The fence is gone but the marker still names the partition: part of the state was lost.
+    FenceMissing {
+        /// The marker's copy of the applied offset, if readable.
+        marker_copy: Option<i64>,
+    },
+    /// The fence or marker holds something that is not an offset.
+    Corrupt,
+    /// No fence and no marker entry: Redis lost this shard's state.
+    StateLost,
 }
 
-/// Like [`apply_cmd`]; `check_ttl` says whether existing keys are checked for a missing expiry.
-pub fn apply_cmd_with(sha: &str, fence_key: &str, unit: &Unit, check_ttl: bool) -> Cmd {
+impl ApplyReply {
+    /// Parse a reply of [`APPLY_LUA`].
+    pub fn parse(value: &Value) -> Result<ApplyReply, String> {
+        let ints = int_array(value)?;
+        let at = |i: usize| ints.get(i).copied().ok_or_else(|| format!("{value:?}"));
+        let count = |i: usize| at(i).map(|n| n.max(0) as u64);
+        Ok(match at(0)? {
+            1 => ApplyReply::Applied {
+                late: count(1)?,
+                overflow: count(2)?,
+                rejected: count(3)?,
+            },
+            0 => ApplyReply::AlreadyApplied,
+            -1 => ApplyReply::Conflict { applied: at(1)? },
+            -2 => ApplyReply::FenceMissing {
+                marker_copy: Some(at(1)?).filter(|n| *n >= 0),
+            },
+            -3 => ApplyReply::Corrupt,
+            -4 => ApplyReply::StateLost,
+            _ => return Err(format!("unknown apply status: {value:?}")),
+        })
+    }
+}
+
+/// Reads (and where allowed creates) the fences of some partitions of one shard.
+/// KEYS: marker, then one fence per partition. ARGV: now (ms), then per partition: its number and
+/// where to start it if Redis has no state for it (`-1`: do not create). Returns per partition
+/// `{code, value}`, parsed by [`FenceState::parse`]:
+/// * `{1, applied}`: the fence exists (the marker's copy is refreshed);
+/// * `{2, start}`: created at `start`: the partition is new to this state;
+/// * `{-2, copy}`: the fence is missing but the marker names the partition (`copy`, or -1);
+/// * `{-3, 0}`: the fence or marker holds something that is not an offset;
+/// * `{-4, 0}`: no state and told not to create it.
+pub const INIT_LUA: &str = r#"
+local mtype = redis.call('TYPE', KEYS[1]).ok
+local out = {}
+for i = 2, #KEYS do
+  local p, fresh = ARGV[2 * i - 2], tonumber(ARGV[2 * i - 1])
+  local raw = redis.pcall('GET', KEYS[i])
+  local applied = type(raw) == 'string' and tonumber(raw) or nil
+  if mtype ~= 'none' and mtype ~= 'hash' then
+    out[#out + 1] = {-3, 0}
+  elseif type(raw) == 'table' or (raw and applied == nil) then
+    out[#out + 1] = {-3, 0}
+  elseif raw then
+    redis.call('HSET', KEYS[1], p, raw)
+    out[#out + 1] = {1, applied}
+  else
+    local copy = mtype == 'hash' and redis.call('HGET', KEYS[1], p)
+    if copy then
+      out[#out + 1] = {-2, tonumber(copy) or -1}
+    elseif fresh < 0 then
+      out[#out + 1] = {-4, 0}
+    else
+      redis.call('SET', KEYS[i], ARGV[2 * i - 1])
+      redis.call('HSET', KEYS[1], p, ARGV[2 * i - 1])
+      out[#out + 1] = {2, fresh}
+    end
+  end
+end
+if (mtype == 'hash' or mtype == 'none') and redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HSETNX', KEYS[1], 'created_ms', ARGV[1])
+end
+return out
+"#;
+
+/// What [`INIT_LUA`] found for one (partition, shard).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FenceState {
+    /// The fence exists: Redis has applied up to here.
+    Existing(i64),
+    /// The state had nothing for the partition; its fence was created here.
+    Created(i64),
+    /// The fence is gone but the marker names the partition.
+    Missing {
+        /// The marker's copy of the applied offset, if readable.
+        marker_copy: Option<i64>,
+    },
+    /// The fence or marker holds something that is not an offset.
+    Corrupt,
+    /// No state, and the caller asked not to create it.
+    Absent,
+}
+
+impl FenceState {
+    /// Parse one `{code, value}` item of an [`INIT_LUA`] reply.
+    pub fn parse(value: &Value) -> Result<FenceState, String> {
+        let ints = int_array(value)?;
+        let (code, n) = match ints.as_slice() {
+            [code, n] => (*code, *n),
+            _ => return Err(format!("fence state: {value:?}")),
+        };
+        Ok(match code {
+            1 => FenceState::Existing(n),
+            2 => FenceState::Created(n),
+            -2 => FenceState::Missing {
+                marker_copy: Some(n).filter(|n| *n >= 0),
+            },
+            -3 => FenceState::Corrupt,
+            -4 => FenceState::Absent,
+            _ => return Err(format!("unknown fence state: {value:?}")),
+        })
+    }
+}
+
+/// Sets the fence of one (partition, shard) and its copy in the marker (operator repair); a
+/// marker of another type (it then holds no copies) is replaced.
+/// KEYS: fence, marker. ARGV: partition, offset, now (ms).
+pub const SET_FENCE_LUA: &str = r#"
+local mtype = redis.call('TYPE', KEYS[2]).ok
+if mtype ~= 'none' and mtype ~= 'hash' then redis.call('DEL', KEYS[2]) end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+redis.call('HSETNX', KEYS[2], 'created_ms', ARGV[3])
+return 1
+"#;
+
+fn int_array(value: &Value) -> Result<Vec<i64>, String> {
+    match value {
+        Value::Array(items) => items
+            .iter()
+            .map(|v| match v {
+                Value::Int(n) => Ok(*n),
+                other => Err(format!("expected an integer, got {other:?}")),
+            })
+            .collect(),
+        other => Err(format!("expected an array, got {other:?}")),
+    }
+}
+
+/// The EVALSHA command applying `unit`; `check_ttl` says whether existing keys are checked for
+/// a missing expiry.
+pub fn apply_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha).arg(unit.keys.len() + 1).arg(fence_key);
+    cmd.arg(sha)
+        .arg(unit.keys.len() + 2)
+        .arg(&keys.fence)
+        .arg(&keys.marker);
     for (key, _) in &unit.keys {
         cmd.arg(&key[..]);
     }
     cmd.arg(unit.start)
         .arg(unit.end)
-        .arg(if check_ttl { "1" } else { "0" });
+        .arg(if check_ttl { "1" } else { "0" })
+        .arg(unit.partition);
     for (_, d) in &unit.keys {
         cmd.arg(d.delta).arg(d.expire_at_ms);
     }
     cmd
 }
 
-/// Where the applied offset of (partition, shard) lives (`tag`: the shard's cluster hash tag). Group and topic are escaped like
-/// dimension values so that no two (group, topic, partition, shard) share a key.
+/// The names of tally's own keys for one (partition, shard).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateKeys {
+    /// The applied offset of the (partition, shard).
+    pub fence: String,
+    /// The shard's state marker.
+    pub marker: String,
+}
+
+/// Where the applied offset of (partition, shard) lives (`tag`: the shard's cluster hash tag).
+/// Group and topic are escaped like dimension values so that no two (group, topic, partition,
+/// shard) share a key.
 pub fn fence_key(
     prefix: &str,
     group: &str,
@@ -94,13 +282,36 @@ pub fn fence_key(
     shard: u32,
     tag: Option<&str>,
 ) -> String {
+    state_key(
+        prefix,
+        "applied:",
+        group,
+        topic,
+        &format!(":{partition}:{shard}"),
+        tag,
+    )
+}
+
+/// The state marker of a shard: `<prefix>state:<group>:<topic>:<shard>` (plus the shard's tag).
+pub fn marker_key(prefix: &str, group: &str, topic: &str, shard: u32, tag: Option<&str>) -> String {
+    state_key(prefix, "state:", group, topic, &format!(":{shard}"), tag)
+}
+
+fn state_key(
+    prefix: &str,
+    kind: &str,
+    group: &str,
+    topic: &str,
+    suffix: &str,
+    tag: Option<&str>,
+) -> String {
     let mut buf = Vec::with_capacity(64);
     buf.extend_from_slice(prefix.as_bytes());
-    buf.extend_from_slice(b"applied:");
+    buf.extend_from_slice(kind.as_bytes());
     crate::key::escape_into(&mut buf, group);
     buf.push(b':');
     crate::key::escape_into(&mut buf, topic);
-    buf.extend_from_slice(format!(":{partition}:{shard}").as_bytes());
+    buf.extend_from_slice(suffix.as_bytes());
     if let Some(tag) = tag {
         // Same slot as the shard's counter keys, so one script can update both.
         buf.extend_from_slice(format!(":{{{tag}}}").as_bytes());

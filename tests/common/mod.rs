@@ -35,6 +35,7 @@ pub struct Running {
     pub token: CancellationToken,
     pub handle: JoinHandle<anyhow::Result<()>>,
     pub metrics: Metrics,
+    pub health: std::sync::Arc<tally::sink::Health>,
 }
 
 impl Running {
@@ -111,12 +112,14 @@ impl Harness {
     pub fn start(&self, config: Config) -> Running {
         let tally = Tally::new(config);
         let metrics = tally.metrics.clone();
+        let health = tally.health.clone();
         let token = CancellationToken::new();
         let handle = tokio::spawn(tally.run(token.clone()));
         Running {
             token,
             handle,
             metrics,
+            health,
         }
     }
 

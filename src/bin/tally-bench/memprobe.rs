@@ -4,9 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 use tally::gen::EventGen;
-use tally::sink::script::apply_cmd_with;
+use tally::sink::script::apply_cmd;
 
-use crate::pipeline_loop::{fence_key, load_bench_config, new_aggregator};
+use crate::pipeline_loop::{load_bench_config, new_aggregator, state_keys};
 use crate::proc_stats::{proc_status_mb, unix_ms};
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -53,7 +53,7 @@ pub fn role_memprobe(keys: u64, partitions: i32, capped: bool) -> anyhow::Result
     let sha = "0".repeat(40);
     let mut pipe = redis::pipe();
     for u in batch.units {
-        pipe.add_command(apply_cmd_with(&sha, &fence_key(u.partition), &u, false));
+        pipe.add_command(apply_cmd(&sha, &state_keys(u.partition), &u, false));
     }
     let packed = pipe.get_packed_pipeline();
     let write_buffer = packed.clone();

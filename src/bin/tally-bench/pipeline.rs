@@ -52,11 +52,16 @@ pub struct PipelineResult {
 
 /// The lines of `APPLY_LUA` that read, compare and record the applied offset.
 const FENCE_LINES: &[&str] = &[
-    "local applied = tonumber(redis.call('GET', KEYS[1]))",
-    "if applied == nil then return {-2, -1, 0} end",
-    "if applied >= stop then return {0, applied, 0} end",
-    "if applied ~= start then return {-1, applied, 0} end",
+    "local mtype = redis.call('TYPE', KEYS[2]).ok",
+    "local raw = redis.pcall('GET', KEYS[1])",
+    "if type(raw) == 'table' or (mtype ~= 'none' and mtype ~= 'hash') then return {-3} end",
+    "if not raw then return missing() end",
+    "local applied = tonumber(raw)",
+    "if applied == nil then return {-3} end",
+    "if applied >= stop then return {0, applied} end",
+    "if applied ~= start then return {-1, applied} end",
     "redis.call('SET', KEYS[1], ARGV[2])",
+    "redis.call('HSET', KEYS[2], ARGV[4], ARGV[2])",
 ];
 
 /// tally's flush script without the fencing: `APPLY_LUA` minus the GET / compare / SET of the
@@ -78,9 +83,9 @@ pub fn unfenced_lua() -> anyhow::Result<String> {
 /// Only the INCRBYs (no expiry, no lateness check, no fence): what Redis needs at least.
 /// Takes `APPLY_LUA`'s arguments: the (delta, expire-at) pairs are the last `2 × keys` of ARGV.
 pub const INCRBY_ONLY_LUA: &str = r#"
-local base = #ARGV - 2 * (#KEYS - 1)
-for i = 2, #KEYS do
-  redis.call('INCRBY', KEYS[i], ARGV[base + 2 * i - 3])
+local base = #ARGV - 2 * (#KEYS - 2)
+for i = 3, #KEYS do
+  redis.call('INCRBY', KEYS[i], ARGV[base + 2 * i - 5])
 end
 return {1, 0, 0}
 "#;

@@ -12,7 +12,7 @@ use tally::config::{Config, RedisMode};
 use tally::gen::EventGen;
 use tally::pipeline::build_stages;
 use tally::sink::layout::Layout;
-use tally::sink::script::{apply_cmd_with, APPLY_LUA};
+use tally::sink::script::{apply_cmd, StateKeys, APPLY_LUA};
 
 use crate::config_toml;
 use crate::proc_stats::{cpu_self, cpu_thread, unix_ms};
@@ -109,6 +109,13 @@ pub fn fence_key(p: i32) -> String {
     format!("tally:applied:bench-pipe:events:{p}:0")
 }
 
+pub fn state_keys(p: i32) -> StateKeys {
+    StateKeys {
+        fence: fence_key(p),
+        marker: "tally:state:bench-pipe:events:0".to_string(),
+    }
+}
+
 impl Flusher {
     pub fn start(url: &str, partitions: i32, ttl_check_every: u32) -> anyhow::Result<Flusher> {
         let mut conn = redis_conn(url)?;
@@ -150,7 +157,7 @@ pub fn apply_units(
 ) -> anyhow::Result<u64> {
     let mut pipe = redis::pipe();
     for u in units {
-        pipe.add_command(apply_cmd_with(sha, &fence_key(u.partition), u, check_ttl));
+        pipe.add_command(apply_cmd(sha, &state_keys(u.partition), u, check_ttl));
     }
     let replies: Vec<redis::Value> = pipe.query(conn)?;
     if fenced {
