@@ -92,7 +92,8 @@ pub struct RedisConfig {
     /// Time allowed to establish a connection.
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
-    /// Time allowed for one pipelined flush to answer before it is retried.
+    /// Time allowed for one request (one shard's pipelined flush) to answer before it is retried
+    /// on a fresh connection; bounds how long a dead or failed-over node stalls the flushes.
     #[serde(with = "humantime_serde")]
     pub response_timeout: Duration,
     /// Prefix of tally's own keys (applied offsets), kept apart from counter keys.
@@ -270,7 +271,7 @@ impl Default for RedisConfig {
             tls_cert_file: None,
             tls_key_file: None,
             connect_timeout: Duration::from_secs(5),
-            response_timeout: Duration::from_secs(30),
+            response_timeout: Duration::from_secs(5),
             state_prefix: "tally:".into(),
             allow_eviction: false,
         }
