@@ -36,50 +36,7 @@ use crate::aggregate::Unit;
 ///
 /// An OOM error can only come from the first write (Redis lets a script that has written
 /// finish), so returning it leaves nothing half-applied.
-pub const APPLY_LUA: &str = r#"
-local mtype = redis.call('TYPE', KEYS[2]).ok
-local function missing()
-  local copy = mtype == 'hash' and redis.call('HGET', KEYS[2], ARGV[4])
-  if not copy then return {-4} end
-  return {-2, tonumber(copy) or -1}
-end
-local start, stop = tonumber(ARGV[1]), tonumber(ARGV[2])
-local raw = redis.pcall('GET', KEYS[1])
-if type(raw) == 'table' or (mtype ~= 'none' and mtype ~= 'hash') then return {-3} end
-if not raw then return missing() end
-local applied = tonumber(raw)
-if applied == nil then return {-3} end
-if applied >= stop then return {0, applied} end
-if applied ~= start then return {-1, applied} end
-local check = ARGV[3] == '1'
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local late, overflow, rejected = 0, 0, 0
-for i = 3, #KEYS do
-  local at = ARGV[2 * i]
-  if tonumber(at) <= now then
-    late = late + 1
-  else
-    local d = ARGV[2 * i - 1]
-    local r = redis.pcall('INCRBY', KEYS[i], d)
-    if type(r) == 'table' and r.err then
-      if string.sub(r.err, 1, 3) == 'OOM' then return redis.error_reply(r.err) end
-      if string.find(r.err, 'overflow', 1, true) then
-        overflow = overflow + 1
-      else
-        rejected = rejected + 1
-      end
-    elseif r == tonumber(d) then
-      redis.call('PEXPIREAT', KEYS[i], at)
-    elseif check and redis.call('PTTL', KEYS[i]) == -1 then
-      redis.call('PEXPIREAT', KEYS[i], at)
-    end
-  end
-end
-redis.call('SET', KEYS[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[4], ARGV[2])
-return {1, late, overflow, rejected}
-"#;
+pub const APPLY_LUA: &str = include_str!("lua/apply.lua");
 
 /// What Redis answered to one [`APPLY_LUA`] call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,38 +101,7 @@ impl ApplyReply {
 /// * `{-2, copy}`: the fence is missing but the marker names the partition (`copy`, or -1);
 /// * `{-3, 0}`: the fence or marker holds something that is not an offset;
 /// * `{-4, 0}`: no state and told not to create it.
-pub const INIT_LUA: &str = r#"
-local mtype = redis.call('TYPE', KEYS[1]).ok
-local out = {}
-for i = 2, #KEYS do
-  local p, fresh = ARGV[2 * i - 2], tonumber(ARGV[2 * i - 1])
-  local raw = redis.pcall('GET', KEYS[i])
-  local applied = type(raw) == 'string' and tonumber(raw) or nil
-  if mtype ~= 'none' and mtype ~= 'hash' then
-    out[#out + 1] = {-3, 0}
-  elseif type(raw) == 'table' or (raw and applied == nil) then
-    out[#out + 1] = {-3, 0}
-  elseif raw then
-    redis.call('HSET', KEYS[1], p, raw)
-    out[#out + 1] = {1, applied}
-  else
-    local copy = mtype == 'hash' and redis.call('HGET', KEYS[1], p)
-    if copy then
-      out[#out + 1] = {-2, tonumber(copy) or -1}
-    elseif fresh < 0 then
-      out[#out + 1] = {-4, 0}
-    else
-      redis.call('SET', KEYS[i], ARGV[2 * i - 1])
-      redis.call('HSET', KEYS[1], p, ARGV[2 * i - 1])
-      out[#out + 1] = {2, fresh}
-    end
-  end
-end
-if (mtype == 'hash' or mtype == 'none') and redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('HSETNX', KEYS[1], 'created_ms', ARGV[1])
-end
-return out
-"#;
+pub const INIT_LUA: &str = include_str!("lua/init.lua");
 
 /// What [`INIT_LUA`] found for one (partition, shard).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,14 +145,7 @@ impl FenceState {
 /// Sets the fence of one (partition, shard) and its copy in the marker (operator repair); a
 /// marker of another type (it then holds no copies) is replaced.
 /// KEYS: fence, marker. ARGV: partition, offset, now (ms).
-pub const SET_FENCE_LUA: &str = r#"
-local mtype = redis.call('TYPE', KEYS[2]).ok
-if mtype ~= 'none' and mtype ~= 'hash' then redis.call('DEL', KEYS[2]) end
-redis.call('SET', KEYS[1], ARGV[2])
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-redis.call('HSETNX', KEYS[2], 'created_ms', ARGV[3])
-return 1
-"#;
+pub const SET_FENCE_LUA: &str = include_str!("lua/set_fence.lua");
 
 fn int_array(value: &Value) -> Result<Vec<i64>, String> {
     match value {
