@@ -10,10 +10,11 @@ use std::collections::HashMap;
 
 use ahash::RandomState;
 
-use crate::config::CounterConfig;
 use crate::decode::Event;
 use crate::key::KeyTemplate;
-use crate::window::{WindowCache, WindowSpec};
+use crate::model::layout::{shard_of, Layout};
+use crate::model::CounterSpec;
+use crate::window::WindowCache;
 
 /// One counter, compiled for the hot path.
 pub struct Counter {
@@ -32,27 +33,19 @@ pub struct Counter {
 }
 
 impl Counter {
-    /// Compile a validated counter. `field_index` maps an event field name to its decoder index.
-    pub fn new(
-        config: &CounterConfig,
-        field_index: impl Fn(&str) -> usize,
-    ) -> anyhow::Result<Counter> {
-        let tz: chrono_tz::Tz = config
-            .timezone
-            .parse()
-            .map_err(|_| anyhow::anyhow!("bad time zone {}", config.timezone))?;
-        let spec = WindowSpec::new(config.window, tz)?;
-        let template = KeyTemplate::parse(&config.key, &config.dimensions, &spec)?;
-        Ok(Counter {
-            name: config.name.clone(),
-            template,
-            windows: WindowCache::new(spec),
-            dims: config.dimensions.iter().map(|d| field_index(d)).collect(),
-            value: config.value_field.as_deref().map(&field_index),
-            retention_ms: config.retention.as_millis() as i64,
+    /// Prepare a compiled counter for the hot path. `field_index` maps an event field name to
+    /// its decoder index.
+    pub fn new(spec: &CounterSpec, field_index: impl Fn(&str) -> usize) -> Counter {
+        Counter {
+            name: spec.name.clone(),
+            template: spec.template.clone(),
+            windows: WindowCache::new(spec.window),
+            dims: spec.dimensions.iter().map(|d| field_index(d)).collect(),
+            value: spec.value_field.as_deref().map(&field_index),
+            retention_ms: spec.retention_ms,
             time_text: String::new(),
             time_window: None,
-        })
+        }
     }
 }
 
@@ -120,7 +113,7 @@ pub struct Aggregator {
     hasher: RandomState,
     key_buf: Vec<u8>,
     /// Cluster key layout: appends each key's shard hash tag. None: plain keys.
-    layout: Option<crate::sink::layout::Layout>,
+    layout: Option<Layout>,
     /// Partition a capped seal starts at next.
     seal_cursor: i32,
     /// Counts since the last `take_stats`.
@@ -150,7 +143,7 @@ impl Aggregator {
     }
 
     /// Use `layout` for shards and key tags (Redis Cluster).
-    pub fn with_layout(mut self, layout: crate::sink::layout::Layout) -> Aggregator {
+    pub fn with_layout(mut self, layout: Layout) -> Aggregator {
         self.shards = layout.shards();
         self.layout = Some(layout);
         self
@@ -472,10 +465,10 @@ fn target(
     now_ms: i64,
     key_buf: &mut Vec<u8>,
     shards: u32,
-    layout: Option<&crate::sink::layout::Layout>,
+    layout: Option<&Layout>,
 ) -> Option<Target> {
     let window = *counter.windows.get(event.ts_ms);
-    let expire_at_ms = window.end_ms.saturating_add(counter.retention_ms);
+    let expire_at_ms = crate::model::expire_at(window.end_ms, counter.retention_ms);
     if expire_at_ms <= now_ms {
         return None;
     }
@@ -512,20 +505,6 @@ pub struct Batch {
     pub keys: usize,
     /// Whether every pending key was sealed (false when a size cap stopped early).
     pub complete: bool,
-}
-
-/// Deterministic shard of a key: FNV-1a, stable across processes and versions, because a
-/// restarted replica must put an event in the same shard to know whether it was applied.
-pub fn shard_of(key: &[u8], shards: u32) -> u32 {
-    if shards <= 1 {
-        return 0;
-    }
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in key {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    (h % u64::from(shards)) as u32
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! keys are rendered here with chrono, independently of `key.rs`.
 
 use super::*;
-use crate::config::Config;
+use crate::config::{Config, CounterConfig};
 use crate::decode::Decoder;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};

@@ -7,16 +7,21 @@
 //! 2. [`decode`]: a JSON payload becomes an [`decode::Event`]: dimension values (borrowed from
 //!    the message), integer values and an event time. Bad messages are counted by reason and
 //!    skipped; they never stop the stream.
-//! 3. [`window`] and [`key`]: each counter maps an event to its window (aligned in a time
-//!    zone, DST-safe) and renders its key from a template, escaping values so keys are injective.
+//! 3. [`model`]: every counter is compiled once into a [`model::CounterSpec`] — its [`window`]
+//!    (aligned in a time zone, DST-safe), its [`key`] template (values escaped so keys are
+//!    injective) and its expiry — and [`model::layout`] decides key names: plain keys standalone;
+//!    in a cluster each key gets the hash tag of its shard, so a unit and its applied offset share
+//!    one slot. [`model::state_keys`] names tally's own keys. The model is pure (no I/O); the
+//!    stream path, queries and `tally state` all use it.
 //! 4. [`aggregate`]: deltas are summed in memory per key and window, grouped into *units*:
 //!    the contributions of one partition's offsets `[start, end)` to one shard.
 //! 5. [`sink`]: one task owns the Redis connection (standalone or cluster, [`sink::conn`]) and
 //!    applies units with a pipelined Lua script (INCRBY + absolute expiry), retrying until they
-//!    land. [`sink::layout`] decides key names: plain keys standalone; in a cluster each key gets
-//!    the hash tag of its shard, so a unit and its applied offset share one slot.
+//!    land. The scripts live in `src/sink/lua/`; [`sink::script`] parses their replies into types.
 //! 6. Offsets are committed to Kafka after the flush that contains them has landed.
 //!
+//! [`consumer`]'s recovery decides where a partition starts from what Redis holds (see "What
+//! makes a count exact"), and [`state`] is `tally state`, which inspects and repairs it.
 //! [`query`] computes a counter's key for given values (CLI and `GET /v1/count`); [`http`]
 //! serves it with `/metrics` and health; [`demo`], [`produce`], [`gen`] and [`local_redis`]
 //! run the pieces locally.
@@ -37,6 +42,12 @@
 //!   ends on a message boundary and holds at most `flush.max_keys_per_call` keys (+ one message),
 //!   which bounds how long one script call blocks Redis.
 //!
+//! Each shard also has a *state marker* (a hash that never expires, holding a copy of every
+//! partition's applied offset, written by the same script call). It separates "Redis lost
+//! everything" (no marker entry: rebuild from the earliest retained offset, or halt, per
+//! `recovery.on_state_lost`) from "one applied offset is gone or corrupt while the rest is there"
+//! (halt that partition: replaying would count twice).
+//!
 //! Kafka's committed offset follows Redis (for lag monitoring); Redis is the source of truth.
 //! If Redis loses writes (restart without persistence, failover before replication), it loses
 //! the matching applied offsets with them: the next flush finds the offset behind, the partition
@@ -54,6 +65,7 @@ pub mod http;
 pub mod key;
 pub mod local_redis;
 pub mod metrics;
+pub mod model;
 pub mod pipeline;
 pub mod produce;
 pub mod query;

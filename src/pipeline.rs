@@ -31,15 +31,14 @@ pub fn build_stages(config: &Config) -> anyhow::Result<(Decoder, Vec<Counter>)> 
         }
     }
     let decoder = Decoder::new(&config.decode, &fields);
-    let counters = config
-        .counters
+    let counters = crate::model::compile_all(&config.counters)?
         .iter()
-        .map(|c| {
-            Counter::new(c, |name| {
+        .map(|spec| {
+            Counter::new(spec, |name| {
                 decoder.field_index(name).expect("field registered above")
             })
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect();
     Ok((decoder, counters))
 }
 

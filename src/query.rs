@@ -6,11 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::config::{Config, RedisMode};
-use crate::key::KeyTemplate;
+use crate::config::Config;
+use crate::model::layout::Layout;
+use crate::model::CounterSpec;
 use crate::sink::conn::{Conn, Connector};
-use crate::sink::layout::Layout;
-use crate::window::WindowSpec;
 
 /// Why a query cannot be answered.
 #[derive(Debug, thiserror::Error)]
@@ -49,17 +48,9 @@ pub struct Answer {
     pub expire_at_ms: i64,
 }
 
-struct Compiled {
-    name: String,
-    dimensions: Vec<String>,
-    window: WindowSpec,
-    template: KeyTemplate,
-    retention_ms: i64,
-}
-
 /// Computes keys for a configuration and reads them.
 pub struct Query {
-    counters: Vec<Compiled>,
+    counters: Vec<CounterSpec>,
     layout: Layout,
     connector: Connector,
     conn: tokio::sync::Mutex<Option<Conn>>,
@@ -68,29 +59,9 @@ pub struct Query {
 impl Query {
     /// Build from a validated configuration.
     pub fn new(config: &Config) -> anyhow::Result<Query> {
-        let mut counters = Vec::new();
-        for c in &config.counters {
-            let tz: chrono_tz::Tz = c
-                .timezone
-                .parse()
-                .map_err(|_| anyhow::anyhow!("bad time zone"))?;
-            let window = WindowSpec::new(c.window, tz)?;
-            let template = KeyTemplate::parse(&c.key, &c.dimensions, &window)?;
-            counters.push(Compiled {
-                name: c.name.clone(),
-                dimensions: c.dimensions.clone(),
-                window,
-                template,
-                retention_ms: c.retention.as_millis() as i64,
-            });
-        }
-        let layout = match config.redis.mode {
-            RedisMode::Standalone => Layout::standalone(),
-            RedisMode::Cluster => Layout::cluster(config.redis.cluster_shards),
-        };
         Ok(Query {
-            counters,
-            layout,
+            counters: crate::model::compile_all(&config.counters)?,
+            layout: Layout::for_config(&config.redis),
             connector: Connector::new(&config.redis)?,
             conn: tokio::sync::Mutex::new(None),
         })
@@ -120,19 +91,15 @@ impl Query {
                     .ok_or_else(|| QueryError::MissingDimension(d.clone()))
             })
             .collect::<Result<Vec<&str>, _>>()?;
-        let window = c.window.window_of(at_ms);
-        let mut time = String::new();
-        c.template.format_time(window.local_start, &mut time);
-        let mut plain = Vec::new();
-        c.template.render(&mut plain, &values, &time);
-        let key = String::from_utf8_lossy(&self.layout.stored_key(&plain)).into_owned();
+        let (key, window) = c.key_at(&values, at_ms, &self.layout);
+        let key = String::from_utf8_lossy(&key).into_owned();
         Ok(Answer {
             counter: c.name.clone(),
             key,
             value: None,
             window_start_ms: window.start_ms,
             window_end_ms: window.end_ms,
-            expire_at_ms: window.end_ms + c.retention_ms,
+            expire_at_ms: c.expire_at(window.end_ms),
         })
     }
 

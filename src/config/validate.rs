@@ -4,8 +4,6 @@
 use std::net::SocketAddr;
 
 use super::{Config, ConfigError, RedisMode};
-use crate::key::KeyTemplate;
-use crate::window::WindowSpec;
 
 pub(super) fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
     ConfigError::Invalid {
@@ -197,16 +195,8 @@ impl Config {
             if c.retention > std::time::Duration::from_secs(100 * 365 * 86_400) {
                 return Err(invalid(at("retention"), "must be at most 100 years"));
             }
-            let tz: chrono_tz::Tz = c.timezone.parse().map_err(|_| {
-                invalid(
-                    at("timezone"),
-                    format!("`{}` is not an IANA time zone", c.timezone),
-                )
-            })?;
-            let window =
-                WindowSpec::new(c.window, tz).map_err(|e| invalid(at("window"), e.to_string()))?;
-            KeyTemplate::parse(&c.key, &c.dimensions, &window)
-                .map_err(|e| invalid(at("key"), e.to_string()))?;
+            crate::model::CounterSpec::compile(c)
+                .map_err(|e| invalid(at(e.field()), e.to_string()))?;
             if let Some(v) = &c.value_field {
                 if self.counters.iter().any(|o| o.dimensions.contains(v)) {
                     return Err(invalid(

@@ -6,7 +6,6 @@
 //! NOSCRIPT reload or a reconnect never counts twice.
 
 pub mod conn;
-pub mod layout;
 pub mod script;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::aggregate::Unit;
 use crate::config::{FlushConfig, RedisConfig};
 use crate::metrics::Metrics;
+pub use crate::model::state_keys::FenceScope;
 pub use script::{ApplyReply, FenceState};
 
 /// Whether the process' connections are usable, for `/health/ready`.
@@ -42,62 +42,6 @@ impl Health {
         self.kafka.load(Ordering::Relaxed)
             && self.redis.load(Ordering::Relaxed)
             && self.halted.lock().is_empty()
-    }
-}
-
-/// Where the applied offsets of one consumer live: prefix, group and topic.
-#[derive(Debug, Clone)]
-pub struct FenceScope {
-    /// `redis.state_prefix`.
-    pub prefix: String,
-    /// Consumer group id.
-    pub group: String,
-    /// Topic name.
-    pub topic: String,
-    /// Key layout: shards per partition and their hash tags.
-    pub layout: layout::Layout,
-}
-
-impl FenceScope {
-    /// The scope of the configured group, topic and deployment.
-    pub fn from_config(config: &crate::config::Config) -> FenceScope {
-        FenceScope {
-            prefix: config.redis.state_prefix.clone(),
-            group: config.kafka.group_id.clone(),
-            topic: config.kafka.topic.clone(),
-            layout: layout::Layout::for_config(&config.redis),
-        }
-    }
-
-    /// The applied-offset key of (partition, shard), tagged like the shard's counter keys.
-    pub fn key(&self, partition: i32, shard: u32) -> String {
-        script::fence_key(
-            &self.prefix,
-            &self.group,
-            &self.topic,
-            partition,
-            shard,
-            self.layout.tag(shard),
-        )
-    }
-
-    /// The state marker of `shard` (same slot as its fences).
-    pub fn marker(&self, shard: u32) -> String {
-        script::marker_key(
-            &self.prefix,
-            &self.group,
-            &self.topic,
-            shard,
-            self.layout.tag(shard),
-        )
-    }
-
-    /// Fence and marker of (partition, shard).
-    pub fn keys(&self, partition: i32, shard: u32) -> script::StateKeys {
-        script::StateKeys {
-            fence: self.key(partition, shard),
-            marker: self.marker(shard),
-        }
     }
 }
 

@@ -14,6 +14,7 @@
 use redis::{Cmd, Value};
 
 use crate::aggregate::Unit;
+pub use crate::model::state_keys::StateKeys;
 
 /// Applies a unit. KEYS: fence, marker, then the counter keys. ARGV: start, end, check (`1`: look
 /// for existing keys without expiry), partition, then per counter key: delta, expire-at.
@@ -179,61 +180,4 @@ pub fn apply_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool) -> C
         cmd.arg(d.delta).arg(d.expire_at_ms);
     }
     cmd
-}
-
-/// The names of tally's own keys for one (partition, shard).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StateKeys {
-    /// The applied offset of the (partition, shard).
-    pub fence: String,
-    /// The shard's state marker.
-    pub marker: String,
-}
-
-/// Where the applied offset of (partition, shard) lives (`tag`: the shard's cluster hash tag).
-/// Group and topic are escaped like dimension values so that no two (group, topic, partition,
-/// shard) share a key.
-pub fn fence_key(
-    prefix: &str,
-    group: &str,
-    topic: &str,
-    partition: i32,
-    shard: u32,
-    tag: Option<&str>,
-) -> String {
-    state_key(
-        prefix,
-        "applied:",
-        group,
-        topic,
-        &format!(":{partition}:{shard}"),
-        tag,
-    )
-}
-
-/// The state marker of a shard: `<prefix>state:<group>:<topic>:<shard>` (plus the shard's tag).
-pub fn marker_key(prefix: &str, group: &str, topic: &str, shard: u32, tag: Option<&str>) -> String {
-    state_key(prefix, "state:", group, topic, &format!(":{shard}"), tag)
-}
-
-fn state_key(
-    prefix: &str,
-    kind: &str,
-    group: &str,
-    topic: &str,
-    suffix: &str,
-    tag: Option<&str>,
-) -> String {
-    let mut buf = Vec::with_capacity(64);
-    buf.extend_from_slice(prefix.as_bytes());
-    buf.extend_from_slice(kind.as_bytes());
-    crate::key::escape_into(&mut buf, group);
-    buf.push(b':');
-    crate::key::escape_into(&mut buf, topic);
-    buf.extend_from_slice(suffix.as_bytes());
-    if let Some(tag) = tag {
-        // Same slot as the shard's counter keys, so one script can update both.
-        buf.extend_from_slice(format!(":{{{tag}}}").as_bytes());
-    }
-    String::from_utf8(buf).expect("escaped text stays UTF-8")
 }

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tally::local_redis::LocalCluster;
-use tally::sink::layout::Layout;
+use tally::model::layout::Layout;
 
 fn conn(port: u16) -> redis::Connection {
     redis::Client::open(format!("redis://127.0.0.1:{port}"))

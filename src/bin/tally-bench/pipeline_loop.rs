@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use tally::aggregate::{Aggregator, Unit};
 use tally::config::{Config, RedisMode};
 use tally::gen::EventGen;
+use tally::model::layout::Layout;
 use tally::pipeline::build_stages;
-use tally::sink::layout::Layout;
 use tally::sink::script::{apply_cmd, StateKeys, APPLY_LUA};
 
 use crate::config_toml;

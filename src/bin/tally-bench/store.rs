@@ -8,8 +8,8 @@ use anyhow::{bail, Context as _};
 
 use tally::config::Config;
 use tally::local_redis::LocalCluster;
-use tally::sink::layout::{key_slot, shard_tags, Layout};
-use tally::sink::script::fence_key;
+use tally::model::layout::{key_slot, shard_tags, Layout};
+use tally::model::state_keys::fence_key;
 
 use crate::redis_stats::{redis_conn, sum_counters};
 use crate::COUNTER_PATTERN;

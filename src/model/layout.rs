@@ -106,9 +106,23 @@ impl Layout {
     /// The stored key for a plain rendered key: itself, or with its shard's tag.
     pub fn stored_key(&self, plain: &[u8]) -> Vec<u8> {
         let mut key = plain.to_vec();
-        self.append_tag(&mut key, crate::aggregate::shard_of(plain, self.shards()));
+        self.append_tag(&mut key, shard_of(plain, self.shards()));
         key
     }
+}
+
+/// Deterministic shard of a key: FNV-1a, stable across processes and versions, because a
+/// restarted replica must put an event in the same shard to know whether it was applied.
+pub fn shard_of(key: &[u8], shards: u32) -> u32 {
+    if shards <= 1 {
+        return 0;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    (h % u64::from(shards)) as u32
 }
 
 #[cfg(test)]

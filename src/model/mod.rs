@@ -1,0 +1,106 @@
+//! The counter model: what a counter is, where its keys live, and the names of tally's own state
+//! keys. Pure — no I/O, no async runtime, no Kafka or Redis client — so every path (the stream
+//! pipeline, validation, queries, `tally state`, the coming request path) compiles a counter here
+//! once and computes keys and expiries the same way.
+
+pub mod layout;
+pub mod state_keys;
+
+use crate::config::CounterConfig;
+use crate::key::{KeyTemplate, TemplateError};
+use crate::window::{Window, WindowError, WindowSpec};
+
+/// One counter, compiled from its configuration.
+#[derive(Debug, Clone)]
+pub struct CounterSpec {
+    /// Name from the config: metric label and query name.
+    pub name: String,
+    /// Event fields the counter groups by, in template order.
+    pub dimensions: Vec<String>,
+    /// Window length and time zone.
+    pub window: WindowSpec,
+    /// Key template: literal text, dimension placeholders, one time placeholder.
+    pub template: KeyTemplate,
+    /// Extra key lifetime after the window ends, ms.
+    pub retention_ms: i64,
+    /// Integer field summed instead of counting 1 per event.
+    pub value_field: Option<String>,
+}
+
+/// Why a counter's configuration does not compile; `field()` names the offending key.
+#[derive(Debug, thiserror::Error)]
+pub enum SpecError {
+    /// Not an IANA time zone.
+    #[error("`{0}` is not an IANA time zone")]
+    TimeZone(String),
+    /// The window length is not usable.
+    #[error(transparent)]
+    Window(#[from] WindowError),
+    /// The key template is not injective or malformed.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+}
+
+impl SpecError {
+    /// The counter field the error is about (`timezone`, `window`, `key`).
+    pub fn field(&self) -> &'static str {
+        match self {
+            SpecError::TimeZone(_) => "timezone",
+            SpecError::Window(_) => "window",
+            SpecError::Template(_) => "key",
+        }
+    }
+}
+
+impl CounterSpec {
+    /// Compile one counter's configuration.
+    pub fn compile(config: &CounterConfig) -> Result<CounterSpec, SpecError> {
+        let tz: chrono_tz::Tz = config
+            .timezone
+            .parse()
+            .map_err(|_| SpecError::TimeZone(config.timezone.clone()))?;
+        let window = WindowSpec::new(config.window, tz)?;
+        let template = KeyTemplate::parse(&config.key, &config.dimensions, &window)?;
+        Ok(CounterSpec {
+            name: config.name.clone(),
+            dimensions: config.dimensions.clone(),
+            window,
+            template,
+            retention_ms: i64::try_from(config.retention.as_millis()).unwrap_or(i64::MAX),
+            value_field: config.value_field.clone(),
+        })
+    }
+
+    /// When a key of the window ending at `window_end_ms` expires (Unix ms): the one place that
+    /// computes it.
+    pub fn expire_at(&self, window_end_ms: i64) -> i64 {
+        expire_at(window_end_ms, self.retention_ms)
+    }
+
+    /// The stored key of `values` (in dimension order) for the window holding `at_ms`, and that
+    /// window.
+    pub fn key_at(
+        &self,
+        values: &[&str],
+        at_ms: i64,
+        layout: &layout::Layout,
+    ) -> (Vec<u8>, Window) {
+        let window = self.window.window_of(at_ms);
+        let mut time = String::new();
+        self.template.format_time(window.local_start, &mut time);
+        let mut plain = Vec::new();
+        self.template.render(&mut plain, values, &time);
+        (layout.stored_key(&plain), window)
+    }
+}
+
+/// When a key of a window ending at `window_end_ms` with `retention_ms` expires. Saturates:
+/// validation bounds retention, and a window end is at most year 9999.
+pub fn expire_at(window_end_ms: i64, retention_ms: i64) -> i64 {
+    window_end_ms.saturating_add(retention_ms)
+}
+
+/// Compile every counter of a configuration, in order.
+pub fn compile_all(counters: &[CounterConfig]) -> Result<Vec<CounterSpec>, SpecError> {
+    counters.iter().map(CounterSpec::compile).collect()
+}

@@ -1,0 +1,118 @@
+//! The names of tally's own keys in Redis: per (partition, shard) the applied offset (*fence*),
+//! per shard the *state marker*. Tagged like the shard's counter keys, so a flush unit, its fence
+//! and its marker share one cluster slot.
+
+use super::layout::Layout;
+
+/// Where the applied offsets of one consumer live: prefix, group and topic.
+#[derive(Debug, Clone)]
+pub struct FenceScope {
+    /// `redis.state_prefix`.
+    pub prefix: String,
+    /// Consumer group id.
+    pub group: String,
+    /// Topic name.
+    pub topic: String,
+    /// Key layout: shards per partition and their hash tags.
+    pub layout: Layout,
+}
+
+impl FenceScope {
+    /// The scope of the configured group, topic and deployment.
+    pub fn from_config(config: &crate::config::Config) -> FenceScope {
+        FenceScope {
+            prefix: config.redis.state_prefix.clone(),
+            group: config.kafka.group_id.clone(),
+            topic: config.kafka.topic.clone(),
+            layout: Layout::for_config(&config.redis),
+        }
+    }
+
+    /// The applied-offset key of (partition, shard), tagged like the shard's counter keys.
+    pub fn key(&self, partition: i32, shard: u32) -> String {
+        fence_key(
+            &self.prefix,
+            &self.group,
+            &self.topic,
+            partition,
+            shard,
+            self.layout.tag(shard),
+        )
+    }
+
+    /// The state marker of `shard` (same slot as its fences).
+    pub fn marker(&self, shard: u32) -> String {
+        marker_key(
+            &self.prefix,
+            &self.group,
+            &self.topic,
+            shard,
+            self.layout.tag(shard),
+        )
+    }
+
+    /// Fence and marker of (partition, shard).
+    pub fn keys(&self, partition: i32, shard: u32) -> StateKeys {
+        StateKeys {
+            fence: self.key(partition, shard),
+            marker: self.marker(shard),
+        }
+    }
+}
+
+/// The names of tally's own keys for one (partition, shard).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateKeys {
+    /// The applied offset of the (partition, shard).
+    pub fence: String,
+    /// The shard's state marker.
+    pub marker: String,
+}
+
+/// Where the applied offset of (partition, shard) lives (`tag`: the shard's cluster hash tag).
+/// Group and topic are escaped like dimension values so that no two (group, topic, partition,
+/// shard) share a key.
+pub fn fence_key(
+    prefix: &str,
+    group: &str,
+    topic: &str,
+    partition: i32,
+    shard: u32,
+    tag: Option<&str>,
+) -> String {
+    state_key(
+        prefix,
+        "applied:",
+        group,
+        topic,
+        &format!(":{partition}:{shard}"),
+        tag,
+    )
+}
+
+/// The state marker of a shard: `<prefix>state:<group>:<topic>:<shard>` (plus the shard's tag).
+pub fn marker_key(prefix: &str, group: &str, topic: &str, shard: u32, tag: Option<&str>) -> String {
+    state_key(prefix, "state:", group, topic, &format!(":{shard}"), tag)
+}
+
+fn state_key(
+    prefix: &str,
+    kind: &str,
+    group: &str,
+    topic: &str,
+    suffix: &str,
+    tag: Option<&str>,
+) -> String {
+    let mut buf = Vec::with_capacity(64);
+    buf.extend_from_slice(prefix.as_bytes());
+    buf.extend_from_slice(kind.as_bytes());
+    crate::key::escape_into(&mut buf, group);
+    buf.push(b':');
+    crate::key::escape_into(&mut buf, topic);
+    buf.extend_from_slice(suffix.as_bytes());
+    if let Some(tag) = tag {
+        // Same slot as the shard's counter keys, so one script can update both.
+        buf.extend_from_slice(format!(":{{{tag}}}").as_bytes());
+    }
+    String::from_utf8(buf).expect("escaped text stays UTF-8")
+}
