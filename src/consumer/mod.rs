@@ -7,6 +7,7 @@
 //! flush so that lag monitoring works. Redis is the source of truth.
 
 mod dead_letter;
+pub mod policy;
 mod rebalance;
 mod recovery;
 mod worker;
@@ -29,6 +30,7 @@ use crate::metrics::Metrics;
 use crate::sink::Health;
 
 pub use dead_letter::DeadLetters;
+pub use policy::FlushPolicy;
 pub use worker::{StateAccess, Worker};
 
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);

@@ -16,6 +16,7 @@ use crate::decode::{DecodeError, Decoder};
 use crate::metrics::{Metrics, DECODE_REASONS};
 use crate::sink::{ApplyReply, FlushOutcome, Health, SinkRequest};
 
+use super::policy::{FlushPolicy, Pending};
 use super::recovery::{Halt, Rebuild};
 
 use super::TallyContext;
@@ -39,6 +40,8 @@ pub struct Worker {
     pub(super) metrics: Metrics,
     pub(super) topic: String,
     pub(super) flush: FlushConfig,
+    /// When to flush and when to pause.
+    pub(super) policy: FlushPolicy,
     pub(super) start_from: StartFrom,
     /// When the oldest unflushed message was processed.
     pub(super) batch_started: Option<Instant>,
@@ -96,6 +99,7 @@ impl Worker {
             in_flight: None,
             metrics,
             topic,
+            policy: FlushPolicy::new(&flush),
             flush,
             start_from: state.start_from,
             batch_started: None,
@@ -181,6 +185,15 @@ impl Worker {
         }
     }
 
+    /// What waits for Redis now, for the flush policy.
+    fn pending(&self) -> Pending {
+        Pending {
+            oldest: self.batch_started.map(|t| t.elapsed()),
+            keys: self.agg.pending_keys(),
+            in_flight: self.in_flight.as_ref().map(|f| f.keys),
+        }
+    }
+
     /// Periodic work between messages: collect a finished flush, start one, apply backpressure.
     pub(super) fn tick(&mut self, consumer: &BaseConsumer<TallyContext>) {
         if let Some(f) = &self.in_flight {
@@ -190,17 +203,14 @@ impl Worker {
                 Err(std_mpsc::TryRecvError::Disconnected) => self.in_flight = None,
             }
         }
-        let due = self
-            .batch_started
-            .is_some_and(|t| t.elapsed() >= self.flush.interval)
-            || self.agg.pending_keys() >= self.flush.max_keys;
-        if self.in_flight.is_none() && due {
-            self.start_flush(None, self.flush.max_keys);
+        let mut load = self.pending();
+        if self.policy.flush_due(&load) {
+            self.start_flush(None, self.policy.batch_keys());
+            load = self.pending();
         }
-        let pending = self.agg.pending_keys() + self.in_flight.as_ref().map_or(0, |f| f.keys);
-        let over = self.in_flight.is_some() && pending >= self.flush.max_pending_keys;
-        if over != self.paused {
-            self.set_paused(consumer, over);
+        let pause = self.policy.pause(&load);
+        if pause != self.paused {
+            self.set_paused(consumer, pause);
         }
         if self.last_publish.elapsed() >= Duration::from_millis(200) {
             self.publish();

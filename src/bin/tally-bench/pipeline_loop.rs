@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use tally::aggregate::{Aggregator, Unit};
 use tally::config::{Config, RedisMode};
+use tally::consumer::policy::{FlushPolicy, Pending};
 use tally::gen::EventGen;
 use tally::model::layout::Layout;
 use tally::pipeline::build_stages;
@@ -172,7 +173,7 @@ pub fn apply_units(
 }
 
 /// decode → aggregate → seal over `msgs` on this thread, as the consumer thread does it
-/// (`Worker::tick` and `start_flush` in `src/consumer/worker.rs`): a flush is due at
+/// (the product's `FlushPolicy`, as `Worker::tick` uses it): a flush is due at
 /// `flush.max_keys` pending keys or `flush.interval` after the batch started, and seals at most
 /// about `flush.max_keys` keys (`Aggregator::seal_up_to`); a capped flush leaves the rest due, so
 /// the next one starts as soon as this one lands. With a `flusher`, at most one flush is in
@@ -185,7 +186,7 @@ pub fn run_loop(
     flusher: Option<&Flusher>,
 ) -> anyhow::Result<LoopResult> {
     let (decoder, mut agg) = new_aggregator(config, partitions)?;
-    let flush = &config.flush;
+    let policy = FlushPolicy::new(&config.flush);
     let mut out = LoopResult::default();
     let mut in_flight: Option<usize> = None;
     let mut batch_started: Option<Instant> = None;
@@ -221,7 +222,7 @@ pub fn run_loop(
                        out: &mut LoopResult,
                        in_flight: &mut Option<usize>|
      -> anyhow::Result<bool> {
-        let batch = agg.seal_up_to(None, flush.max_keys);
+        let batch = agg.seal_up_to(None, policy.batch_keys());
         if !batch.units.is_empty() {
             out.keys_sealed += batch.keys as u64;
             out.flushes += 1;
@@ -236,13 +237,17 @@ pub fn run_loop(
         if i % 64 == 0 {
             now_ms = unix_ms();
             collect(&mut out, false, &mut in_flight)?;
-            let due = batch_started.is_some_and(|t| t.elapsed() >= flush.interval)
-                || agg.pending_keys() >= flush.max_keys;
-            if due && in_flight.is_none() && start_flush(&mut agg, &mut out, &mut in_flight)? {
+            let load = |agg: &Aggregator, started: Option<Instant>, in_flight| Pending {
+                oldest: started.map(|t| t.elapsed()),
+                keys: agg.pending_keys(),
+                in_flight,
+            };
+            if policy.flush_due(&load(&agg, batch_started, in_flight))
+                && start_flush(&mut agg, &mut out, &mut in_flight)?
+            {
                 batch_started = None;
             }
-            let pending = agg.pending_keys() + in_flight.unwrap_or(0);
-            if in_flight.is_some() && pending >= flush.max_pending_keys {
+            if policy.pause(&load(&agg, batch_started, in_flight)) {
                 collect(&mut out, true, &mut in_flight)?;
             }
         }

@@ -1,0 +1,111 @@
+//! When to flush and when to stop reading: a pure policy over what is pending, shared by the
+//! consumer and the benchmark, unit-tested without Kafka or Redis.
+
+use std::time::Duration;
+
+use crate::config::FlushConfig;
+
+/// The flush and backpressure rules of `[flush]`.
+#[derive(Debug, Clone, Copy)]
+pub struct FlushPolicy {
+    /// Flush at least this long after the oldest unflushed message was read.
+    interval: Duration,
+    /// Flush as soon as this many keys are pending (and cap one flush near it).
+    max_keys: usize,
+    /// Stop reading while a flush is in flight and this many keys wait in memory and in flight.
+    max_pending_keys: usize,
+}
+
+/// What is waiting right now.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pending {
+    /// How long ago the oldest unflushed message was read (None: nothing unflushed).
+    pub oldest: Option<Duration>,
+    /// Keys held in memory.
+    pub keys: usize,
+    /// Keys of the flush in flight (None: no flush in flight).
+    pub in_flight: Option<usize>,
+}
+
+impl FlushPolicy {
+    /// The policy of a validated `[flush]` section.
+    pub fn new(flush: &FlushConfig) -> FlushPolicy {
+        FlushPolicy {
+            interval: flush.interval,
+            max_keys: flush.max_keys,
+            max_pending_keys: flush.max_pending_keys,
+        }
+    }
+
+    /// Keys a regular flush seals at most (revoke and shutdown flush everything).
+    pub fn batch_keys(&self) -> usize {
+        self.max_keys
+    }
+
+    /// Start a flush now? Only one flush is in flight at a time, which keeps each partition's
+    /// units in order.
+    pub fn flush_due(&self, p: &Pending) -> bool {
+        p.in_flight.is_none()
+            && (p.oldest.is_some_and(|age| age >= self.interval) || p.keys >= self.max_keys)
+    }
+
+    /// Stop reading until the flush in flight lands? Memory stays bounded while Redis is slow
+    /// or down; without a flush in flight, the next flush relieves the pressure instead.
+    pub fn pause(&self, p: &Pending) -> bool {
+        p.in_flight
+            .is_some_and(|f| p.keys + f >= self.max_pending_keys)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy() -> FlushPolicy {
+        FlushPolicy::new(&FlushConfig {
+            interval: Duration::from_secs(1),
+            max_keys: 100,
+            max_pending_keys: 1_000,
+            ..FlushConfig::default()
+        })
+    }
+
+    #[test]
+    fn flush_is_due_by_age_or_size_never_while_one_is_in_flight() {
+        let p = policy();
+        let young = Pending {
+            oldest: Some(Duration::from_millis(999)),
+            keys: 99,
+            in_flight: None,
+        };
+        assert!(!p.flush_due(&young));
+        assert!(!p.flush_due(&Pending::default()), "nothing pending");
+        let old = Pending {
+            oldest: Some(Duration::from_secs(1)),
+            ..young
+        };
+        assert!(p.flush_due(&old));
+        let big = Pending { keys: 100, ..young };
+        assert!(p.flush_due(&big));
+        assert!(!p.flush_due(&Pending {
+            in_flight: Some(1),
+            ..big
+        }));
+    }
+
+    #[test]
+    fn pauses_only_above_the_bound_with_a_flush_in_flight() {
+        let p = policy();
+        let mut load = Pending {
+            oldest: Some(Duration::ZERO),
+            keys: 900,
+            in_flight: Some(99),
+        };
+        assert!(!p.pause(&load));
+        load.in_flight = Some(100);
+        assert!(p.pause(&load));
+        load.in_flight = None;
+        load.keys = 5_000;
+        assert!(!p.pause(&load), "the next flush relieves it");
+    }
+}
