@@ -1,0 +1,44 @@
+//! Replays the fuzz corpus (`fuzz/seeds/` and `fuzz/corpus/`) through the fuzz targets' own
+//! bodies, so inputs that once found a bug, and the coverage the fuzzer reached, stay checked
+//! by the normal test suite without a fuzzer. See `fuzz/README.md`.
+
+use std::path::Path;
+
+#[path = "../fuzz/src/lib.rs"]
+mod targets;
+
+/// Feeds every file under `fuzz/{seeds,corpus}/<target>/` to `run`; returns how many.
+fn replay(target: &str, run: fn(&[u8])) -> usize {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+    let mut count = 0;
+    for dir in ["seeds", "corpus"] {
+        let dir = root.join(dir).join(target);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries {
+            let path = entry.expect("read corpus dir").path();
+            let data = std::fs::read(&path).expect("read corpus file");
+            let outcome = std::panic::catch_unwind(|| run(&data));
+            assert!(outcome.is_ok(), "{} panicked", path.display());
+            count += 1;
+        }
+    }
+    assert!(count > 0, "no corpus for {target}");
+    count
+}
+
+#[test]
+fn decode_corpus() {
+    replay("decode", targets::decode);
+}
+
+#[test]
+fn key_template_corpus() {
+    replay("key_template", targets::key_template);
+}
+
+#[test]
+fn config_corpus() {
+    replay("config", targets::config);
+}
