@@ -34,6 +34,7 @@ fn decoders() -> &'static [(Decoder, Option<i64>)] {
             max_message_bytes: 4096,
             max_value_bytes: 64,
             dead_letter_topic: None,
+            ..DecodeConfig::default()
         };
         let mut out = Vec::new();
         for kafka_ts in [Some(1_722_531_600_123), None, Some(i64::MIN)] {
