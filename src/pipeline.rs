@@ -104,13 +104,14 @@ impl Tally {
         sink.preflight().await.map_err(|e| anyhow::anyhow!(e))?;
         let (sink_tx, sink_rx) = tokio::sync::mpsc::unbounded_channel();
         let abort = CancellationToken::new();
-        let sink_task = tokio::spawn(sink.run(sink_rx, abort.clone()));
+        let mut sink_task = Some(tokio::spawn(sink.run(sink_rx, abort.clone())));
 
         let http_stop = CancellationToken::new();
+        let mut http_task = None;
         if !config.http.listen.is_empty() {
             let addr = config.http.listen.parse().context("http.listen")?;
             let query = Arc::new(crate::query::Query::new(&config)?);
-            let (local, _) = crate::http::serve(
+            let (local, handle) = crate::http::serve(
                 addr,
                 self.metrics.clone(),
                 self.health.clone(),
@@ -120,6 +121,7 @@ impl Tally {
             .await
             .with_context(|| format!("cannot listen on {addr}"))?;
             tracing::info!(%local, "serving /metrics and /health");
+            http_task = Some(handle);
         }
 
         let mut worker = Worker::new(
@@ -147,17 +149,47 @@ impl Tally {
             .context("kafka configuration")?;
         let grace = config.flush.shutdown_grace;
         tracing::info!(topic = %config.kafka.topic, group = %config.kafka.group_id, "consuming");
-        let thread = std::thread::Builder::new()
+        // The thread reports its end over a channel rather than being joined from a blocking
+        // task: if closing the Kafka consumer hangs, the process can still exit.
+        let (done_tx, mut join) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
             .name("tally-consumer".into())
-            .spawn(move || consumer::run(consumer, grace))?;
-        let mut join = tokio::task::spawn_blocking(move || thread.join());
+            .spawn(move || {
+                let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    consumer::run(consumer, grace)
+                }));
+                let _ = done_tx.send(result);
+            })?;
         // The final flush is bounded by `grace`; closing the Kafka consumer can hang on a group
         // rebalance in progress, so it gets a bounded wait too. Nothing is lost if it is cut:
         // Redis holds the applied offsets.
         let limit = grace + Duration::from_secs(10);
-        let joined = tokio::select! {
-            joined = &mut join => Some(joined),
-            _ = async { shutdown.cancelled().await; tokio::time::sleep(limit).await } => None,
+        // Supervision: the sink and the HTTP server run until the consumer is done. If either
+        // stops on its own, that is a failure: shutdown is cancelled (the consumer flushes what
+        // it can and commits) and the process exits non-zero.
+        let mut failure: Option<anyhow::Error> = None;
+        let joined = loop {
+            tokio::select! {
+                joined = &mut join => break Some(joined),
+                ended = async { sink_task.as_mut().expect("guarded").await }, if sink_task.is_some() => {
+                    sink_task = None;
+                    // After shutdown the consumer drops its sender and the sink ends normally.
+                    if !shutdown.is_cancelled() || ended.is_err() {
+                        tracing::error!(?ended, "the redis sink stopped unexpectedly; shutting down");
+                        failure.get_or_insert_with(|| anyhow::anyhow!("the redis sink stopped unexpectedly"));
+                        shutdown.cancel();
+                    }
+                }
+                ended = async { http_task.as_mut().expect("guarded").await }, if http_task.is_some() => {
+                    http_task = None;
+                    if !http_stop.is_cancelled() {
+                        tracing::error!(?ended, "the http server stopped unexpectedly; shutting down");
+                        failure.get_or_insert_with(|| anyhow::anyhow!("the http server stopped unexpectedly"));
+                        shutdown.cancel();
+                    }
+                }
+                _ = async { shutdown.cancelled().await; tokio::time::sleep(limit).await } => break None,
+            }
         };
         let Some(joined) = joined else {
             tracing::warn!(
@@ -166,18 +198,23 @@ impl Tally {
             );
             abort.cancel();
             http_stop.cancel();
-            return Ok(());
+            return failure.map_or(Ok(()), Err);
         };
 
         // The consumer (and with it the sink's sender) is gone: the sink finishes what it has.
-        if tokio::time::timeout(grace, sink_task).await.is_err() {
-            abort.cancel();
+        if let Some(task) = sink_task {
+            if tokio::time::timeout(grace, task).await.is_err() {
+                abort.cancel();
+            }
         }
         http_stop.cancel();
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
         match joined {
             Ok(Ok(result)) => result.context("kafka consumer"),
             Ok(Err(_)) => anyhow::bail!("consumer thread panicked"),
-            Err(e) => anyhow::bail!("consumer thread: {e}"),
+            Err(_) => anyhow::bail!("consumer thread ended without a result"),
         }
     }
 }

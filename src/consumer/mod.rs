@@ -187,7 +187,13 @@ impl ConsumerContext for TallyContext {
         self.health
             .kafka
             .store(true, std::sync::atomic::Ordering::Relaxed);
-        let assigned = consumer.assignment().map_or(0, |a| a.count());
+        // While the consumer closes, librdkafka's main thread may be waiting for this callback:
+        // asking it for the assignment then blocks forever.
+        let assigned = if self.shutdown.is_cancelled() {
+            0
+        } else {
+            consumer.assignment().map_or(0, |a| a.count())
+        };
         self.metrics.assigned_partitions.set(assigned as i64);
     }
 }
