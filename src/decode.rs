@@ -44,7 +44,20 @@ pub enum DecodeError {
 }
 
 impl DecodeError {
-    /// The metric label for this error (see `metrics::DECODE_REASONS`).
+    /// Every reason, in `index` order.
+    pub const ALL: [DecodeError; 9] = [
+        DecodeError::Empty,
+        DecodeError::TooLarge,
+        DecodeError::NotUtf8,
+        DecodeError::NotJson,
+        DecodeError::MissingField,
+        DecodeError::WrongType,
+        DecodeError::BadTimestamp,
+        DecodeError::FutureTime,
+        DecodeError::Overflow,
+    ];
+
+    /// The metric label for this error.
     pub fn reason(self) -> &'static str {
         match self {
             DecodeError::Empty => "empty",
@@ -59,7 +72,7 @@ impl DecodeError {
         }
     }
 
-    /// Index into `metrics::DECODE_REASONS`, for per-batch counting without string lookups.
+    /// Index into [`DecodeError::ALL`], for per-batch counting without string lookups.
     pub fn index(self) -> usize {
         self as usize
     }

@@ -165,3 +165,13 @@ fn event_time_past_max_future_is_bad_input() {
         DecodeError::FutureTime
     );
 }
+
+#[test]
+fn every_reason_has_its_index_and_a_distinct_label() {
+    for (i, e) in DecodeError::ALL.iter().enumerate() {
+        assert_eq!(e.index(), i);
+    }
+    let labels: std::collections::BTreeSet<_> =
+        DecodeError::ALL.iter().map(|e| e.reason()).collect();
+    assert_eq!(labels.len(), DecodeError::ALL.len());
+}

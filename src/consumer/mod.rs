@@ -26,7 +26,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RebalanceKind, ResetReason};
 use crate::sink::Health;
 
 pub use dead_letter::DeadLetters;
@@ -149,7 +149,7 @@ impl ConsumerContext for TallyContext {
         let mut worker = guard.borrow_mut();
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                self.metrics.rebalances.with_label_values(&["assign"]).inc();
+                self.metrics.rebalanced(RebalanceKind::Assign);
                 if !self.shutdown.is_cancelled() {
                     worker.on_assign(consumer, tpl);
                 }
@@ -165,7 +165,7 @@ impl ConsumerContext for TallyContext {
                 r
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                self.metrics.rebalances.with_label_values(&["revoke"]).inc();
+                self.metrics.rebalanced(RebalanceKind::Revoke);
                 worker.on_revoke(consumer, tpl);
                 if cooperative {
                     consumer.incremental_unassign(tpl)
@@ -229,10 +229,7 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
                 if is_offset_reset(&e) {
                     // librdkafka moved a partition to the start of the log because the
                     // position it was reading had been deleted: what lay between is lost.
-                    ctx.metrics
-                        .offset_resets
-                        .with_label_values(&["auto_reset"])
-                        .inc();
+                    ctx.metrics.offset_reset(ResetReason::AutoReset);
                     tracing::error!(error = %e, "kafka reset a partition's position: offsets deleted by retention before tally read them are lost");
                 } else if let Some(suppressed) = ctx.kafka_log.allow() {
                     tracing::warn!(error = %e, suppressed, "kafka consume error");

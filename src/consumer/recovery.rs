@@ -20,6 +20,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::config::{OnStateLost, StartFrom};
+use crate::metrics::{HaltReason, ResetReason};
 use crate::sink::{FenceState, SinkRequest};
 
 use super::worker::Worker;
@@ -51,15 +52,15 @@ pub(super) enum Halt {
 }
 
 impl Halt {
-    /// Metric label (see `metrics::HALT_REASONS`).
-    pub(super) fn reason(&self) -> &'static str {
+    /// The metric label.
+    pub(super) fn reason(&self) -> HaltReason {
         match self {
-            Halt::RedisUnavailable(_) => "redis_unavailable",
-            Halt::KafkaUnavailable(_) => "kafka_unavailable",
-            Halt::FenceMissing { .. } => "fence_missing",
-            Halt::FenceCorrupt { .. } => "fence_corrupt",
-            Halt::StateLost => "state_lost",
-            Halt::BeyondEnd { .. } => "beyond_end",
+            Halt::RedisUnavailable(_) => HaltReason::RedisUnavailable,
+            Halt::KafkaUnavailable(_) => HaltReason::KafkaUnavailable,
+            Halt::FenceMissing { .. } => HaltReason::FenceMissing,
+            Halt::FenceCorrupt { .. } => HaltReason::FenceCorrupt,
+            Halt::StateLost => HaltReason::StateLost,
+            Halt::BeyondEnd { .. } => HaltReason::BeyondEnd,
         }
     }
 
@@ -185,10 +186,7 @@ impl Worker {
         }
         let start = applied.iter().copied().min().unwrap_or(low);
         if start > high {
-            self.metrics
-                .offset_resets
-                .with_label_values(&["beyond_end"])
-                .inc();
+            self.metrics.offset_reset(ResetReason::BeyondEnd);
             return Err(Halt::BeyondEnd {
                 applied: start,
                 high,
@@ -214,10 +212,7 @@ impl Worker {
             tracing::info!(partition = p, start, "partition new to tally's state");
         }
         if start < low {
-            self.metrics
-                .offset_resets
-                .with_label_values(&["before_log_start"])
-                .inc();
+            self.metrics.offset_reset(ResetReason::BeforeLogStart);
             tracing::error!(
                 partition = p,
                 applied = start,
@@ -287,16 +282,13 @@ impl Worker {
 
     /// Readiness and the per-reason gauge follow the parked set.
     fn publish_halts(&self) {
-        for reason in crate::metrics::HALT_REASONS {
+        for &reason in HaltReason::ALL {
             let n = self
                 .parked
                 .values()
-                .filter(|h| h.reason() == *reason)
+                .filter(|h| h.reason() == reason)
                 .count();
-            self.metrics
-                .partitions_halted
-                .with_label_values(&[reason])
-                .set(n as i64);
+            self.metrics.set_halted(reason, n);
         }
         *self.health.halted.lock() = self.parked.iter().map(|(p, h)| h.describe(*p)).collect();
     }

@@ -13,7 +13,7 @@ use tokio::sync::mpsc;
 use crate::aggregate::{Added, Aggregator};
 use crate::config::{FlushConfig, RecoveryConfig, StartFrom};
 use crate::decode::{DecodeError, Decoder};
-use crate::metrics::{Metrics, DECODE_REASONS};
+use crate::metrics::Metrics;
 use crate::sink::{ApplyReply, FlushOutcome, Health, SinkRequest};
 
 use super::policy::{FlushPolicy, Pending};
@@ -49,7 +49,7 @@ pub struct Worker {
     /// Partitions being revoked right now: never seek or recover them.
     pub(super) revoking: Vec<i32>,
     pub(super) consumed: u64,
-    pub(super) decode_errors: [u64; DECODE_REASONS.len()],
+    pub(super) decode_errors: [u64; DecodeError::ALL.len()],
     pub(super) last_publish: Instant,
     pub(super) last_error_log: Instant,
     pub(super) errors_since_log: u64,
@@ -106,7 +106,7 @@ impl Worker {
             paused: false,
             revoking: Vec::new(),
             consumed: 0,
-            decode_errors: [0; DECODE_REASONS.len()],
+            decode_errors: [0; DecodeError::ALL.len()],
             last_publish: Instant::now(),
             last_error_log: Instant::now() - LOG_EVERY,
             errors_since_log: 0,
@@ -258,9 +258,7 @@ impl Worker {
         for (i, n) in self.decode_errors.iter_mut().enumerate() {
             if *n > 0 {
                 self.metrics
-                    .decode_errors
-                    .with_label_values(&[DECODE_REASONS[i]])
-                    .inc_by(std::mem::take(n));
+                    .decode_failed(DecodeError::ALL[i], std::mem::take(n));
             }
         }
         let stats = self.agg.take_stats();

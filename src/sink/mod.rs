@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::aggregate::Unit;
 use crate::config::{FlushConfig, RedisConfig};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RedisErrorKind, RejectReason};
 pub use crate::model::state_keys::FenceScope;
 pub use script::{ApplyReply, FenceState};
 
@@ -225,13 +225,9 @@ impl Sink {
                             .count() as u64,
                     );
                     self.metrics
-                        .keys_rejected
-                        .with_label_values(&["overflow"])
-                        .inc_by(outcome.overflow_keys);
+                        .keys_refused(RejectReason::Overflow, outcome.overflow_keys);
                     self.metrics
-                        .keys_rejected
-                        .with_label_values(&["not_integer"])
-                        .inc_by(outcome.rejected_keys);
+                        .keys_refused(RejectReason::NotInteger, outcome.rejected_keys);
                     self.metrics
                         .units_already_applied
                         .inc_by(outcome.already_applied);
@@ -318,13 +314,15 @@ impl Sink {
     /// also refreshes a cluster's topology).
     fn note_failure(&mut self, error: &AttemptError) {
         let kind = match error {
-            AttemptError::Redis(r) if r.is_timeout() => "timeout",
-            AttemptError::Redis(r) if r.is_connection_refusal() => "connect",
-            AttemptError::Redis(r) if r.is_io_error() || r.is_connection_dropped() => "io",
-            AttemptError::UnsafeEviction(_) => "eviction_policy",
-            _ => "response",
+            AttemptError::Redis(r) if r.is_timeout() => RedisErrorKind::Timeout,
+            AttemptError::Redis(r) if r.is_connection_refusal() => RedisErrorKind::Connect,
+            AttemptError::Redis(r) if r.is_io_error() || r.is_connection_dropped() => {
+                RedisErrorKind::Io
+            }
+            AttemptError::UnsafeEviction(_) => RedisErrorKind::EvictionPolicy,
+            _ => RedisErrorKind::Response,
         };
-        self.metrics.redis_errors.with_label_values(&[kind]).inc();
+        self.metrics.redis_error(kind);
         self.health.redis.store(false, Ordering::Relaxed);
         self.conn = None;
     }

@@ -3,6 +3,11 @@
 //! Labels are bounded: counter name (from config), partition (topic size), error kind and
 //! decode reason (closed enums). A user's key or dimension value is never a label.
 
+mod labels;
+
+pub use labels::{HaltReason, RebalanceKind, RedisErrorKind, RejectReason, ResetReason};
+
+use crate::decode::DecodeError;
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -71,16 +76,6 @@ pub struct Metrics {
     pub offset_resets: IntCounterVec,
 }
 
-/// Why a partition is halted; a closed set so the label stays bounded.
-pub const HALT_REASONS: &[&str] = &[
-    "redis_unavailable",
-    "kafka_unavailable",
-    "fence_missing",
-    "fence_corrupt",
-    "state_lost",
-    "beyond_end",
-];
-
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
     let c = IntCounter::new(name, help).expect("static metric definition");
     registry
@@ -121,19 +116,6 @@ fn histogram(registry: &Registry, name: &str, help: &str, buckets: Vec<f64>) -> 
         .expect("metric registered once");
     h
 }
-
-/// Decode error reasons; a closed set so the label stays bounded.
-pub const DECODE_REASONS: &[&str] = &[
-    "empty",
-    "too_large",
-    "not_utf8",
-    "not_json",
-    "missing_field",
-    "wrong_type",
-    "bad_timestamp",
-    "future_time",
-    "overflow",
-];
 
 impl Metrics {
     /// Create and register every metric, including process CPU and memory.
@@ -300,29 +282,67 @@ impl Metrics {
             registry,
         };
         // Touch every bounded label so dashboards see zeroes instead of no series.
-        for r in ["overflow", "not_integer"] {
-            m.keys_rejected.with_label_values(&[r]);
+        for r in RejectReason::ALL {
+            m.keys_rejected.with_label_values(&[r.label()]);
         }
-        for r in HALT_REASONS {
-            m.partitions_halted.with_label_values(&[r]);
+        for r in HaltReason::ALL {
+            m.partitions_halted.with_label_values(&[r.label()]);
         }
-        for r in ["beyond_end", "before_log_start", "auto_reset"] {
-            m.offset_resets.with_label_values(&[r]);
+        for r in ResetReason::ALL {
+            m.offset_resets.with_label_values(&[r.label()]);
         }
-        for r in DECODE_REASONS {
-            m.decode_errors.with_label_values(&[r]);
+        for e in DecodeError::ALL {
+            m.decode_errors.with_label_values(&[e.reason()]);
         }
         for c in counter_names {
             m.events_counted.with_label_values(&[c]);
             m.late_events.with_label_values(&[c]);
         }
-        for k in ["connect", "io", "timeout", "response"] {
-            m.redis_errors.with_label_values(&[k]);
+        for k in RedisErrorKind::ALL {
+            m.redis_errors.with_label_values(&[k.label()]);
         }
-        for k in ["assign", "revoke"] {
-            m.rebalances.with_label_values(&[k]);
+        for k in RebalanceKind::ALL {
+            m.rebalances.with_label_values(&[k.label()]);
         }
         m
+    }
+
+    /// Count `n` messages skipped as bad input for `reason`.
+    pub fn decode_failed(&self, reason: DecodeError, n: u64) {
+        self.decode_errors
+            .with_label_values(&[reason.reason()])
+            .inc_by(n);
+    }
+
+    /// Count a failed Redis request.
+    pub fn redis_error(&self, kind: RedisErrorKind) {
+        self.redis_errors.with_label_values(&[kind.label()]).inc();
+    }
+
+    /// Count a rebalance.
+    pub fn rebalanced(&self, kind: RebalanceKind) {
+        self.rebalances.with_label_values(&[kind.label()]).inc();
+    }
+
+    /// Count `n` increments Redis refused.
+    pub fn keys_refused(&self, reason: RejectReason, n: u64) {
+        self.keys_rejected
+            .with_label_values(&[reason.label()])
+            .inc_by(n);
+    }
+
+    /// Count a resume point outside the retained range.
+    pub fn offset_reset(&self, reason: ResetReason) {
+        self.offset_resets
+            .with_label_values(&[reason.label()])
+            .inc();
+    }
+
+    /// Set how many partitions are halted for `reason`.
+    pub fn set_halted(&self, reason: HaltReason, partitions: usize) {
+        self.partitions_halted
+            .with_label_values(&[reason.label()])
+            .set(partitions as i64);
     }
 
     /// Prometheus text exposition of everything registered.
