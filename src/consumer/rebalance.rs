@@ -75,7 +75,7 @@ impl Worker {
         for &p in &parts {
             self.agg.revoke(p);
             self.unpark(p);
-            self.rebuilding.remove(&p);
+            self.states.rebuilding.remove(&p);
             let _ = self
                 .metrics
                 .committed_offset

@@ -14,6 +14,7 @@
 //! | a fence beyond the end of the topic         | any                | halt                        |
 //! | a fence before the start of the topic       | any                | earliest retained (counted as a reset; the gap is lost) |
 
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -23,7 +24,7 @@ use crate::config::{OnStateLost, StartFrom};
 use crate::metrics::{HaltReason, ResetReason};
 use crate::sink::{FenceState, SinkRequest};
 
-use super::worker::Worker;
+use super::worker::{StateAccess, Worker};
 use super::{TallyContext, KAFKA_TIMEOUT};
 
 /// How often parked partitions are tried again.
@@ -89,6 +90,31 @@ impl Halt {
     }
 }
 
+/// What the worker knows about its partitions beyond the aggregator: how they start and recover,
+/// which are halted, which are being rebuilt.
+pub(super) struct PartitionStates {
+    /// Start policy, recovery policy, readiness, Redis wait.
+    pub(super) access: StateAccess,
+    /// Assigned partitions not consumed until their state allows it, and why.
+    pub(super) parked: BTreeMap<i32, Halt>,
+    last_parked_retry: Instant,
+    /// Partitions being recounted after Redis lost their state.
+    pub(super) rebuilding: HashMap<i32, Rebuild>,
+    last_progress_log: Instant,
+}
+
+impl PartitionStates {
+    pub(super) fn new(access: StateAccess) -> PartitionStates {
+        PartitionStates {
+            access,
+            parked: BTreeMap::new(),
+            last_parked_retry: Instant::now(),
+            rebuilding: HashMap::new(),
+            last_progress_log: Instant::now(),
+        }
+    }
+}
+
 /// A partition being recounted after Redis lost its state.
 pub(super) struct Rebuild {
     /// End of the partition when the rebuild began: done once the position passes it.
@@ -130,7 +156,11 @@ impl Worker {
                 }
             };
             // Where to start if Redis has no state for the partition (-1: do not create it).
-            let fresh = match (has_commit, self.recovery.on_state_lost, self.start_from) {
+            let fresh = match (
+                has_commit,
+                self.states.access.recovery.on_state_lost,
+                self.states.access.start_from,
+            ) {
                 (true, OnStateLost::Rebuild, _) => low,
                 (true, OnStateLost::Halt, _) => -1,
                 (false, _, StartFrom::Earliest) => low,
@@ -200,7 +230,7 @@ impl Worker {
                 to = high,
                 "redis lost tally's state for this partition; recounting it from the earliest retained offset (windows whose events are no longer retained stay undercounted)"
             );
-            self.rebuilding.insert(
+            self.states.rebuilding.insert(
                 p,
                 Rebuild {
                     end: high,
@@ -237,9 +267,12 @@ impl Worker {
                 reply: tx,
             })
             .map_err(|_| "redis sink stopped".to_string())?;
-        match rx.recv_timeout(self.init_timeout) {
+        match rx.recv_timeout(self.states.access.init_timeout) {
             Ok(result) => result,
-            Err(_) => Err(format!("no answer within {:?}", self.init_timeout)),
+            Err(_) => Err(format!(
+                "no answer within {:?}",
+                self.states.access.init_timeout
+            )),
         }
     }
 
@@ -252,7 +285,7 @@ impl Worker {
         halt: Halt,
     ) {
         self.agg.revoke(partition);
-        self.rebuilding.remove(&partition);
+        self.states.rebuilding.remove(&partition);
         if let Some(consumer) = consumer {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(&self.topic, partition);
@@ -260,7 +293,7 @@ impl Worker {
                 tracing::warn!(partition, error = %e, "cannot pause partition");
             }
         }
-        if self.parked.get(&partition) == Some(&halt) {
+        if self.states.parked.get(&partition) == Some(&halt) {
             return;
         }
         match &halt {
@@ -269,13 +302,13 @@ impl Worker {
             }
             _ => tracing::error!(partition, reason = %halt.describe(partition), "partition halted"),
         }
-        self.parked.insert(partition, halt);
+        self.states.parked.insert(partition, halt);
         self.publish_halts();
     }
 
     /// Forget a parked partition (revoked, or opened again).
     pub(super) fn unpark(&mut self, partition: i32) {
-        if self.parked.remove(&partition).is_some() {
+        if self.states.parked.remove(&partition).is_some() {
             self.publish_halts();
         }
     }
@@ -284,19 +317,25 @@ impl Worker {
     fn publish_halts(&self) {
         for &reason in HaltReason::ALL {
             let n = self
+                .states
                 .parked
                 .values()
                 .filter(|h| h.reason() == reason)
                 .count();
             self.metrics.set_halted(reason, n);
         }
-        *self.health.halted.lock() = self.parked.iter().map(|(p, h)| h.describe(*p)).collect();
+        *self.states.access.health.halted.lock() = self
+            .states
+            .parked
+            .iter()
+            .map(|(p, h)| h.describe(*p))
+            .collect();
     }
 
     /// Pause every parked partition (after a rebalance assigned them).
     pub(super) fn pause_parked(&self, consumer: &BaseConsumer<TallyContext>) {
         let mut tpl = TopicPartitionList::new();
-        for &p in self.parked.keys() {
+        for &p in self.states.parked.keys() {
             tpl.add_partition(&self.topic, p);
         }
         if tpl.count() > 0 {
@@ -308,11 +347,12 @@ impl Worker {
 
     /// Try parked partitions again (every few seconds); resume those that open.
     pub(super) fn retry_parked(&mut self, consumer: &BaseConsumer<TallyContext>) {
-        if self.parked.is_empty() || self.last_parked_retry.elapsed() < RETRY_PARKED {
+        if self.states.parked.is_empty() || self.states.last_parked_retry.elapsed() < RETRY_PARKED {
             return;
         }
-        self.last_parked_retry = Instant::now();
+        self.states.last_parked_retry = Instant::now();
         let parts: Vec<i32> = self
+            .states
             .parked
             .keys()
             .copied()
@@ -343,17 +383,17 @@ impl Worker {
 
     /// Report how far rebuilding partitions have come (metric always, log every 10 s).
     pub(super) fn report_rebuilds(&mut self) {
-        if self.rebuilding.is_empty() {
+        if self.states.rebuilding.is_empty() {
             self.metrics.rebuild_remaining.set(0);
             return;
         }
-        let log = self.last_progress_log.elapsed() >= LOG_PROGRESS;
+        let log = self.states.last_progress_log.elapsed() >= LOG_PROGRESS;
         if log {
-            self.last_progress_log = Instant::now();
+            self.states.last_progress_log = Instant::now();
         }
         let mut finished = Vec::new();
         let mut total_remaining = 0;
-        for (&p, rebuild) in &self.rebuilding {
+        for (&p, rebuild) in &self.states.rebuilding {
             let Some(position) = self.agg.position(p) else {
                 continue;
             };
@@ -389,7 +429,7 @@ impl Worker {
         }
         self.metrics.rebuild_remaining.set(total_remaining);
         for p in finished {
-            self.rebuilding.remove(&p);
+            self.states.rebuilding.remove(&p);
         }
     }
 }

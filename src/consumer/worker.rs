@@ -1,7 +1,7 @@
 //! The worker: everything the consumer thread owns besides the consumer itself — decoding,
 //! aggregation, the flush in flight, backpressure and Kafka commits.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +17,7 @@ use crate::metrics::Metrics;
 use crate::sink::{ApplyReply, FlushOutcome, Health, SinkRequest};
 
 use super::policy::{FlushPolicy, Pending};
-use super::recovery::{Halt, Rebuild};
+use super::recovery::{Halt, PartitionStates};
 
 use super::TallyContext;
 
@@ -42,7 +42,6 @@ pub struct Worker {
     pub(super) flush: FlushConfig,
     /// When to flush and when to pause.
     pub(super) policy: FlushPolicy,
-    pub(super) start_from: StartFrom,
     /// When the oldest unflushed message was processed.
     pub(super) batch_started: Option<Instant>,
     pub(super) paused: bool,
@@ -55,18 +54,8 @@ pub struct Worker {
     pub(super) errors_since_log: u64,
     /// Where undecodable messages are copied, if configured.
     pub(super) dead_letters: Option<super::DeadLetters>,
-    /// What to do when Redis lost tally's state.
-    pub(super) recovery: RecoveryConfig,
-    /// Readiness, which lists halted partitions.
-    pub(super) health: Arc<Health>,
-    /// Longest wait for Redis' answer about fences before a partition is parked.
-    pub(super) init_timeout: Duration,
-    /// Assigned partitions not consumed until their state allows it, and why.
-    pub(super) parked: BTreeMap<i32, Halt>,
-    pub(super) last_parked_retry: Instant,
-    /// Partitions being recounted after Redis lost their state.
-    pub(super) rebuilding: HashMap<i32, Rebuild>,
-    pub(super) last_progress_log: Instant,
+    /// How partitions start and recover; which are halted or being rebuilt.
+    pub(super) states: PartitionStates,
 }
 
 /// How the worker reaches and recovers tally's state in Redis.
@@ -101,7 +90,6 @@ impl Worker {
             topic,
             policy: FlushPolicy::new(&flush),
             flush,
-            start_from: state.start_from,
             batch_started: None,
             paused: false,
             revoking: Vec::new(),
@@ -111,13 +99,7 @@ impl Worker {
             last_error_log: Instant::now() - LOG_EVERY,
             errors_since_log: 0,
             dead_letters: None,
-            recovery: state.recovery,
-            health: state.health,
-            init_timeout: state.init_timeout,
-            parked: BTreeMap::new(),
-            last_parked_retry: Instant::now(),
-            rebuilding: HashMap::new(),
-            last_progress_log: Instant::now(),
+            states: PartitionStates::new(state),
         }
     }
 
@@ -229,7 +211,7 @@ impl Worker {
             // Parked partitions stay paused until their state allows counting them.
             let mut active = TopicPartitionList::new();
             for e in assignment.elements() {
-                if !self.parked.contains_key(&e.partition()) {
+                if !self.states.parked.contains_key(&e.partition()) {
                     active.add_partition(e.topic(), e.partition());
                 }
             }
