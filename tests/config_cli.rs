@@ -180,3 +180,39 @@ fn bad_redis_url_and_missing_file() {
         "http.listen",
     );
 }
+
+#[test]
+fn two_counters_that_can_write_one_key_are_refused_by_name() {
+    let toml = r#"
+[[counters]]
+name = "hits"
+dimensions = ["a"]
+key = "c:{a}:{yyyyMMddHH}"
+window = "1h"
+
+[[counters]]
+name = "hits_daily"
+dimensions = ["a"]
+key = "c:{a}:{yyyyMMddHH}"
+window = "1d"
+"#;
+    let out = with_file(toml, &[], &[]);
+    assert_usage_error(&out, "counters[1].key");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("`hits` (counters[0])") && stderr.contains("`hits_daily`"),
+        "both counters named: {stderr}"
+    );
+
+    // Hourly and daily keys on one prefix never coincide: accepted.
+    let toml = toml.replace(
+        "key = \"c:{a}:{yyyyMMddHH}\"\nwindow = \"1d\"",
+        "key = \"c:{a}:{yyyyMMdd}\"\nwindow = \"1d\"",
+    );
+    let out = with_file(&toml, &[], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -172,6 +172,7 @@ impl Config {
             return Err(invalid("counters", "at least one counter is required"));
         }
         let mut seen = std::collections::HashSet::new();
+        let mut specs = Vec::with_capacity(self.counters.len());
         for (i, c) in self.counters.iter().enumerate() {
             let at = |field: &str| format!("counters[{i}].{field}");
             if c.name.is_empty()
@@ -195,8 +196,10 @@ impl Config {
             if c.retention > std::time::Duration::from_secs(100 * 365 * 86_400) {
                 return Err(invalid(at("retention"), "must be at most 100 years"));
             }
-            crate::model::CounterSpec::compile(c)
-                .map_err(|e| invalid(at(e.field()), e.to_string()))?;
+            specs.push(
+                crate::model::CounterSpec::compile(c)
+                    .map_err(|e| invalid(at(e.field()), e.to_string()))?,
+            );
             if let Some(v) = &c.value_field {
                 if self.counters.iter().any(|o| o.dimensions.contains(v)) {
                     return Err(invalid(
@@ -220,6 +223,45 @@ impl Config {
                 }
             }
         }
+        self.validate_key_spaces(&specs)
+    }
+
+    /// No two counters may write one key (their counts would merge and the first expiry would
+    /// win), and no counter may write where tally keeps its own state.
+    fn validate_key_spaces(&self, specs: &[crate::model::CounterSpec]) -> Result<(), ConfigError> {
+        use crate::model::overlap;
+        let shown = |key: Vec<u8>| String::from_utf8_lossy(&key).into_owned();
+        let prefix = &self.redis.state_prefix;
+        for (j, b) in specs.iter().enumerate() {
+            if let Some(key) = overlap::with_prefix(&b.template, prefix) {
+                return Err(invalid(
+                    format!("counters[{j}].key"),
+                    format!(
+                        "keys of counter `{}` can start with redis.state_prefix `{prefix}` (e.g. `{}`), where tally keeps its own state; start the template with other literal text",
+                        b.name,
+                        shown(key)
+                    ),
+                ));
+            }
+            for (i, a) in specs[..j].iter().enumerate() {
+                if let Some(key) = overlap::clash(&a.template, &b.template) {
+                    return Err(invalid(
+                        format!("counters[{j}].key"),
+                        format!(
+                            "counters `{}` (counters[{i}]) and `{}` can write the same Redis key (e.g. `{}`): their counts would merge; give each counter its own literal prefix, such as `{}:`",
+                            a.name,
+                            b.name,
+                            shown(key),
+                            b.name
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "validate_tests.rs"]
+mod tests;
