@@ -12,6 +12,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+mod redact;
 mod validate;
 
 use validate::invalid;
@@ -374,13 +375,15 @@ impl Config {
                 .split("__"),
         );
         fig = fig.merge(Serialized::globals(overrides));
-        let config: Config = fig.extract().map_err(Box::new)?;
+        let config: Config = fig
+            .extract()
+            .map_err(|e| Box::new(redact::figment_error(e)))?;
         config.validate()?;
         Ok(config)
     }
 
-    /// The TOML text of this configuration, as `tally config` prints it.
+    /// The TOML text of this configuration with secrets masked, as `tally check` prints it.
     pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
+        toml::to_string_pretty(&self.redacted()).unwrap_or_else(|e| format!("# cannot render: {e}"))
     }
 }

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 
+use super::redact::redact_url;
 use super::{Config, ConfigError, RedisMode};
 
 pub(super) fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
@@ -84,33 +85,37 @@ impl Config {
                 "cluster mode needs at least one seed node",
             ));
         }
+        // URLs appear in messages only with their passwords masked.
         for (i, url) in self.redis.nodes.iter().enumerate() {
+            let shown = redact_url(url);
             if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
                 return Err(invalid(
                     format!("redis.nodes[{i}]"),
-                    format!("`{url}` must start with redis:// or rediss://"),
+                    format!("`{shown}` must start with redis:// or rediss://"),
                 ));
             }
             redis::parse_redis_url(url).ok_or_else(|| {
                 invalid(
                     format!("redis.nodes[{i}]"),
-                    format!("`{url}` is not a valid Redis URL"),
+                    format!("`{shown}` is not a valid Redis URL"),
                 )
             })?;
         }
         if !self.redis.url.is_empty() {
             let url = &self.redis.url;
+            let shown = redact_url(url);
             if !(url.starts_with("redis://")
                 || url.starts_with("rediss://")
                 || url.starts_with("unix://"))
             {
                 return Err(invalid(
                     "redis.url",
-                    format!("`{url}` must start with redis://, rediss:// or unix://"),
+                    format!("`{shown}` must start with redis://, rediss:// or unix://"),
                 ));
             }
-            redis::parse_redis_url(url)
-                .ok_or_else(|| invalid("redis.url", format!("`{url}` is not a valid Redis URL")))?;
+            redis::parse_redis_url(url).ok_or_else(|| {
+                invalid("redis.url", format!("`{shown}` is not a valid Redis URL"))
+            })?;
         }
         if self.redis.state_prefix.is_empty() || self.redis.state_prefix.contains(['{', '}']) {
             return Err(invalid(
