@@ -166,6 +166,9 @@ impl Config {
         if c.redis.password.is_some() {
             c.redis.password = Some(MASK.to_string());
         }
+        if c.http.token.is_some() {
+            c.http.token = Some(MASK.to_string());
+        }
         for (key, value) in &mut c.kafka.properties {
             if is_secret_property(key) {
                 *value = MASK.to_string();

@@ -169,7 +169,39 @@ impl Config {
                 format!("`{}` is not an ip:port address", self.http.listen),
             ));
         }
+        self.validate_http()?;
         self.validate_counters()
+    }
+
+    fn validate_http(&self) -> Result<(), ConfigError> {
+        let h = &self.http;
+        if h.header_timeout.is_zero() {
+            return Err(invalid("http.header_timeout", "must be positive"));
+        }
+        if h.request_timeout.is_zero() {
+            return Err(invalid("http.request_timeout", "must be positive"));
+        }
+        if h.max_connections == 0 {
+            return Err(invalid("http.max_connections", "must be at least 1"));
+        }
+        if h.token.is_some() && h.token_file.is_some() {
+            return Err(invalid(
+                "http.token_file",
+                "set http.token or http.token_file, not both",
+            ));
+        }
+        if h.token
+            .as_ref()
+            .is_some_and(|t| t.trim().is_empty() || t.trim() != t)
+        {
+            return Err(invalid(
+                "http.token",
+                "must be non-empty, without surrounding whitespace",
+            ));
+        }
+        // Read it now, so a missing or empty file fails before anything connects.
+        h.bearer_token()?;
+        Ok(())
     }
 
     fn validate_counters(&self) -> Result<(), ConfigError> {

@@ -80,3 +80,52 @@ fn keys_that_can_land_among_the_state_keys_are_refused() {
         Err(ConfigError::Invalid { key, .. }) if key == "counters[0].key"
     ));
 }
+
+#[test]
+fn http_limits_and_token_sources() {
+    let refused = |change: &dyn Fn(&mut Config)| {
+        let mut config = Config::default();
+        change(&mut config);
+        match config.validate() {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    };
+    assert_eq!(
+        refused(&|c| c.http.header_timeout = Duration::ZERO),
+        "http.header_timeout"
+    );
+    assert_eq!(
+        refused(&|c| c.http.request_timeout = Duration::ZERO),
+        "http.request_timeout"
+    );
+    assert_eq!(
+        refused(&|c| c.http.max_connections = 0),
+        "http.max_connections"
+    );
+    assert_eq!(refused(&|c| c.http.token = Some(" ".into())), "http.token");
+
+    let dir = std::env::temp_dir().join(format!("tally-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("token");
+    std::fs::write(&file, "from-a-file\n").unwrap();
+    let mut config = Config::default();
+    config.http.token_file = Some(file.clone());
+    config.validate().expect("a token file");
+    assert_eq!(
+        config.http.bearer_token().unwrap().as_deref(),
+        Some("from-a-file")
+    );
+    config.http.token = Some("inline".into());
+    assert!(config.validate().is_err(), "token and token_file together");
+    std::fs::write(&file, "\n").unwrap();
+    assert_eq!(
+        refused(&|c| c.http.token_file = Some(file.clone())),
+        "http.token_file"
+    );
+    assert_eq!(
+        refused(&|c| c.http.token_file = Some(dir.join("missing"))),
+        "http.token_file"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
