@@ -430,6 +430,30 @@ impl KeyTemplate {
     }
 }
 
+/// One piece of the keys a template renders, as [`crate::model::overlap`] sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape<'a> {
+    /// These bytes, verbatim.
+    Literal(&'a [u8]),
+    /// An escaped dimension value: any run of bytes [`escape_into`] can produce, possibly empty.
+    Value,
+    /// The window time: exactly this many ASCII digits (event times are clamped to years
+    /// 1..=9999, so every field has its full width).
+    Digits(usize),
+}
+
+impl KeyTemplate {
+    /// The pieces of every key this template renders, in template order.
+    pub fn shape(&self) -> impl Iterator<Item = Shape<'_>> {
+        let digits = self.time.iter().map(|f| f.token().len()).sum();
+        self.parts.iter().map(move |part| match part {
+            Part::Literal(bytes) => Shape::Literal(bytes),
+            Part::Dimension(_) => Shape::Value,
+            Part::Time => Shape::Digits(digits),
+        })
+    }
+}
+
 /// Escape a dimension value so keys are injective: percent-encode (uppercase hex, %XX per byte) the bytes '%', ':', '{', '}', every byte < 0x20 and 0x7f. Everything else (including UTF-8 multibyte) verbatim. Fast path: if no byte needs escaping, extend_from_slice.
 ///
 /// Appends to `out` without clearing it, so it can be used while building a key.
@@ -453,7 +477,7 @@ pub fn escape_into(out: &mut Vec<u8>, value: &str) {
 
 /// Bytes that would break injectivity (`%`, `:`), form hash tags (`{`, `}`) or make keys hard
 /// to read in logs and redis-cli (ASCII control characters).
-const fn needs_escape(b: u8) -> bool {
+pub(crate) const fn needs_escape(b: u8) -> bool {
     matches!(b, b'%' | b':' | b'{' | b'}' | 0x7F) || b < 0x20
 }
 

@@ -11,8 +11,9 @@
 //!    (aligned in a time zone, DST-safe), its [`key`] template (values escaped so keys are
 //!    injective) and its expiry — and [`model::layout`] decides key names: plain keys standalone;
 //!    in a cluster each key gets the hash tag of its shard, so a unit and its applied offset share
-//!    one slot. [`model::state_keys`] names tally's own keys. The model is pure (no I/O); the
-//!    stream path, queries and `tally state` all use it.
+//!    one slot. [`model::state_keys`] names tally's own keys; [`model::overlap`] proves that no
+//!    two counters (and no counter and tally's state) can write one key. The model is pure (no
+//!    I/O); the stream path, queries and `tally state` all use it.
 //! 4. [`aggregate`]: deltas are summed in memory per key and window, grouped into *units*:
 //!    the contributions of one partition's offsets `[start, end)` to one shard.
 //! 5. [`sink`]: one task owns the Redis connection (standalone or cluster, [`sink::conn`]) and

@@ -109,17 +109,15 @@ impl Tally {
         let http_stop = CancellationToken::new();
         let mut http_task = None;
         if !config.http.listen.is_empty() {
-            let addr = config.http.listen.parse().context("http.listen")?;
             let query = Arc::new(crate::query::Query::new(&config)?);
             let (local, handle) = crate::http::serve(
-                addr,
+                &config.http,
                 self.metrics.clone(),
                 self.health.clone(),
                 Some(query),
                 http_stop.clone(),
             )
-            .await
-            .with_context(|| format!("cannot listen on {addr}"))?;
+            .await?;
             tracing::info!(%local, "serving /metrics and /health");
             http_task = Some(handle);
         }

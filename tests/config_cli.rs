@@ -180,3 +180,168 @@ fn bad_redis_url_and_missing_file() {
         "http.listen",
     );
 }
+
+#[test]
+fn two_counters_that_can_write_one_key_are_refused_by_name() {
+    let toml = r#"
+[[counters]]
+name = "hits"
+dimensions = ["a"]
+key = "c:{a}:{yyyyMMddHH}"
+window = "1h"
+
+[[counters]]
+name = "hits_daily"
+dimensions = ["a"]
+key = "c:{a}:{yyyyMMddHH}"
+window = "1d"
+"#;
+    let out = with_file(toml, &[], &[]);
+    assert_usage_error(&out, "counters[1].key");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("`hits` (counters[0])") && stderr.contains("`hits_daily`"),
+        "both counters named: {stderr}"
+    );
+
+    // Hourly and daily keys on one prefix never coincide: accepted.
+    let toml = toml.replace(
+        "key = \"c:{a}:{yyyyMMddHH}\"\nwindow = \"1d\"",
+        "key = \"c:{a}:{yyyyMMdd}\"\nwindow = \"1d\"",
+    );
+    let out = with_file(&toml, &[], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Environment variables for one run.
+type Env<'a> = &'a [(&'a str, &'a str)];
+
+/// Secrets used below; none may ever appear in what tally prints.
+const SECRETS: [&str; 7] = [
+    "url-secret-1",
+    "redis-secret-2",
+    "sasl-secret-3",
+    "keypw-secret-4",
+    "oauth-secret-5",
+    "keystore-secret-6",
+    "http-secret-7",
+];
+
+const WITH_SECRETS: &str = r#"
+[kafka.properties]
+"sasl.username" = "tally-user"
+"sasl.password" = "sasl-secret-3"
+"ssl.key.password" = "keypw-secret-4"
+"sasl.oauthbearer.client.secret" = "oauth-secret-5"
+"ssl.keystore.password" = "keystore-secret-6"
+
+[redis]
+url = "redis://tally:url-secret-1@127.0.0.1:6379/0"
+password = "redis-secret-2"
+
+[http]
+token = "http-secret-7"
+"#;
+
+fn assert_no_secret(out: &Output) {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for secret in SECRETS {
+        assert!(!text.contains(secret), "`{secret}` printed: {text}");
+    }
+}
+
+#[test]
+fn check_prints_the_configuration_with_secrets_masked() {
+    let out = with_file(WITH_SECRETS, &[], &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_no_secret(&out);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // User names and hosts stay, so the output still says where and as whom.
+    assert!(
+        text.contains("redis://tally:***@127.0.0.1:6379/0"),
+        "{text}"
+    );
+    assert!(text.contains("password = \"***\""), "{text}");
+    assert!(text.contains("\"sasl.password\" = \"***\""), "{text}");
+    assert!(
+        text.contains("\"sasl.username\" = \"tally-user\""),
+        "{text}"
+    );
+
+    // From a flag and from the environment, too.
+    let out = with_file(
+        "",
+        &["--redis-url", "redis://u:url-secret-1@h:1"],
+        &[("TALLY_REDIS__PASSWORD", "redis-secret-2")],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_no_secret(&out);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("redis://u:***@h:1"));
+}
+
+#[test]
+fn configuration_errors_never_print_secrets() {
+    // (file, environment, the key the error names)
+    let cases: [(String, Env, &str); 7] = [
+        // A URL refused by validation.
+        (
+            WITH_SECRETS.replace("redis://tally", "http://tally"),
+            &[],
+            "redis.url",
+        ),
+        (
+            WITH_SECRETS.replace("[http]", "nodes = [\"http://u:url-secret-1@h:1\"]\n[http]"),
+            &[],
+            "redis.nodes[0]",
+        ),
+        // Values of the wrong type.
+        (
+            WITH_SECRETS.replace("\"redis-secret-2\"", "[\"redis-secret-2\"]"),
+            &[],
+            "password",
+        ),
+        (
+            WITH_SECRETS.replace("\"sasl-secret-3\"", "[\"sasl-secret-3\"]"),
+            &[],
+            "sasl.password",
+        ),
+        // A syntax error on the line holding the secret.
+        (
+            WITH_SECRETS.replace("\"redis-secret-2\"", "\"redis-secret-2"),
+            &[],
+            "line",
+        ),
+        // From the environment.
+        (
+            String::new(),
+            &[("TALLY_REDIS__URL", "ftp://u:url-secret-1@h:1")],
+            "redis.url",
+        ),
+        (
+            String::new(),
+            &[("TALLY_KAFKA__PROPERTIES", "{sasl.password=sasl-secret-3}")],
+            "kafka.properties",
+        ),
+    ];
+    for (toml, env, key) in cases {
+        let out = with_file(&toml, &[], env);
+        assert_usage_error(&out, key);
+        assert_no_secret(&out);
+    }
+}

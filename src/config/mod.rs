@@ -12,6 +12,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+mod redact;
 mod validate;
 
 use validate::invalid;
@@ -200,8 +201,25 @@ pub struct FlushConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HttpConfig {
-    /// Address for `/metrics`, `/health/live`, `/health/ready`; empty disables the server.
+    /// Address for `/metrics`, `/health/*` and `/v1/count`; empty disables the server. Loopback
+    /// by default: nothing is exposed unless asked for.
     pub listen: String,
+    /// Time a client has to send a request's headers, counted from connecting or from the
+    /// previous answer; slow and idle connections are closed after it, so they cannot pile up.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Time allowed to answer one request (a `/v1/count` waiting on Redis); past it the answer
+    /// is 503.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Connections served at once; one more is answered 503 and closed. Bounds the memory and
+    /// file descriptors clients can take.
+    pub max_connections: usize,
+    /// Bearer token required for `/v1/*` (`Authorization: Bearer <token>`); `/metrics` and
+    /// `/health/*` stay open for scrapers and probes. None: no token.
+    pub token: Option<String>,
+    /// File holding the token (surrounding whitespace ignored), to keep it out of the config.
+    pub token_file: Option<std::path::PathBuf>,
 }
 
 /// One counter maintained from every event.
@@ -318,7 +336,31 @@ impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             listen: "127.0.0.1:9100".into(),
+            header_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            max_connections: 128,
+            token: None,
+            token_file: None,
         }
+    }
+}
+
+impl HttpConfig {
+    /// The bearer token for `/v1/*`, from `token` or `token_file`.
+    pub fn bearer_token(&self) -> Result<Option<String>, ConfigError> {
+        let Some(path) = &self.token_file else {
+            return Ok(self.token.clone());
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| invalid("http.token_file", format!("{}: {e}", path.display())))?;
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(invalid(
+                "http.token_file",
+                format!("{} is empty", path.display()),
+            ));
+        }
+        Ok(Some(token.to_string()))
     }
 }
 
@@ -374,13 +416,15 @@ impl Config {
                 .split("__"),
         );
         fig = fig.merge(Serialized::globals(overrides));
-        let config: Config = fig.extract().map_err(Box::new)?;
+        let config: Config = fig
+            .extract()
+            .map_err(|e| Box::new(redact::figment_error(e)))?;
         config.validate()?;
         Ok(config)
     }
 
-    /// The TOML text of this configuration, as `tally config` prints it.
+    /// The TOML text of this configuration with secrets masked, as `tally check` prints it.
     pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(self).unwrap_or_else(|e| format!("# cannot render: {e}"))
+        toml::to_string_pretty(&self.redacted()).unwrap_or_else(|e| format!("# cannot render: {e}"))
     }
 }

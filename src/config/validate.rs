@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 
+use super::redact::redact_url;
 use super::{Config, ConfigError, RedisMode};
 
 pub(super) fn invalid(key: impl Into<String>, reason: impl Into<String>) -> ConfigError {
@@ -84,33 +85,37 @@ impl Config {
                 "cluster mode needs at least one seed node",
             ));
         }
+        // URLs appear in messages only with their passwords masked.
         for (i, url) in self.redis.nodes.iter().enumerate() {
+            let shown = redact_url(url);
             if !(url.starts_with("redis://") || url.starts_with("rediss://")) {
                 return Err(invalid(
                     format!("redis.nodes[{i}]"),
-                    format!("`{url}` must start with redis:// or rediss://"),
+                    format!("`{shown}` must start with redis:// or rediss://"),
                 ));
             }
             redis::parse_redis_url(url).ok_or_else(|| {
                 invalid(
                     format!("redis.nodes[{i}]"),
-                    format!("`{url}` is not a valid Redis URL"),
+                    format!("`{shown}` is not a valid Redis URL"),
                 )
             })?;
         }
         if !self.redis.url.is_empty() {
             let url = &self.redis.url;
+            let shown = redact_url(url);
             if !(url.starts_with("redis://")
                 || url.starts_with("rediss://")
                 || url.starts_with("unix://"))
             {
                 return Err(invalid(
                     "redis.url",
-                    format!("`{url}` must start with redis://, rediss:// or unix://"),
+                    format!("`{shown}` must start with redis://, rediss:// or unix://"),
                 ));
             }
-            redis::parse_redis_url(url)
-                .ok_or_else(|| invalid("redis.url", format!("`{url}` is not a valid Redis URL")))?;
+            redis::parse_redis_url(url).ok_or_else(|| {
+                invalid("redis.url", format!("`{shown}` is not a valid Redis URL"))
+            })?;
         }
         if self.redis.state_prefix.is_empty() || self.redis.state_prefix.contains(['{', '}']) {
             return Err(invalid(
@@ -164,7 +169,39 @@ impl Config {
                 format!("`{}` is not an ip:port address", self.http.listen),
             ));
         }
+        self.validate_http()?;
         self.validate_counters()
+    }
+
+    fn validate_http(&self) -> Result<(), ConfigError> {
+        let h = &self.http;
+        if h.header_timeout.is_zero() {
+            return Err(invalid("http.header_timeout", "must be positive"));
+        }
+        if h.request_timeout.is_zero() {
+            return Err(invalid("http.request_timeout", "must be positive"));
+        }
+        if h.max_connections == 0 {
+            return Err(invalid("http.max_connections", "must be at least 1"));
+        }
+        if h.token.is_some() && h.token_file.is_some() {
+            return Err(invalid(
+                "http.token_file",
+                "set http.token or http.token_file, not both",
+            ));
+        }
+        if h.token
+            .as_ref()
+            .is_some_and(|t| t.trim().is_empty() || t.trim() != t)
+        {
+            return Err(invalid(
+                "http.token",
+                "must be non-empty, without surrounding whitespace",
+            ));
+        }
+        // Read it now, so a missing or empty file fails before anything connects.
+        h.bearer_token()?;
+        Ok(())
     }
 
     fn validate_counters(&self) -> Result<(), ConfigError> {
@@ -172,6 +209,7 @@ impl Config {
             return Err(invalid("counters", "at least one counter is required"));
         }
         let mut seen = std::collections::HashSet::new();
+        let mut specs = Vec::with_capacity(self.counters.len());
         for (i, c) in self.counters.iter().enumerate() {
             let at = |field: &str| format!("counters[{i}].{field}");
             if c.name.is_empty()
@@ -195,8 +233,10 @@ impl Config {
             if c.retention > std::time::Duration::from_secs(100 * 365 * 86_400) {
                 return Err(invalid(at("retention"), "must be at most 100 years"));
             }
-            crate::model::CounterSpec::compile(c)
-                .map_err(|e| invalid(at(e.field()), e.to_string()))?;
+            specs.push(
+                crate::model::CounterSpec::compile(c)
+                    .map_err(|e| invalid(at(e.field()), e.to_string()))?,
+            );
             if let Some(v) = &c.value_field {
                 if self.counters.iter().any(|o| o.dimensions.contains(v)) {
                     return Err(invalid(
@@ -220,6 +260,45 @@ impl Config {
                 }
             }
         }
+        self.validate_key_spaces(&specs)
+    }
+
+    /// No two counters may write one key (their counts would merge and the first expiry would
+    /// win), and no counter may write where tally keeps its own state.
+    fn validate_key_spaces(&self, specs: &[crate::model::CounterSpec]) -> Result<(), ConfigError> {
+        use crate::model::overlap;
+        let shown = |key: Vec<u8>| String::from_utf8_lossy(&key).into_owned();
+        let prefix = &self.redis.state_prefix;
+        for (j, b) in specs.iter().enumerate() {
+            if let Some(key) = overlap::with_prefix(&b.template, prefix) {
+                return Err(invalid(
+                    format!("counters[{j}].key"),
+                    format!(
+                        "keys of counter `{}` can start with redis.state_prefix `{prefix}` (e.g. `{}`), where tally keeps its own state; start the template with other literal text",
+                        b.name,
+                        shown(key)
+                    ),
+                ));
+            }
+            for (i, a) in specs[..j].iter().enumerate() {
+                if let Some(key) = overlap::clash(&a.template, &b.template) {
+                    return Err(invalid(
+                        format!("counters[{j}].key"),
+                        format!(
+                            "counters `{}` (counters[{i}]) and `{}` can write the same Redis key (e.g. `{}`): their counts would merge; give each counter its own literal prefix, such as `{}:`",
+                            a.name,
+                            b.name,
+                            shown(key),
+                            b.name
+                        ),
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[path = "validate_tests.rs"]
+mod tests;

@@ -4,6 +4,7 @@
 //! once and computes keys and expiries the same way.
 
 pub mod layout;
+pub mod overlap;
 pub mod state_keys;
 
 use crate::config::CounterConfig;

@@ -204,17 +204,38 @@ impl Harness {
 
 /// `GET path` on 127.0.0.1:`port` (HTTP/1.0): status and body, None if nothing answers.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    http_request(port, path, &[]).map(|a| (a.status, a.body))
+}
+
+/// An HTTP answer, as read off the socket.
+pub struct HttpAnswer {
+    pub status: u16,
+    /// Status line and headers.
+    pub head: String,
+    pub body: String,
+}
+
+/// `GET path` with extra header lines (`"Authorization: Bearer x"`); None if nothing answers.
+pub fn http_request(port: u16, path: &str, headers: &[&str]) -> Option<HttpAnswer> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
+    let mut request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n");
+    for h in headers {
+        request.push_str(h);
+        request.push_str("\r\n");
+    }
+    request.push_str("\r\n");
+    s.write_all(request.as_bytes()).ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
     let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_string())
-        .unwrap_or_default();
-    Some((status, body))
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    Some(HttpAnswer {
+        status,
+        head: head.to_string(),
+        body: body.to_string(),
+    })
 }
 
 /// Wait until `cond` holds, polling; panics with `what` after `timeout`.

@@ -1,0 +1,242 @@
+//! Secrets stay out of what tally prints: `tally check` shows the configuration with passwords,
+//! URL credentials, secret librdkafka properties and the HTTP token replaced by `***`, and
+//! configuration errors never echo a secret value. User names and hosts are kept, so the output
+//! still says where tally connects and as whom.
+
+use figment::error::{Actual, Kind};
+
+use super::Config;
+
+/// What a secret is replaced with.
+pub const MASK: &str = "***";
+
+/// Whether a librdkafka property holds a secret (`sasl.password`, `ssl.key.password`,
+/// `ssl.keystore.password`, `sasl.oauthbearer.client.secret`, an inline private key, …).
+pub fn is_secret_property(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    key.contains("password")
+        || key.contains("secret")
+        || matches!(
+            key.as_str(),
+            "ssl.key.pem" | "sasl.oauthbearer.config" | "sasl.jaas.config"
+        )
+}
+
+/// `url` with the password of its user info (`redis://user:***@host`) and secret query
+/// parameters (`?pass=***`) masked. Text that is not a URL is returned as it is.
+pub fn redact_url(url: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[start..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let mut out = url[..start].to_string();
+    match authority.rfind('@') {
+        Some(at) => {
+            let user = authority[..at].split(':').next().unwrap_or_default();
+            if authority[..at].contains(':') {
+                out.push_str(user);
+                out.push(':');
+                out.push_str(MASK);
+            } else {
+                out.push_str(user);
+            }
+            out.push_str(&authority[at..]);
+        }
+        None => out.push_str(authority),
+    }
+    let tail = &rest[authority_end..];
+    match tail.split_once('?') {
+        Some((path, query)) => {
+            out.push_str(path);
+            out.push('?');
+            let params: Vec<String> = query
+                .split('&')
+                .map(|param| match param.split_once('=') {
+                    Some((name, _)) if is_secret_word(name) => format!("{name}={MASK}"),
+                    _ => param.to_string(),
+                })
+                .collect();
+            out.push_str(&params.join("&"));
+        }
+        None => out.push_str(tail),
+    }
+    out
+}
+
+/// Names of fields and parameters whose values are secret.
+fn is_secret_word(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["pass", "secret", "token"].iter().any(|w| name.contains(w))
+}
+
+/// Free text (a parser's message, which may quote the offending line): URL credentials masked,
+/// and on a line naming a secret (`password = "…"`) everything after the first `=`.
+pub fn redact_text(text: &str) -> String {
+    let lines: Vec<String> = text
+        .lines()
+        .map(|line| {
+            let line = redact_urls_in(line);
+            match line.split_once('=') {
+                Some((name, _)) if is_secret_word(name) => format!("{name}= {MASK}"),
+                _ => line,
+            }
+        })
+        .collect();
+    lines.join("\n")
+}
+
+/// Every `scheme://…` word in `line` through [`redact_url`].
+fn redact_urls_in(line: &str) -> String {
+    let mut out = String::new();
+    let mut rest = line;
+    while let Some(i) = rest.find("://") {
+        // The scheme starts after the last character that cannot be part of one (which may
+        // be several bytes long: step over all of it).
+        let start = rest[..i]
+            .char_indices()
+            .rev()
+            .find(|&(_, c)| !(c.is_ascii_alphanumeric() || c == '+' || c == '-' || c == '.'))
+            .map_or(0, |(j, c)| j + c.len_utf8());
+        let end = rest[i..]
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | '`' | ','))
+            .map_or(rest.len(), |j| i + j);
+        out.push_str(&rest[..start]);
+        out.push_str(&redact_url(&rest[start..end]));
+        rest = &rest[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Whether the value at a configuration path may be a secret: passwords, tokens, Redis URLs and
+/// seed nodes, secret librdkafka properties, and whole sections or maps given as one value.
+fn is_secret_path(path: &[String]) -> bool {
+    let parts: Vec<&str> = path.iter().map(String::as_str).collect();
+    match parts.as_slice() {
+        [] | [_] => true,
+        ["redis", "url" | "nodes", ..] => true,
+        ["kafka", "properties"] => true,
+        ["kafka", "properties", key, ..] => is_secret_property(key),
+        _ => parts.iter().any(|p| is_secret_word(p)),
+    }
+}
+
+/// A loading error (there may be several, chained) with no secret value in its message.
+pub fn figment_error(error: figment::Error) -> figment::Error {
+    let hidden = || Actual::Other(format!("a value not shown ({MASK})"));
+    let errors: Vec<figment::Error> = error
+        .into_iter()
+        .map(|mut e| {
+            let secret = is_secret_path(&e.path);
+            e.kind = match e.kind {
+                // Parse errors quote the offending line; keep the rest of what they say.
+                Kind::Message(m) => Kind::Message(redact_text(&m)),
+                Kind::InvalidType(_, expected) if secret => Kind::InvalidType(hidden(), expected),
+                Kind::InvalidValue(_, expected) if secret => Kind::InvalidValue(hidden(), expected),
+                Kind::UnknownVariant(_, expected) if secret => {
+                    Kind::UnknownVariant(MASK.to_string(), expected)
+                }
+                Kind::Unsupported(_) if secret => Kind::Unsupported(hidden()),
+                Kind::UnsupportedKey(_, expected) if secret => {
+                    Kind::UnsupportedKey(hidden(), expected)
+                }
+                // Elsewhere a string may still hold a URL or `password=…`.
+                Kind::InvalidType(Actual::Str(v), expected) => {
+                    Kind::InvalidType(Actual::Str(redact_text(&v)), expected)
+                }
+                Kind::InvalidValue(Actual::Str(v), expected) => {
+                    Kind::InvalidValue(Actual::Str(redact_text(&v)), expected)
+                }
+                kind => kind,
+            };
+            e
+        })
+        .collect();
+    errors
+        .into_iter()
+        .rev()
+        .reduce(|older, newer| older.chain(newer))
+        .expect("an error holds at least itself")
+}
+
+impl Config {
+    /// This configuration with every secret replaced by [`MASK`], for printing.
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        c.redis.url = redact_url(&c.redis.url);
+        for node in &mut c.redis.nodes {
+            *node = redact_url(node);
+        }
+        if c.redis.password.is_some() {
+            c.redis.password = Some(MASK.to_string());
+        }
+        if c.http.token.is_some() {
+            c.http.token = Some(MASK.to_string());
+        }
+        for (key, value) in &mut c.kafka.properties {
+            if is_secret_property(key) {
+                *value = MASK.to_string();
+            }
+        }
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_passwords_are_masked_and_users_and_hosts_kept() {
+        assert_eq!(
+            redact_url("redis://tally:s3cret@redis:6379/0"),
+            "redis://tally:***@redis:6379/0"
+        );
+        assert_eq!(redact_url("rediss://:pw@h:1"), "rediss://:***@h:1");
+        assert_eq!(redact_url("redis://p:a:ss@w@h"), "redis://p:***@h");
+        assert_eq!(redact_url("redis://user@h:1"), "redis://user@h:1");
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+        assert_eq!(
+            redact_url("unix:///run/redis.sock?db=1&pass=pw"),
+            "unix:///run/redis.sock?db=1&pass=***"
+        );
+        assert_eq!(redact_url("u:pw@host:1"), "u:***@host:1");
+    }
+
+    #[test]
+    fn text_keeps_everything_but_secrets() {
+        let text = "at line 3\n3 | password = \"hunter2\n  |  ^\nsee redis://u:pw@h:1/0, or not";
+        let out = redact_text(text);
+        assert!(!out.contains("hunter2") && !out.contains("pw@"), "{out}");
+        assert!(
+            out.contains("at line 3") && out.contains("redis://u:***@h:1/0,"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn secret_properties() {
+        for key in [
+            "sasl.password",
+            "ssl.key.password",
+            "ssl.keystore.password",
+            "sasl.oauthbearer.client.secret",
+            "ssl.key.pem",
+        ] {
+            assert!(is_secret_property(key), "{key}");
+        }
+        assert!(!is_secret_property("sasl.username"));
+        assert!(!is_secret_property("session.timeout.ms"));
+    }
+
+    #[test]
+    fn urls_after_multibyte_characters_are_found() {
+        // Found by the config fuzz target: a multi-byte character right before the scheme.
+        let text = "ky='\u{51413}eis://\u{51413}:pw@host";
+        let out = redact_text(text);
+        assert!(!out.contains("pw@"), "{out}");
+    }
+}

@@ -1,0 +1,131 @@
+//! Tests for `validate.rs`: rules that span counters.
+
+use std::time::Duration;
+
+use super::super::{Config, ConfigError, CounterConfig};
+
+fn counter(name: &str, key: &str, window_secs: u64) -> CounterConfig {
+    CounterConfig {
+        name: name.into(),
+        dimensions: vec!["app_id".into()],
+        key: key.into(),
+        window: Duration::from_secs(window_secs),
+        timezone: "UTC".into(),
+        retention: Duration::ZERO,
+        value_field: None,
+    }
+}
+
+fn refusal(counters: Vec<CounterConfig>) -> (String, String) {
+    let config = Config {
+        counters,
+        ..Config::default()
+    };
+    match config.validate() {
+        Err(ConfigError::Invalid { key, reason }) => (key, reason),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_hourly_and_a_daily_counter_on_one_template_are_refused_by_name() {
+    let (key, reason) = refusal(vec![
+        CounterConfig::reference(),
+        counter("hourly", "c:{app_id}:{yyyyMMddHH}", 3600),
+        counter("daily", "c:{app_id}:{yyyyMMddHH}", 86_400),
+    ]);
+    assert_eq!(key, "counters[2].key");
+    assert!(reason.contains("`hourly` (counters[1])"), "{reason}");
+    assert!(reason.contains("`daily`"), "{reason}");
+    assert!(reason.contains("c::0000000000"), "{reason}");
+}
+
+#[test]
+fn a_count_and_a_sum_on_one_template_are_refused() {
+    let mut sum = counter("bytes", "c:{app_id}:{yyyyMMddHH}", 3600);
+    sum.value_field = Some("bytes".into());
+    let (key, reason) = refusal(vec![counter("hits", "c:{app_id}:{yyyyMMddHH}", 3600), sum]);
+    assert_eq!(key, "counters[1].key");
+    assert!(
+        reason.contains("`hits`") && reason.contains("`bytes`"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn counters_with_their_own_prefixes_are_accepted() {
+    let config = Config {
+        counters: vec![
+            CounterConfig::reference(),
+            counter("hourly", "flow:{app_id}:{yyyyMMddHH}", 3600),
+            counter("daily", "flow:{app_id}:{yyyyMMdd}", 86_400),
+            counter("minute", "minute:{app_id}:{yyyyMMddHHmm}", 60),
+        ],
+        ..Config::default()
+    };
+    config.validate().expect("no two counters share a key");
+}
+
+#[test]
+fn keys_that_can_land_among_the_state_keys_are_refused() {
+    let (key, reason) = refusal(vec![counter("c", "{app_id}:{yyyyMMddHH}", 3600)]);
+    assert_eq!(key, "counters[0].key");
+    assert!(reason.contains("redis.state_prefix `tally:`"), "{reason}");
+    assert!(reason.contains("tally:0000000000"), "{reason}");
+
+    let mut config = Config::default();
+    config.redis.state_prefix = "flow:".into();
+    assert!(matches!(
+        config.validate(),
+        Err(ConfigError::Invalid { key, .. }) if key == "counters[0].key"
+    ));
+}
+
+#[test]
+fn http_limits_and_token_sources() {
+    let refused = |change: &dyn Fn(&mut Config)| {
+        let mut config = Config::default();
+        change(&mut config);
+        match config.validate() {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    };
+    assert_eq!(
+        refused(&|c| c.http.header_timeout = Duration::ZERO),
+        "http.header_timeout"
+    );
+    assert_eq!(
+        refused(&|c| c.http.request_timeout = Duration::ZERO),
+        "http.request_timeout"
+    );
+    assert_eq!(
+        refused(&|c| c.http.max_connections = 0),
+        "http.max_connections"
+    );
+    assert_eq!(refused(&|c| c.http.token = Some(" ".into())), "http.token");
+
+    let dir = std::env::temp_dir().join(format!("tally-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("token");
+    std::fs::write(&file, "from-a-file\n").unwrap();
+    let mut config = Config::default();
+    config.http.token_file = Some(file.clone());
+    config.validate().expect("a token file");
+    assert_eq!(
+        config.http.bearer_token().unwrap().as_deref(),
+        Some("from-a-file")
+    );
+    config.http.token = Some("inline".into());
+    assert!(config.validate().is_err(), "token and token_file together");
+    std::fs::write(&file, "\n").unwrap();
+    assert_eq!(
+        refused(&|c| c.http.token_file = Some(file.clone())),
+        "http.token_file"
+    );
+    assert_eq!(
+        refused(&|c| c.http.token_file = Some(dir.join("missing"))),
+        "http.token_file"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,189 @@
+//! HTTP: `/metrics` (Prometheus text), `/health/live`, `/health/ready` and `GET /v1/count`.
+//!
+//! The server defends itself ([`listener`]): a connection must send its request headers within
+//! `http.header_timeout`, a request is answered within `http.request_timeout`, and at most
+//! `http.max_connections` are served at once. With `http.token` (or `http.token_file`) set,
+//! `/v1/*` needs `Authorization: Bearer <token>`; metrics and health stay open for scrapers and
+//! probes.
+
+mod listener;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::HttpConfig;
+use crate::metrics::Metrics;
+use crate::query::{parse_time, Query, QueryError};
+use crate::sink::Health;
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Metrics,
+    health: Arc<Health>,
+    query: Option<Arc<Query>>,
+}
+
+/// Bind `config.listen` now (so a taken port fails start-up) and serve until `shutdown`.
+pub async fn serve(
+    config: &HttpConfig,
+    metrics: Metrics,
+    health: Arc<Health>,
+    query: Option<Arc<Query>>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let addr: SocketAddr = config.listen.parse().context("http.listen")?;
+    let token = config.bearer_token()?;
+    if token.is_none() && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "serving /v1/count beyond loopback without http.token");
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    let mut v1 = Router::new().route("/v1/count", get(count_handler));
+    if let Some(token) = token {
+        v1 = v1.route_layer(middleware::from_fn_with_state(
+            Arc::<str>::from(token),
+            require_token,
+        ));
+    }
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/health/live", get(|| async { "ok\n" }))
+        .route("/health/ready", get(ready_handler))
+        .merge(v1)
+        .layer(middleware::from_fn_with_state(
+            config.request_timeout,
+            limit_time,
+        ))
+        .with_state(AppState {
+            metrics,
+            health,
+            query,
+        });
+    let limits = listener::Limits {
+        header_timeout: config.header_timeout,
+        request_timeout: config.request_timeout,
+        max_connections: config.max_connections,
+    };
+    let handle = tokio::spawn(listener::run(listener, app, limits, shutdown));
+    Ok((local, handle))
+}
+
+/// Answer 503 when a request takes longer than `limit`.
+async fn limit_time(State(limit): State<Duration>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "request timed out\n").into_response(),
+    }
+}
+
+/// Let the request through only with `Authorization: Bearer <token>`.
+async fn require_token(State(token): State<Arc<str>>, request: Request, next: Next) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim());
+    if given.is_some_and(|t| same_secret(t.as_bytes(), token.as_bytes())) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        "missing or wrong bearer token\n",
+    )
+        .into_response()
+}
+
+/// Equality whose time does not depend on where the inputs differ, so the token cannot be
+/// guessed byte by byte from response times (only the longer length shows).
+fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != secret.len());
+    for i in 0..given.len().max(secret.len()) {
+        let a = given.get(i).copied().unwrap_or(0);
+        let b = secret.get(i).copied().unwrap_or(0);
+        diff |= std::hint::black_box(a ^ b);
+    }
+    diff == 0
+}
+
+async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+async fn ready_handler(State(state): State<AppState>) -> impl IntoResponse {
+    let kafka = state
+        .health
+        .kafka
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let redis = state
+        .health
+        .redis
+        .load(std::sync::atomic::Ordering::Relaxed);
+    let code = if kafka && redis {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, format!("kafka={kafka} redis={redis}\n"))
+}
+
+/// `GET /v1/count?counter=flow&app_id=..&device_id=..&ip=..[&at=RFC3339|epoch_ms]`: the key,
+/// value and window of one counter. Every parameter other than `counter` and `at` is a dimension.
+async fn count_handler(
+    State(state): State<AppState>,
+    axum::extract::Query(mut params): axum::extract::Query<
+        std::collections::BTreeMap<String, String>,
+    >,
+) -> Response {
+    let Some(query) = state.query else {
+        return (StatusCode::NOT_FOUND, "queries are not enabled\n").into_response();
+    };
+    let counter = params
+        .remove("counter")
+        .unwrap_or_else(|| "flow".to_string());
+    let at = match parse_time(params.remove("at").as_deref()) {
+        Ok(at) => at,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    };
+    match query.fetch(&counter, &params, at).await {
+        Ok(answer) => axum::Json(answer).into_response(),
+        Err(e @ QueryError::Redis(_)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
+        }
+        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_secret;
+
+    #[test]
+    fn secrets_compare_equal_only_when_equal() {
+        assert!(same_secret(b"s3cret", b"s3cret"));
+        assert!(!same_secret(b"s3cres", b"s3cret"));
+        assert!(!same_secret(b"s3cre", b"s3cret"));
+        assert!(!same_secret(b"s3cret\0", b"s3cret"));
+        assert!(!same_secret(b"", b"s3cret"));
+    }
+}

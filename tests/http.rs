@@ -1,0 +1,233 @@
+//! The HTTP endpoint defends itself: half-sent requests are cut at the header timeout while
+//! health keeps answering, connections beyond the limit are refused, `/v1/*` needs the bearer
+//! token when one is set, and a request stuck on Redis is answered at the request timeout.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_util::sync::CancellationToken;
+
+use common::{counter, http_get, http_request, wait_for, Harness};
+use tally::config::HttpConfig;
+use tally::metrics::Metrics;
+
+/// The HTTP server alone (no Kafka, no Redis), on a free loopback port.
+async fn server(config: HttpConfig) -> (u16, CancellationToken) {
+    let stop = CancellationToken::new();
+    let config = HttpConfig {
+        listen: "127.0.0.1:0".into(),
+        ..config
+    };
+    let (addr, _) = tally::http::serve(
+        &config,
+        Metrics::new(&[]),
+        Arc::new(Default::default()),
+        None,
+        stop.clone(),
+    )
+    .await
+    .expect("http server starts");
+    (addr.port(), stop)
+}
+
+/// Read until the server closes `conn` (EOF or reset); what it sent, or None if still open
+/// after `limit`.
+async fn closed_within(conn: &mut TcpStream, limit: Duration) -> Option<Vec<u8>> {
+    let mut got = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 512];
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(limit, read).await.ok()?;
+    Some(got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn half_sent_requests_are_closed_at_the_header_timeout_while_health_answers() {
+    let header_timeout = Duration::from_secs(1);
+    let (port, stop) = server(HttpConfig {
+        header_timeout,
+        ..HttpConfig::default()
+    })
+    .await;
+    let opened = Instant::now();
+    let mut conns = Vec::new();
+    for i in 0..55 {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        // 50 send half a request (no blank line ends the headers), 5 send nothing at all.
+        if i < 50 {
+            c.write_all(b"GET /health/live HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                .await
+                .unwrap();
+        }
+        conns.push(c);
+    }
+    let live = tokio::task::spawn_blocking(move || http_get(port, "/health/live"))
+        .await
+        .unwrap();
+    assert_eq!(live, Some((200, "ok\n".to_string())), "health answers");
+    assert!(
+        opened.elapsed() < header_timeout,
+        "all opened within the timeout"
+    );
+
+    for (i, c) in conns.iter_mut().enumerate() {
+        let closed = closed_within(c, header_timeout + Duration::from_secs(3)).await;
+        assert!(
+            closed.is_some(),
+            "connection {i} still open after {:?}",
+            opened.elapsed()
+        );
+    }
+    let elapsed = opened.elapsed();
+    // The timeout closed them: not before it ran out, and not much later.
+    assert!(elapsed >= header_timeout, "closed after {elapsed:?}");
+    assert!(
+        elapsed < header_timeout + Duration::from_secs(3),
+        "closed after {elapsed:?}"
+    );
+    let live = tokio::task::spawn_blocking(move || http_get(port, "/health/live"))
+        .await
+        .unwrap();
+    assert_eq!(live.map(|r| r.0), Some(200));
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_limit_are_refused() {
+    let (port, stop) = server(HttpConfig {
+        max_connections: 5,
+        header_timeout: Duration::from_secs(60),
+        ..HttpConfig::default()
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..5 {
+        let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\n").await.unwrap();
+        held.push(c);
+    }
+    // Accepted in order, so the sixth finds every permit taken.
+    let mut extra = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let answer = closed_within(&mut extra, Duration::from_secs(5))
+        .await
+        .expect("the sixth connection is closed at once");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    // Health shares the limit. (A client that sent its request before the 503 may see a reset
+    // instead, as the server closes with the request unread.)
+    let refused = tokio::task::spawn_blocking(move || http_get(port, "/health/live"))
+        .await
+        .unwrap();
+    assert!(refused.as_ref().is_none_or(|r| r.0 == 503), "{refused:?}");
+
+    // One slot frees up: served again.
+    drop(held.pop());
+    let ok = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if http_get(port, "/health/live").is_some_and(|r| r.0 == 200) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        false
+    });
+    assert!(ok.await.unwrap(), "a freed slot serves again");
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v1_needs_the_bearer_token_and_answers_within_the_request_timeout() {
+    let mut h = Harness::new("http-token", 1);
+    let mut config = h.config(
+        "g-http",
+        vec![counter(
+            "flow",
+            &["app_id"],
+            "ht:{app_id}:{yyyyMMddHH}",
+            Duration::from_secs(3600),
+            "UTC",
+            Duration::ZERO,
+        )],
+    );
+    let port = tally::local_redis::free_port().unwrap();
+    config.http.listen = format!("127.0.0.1:{port}");
+    config.http.token = Some("t0ken-for-tests".into());
+    config.http.request_timeout = Duration::from_secs(1);
+    let at = chrono::Utc::now().timestamp_millis();
+    for _ in 0..3 {
+        h.produce(0, br#"{"app_id":"a1"}"#, Some(at));
+    }
+    h.flush_producer();
+    let running = h.start(config);
+    h.wait_applied("g-http", Duration::from_secs(60)).await;
+
+    let path = format!("/v1/count?counter=flow&app_id=a1&at={at}");
+    let ask = move |headers: &'static [&'static str]| {
+        let path = path.clone();
+        tokio::task::spawn_blocking(move || http_request(port, &path, headers).expect("answer"))
+    };
+    let none = ask(&[]).await.unwrap();
+    assert_eq!(none.status, 401, "{}", none.body);
+    assert!(
+        none.head
+            .to_lowercase()
+            .contains("www-authenticate: bearer"),
+        "{}",
+        none.head
+    );
+    for wrong in [
+        &["Authorization: Bearer t0ken-for-test"][..],
+        &["Authorization: Bearer t0ken-for-testsX"],
+        &["Authorization: Basic t0ken-for-tests"],
+    ] {
+        assert_eq!(ask(wrong).await.unwrap().status, 401, "{wrong:?}");
+    }
+    let right = ask(&["Authorization: Bearer t0ken-for-tests"])
+        .await
+        .unwrap();
+    assert_eq!(right.status, 200, "{}", right.body);
+    let json: serde_json::Value = serde_json::from_str(&right.body).unwrap();
+    assert_eq!(json["value"], 3);
+    // Scrapers and probes need no token.
+    for open in ["/metrics", "/health/live", "/health/ready"] {
+        let r = tokio::task::spawn_blocking(move || http_get(port, open))
+            .await
+            .unwrap();
+        assert_eq!(r.map(|r| r.0), Some(200), "{open}");
+    }
+
+    // Redis stops answering for 3 s: the query is cut at the 1 s request timeout.
+    let _: () = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(3000)
+        .arg("ALL")
+        .query(&mut h.conn())
+        .unwrap();
+    let asked = Instant::now();
+    let stuck = ask(&["Authorization: Bearer t0ken-for-tests"])
+        .await
+        .unwrap();
+    let took = asked.elapsed();
+    assert_eq!(stuck.status, 503, "{}", stuck.body);
+    assert_eq!(stuck.body, "request timed out\n");
+    assert!(
+        took < Duration::from_millis(2500),
+        "answered after {took:?}"
+    );
+    wait_for("redis answers again", Duration::from_secs(10), || {
+        redis::cmd("PING").query::<String>(&mut h.conn()).is_ok()
+    })
+    .await;
+    running.stop().await;
+}
