@@ -62,6 +62,25 @@ fn halted(running: &Running, partition: i32, reason: &str) -> i64 {
     i64::from(named && count > 0)
 }
 
+/// Run the `tally` binary with `args` against this harness' Redis, topic and `group`; stdout.
+fn tally_cli(h: &Harness, group: &str, args: &[&str]) -> String {
+    // The command, then the options every command shares, then a subcommand's own.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tally"))
+        .arg(args[0])
+        .args(["--topic", &h.topic, "--group-id", group])
+        .args(["--redis-url", &h.redis.url()])
+        .args(&args[1..])
+        .env("TALLY_LOG", "warn")
+        .output()
+        .expect("run tally");
+    assert!(
+        out.status.success(),
+        "tally {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Wait until Redis applied everything produced on `partition`.
 async fn wait_partition(h: &Harness, group: &str, partition: i32) {
     let want = h.produced[partition as usize];
@@ -103,9 +122,18 @@ async fn a_deleted_fence_halts_its_partition_instead_of_counting_twice() {
     );
     assert_eq!(h.applied(g, 0), None, "nothing rewrote the fence by itself");
 
-    // The operator restores the fence from the marker's copy; the running tally resumes it.
-    let repaired = tally::state::repair(&config, 0, None).await.unwrap();
-    assert_eq!(repaired, vec![(0, applied_before)]);
+    // The operator looks, then restores the fence from the marker's copy with the CLI; the
+    // running tally resumes the partition.
+    let shown = tally_cli(&h, g, &["state"]);
+    assert!(
+        shown.contains(&format!("0\t0\t-\t{applied_before}\tmissing")),
+        "{shown}"
+    );
+    let repaired = tally_cli(&h, g, &["state", "repair", "--partition", "0"]);
+    assert!(
+        repaired.contains(&format!("applied offset set to {applied_before}")),
+        "{repaired}"
+    );
     h.wait_applied(g, WAIT).await;
     wait_for("halt cleared", WAIT, || {
         halted(&running, 0, "fence_missing") == 0
