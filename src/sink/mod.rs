@@ -6,6 +6,7 @@
 //! NOSCRIPT reload or a reconnect never counts twice.
 
 pub mod conn;
+mod fences;
 pub mod script;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +15,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use redis::{RedisError, Value};
+use redis::RedisError;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -234,11 +235,9 @@ impl Sink {
                     let _ = reply.send(outcome);
                 }
                 SinkRequest::InitFences { partitions, reply } => {
+                    // INIT runs with EVAL (rare, small): there is no NOSCRIPT to handle.
                     let result = match self.try_init(&partitions).await {
                         Ok(fences) => Ok(fences),
-                        Err(AttemptError::NoScript) => {
-                            self.try_init(&partitions).await.map_err(|e| e.to_string())
-                        }
                         Err(e) => {
                             self.note_failure(&e);
                             Err(e.to_string())
@@ -467,57 +466,5 @@ impl Sink {
             );
         }
         Ok(outcome)
-    }
-
-    async fn try_init(
-        &mut self,
-        partitions: &[(i32, i64)],
-    ) -> Result<Vec<(i32, Vec<FenceState>)>, AttemptError> {
-        let conn = self.connection().await?;
-        let shards = self.scope.layout.shards();
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        // One script per shard: in a cluster a shard's marker and fences share a slot.
-        let cmds: Vec<redis::Cmd> = (0..shards)
-            .map(|s| {
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(script::INIT_LUA)
-                    .arg(partitions.len() + 1)
-                    .arg(self.scope.marker(s));
-                for &(p, _) in partitions {
-                    cmd.arg(self.scope.key(p, s));
-                }
-                cmd.arg(now_ms);
-                for &(p, fresh) in partitions {
-                    cmd.arg(p).arg(fresh);
-                }
-                cmd
-            })
-            .collect();
-        let results = futures::future::join_all(cmds.iter().map(|cmd| {
-            let mut conn = conn.clone();
-            async move { conn.query::<Value>(cmd).await }
-        }))
-        .await;
-        let mut per_shard: Vec<Vec<FenceState>> = Vec::with_capacity(shards as usize);
-        for r in results {
-            let items = match r? {
-                Value::Array(items) if items.len() == partitions.len() => items,
-                other => return Err(AttemptError::Reply(format!("fence states: {other:?}"))),
-            };
-            per_shard.push(
-                items
-                    .iter()
-                    .map(FenceState::parse)
-                    .collect::<Result<_, _>>()
-                    .map_err(AttemptError::Reply)?,
-            );
-        }
-        Ok(partitions
-            .iter()
-            .enumerate()
-            .map(|(i, &(p, _))| (p, per_shard.iter().map(|states| states[i]).collect()))
-            .collect())
     }
 }
