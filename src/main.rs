@@ -188,46 +188,24 @@ fn on_signals(token: CancellationToken) {
     });
 }
 
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging();
-    // Config is read and validated before anything starts.
-    let prepared = match &cli.command {
-        Command::Run(c)
-        | Command::Check(c)
-        | Command::Demo { common: c, .. }
-        | Command::Key(KeyArgs { common: c, .. })
-        | Command::Query(KeyArgs { common: c, .. })
-        | Command::State(StateArgs { common: c, .. }) => match c.load() {
-            Ok(config) => Some(config),
-            Err(code) => return code,
-        },
-        _ => None,
-    };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("tally: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let cli_kind = if matches!(cli.command, Command::Query(_)) {
-        Kind::Query
-    } else {
-        Kind::Other
-    };
-    let result = runtime.block_on(async move {
-        let shutdown = CancellationToken::new();
-        on_signals(shutdown.clone());
-        match cli.command {
-            Command::Run(_) => {
-                let config = prepared.expect("loaded above");
-                tally::pipeline::Tally::new(config).run(shutdown).await
-            }
-            Command::Check(_) => {
-                print!("{}", prepared.expect("loaded above").to_toml());
-                Ok(())
-            }
+/// A command whose configuration (if it has one) has been loaded and validated.
+enum Prepared {
+    Run(Config),
+    Check(Config),
+    Demo(Config, tally::demo::DemoOptions),
+    MockBroker(Vec<String>),
+    Produce(tally::produce::ProduceArgs),
+    Key(Config, KeyArgs),
+    Query(Config, KeyArgs),
+    State(Config, StateArgs),
+}
+
+impl Prepared {
+    /// Read and validate the configuration before anything starts; a bad one exits with 64.
+    fn new(command: Command) -> Result<Prepared, ExitCode> {
+        Ok(match command {
+            Command::Run(c) => Prepared::Run(c.load()?),
+            Command::Check(c) => Prepared::Check(c.load()?),
             Command::Demo {
                 common,
                 rate,
@@ -235,7 +213,8 @@ fn main() -> ExitCode {
                 keys,
                 duration,
             } => {
-                let mut config = prepared.expect("loaded above");
+                let mut config = common.load()?;
+                // The demo starts its own redis-server unless one is named.
                 if common.redis_url.is_none() && std::env::var_os("TALLY_REDIS__URL").is_none() {
                     config.redis.url.clear();
                 }
@@ -248,35 +227,54 @@ fn main() -> ExitCode {
                     keys,
                     duration,
                 };
-                tally::demo::run(config, opts, shutdown).await
+                Prepared::Demo(config, opts)
             }
-            Command::MockBroker { topics } => tally::produce::mock_broker(&topics, shutdown).await,
-            Command::Produce(args) => tally::produce::run(args, shutdown).await,
-            Command::State(args) => state(prepared.expect("loaded above"), args).await,
-            Command::Key(args) | Command::Query(args) => {
-                let fetch = matches!(cli_kind, Kind::Query);
-                let config = prepared.expect("loaded above");
-                let query = tally::query::Query::new(&config)?;
-                let at = tally::query::parse_time(args.at.as_deref())?;
-                let dims = args.dims.into_iter().collect();
-                let answer = if fetch {
-                    query.fetch(&args.counter, &dims, at).await?
-                } else {
-                    query.key(&args.counter, &dims, at)?
-                };
-                if fetch {
-                    println!(
-                        "{}\t{}",
-                        answer.key,
-                        answer.value.map_or("(none)".to_string(), |v| v.to_string())
-                    );
-                } else {
-                    println!("{}", answer.key);
-                }
+            Command::MockBroker { topics } => Prepared::MockBroker(topics),
+            Command::Produce(args) => Prepared::Produce(args),
+            Command::Key(args) => Prepared::Key(args.common.load()?, args),
+            Command::Query(args) => Prepared::Query(args.common.load()?, args),
+            Command::State(args) => Prepared::State(args.common.load()?, args),
+        })
+    }
+
+    async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        match self {
+            Prepared::Run(config) => tally::pipeline::Tally::new(config).run(shutdown).await,
+            Prepared::Check(config) => {
+                print!("{}", config.to_toml());
                 Ok(())
             }
+            Prepared::Demo(config, opts) => tally::demo::run(config, opts, shutdown).await,
+            Prepared::MockBroker(topics) => tally::produce::mock_broker(&topics, shutdown).await,
+            Prepared::Produce(args) => tally::produce::run(args, shutdown).await,
+            Prepared::Key(config, args) => key(config, args, false).await,
+            Prepared::Query(config, args) => key(config, args, true).await,
+            Prepared::State(config, args) => state(config, args).await,
         }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging();
+    let prepared = match Prepared::new(cli.command) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("tally: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        let shutdown = CancellationToken::new();
+        on_signals(shutdown.clone());
+        prepared.run(shutdown).await
     });
+    // Whatever still runs (a Kafka client that would not close) must not keep the process.
+    runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -284,6 +282,21 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `tally key` (`fetch` false) and `tally query` (`fetch` true).
+async fn key(config: Config, args: KeyArgs, fetch: bool) -> anyhow::Result<()> {
+    let query = tally::query::Query::new(&config)?;
+    let at = tally::query::parse_time(args.at.as_deref())?;
+    let dims = args.dims.into_iter().collect();
+    if fetch {
+        let answer = query.fetch(&args.counter, &dims, at).await?;
+        let value = answer.value.map_or("(none)".to_string(), |v| v.to_string());
+        println!("{}\t{value}", answer.key);
+    } else {
+        println!("{}", query.key(&args.counter, &dims, at)?.key);
+    }
+    Ok(())
 }
 
 async fn state(config: Config, args: StateArgs) -> anyhow::Result<()> {
@@ -306,9 +319,4 @@ async fn state(config: Config, args: StateArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-enum Kind {
-    Query,
-    Other,
 }
