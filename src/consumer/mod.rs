@@ -223,7 +223,9 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
         match polled {
             None => {
                 now_ms = unix_ms();
-                guard.borrow_mut().tick(&consumer);
+                let mut worker = guard.borrow_mut();
+                worker.caught_up = true;
+                worker.tick(&consumer);
             }
             Some(Err(e)) => {
                 if is_offset_reset(&e) {

@@ -25,6 +25,8 @@ pub struct Pending {
     pub keys: usize,
     /// Keys of the flush in flight (None: no flush in flight).
     pub in_flight: Option<usize>,
+    /// The consumer has read everything available: nothing is gained by waiting.
+    pub caught_up: bool,
 }
 
 impl FlushPolicy {
@@ -42,11 +44,15 @@ impl FlushPolicy {
         self.max_keys
     }
 
-    /// Start a flush now? Only one flush is in flight at a time, which keeps each partition's
-    /// units in order.
+    /// Start a flush now? At the interval, at `max_keys`, or as soon as the consumer has caught
+    /// up (the end of a burst is visible at once instead of after the interval). Only one flush
+    /// is in flight at a time, which keeps each partition's units in order.
     pub fn flush_due(&self, p: &Pending) -> bool {
         p.in_flight.is_none()
-            && (p.oldest.is_some_and(|age| age >= self.interval) || p.keys >= self.max_keys)
+            && (p
+                .oldest
+                .is_some_and(|age| age >= self.interval || p.caught_up)
+                || p.keys >= self.max_keys)
     }
 
     /// Stop reading until the flush in flight lands? Memory stays bounded while Redis is slow
@@ -77,6 +83,7 @@ mod tests {
             oldest: Some(Duration::from_millis(999)),
             keys: 99,
             in_flight: None,
+            caught_up: false,
         };
         assert!(!p.flush_due(&young));
         assert!(!p.flush_due(&Pending::default()), "nothing pending");
@@ -91,6 +98,19 @@ mod tests {
             in_flight: Some(1),
             ..big
         }));
+        let idle = Pending {
+            caught_up: true,
+            ..young
+        };
+        assert!(p.flush_due(&idle), "caught up: no wait for the interval");
+        assert!(!p.flush_due(&Pending {
+            in_flight: Some(1),
+            ..idle
+        }));
+        assert!(!p.flush_due(&Pending {
+            oldest: None,
+            ..idle
+        }));
     }
 
     #[test]
@@ -100,6 +120,7 @@ mod tests {
             oldest: Some(Duration::ZERO),
             keys: 900,
             in_flight: Some(99),
+            caught_up: false,
         };
         assert!(!p.pause(&load));
         load.in_flight = Some(100);

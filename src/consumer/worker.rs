@@ -44,6 +44,8 @@ pub struct Worker {
     pub(super) policy: FlushPolicy,
     /// When the oldest unflushed message was processed.
     pub(super) batch_started: Option<Instant>,
+    /// The last poll found nothing to read: what is pending can be flushed at once.
+    pub(super) caught_up: bool,
     pub(super) paused: bool,
     /// Partitions being revoked right now: never seek or recover them.
     pub(super) revoking: Vec<i32>,
@@ -91,6 +93,7 @@ impl Worker {
             policy: FlushPolicy::new(&flush),
             flush,
             batch_started: None,
+            caught_up: false,
             paused: false,
             revoking: Vec::new(),
             consumed: 0,
@@ -119,6 +122,7 @@ impl Worker {
         now_ms: i64,
     ) {
         self.consumed += 1;
+        self.caught_up = false;
         if !self.agg.owns(partition) {
             return;
         }
@@ -173,6 +177,7 @@ impl Worker {
             oldest: self.batch_started.map(|t| t.elapsed()),
             keys: self.agg.pending_keys(),
             in_flight: self.in_flight.as_ref().map(|f| f.keys),
+            caught_up: self.caught_up,
         }
     }
 

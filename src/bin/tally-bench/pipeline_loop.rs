@@ -241,6 +241,7 @@ pub fn run_loop(
                 oldest: started.map(|t| t.elapsed()),
                 keys: agg.pending_keys(),
                 in_flight,
+                caught_up: false,
             };
             if policy.flush_due(&load(&agg, batch_started, in_flight))
                 && start_flush(&mut agg, &mut out, &mut in_flight)?
