@@ -11,10 +11,10 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
-use crate::gen::EventGen;
-use crate::local_redis::LocalRedis;
-use crate::pipeline::Tally;
+use tally::config::Config;
+use tally::pipeline::Tally;
+use tally_testkit::gen::EventGen;
+use tally_testkit::local_redis::LocalRedis;
 
 /// Demo knobs from the command line.
 #[derive(Debug, Clone)]
@@ -63,7 +63,7 @@ pub async fn run(
     let run_token = shutdown.child_token();
     let task = tokio::spawn(tally.run(run_token.clone()));
 
-    let client = crate::sink::client(&config.redis)?;
+    let client = tally::sink::client(&config.redis)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
     let started = Instant::now();
     let mut last = (Instant::now(), 0u64, 0u64);

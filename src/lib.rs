@@ -24,8 +24,8 @@
 //! [`consumer`]'s recovery decides where a partition starts from what Redis holds (see "What
 //! makes a count exact"), and [`state`] is `tally state`, which inspects and repairs it.
 //! [`query`] computes a counter's key for given values (CLI and `GET /v1/count`); [`http`]
-//! serves it with `/metrics` and health; [`demo`], [`produce`], [`gen`] and [`local_redis`]
-//! run the pieces locally.
+//! serves it with `/metrics` and health; the demo (in the binary) and the
+//! `tally-testkit` crate run the pieces locally.
 //!
 //! ## What makes a count exact
 //!
@@ -60,15 +60,11 @@ pub mod aggregate;
 pub mod config;
 pub mod consumer;
 pub mod decode;
-pub mod demo;
-pub mod gen;
 pub mod http;
 pub mod key;
-pub mod local_redis;
 pub mod metrics;
 pub mod model;
 pub mod pipeline;
-pub mod produce;
 pub mod query;
 pub mod sink;
 pub mod state;

@@ -10,6 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use tally::config::{Config, EXIT_CONFIG};
 
+mod demo;
+
 #[derive(Parser)]
 #[command(
     name = "tally",
@@ -51,7 +53,7 @@ enum Command {
         topics: Vec<String>,
     },
     /// Produce synthetic JSON events to a topic at a target rate (load generator).
-    Produce(tally::produce::ProduceArgs),
+    Produce(tally_testkit::produce::ProduceArgs),
     /// Print the Redis key of a counter for given dimension values (and time).
     Key(KeyArgs),
     /// Print a counter's key and current value, read from Redis.
@@ -192,9 +194,9 @@ fn on_signals(token: CancellationToken) {
 enum Prepared {
     Run(Config),
     Check(Config),
-    Demo(Config, tally::demo::DemoOptions),
+    Demo(Config, demo::DemoOptions),
     MockBroker(Vec<String>),
-    Produce(tally::produce::ProduceArgs),
+    Produce(tally_testkit::produce::ProduceArgs),
     Key(Config, KeyArgs),
     Query(Config, KeyArgs),
     State(Config, StateArgs),
@@ -221,7 +223,7 @@ impl Prepared {
                 if common.group_id.is_none() {
                     config.kafka.group_id = "tally-demo".into();
                 }
-                let opts = tally::demo::DemoOptions {
+                let opts = demo::DemoOptions {
                     rate,
                     partitions,
                     keys,
@@ -244,9 +246,11 @@ impl Prepared {
                 print!("{}", config.to_toml());
                 Ok(())
             }
-            Prepared::Demo(config, opts) => tally::demo::run(config, opts, shutdown).await,
-            Prepared::MockBroker(topics) => tally::produce::mock_broker(&topics, shutdown).await,
-            Prepared::Produce(args) => tally::produce::run(args, shutdown).await,
+            Prepared::Demo(config, opts) => demo::run(config, opts, shutdown).await,
+            Prepared::MockBroker(topics) => {
+                tally_testkit::produce::mock_broker(&topics, shutdown).await
+            }
+            Prepared::Produce(args) => tally_testkit::produce::run(args, shutdown).await,
             Prepared::Key(config, args) => key(config, args, false).await,
             Prepared::Query(config, args) => key(config, args, true).await,
             Prepared::State(config, args) => state(config, args).await,

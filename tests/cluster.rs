@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::process::{BrokerProcess, TallyProcess};
 use common::stream::{Stream, COUNTERS};
 use rand::Rng;
-use tally::local_redis::LocalCluster;
+use tally_testkit::local_redis::LocalCluster;
 
 const PARTITIONS: i32 = 8;
 const SHARDS: u32 = 64;

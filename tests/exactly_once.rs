@@ -12,7 +12,7 @@ use common::stream::{self, Stream, COUNTERS};
 use rand::{Rng, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use tally::local_redis::LocalRedis;
+use tally_testkit::local_redis::LocalRedis;
 
 const PARTITIONS: i32 = 8;
 

@@ -211,7 +211,7 @@ async fn backpressure_pauses_while_redis_is_down_and_readiness_follows() {
     config.flush.max_keys = 50;
     config.flush.max_pending_keys = 200;
     config.flush.max_keys_per_call = 50;
-    let port = tally::local_redis::free_port().unwrap();
+    let port = tally_testkit::local_redis::free_port().unwrap();
     config.http.listen = format!("127.0.0.1:{port}");
     let running = h.start(config);
     let m = running.metrics.clone();
@@ -348,7 +348,7 @@ async fn redis_over_tls_with_a_private_ca() {
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
-    let port = tally::local_redis::free_port().unwrap();
+    let port = tally_testkit::local_redis::free_port().unwrap();
     let server = std::process::Command::new("redis-server")
         .args([
             "--port",

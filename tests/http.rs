@@ -160,7 +160,7 @@ async fn v1_needs_the_bearer_token_and_answers_within_the_request_timeout() {
             Duration::ZERO,
         )],
     );
-    let port = tally::local_redis::free_port().unwrap();
+    let port = tally_testkit::local_redis::free_port().unwrap();
     config.http.listen = format!("127.0.0.1:{port}");
     config.http.token = Some("t0ken-for-tests".into());
     config.http.request_timeout = Duration::from_secs(1);

@@ -118,7 +118,7 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new(name: &str) -> TempDir {
-        let port = tally::local_redis::free_port().expect("free port");
+        let port = tally_testkit::local_redis::free_port().expect("free port");
         let dir =
             std::env::temp_dir().join(format!("tally-obs-{name}-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("create temp dir");
@@ -649,7 +649,7 @@ fn dashboards_and_alerts_query_real_prometheus() {
     let tmp = TempDir::new("prom");
 
     // tally demo: in-process Kafka broker, synthetic events, its own redis-server.
-    let tally_port = tally::local_redis::free_port().expect("free port");
+    let tally_port = tally_testkit::local_redis::free_port().expect("free port");
     let mut demo_cmd = Command::new(env!("CARGO_BIN_EXE_tally"));
     demo_cmd
         .args([
@@ -686,7 +686,7 @@ fn dashboards_and_alerts_query_real_prometheus() {
     );
 
     // Prometheus scraping it every second, with the alert rules.
-    let prom_port = tally::local_redis::free_port().expect("free port");
+    let prom_port = tally_testkit::local_redis::free_port().expect("free port");
     let config = tmp.0.join("prometheus.yml");
     let rules = repo().join("deploy/prometheus/alerts.yml");
     std::fs::write(

@@ -21,7 +21,7 @@ async fn key_query_and_http_count_agree_with_redis() {
             Duration::ZERO,
         )],
     );
-    let port = tally::local_redis::free_port().unwrap();
+    let port = tally_testkit::local_redis::free_port().unwrap();
     config.http.listen = format!("127.0.0.1:{port}");
     let at = chrono::Utc::now().timestamp_millis();
     for i in 0..7 {

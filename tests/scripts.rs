@@ -3,10 +3,10 @@
 
 use redis::Value;
 use tally::aggregate::{Delta, Unit};
-use tally::local_redis::LocalRedis;
 use tally::sink::script::{
     apply_cmd, ApplyReply, FenceState, StateKeys, APPLY_LUA, INIT_LUA, SET_FENCE_LUA,
 };
+use tally_testkit::local_redis::LocalRedis;
 
 fn keys() -> StateKeys {
     StateKeys {

@@ -3,8 +3,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tally::local_redis::LocalCluster;
 use tally::model::layout::Layout;
+use tally_testkit::local_redis::LocalCluster;
 
 fn conn(port: u16) -> redis::Connection {
     redis::Client::open(format!("redis://127.0.0.1:{port}"))

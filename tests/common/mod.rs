@@ -16,9 +16,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use tally::config::{Config, CounterConfig};
-use tally::local_redis::LocalRedis;
 use tally::metrics::Metrics;
 use tally::pipeline::Tally;
+use tally_testkit::local_redis::LocalRedis;
 
 pub struct Harness {
     pub mock: MockCluster<'static, DefaultProducerContext>,

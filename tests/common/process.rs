@@ -54,7 +54,7 @@ pub struct TallyProcess {
 impl TallyProcess {
     /// Start tally with `config` (TOML text without the [http] section; one is added).
     pub fn start(config: &str, name: &str) -> TallyProcess {
-        let port = tally::local_redis::free_port().unwrap();
+        let port = tally_testkit::local_redis::free_port().unwrap();
         let config_path =
             std::env::temp_dir().join(format!("tally-{name}-{}-{port}.toml", std::process::id()));
         let text = format!("{config}\n[http]\nlisten = \"127.0.0.1:{port}\"\n");

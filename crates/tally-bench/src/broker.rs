@@ -9,7 +9,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::ClientConfig;
 
-use tally::gen::EventGen;
+use tally_testkit::gen::EventGen;
 
 use crate::child::wait_for_stdin_eof;
 use crate::proc_stats::unix_ms;

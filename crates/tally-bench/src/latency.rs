@@ -8,7 +8,7 @@ use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::ClientConfig;
 
 use tally::config::Config;
-use tally::gen::EventGen;
+use tally_testkit::gen::EventGen;
 
 use crate::proc_stats::{percentile, unix_ms};
 use crate::redis_stats::{flushall, redis_conn};

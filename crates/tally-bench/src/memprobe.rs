@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use tally::gen::EventGen;
 use tally::sink::script::apply_cmd;
+use tally_testkit::gen::EventGen;
 
 use crate::pipeline_loop::{load_bench_config, new_aggregator, state_keys};
 use crate::proc_stats::{proc_status_mb, unix_ms};

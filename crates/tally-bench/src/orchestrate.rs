@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _};
 
-use tally::local_redis::{LocalCluster, LocalRedis};
+use tally_testkit::local_redis::{LocalCluster, LocalRedis};
 
 use crate::broker::produce;
 use crate::child::{ChildRole, Perf};

@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 use tally::aggregate::{Aggregator, Unit};
 use tally::config::{Config, RedisMode};
 use tally::consumer::policy::{FlushPolicy, Pending};
-use tally::gen::EventGen;
 use tally::model::layout::Layout;
 use tally::pipeline::build_stages;
 use tally::sink::script::{apply_cmd, StateKeys, APPLY_LUA};
+use tally_testkit::gen::EventGen;
 
 use crate::config_toml;
 use crate::proc_stats::{cpu_self, cpu_thread, unix_ms};

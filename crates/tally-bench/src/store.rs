@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use anyhow::{bail, Context as _};
 
 use tally::config::Config;
-use tally::local_redis::LocalCluster;
 use tally::model::layout::{key_slot, shard_tags, Layout};
 use tally::model::state_keys::fence_key;
+use tally_testkit::local_redis::LocalCluster;
 
 use crate::redis_stats::{redis_conn, sum_counters};
 use crate::COUNTER_PATTERN;

@@ -127,7 +127,7 @@ pub fn spawn_tally(
     name: &str,
     kafka_properties: &str,
 ) -> anyhow::Result<(ChildRole, u16, PathBuf)> {
-    let port = tally::local_redis::free_port()?;
+    let port = tally_testkit::local_redis::free_port()?;
     let path = std::env::temp_dir().join(format!("tally-bench-{}-{name}.toml", std::process::id()));
     std::fs::write(
         &path,
