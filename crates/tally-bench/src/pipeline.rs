@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
 use tally::config::{Config, RedisMode};
@@ -39,7 +39,6 @@ pub struct PipelineResult {
     pub fenced_secs: f64,
     /// Every repetition of the fenced apply: an isolated flush of ~`flush.max_keys` keys.
     pub fenced_all: Vec<f64>,
-    pub unfenced_secs: f64,
     /// The same units through a script doing only INCRBY: the floor of a script-based flush.
     pub incrby_only_secs: f64,
     /// Per-message baseline.
@@ -48,36 +47,6 @@ pub struct PipelineResult {
     pub base_cpu: f64,
     pub base_redis: RedisWork,
     pub base_counted_ok: bool,
-}
-
-/// The lines of `APPLY_LUA` that read, compare and record the applied offset.
-const FENCE_LINES: &[&str] = &[
-    "local mtype = redis.call('TYPE', KEYS[2]).ok",
-    "local raw = redis.pcall('GET', KEYS[1])",
-    "if type(raw) == 'table' or (mtype ~= 'none' and mtype ~= 'hash') then return {-3} end",
-    "if not raw then return missing() end",
-    "local applied = tonumber(raw)",
-    "if applied == nil then return {-3} end",
-    "if applied >= stop then return {0, applied} end",
-    "if applied ~= start then return {-1, applied} end",
-    "redis.call('SET', KEYS[1], ARGV[2])",
-    "redis.call('HSET', KEYS[2], ARGV[4], ARGV[2])",
-];
-
-/// tally's flush script without the fencing: `APPLY_LUA` minus the GET / compare / SET of the
-/// applied offset, so it stays the same script as tally's in every other line. Same arguments.
-pub fn unfenced_lua() -> anyhow::Result<String> {
-    let lines: Vec<&str> = APPLY_LUA.lines().collect();
-    for fence in FENCE_LINES {
-        if !lines.iter().any(|l| l.trim() == *fence) {
-            bail!("APPLY_LUA changed: no line `{fence}`; update FENCE_LINES in tally-bench");
-        }
-    }
-    Ok(lines
-        .into_iter()
-        .filter(|l| !FENCE_LINES.contains(&l.trim()))
-        .collect::<Vec<_>>()
-        .join("\n"))
 }
 
 /// Only the INCRBYs (no expiry, no lateness check, no fence): what Redis needs at least.
@@ -152,7 +121,7 @@ pub fn role_pipeline(a: &PipelineArgs) -> anyhow::Result<()> {
     res.distinct_keys = distinct;
     res.flush_counted_ok = sum == a.messages as i64;
 
-    // Fencing: the first flush's worth of units through both scripts.
+    // Script cost: the first flush's worth of units through tally's script and an INCRBY-only one.
     let (decoder, mut agg) = new_aggregator(&config, a.partitions)?;
     let now_ms = unix_ms();
     for (i, &(_, _, partition, offset, ts)) in msgs.index.iter().enumerate() {
@@ -168,7 +137,6 @@ pub fn role_pipeline(a: &PipelineArgs) -> anyhow::Result<()> {
     let mut scripts = Vec::new();
     for (src, check) in [
         (APPLY_LUA.to_string(), true),
-        (unfenced_lua()?, false),
         (INCRBY_ONLY_LUA.to_string(), false),
     ] {
         let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(src).query(&mut conn)?;
@@ -193,7 +161,6 @@ pub fn role_pipeline(a: &PipelineArgs) -> anyhow::Result<()> {
     res.fenced_all = scripts[0].2.clone();
     let mut medians = scripts.into_iter().map(|s| median(s.2));
     res.fenced_secs = medians.next().unwrap_or(f64::NAN);
-    res.unfenced_secs = medians.next().unwrap_or(f64::NAN);
     res.incrby_only_secs = medians.next().unwrap_or(f64::NAN);
 
     // 4: one pipelined Lua call per message, 1,000 calls per round trip.
