@@ -94,7 +94,9 @@ async fn wait_partition(h: &Harness, group: &str, partition: i32) {
 async fn a_deleted_fence_halts_its_partition_instead_of_counting_twice() {
     let mut h = Harness::new("fence-deleted", 2);
     let g = "g-fence-deleted";
-    let config = h.config(g, hourly("fd"));
+    let mut config = h.config(g, hourly("fd"));
+    let port = tally_testkit::local_redis::free_port().expect("free port");
+    config.http.listen = format!("127.0.0.1:{port}");
     let running = h.start(config.clone());
     produce_batch(&mut h, 0, 2_000);
     h.wait_applied(g, WAIT).await;
@@ -115,6 +117,9 @@ async fn a_deleted_fence_halts_its_partition_instead_of_counting_twice() {
     // change it replayed from offset 0 and counted its 1,000 old events again).
     assert_eq!(total(&h, "fd:*"), 2_500);
     assert!(!running.health.ready(), "readiness reports the halt");
+    let (status, body) = common::http_get(port, "/health/ready").expect("http answers");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("halted: partition 0:"), "{body}");
     let reasons = running.health.halted.lock().join("; ");
     assert!(
         reasons.contains("partition 0") && reasons.contains("tally state repair"),
@@ -140,6 +145,8 @@ async fn a_deleted_fence_halts_its_partition_instead_of_counting_twice() {
     })
     .await;
     assert!(running.health.ready());
+    let (status, body) = common::http_get(port, "/health/ready").expect("http answers");
+    assert_eq!(status, 200, "{body}");
     running.stop().await;
     assert_eq!(total(&h, "fd:*"), 3_000, "every event counted exactly once");
 }

@@ -139,12 +139,19 @@ async fn ready_handler(State(state): State<AppState>) -> impl IntoResponse {
         .health
         .redis
         .load(std::sync::atomic::Ordering::Relaxed);
-    let code = if kafka && redis {
+    let code = if state.health.ready() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    (code, format!("kafka={kafka} redis={redis}\n"))
+    // Halted partitions are named with what the operator can do.
+    let mut body = format!("kafka={kafka} redis={redis}\n");
+    for halted in state.health.halted.lock().iter() {
+        body.push_str("halted: ");
+        body.push_str(halted);
+        body.push('\n');
+    }
+    (code, body)
 }
 
 /// `GET /v1/count?counter=flow&app_id=..&device_id=..&ip=..[&at=RFC3339|epoch_ms]`: the key,
