@@ -24,8 +24,9 @@
 //! [`consumer`]'s recovery decides where a partition starts from what Redis holds (see "What
 //! makes a count exact"), and [`state`] is `tally state`, which inspects and repairs it.
 //! [`query`] computes a counter's key for given values (CLI and `GET /v1/count`); [`http`]
-//! serves it with `/metrics` and health; [`demo`], [`produce`], [`gen`] and [`local_redis`]
-//! run the pieces locally.
+//! serves it with `/metrics` and [`health`] (ready while a Kafka broker was reachable lately,
+//! Redis answers and no partition is halted); [`demo`], [`produce`], [`gen`] and
+//! [`local_redis`] run the pieces locally.
 //!
 //! ## What makes a count exact
 //!
@@ -62,6 +63,7 @@ pub mod consumer;
 pub mod decode;
 pub mod demo;
 pub mod gen;
+pub mod health;
 pub mod http;
 pub mod key;
 pub mod local_redis;

@@ -26,8 +26,8 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
+use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::sink::Health;
 
 pub use dead_letter::DeadLetters;
 pub use policy::FlushPolicy;
@@ -68,6 +68,7 @@ impl TallyContext {
 
 impl ClientContext for TallyContext {
     fn stats(&self, statistics: Statistics) {
+        self.health.kafka.observe(&statistics);
         let Some(topic) = statistics.topics.get(&self.topic) else {
             return;
         };
@@ -184,9 +185,7 @@ impl ConsumerContext for TallyContext {
         if let Err(e) = result {
             tracing::error!(error = %e, "applying the new assignment failed");
         }
-        self.health
-            .kafka
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.health.kafka.joined();
         let assigned = consumer.assignment().map_or(0, |a| a.count());
         self.metrics.assigned_partitions.set(assigned as i64);
     }
@@ -198,6 +197,8 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
     consumer.subscribe(&[&ctx.topic])?;
     let mut now_ms = unix_ms();
     let mut polls: u32 = 0;
+    // Messages arrived since readiness last heard of it (told every 64 polls, not per message).
+    let mut fetched = false;
     // Held across polls: rebalance callbacks re-enter it on this thread. The worker is borrowed
     // only for one call at a time, never across a poll.
     let mut guard = ctx.lock();
@@ -205,6 +206,9 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
         polls = polls.wrapping_add(1);
         if polls.is_multiple_of(64) {
             now_ms = unix_ms();
+            if std::mem::take(&mut fetched) {
+                ctx.health.kafka.seen();
+            }
             guard.borrow_mut().tick(&consumer);
             ReentrantMutexGuard::bump(&mut guard);
         }
@@ -217,6 +221,9 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
         match polled {
             None => {
                 now_ms = unix_ms();
+                if std::mem::take(&mut fetched) {
+                    ctx.health.kafka.seen();
+                }
                 guard.borrow_mut().tick(&consumer);
             }
             Some(Err(e)) => {
@@ -234,9 +241,7 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
                 guard.borrow_mut().tick(&consumer);
             }
             Some(Ok(msg)) => {
-                ctx.health
-                    .kafka
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                fetched = true;
                 let ts = msg.timestamp().to_millis();
                 guard.borrow_mut().handle(
                     msg.partition(),
