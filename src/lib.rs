@@ -24,8 +24,9 @@
 //! [`consumer`]'s recovery decides where a partition starts from what Redis holds (see "What
 //! makes a count exact"), and [`state`] is `tally state`, which inspects and repairs it.
 //! [`query`] computes a counter's key for given values (CLI and `GET /v1/count`); [`http`]
-//! serves it with `/metrics` and health; the demo (in the binary) and the
-//! `tally-testkit` crate run the pieces locally.
+//! serves it with `/metrics` and [`health`] (ready while a Kafka broker was reachable lately,
+//! Redis answers and no partition is halted); the demo (in the binary) and the `tally-testkit`
+//! crate run the pieces locally.
 //!
 //! ## What makes a count exact
 //!
@@ -60,6 +61,7 @@ pub mod aggregate;
 pub mod config;
 pub mod consumer;
 pub mod decode;
+pub mod health;
 pub mod http;
 pub mod key;
 pub mod metrics;

@@ -12,8 +12,9 @@ use crate::aggregate::{Aggregator, Counter};
 use crate::config::{Config, KafkaConfig};
 use crate::consumer::{self, StateAccess, TallyContext, Worker};
 use crate::decode::{Decoder, FieldRole};
+use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::sink::{FenceScope, Health, Sink};
+use crate::sink::{FenceScope, Sink};
 
 /// The decoder and compiled counters for `config` (also used by the benchmark).
 pub fn build_stages(config: &Config) -> anyhow::Result<(Decoder, Vec<Counter>)> {
@@ -58,12 +59,22 @@ pub fn kafka_client_config(kafka: &KafkaConfig) -> ClientConfig {
         // librdkafka prefetches up to 64 MiB by default; 16 MiB (~160K typical events) keeps
         // the fetcher ahead of the consumer at a quarter of the memory.
         .set("queued.max.messages.kbytes", "16384")
-        .set("statistics.interval.ms", "5000")
+        // Readiness hears from the statistics whether a broker is connected: report often
+        // enough that `unreachable_after` spans at least three reports.
+        .set(
+            "statistics.interval.ms",
+            statistics_interval_ms(kafka.unreachable_after).to_string(),
+        )
         .set("session.timeout.ms", "10000");
     for (k, v) in &kafka.properties {
         cc.set(k, v);
     }
     cc
+}
+
+/// librdkafka's statistics interval for `unreachable_after`: a third of it, 100 ms to 5 s.
+pub fn statistics_interval_ms(unreachable_after: Duration) -> u128 {
+    (unreachable_after.as_millis() / 3).clamp(100, 5_000)
 }
 
 /// One tally process: metrics and health are created up front so callers can observe them.
@@ -80,9 +91,9 @@ impl Tally {
     pub fn new(config: Config) -> Tally {
         let names: Vec<String> = config.counters.iter().map(|c| c.name.clone()).collect();
         Tally {
+            health: Arc::new(Health::new(config.kafka.unreachable_after)),
             config,
             metrics: Metrics::new(&names),
-            health: Arc::new(Health::default()),
         }
     }
 

@@ -54,6 +54,10 @@ pub struct KafkaConfig {
     pub start_from: StartFrom,
     /// Extra librdkafka properties (SASL, SSL, tuning), passed through verbatim.
     pub properties: BTreeMap<String, String>,
+    /// Not ready (`/health/ready` 503) once no broker has been reachable for this long, so an
+    /// orchestrator sees a replica cut off from Kafka.
+    #[serde(with = "humantime_serde")]
+    pub unreachable_after: Duration,
 }
 
 /// Starting point for a partition tally has never counted.
@@ -272,6 +276,7 @@ impl Default for KafkaConfig {
             group_id: "tally".into(),
             start_from: StartFrom::Earliest,
             properties: BTreeMap::new(),
+            unreachable_after: Duration::from_secs(15),
         }
     }
 }

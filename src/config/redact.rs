@@ -160,7 +160,7 @@ pub fn figment_error(error: figment::Error) -> figment::Error {
 }
 
 impl Config {
-    /// This configuration with every secret replaced by [`MASK`], for printing.
+    /// This configuration with every secret replaced by `***`, for printing.
     pub fn redacted(&self) -> Config {
         let mut c = self.clone();
         c.redis.url = redact_url(&c.redis.url);

@@ -2,6 +2,7 @@
 //! connects. Every error names the key.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use super::redact::redact_url;
 use super::{Config, ConfigError, RedisMode};
@@ -39,6 +40,22 @@ impl Config {
                 return Err(invalid(
                     format!("kafka.properties.\"{key}\""),
                     "is managed by tally (use kafka.brokers / kafka.group_id / kafka.start_from)",
+                ));
+            }
+        }
+        if self.kafka.unreachable_after < Duration::from_secs(1) {
+            return Err(invalid(
+                "kafka.unreachable_after",
+                "must be at least 1s (e.g. \"15s\")",
+            ));
+        }
+        // Readiness hears of connected brokers from librdkafka's statistics.
+        if let Some(ms) = self.kafka.properties.get("statistics.interval.ms") {
+            let most = self.kafka.unreachable_after.as_millis() / 2;
+            if !ms.parse::<u128>().is_ok_and(|ms| ms > 0 && ms <= most) {
+                return Err(invalid(
+                    "kafka.properties.\"statistics.interval.ms\"",
+                    format!("must be between 1 and {most} (half of kafka.unreachable_after): readiness follows the brokers through the statistics"),
                 ));
             }
         }

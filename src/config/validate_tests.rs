@@ -129,3 +129,39 @@ fn http_limits_and_token_sources() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn readiness_needs_statistics_more_often_than_unreachable_after() {
+    let mut config = Config::default();
+    config.kafka.unreachable_after = Duration::from_millis(500);
+    assert!(matches!(
+        config.validate(),
+        Err(ConfigError::Invalid { key, .. }) if key == "kafka.unreachable_after"
+    ));
+    config.kafka.unreachable_after = Duration::from_secs(10);
+    for (ms, ok) in [
+        ("5000", true),
+        ("1", true),
+        ("0", false),
+        ("5001", false),
+        ("x", false),
+    ] {
+        config
+            .kafka
+            .properties
+            .insert("statistics.interval.ms".into(), ms.into());
+        assert_eq!(
+            config.validate().is_ok(),
+            ok,
+            "statistics.interval.ms = {ms}"
+        );
+    }
+    assert_eq!(
+        crate::pipeline::statistics_interval_ms(Duration::from_secs(15)),
+        5_000
+    );
+    assert_eq!(
+        crate::pipeline::statistics_interval_ms(Duration::from_secs(3)),
+        1_000
+    );
+}

@@ -26,8 +26,8 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::{ClientContext, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
+use crate::health::Health;
 use crate::metrics::{Metrics, RebalanceKind, ResetReason};
-use crate::sink::Health;
 
 pub use dead_letter::DeadLetters;
 pub use policy::FlushPolicy;
@@ -68,6 +68,7 @@ impl TallyContext {
 
 impl ClientContext for TallyContext {
     fn stats(&self, statistics: Statistics) {
+        self.health.kafka.observe(&statistics);
         let Some(topic) = statistics.topics.get(&self.topic) else {
             return;
         };
@@ -184,9 +185,7 @@ impl ConsumerContext for TallyContext {
         if let Err(e) = result {
             tracing::error!(error = %e, "applying the new assignment failed");
         }
-        self.health
-            .kafka
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.health.kafka.joined();
         // While the consumer closes, librdkafka's main thread may be waiting for this callback:
         // asking it for the assignment then blocks forever.
         let assigned = if self.shutdown.is_cancelled() {
@@ -204,6 +203,8 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
     consumer.subscribe(&[&ctx.topic])?;
     let mut now_ms = unix_ms();
     let mut polls: u32 = 0;
+    // Messages arrived since readiness last heard of it (told every 64 polls, not per message).
+    let mut fetched = false;
     // Held across polls: rebalance callbacks re-enter it on this thread. The worker is borrowed
     // only for one call at a time, never across a poll.
     let mut guard = ctx.lock();
@@ -211,6 +212,9 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
         polls = polls.wrapping_add(1);
         if polls.is_multiple_of(64) {
             now_ms = unix_ms();
+            if std::mem::take(&mut fetched) {
+                ctx.health.kafka.seen();
+            }
             guard.borrow_mut().tick(&consumer);
             ReentrantMutexGuard::bump(&mut guard);
         }
@@ -223,6 +227,9 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
         match polled {
             None => {
                 now_ms = unix_ms();
+                if std::mem::take(&mut fetched) {
+                    ctx.health.kafka.seen();
+                }
                 let mut worker = guard.borrow_mut();
                 worker.caught_up = true;
                 worker.tick(&consumer);
@@ -239,9 +246,7 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
                 guard.borrow_mut().tick(&consumer);
             }
             Some(Ok(msg)) => {
-                ctx.health
-                    .kafka
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                fetched = true;
                 let ts = msg.timestamp().to_millis();
                 guard.borrow_mut().handle(
                     msg.partition(),

@@ -13,8 +13,9 @@ use tokio::sync::mpsc;
 use crate::aggregate::{Added, Aggregator};
 use crate::config::{FlushConfig, RecoveryConfig, StartFrom};
 use crate::decode::{DecodeError, Decoder};
+use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::sink::{ApplyReply, FlushOutcome, Health, SinkRequest};
+use crate::sink::{ApplyReply, FlushOutcome, SinkRequest};
 
 use super::policy::{FlushPolicy, Pending};
 use super::recovery::{Halt, PartitionStates};

@@ -1,6 +1,6 @@
 //! HTTP: `/metrics` (Prometheus text), `/health/live`, `/health/ready` and `GET /v1/count`.
 //!
-//! The server defends itself ([`listener`]): a connection must send its request headers within
+//! The server defends itself (`listener.rs`): a connection must send its request headers within
 //! `http.header_timeout`, a request is answered within `http.request_timeout`, and at most
 //! `http.max_connections` are served at once. With `http.token` (or `http.token_file`) set,
 //! `/v1/*` needs `Authorization: Bearer <token>`; metrics and health stay open for scrapers and
@@ -22,9 +22,9 @@ use axum::Router;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::HttpConfig;
+use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::query::{parse_time, Query, QueryError};
-use crate::sink::Health;
 
 #[derive(Clone)]
 struct AppState {
@@ -130,28 +130,14 @@ async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
     )
 }
 
+/// 200 when ready, else 503; the body says why either way.
 async fn ready_handler(State(state): State<AppState>) -> impl IntoResponse {
-    let kafka = state
-        .health
-        .kafka
-        .load(std::sync::atomic::Ordering::Relaxed);
-    let redis = state
-        .health
-        .redis
-        .load(std::sync::atomic::Ordering::Relaxed);
     let code = if state.health.ready() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    // Halted partitions are named with what the operator can do.
-    let mut body = format!("kafka={kafka} redis={redis}\n");
-    for halted in state.health.halted.lock().iter() {
-        body.push_str("halted: ");
-        body.push_str(halted);
-        body.push('\n');
-    }
-    (code, body)
+    (code, state.health.describe())
 }
 
 /// `GET /v1/count?counter=flow&app_id=..&device_id=..&ip=..[&at=RFC3339|epoch_ms]`: the key,

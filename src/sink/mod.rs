@@ -9,7 +9,7 @@ pub mod conn;
 mod fences;
 pub mod script;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,30 +21,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::aggregate::Unit;
 use crate::config::{FlushConfig, RedisConfig};
+use crate::health::Health;
 use crate::metrics::{Metrics, RedisErrorKind, RejectReason};
 pub use crate::model::state_keys::FenceScope;
 pub use script::{ApplyReply, FenceState};
-
-/// Whether the process' connections are usable, for `/health/ready`.
-#[derive(Debug, Default)]
-pub struct Health {
-    /// Consumer created and group joined (or metadata fetched).
-    pub kafka: AtomicBool,
-    /// Last Redis request succeeded.
-    pub redis: AtomicBool,
-    /// Partitions stopped because tally's state in Redis needs an operator, with the reason
-    /// (e.g. `partition 3: fence missing`). Not ready while any is listed.
-    pub halted: parking_lot::Mutex<Vec<String>>,
-}
-
-impl Health {
-    /// Ready = both Kafka and Redis reachable, and no partition halted.
-    pub fn ready(&self) -> bool {
-        self.kafka.load(Ordering::Relaxed)
-            && self.redis.load(Ordering::Relaxed)
-            && self.halted.lock().is_empty()
-    }
-}
 
 /// Work for the sink task. Replies go over std channels so the consumer thread can wait
 /// with a timeout without a runtime.

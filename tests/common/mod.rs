@@ -35,7 +35,7 @@ pub struct Running {
     pub token: CancellationToken,
     pub handle: JoinHandle<anyhow::Result<()>>,
     pub metrics: Metrics,
-    pub health: std::sync::Arc<tally::sink::Health>,
+    pub health: std::sync::Arc<tally::health::Health>,
 }
 
 impl Running {
