@@ -6,40 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use chrono::Utc;
-use common::{counter, wait_for, Harness, Running};
-use tally::config::{CounterConfig, OnStateLost};
+use common::{hourly, produce_batch, total, wait_for, Harness, Running};
+use tally::config::OnStateLost;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn hourly(prefix: &str) -> Vec<CounterConfig> {
-    vec![counter(
-        "flow",
-        &["app_id", "device_id"],
-        &format!("{prefix}:{{app_id}}:{{device_id}}:{{yyyyMMddHH}}"),
-        Duration::from_secs(3600),
-        "UTC",
-        Duration::from_secs(86_400),
-    )]
-}
-
-/// Produce events `from..from + n`, event `i` on partition `i % partitions`, 20 keys.
-fn produce_batch(h: &mut Harness, from: usize, n: usize) {
-    let now = Utc::now().timestamp_millis();
-    for i in from..from + n {
-        let payload = format!(r#"{{"app_id":"a{}","device_id":"d{}"}}"#, i % 4, i % 5);
-        h.produce(
-            (i % h.partitions as usize) as i32,
-            payload.as_bytes(),
-            Some(now),
-        );
-    }
-    h.flush_producer();
-}
-
-fn total(h: &Harness, pattern: &str) -> i64 {
-    h.dump(pattern).values().sum()
-}
 
 fn fence(h: &Harness, group: &str, partition: i32) -> String {
     format!("tally:applied:{group}:{}:{partition}:0", h.topic)
@@ -60,6 +30,16 @@ fn halted(running: &Running, partition: i32, reason: &str) -> i64 {
         .with_label_values(&[reason])
         .get();
     i64::from(named && count > 0)
+}
+
+/// `CONFIG SET maxmemory-policy` on the harness' Redis.
+fn set_eviction_policy(h: &Harness, policy: &str) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory-policy")
+        .arg(policy)
+        .query(&mut h.conn())
+        .unwrap();
 }
 
 /// Run the `tally` binary with `args` against this harness' Redis, topic and `group`; stdout.
@@ -328,22 +308,12 @@ async fn an_evicting_redis_is_refused_at_start_and_at_runtime() {
     running.stop().await;
     assert_eq!(total(&h, "ev:*"), 100, "allowed explicitly");
 
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query(&mut h.conn())
-        .unwrap();
+    set_eviction_policy(&h, "noeviction");
     let running = h.start(config);
     produce_batch(&mut h, 100, 100);
     h.wait_applied(g, WAIT).await;
     // Someone switches eviction on while tally runs: writes stop, readiness drops.
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("volatile-lru")
-        .query(&mut h.conn())
-        .unwrap();
+    set_eviction_policy(&h, "volatile-lru");
     let m = running.metrics.clone();
     wait_for("eviction detected", WAIT, || {
         m.eviction_policy_unsafe.get() == 1
@@ -357,12 +327,7 @@ async fn an_evicting_redis_is_refused_at_start_and_at_runtime() {
         200,
         "nothing written under an evicting policy"
     );
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory-policy")
-        .arg("noeviction")
-        .query(&mut h.conn())
-        .unwrap();
+    set_eviction_policy(&h, "noeviction");
     h.wait_applied(g, WAIT).await;
     running.stop().await;
     assert_eq!(total(&h, "ev:*"), 300);

@@ -265,3 +265,34 @@ pub fn counter(
         value_field: None,
     }
 }
+
+/// One hourly counter keyed `<prefix>:{app_id}:{device_id}:<hour>`, kept a day.
+pub fn hourly(prefix: &str) -> Vec<CounterConfig> {
+    vec![counter(
+        "flow",
+        &["app_id", "device_id"],
+        &format!("{prefix}:{{app_id}}:{{device_id}}:{{yyyyMMddHH}}"),
+        Duration::from_secs(3600),
+        "UTC",
+        Duration::from_secs(86_400),
+    )]
+}
+
+/// Produce events `from..from + n`, event `i` on partition `i % partitions`, 20 keys, all in
+/// the current hour (the truth is simply `n`).
+pub fn produce_batch(h: &mut Harness, from: usize, n: usize) {
+    let now = chrono::Utc::now().timestamp_millis();
+    for i in from..from + n {
+        let payload = format!(r#"{{"app_id":"a{}","device_id":"d{}"}}"#, i % 4, i % 5);
+        h.produce(
+            (i % h.partitions as usize) as i32,
+            payload.as_bytes(),
+            Some(now),
+        );
+    }
+    h.flush_producer();
+}
+
+pub fn total(h: &Harness, pattern: &str) -> i64 {
+    h.dump(pattern).values().sum()
+}

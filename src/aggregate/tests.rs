@@ -1,10 +1,11 @@
-//! Tests for `aggregate.rs`: deltas, unit chaining, the per-call key limit, replay skipping,
+//! Tests for the aggregator: deltas, unit chaining, the per-call key limit, replay skipping,
 //! and a property test against a direct count. Events go through the real decoder; expected
 //! keys are rendered here with chrono, independently of `key.rs`.
 
 use super::*;
 use crate::config::{Config, CounterConfig};
 use crate::decode::Decoder;
+use crate::model::layout::shard_of;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -450,5 +451,5 @@ fn overflowing_sum_skips_the_whole_event() {
     );
 }
 
-#[path = "aggregate_props.rs"]
+#[path = "props.rs"]
 mod props;
