@@ -63,11 +63,10 @@ pub mod consumer;
 pub mod decode;
 pub mod health;
 pub mod http;
-pub mod key;
 pub mod metrics;
-pub mod model;
 pub mod pipeline;
 pub mod query;
 pub mod sink;
 pub mod state;
-pub mod window;
+
+pub use tally_counters::{key, model, window};

@@ -101,7 +101,7 @@ impl Tally {
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let config = self.config;
         let (decoder, counters) = build_stages(&config)?;
-        let scope = FenceScope::from_config(&config);
+        let scope = FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic);
         let agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call)
             .with_layout(scope.layout.clone());
         let mut sink = Sink::new(

@@ -41,7 +41,7 @@ async fn connect(config: &Config) -> anyhow::Result<Conn> {
 
 /// The fences of `partitions`, plus every partition a state marker names.
 pub async fn inspect(config: &Config, partitions: &[i32]) -> anyhow::Result<Vec<FenceRow>> {
-    let scope = FenceScope::from_config(config);
+    let scope = FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic);
     let mut conn = connect(config).await?;
     let mut rows = Vec::new();
     for shard in 0..scope.layout.shards() {
@@ -87,7 +87,7 @@ pub async fn repair(
     partition: i32,
     offset: Option<i64>,
 ) -> anyhow::Result<Vec<(u32, i64)>> {
-    let scope = FenceScope::from_config(config);
+    let scope = FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic);
     let rows = inspect(config, &[partition]).await?;
     let mut plan = Vec::new();
     for shard in 0..scope.layout.shards() {

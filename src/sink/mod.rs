@@ -5,7 +5,7 @@
 //! a range that Redis has already applied (see [`script`]), so a retry after a lost reply, a
 //! NOSCRIPT reload or a reconnect never counts twice.
 
-pub mod conn;
+pub use tally_counters::conn;
 mod fences;
 pub mod script;
 
@@ -102,7 +102,7 @@ enum AttemptError {
 pub struct Sink {
     connector: conn::Connector,
     conn: Option<conn::Conn>,
-    apply_sha: String,
+    apply: Script,
     /// Flushes prepared so far; every `ttl_check_every`-th checks existing keys' expiry.
     flushes: u64,
     /// An unreachable Redis was logged (the probe logs transitions only).
@@ -118,6 +118,7 @@ pub struct Sink {
 }
 
 pub use conn::client;
+use tally_counters::script::{is_noscript, Script};
 
 impl Sink {
     /// A sink for `scope`; connects lazily.
@@ -131,7 +132,7 @@ impl Sink {
         Ok(Sink {
             connector: conn::Connector::new(config)?,
             conn: None,
-            apply_sha: redis::Script::new(script::APPLY_LUA).get_hash().to_string(),
+            apply: Script::new("apply", script::APPLY_LUA),
             flushes: 0,
             reported_down: false,
             allow_eviction: config.allow_eviction,
@@ -338,11 +339,7 @@ impl Sink {
 
     /// SCRIPT LOAD (on every primary of a cluster).
     async fn load_script(&self, conn: &mut conn::Conn) -> Result<(), AttemptError> {
-        let sha: String = conn
-            .query(redis::cmd("SCRIPT").arg("LOAD").arg(script::APPLY_LUA))
-            .await?;
-        debug_assert_eq!(sha, self.apply_sha);
-        Ok(())
+        Ok(self.apply.load(conn).await?)
     }
 
     /// Encode `units` as one pipeline per shard (one slot on a cluster), with what is needed to
@@ -363,7 +360,7 @@ impl Sink {
             let keys = self.scope.keys(unit.partition, unit.shard);
             groups[g]
                 .0
-                .add_command(script::apply_cmd(&self.apply_sha, &keys, &unit, check_ttl));
+                .add_command(script::apply_cmd(self.apply.sha(), &keys, &unit, check_ttl));
             groups[g].1.push(UnitMeta {
                 partition: unit.partition,
                 shard: unit.shard,
@@ -390,7 +387,7 @@ impl Sink {
         for ((_, metas), result) in groups.iter().zip(results) {
             let replies = match result {
                 Ok(replies) => replies,
-                Err(e) if e.code() == Some("NOSCRIPT") => {
+                Err(e) if is_noscript(&e) => {
                     noscript = true;
                     continue;
                 }

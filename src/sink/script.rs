@@ -12,6 +12,7 @@
 //! marker still names the partition: replaying blindly would count twice, so the partition stops).
 
 use redis::{Cmd, Value};
+use tally_counters::script::int_array;
 
 use crate::aggregate::Unit;
 pub use crate::model::state_keys::StateKeys;
@@ -147,19 +148,6 @@ impl FenceState {
 /// marker of another type (it then holds no copies) is replaced.
 /// KEYS: fence, marker. ARGV: partition, offset, now (ms).
 pub const SET_FENCE_LUA: &str = include_str!("lua/set_fence.lua");
-
-fn int_array(value: &Value) -> Result<Vec<i64>, String> {
-    match value {
-        Value::Array(items) => items
-            .iter()
-            .map(|v| match v {
-                Value::Int(n) => Ok(*n),
-                other => Err(format!("expected an integer, got {other:?}")),
-            })
-            .collect(),
-        other => Err(format!("expected an array, got {other:?}")),
-    }
-}
 
 /// The EVALSHA command applying `unit`; `check_ttl` says whether existing keys are checked for
 /// a missing expiry.

@@ -18,13 +18,13 @@ pub struct FenceScope {
 }
 
 impl FenceScope {
-    /// The scope of the configured group, topic and deployment.
-    pub fn from_config(config: &crate::config::Config) -> FenceScope {
+    /// The scope of a consumer `group` reading `topic`, on the configured deployment.
+    pub fn new(redis: &crate::config::RedisConfig, group: &str, topic: &str) -> FenceScope {
         FenceScope {
-            prefix: config.redis.state_prefix.clone(),
-            group: config.kafka.group_id.clone(),
-            topic: config.kafka.topic.clone(),
-            layout: Layout::for_config(&config.redis),
+            prefix: redis.state_prefix.clone(),
+            group: group.to_string(),
+            topic: topic.to_string(),
+            layout: Layout::for_config(redis),
         }
     }
 

@@ -1,0 +1,21 @@
+//! # tally-counters: exact, time-windowed counters in Redis
+//!
+//! The part of tally that needs no Kafka: what a counter is and where its keys live, the Redis
+//! connection, and the scripts that change counters atomically. The `tally` service builds its
+//! stream path on it; programs embed it for the request path.
+//!
+//! * [`config`]: counter and Redis settings (serde data, validated by the caller).
+//! * [`window`]: tumbling windows aligned in a time zone, DST-safe.
+//! * [`key`]: key templates whose rendering is injective (values escaped).
+//! * [`model`]: a counter compiled once ([`model::CounterSpec`]), the key layout on a cluster
+//!   ([`model::layout`]), the names of tally's own state keys, and the proof that no two counters
+//!   can write one key.
+//! * [`conn`]: one multiplexed connection handle for a server or a cluster.
+//! * [`script`]: Lua scripts loaded once (SCRIPT LOAD) and run by SHA, reloaded on NOSCRIPT.
+
+pub mod config;
+pub mod conn;
+pub mod key;
+pub mod model;
+pub mod script;
+pub mod window;

@@ -1,0 +1,93 @@
+//! Lua scripts run by SHA. Each script is a `.lua` file compiled into the binary, named, and
+//! hashed once; [`Script::run`] sends EVALSHA and, when Redis answers NOSCRIPT (restarted, SCRIPT
+//! FLUSH, failed over to a replica that never saw the script), loads it and sends it once more.
+//! Values always travel as ARGV: script text never contains caller data.
+//!
+//! Each module that owns a script parses its reply into a type beside it.
+
+use redis::{Cmd, FromRedisValue, RedisResult};
+
+use crate::conn::Conn;
+
+/// One Lua script: its name (for errors and metrics), its text and its SHA1.
+#[derive(Debug, Clone)]
+pub struct Script {
+    name: &'static str,
+    source: &'static str,
+    sha: String,
+}
+
+impl Script {
+    /// A script from its text (hashed here, once).
+    pub fn new(name: &'static str, source: &'static str) -> Script {
+        Script {
+            name,
+            source,
+            sha: redis::Script::new(source).get_hash().to_string(),
+        }
+    }
+
+    /// The script's name.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The script's text.
+    pub fn source(&self) -> &'static str {
+        self.source
+    }
+
+    /// SHA1 of the text, as EVALSHA wants it.
+    pub fn sha(&self) -> &str {
+        &self.sha
+    }
+
+    /// `EVALSHA sha numkeys keys...`, ready for its ARGV.
+    pub fn cmd<K: redis::ToRedisArgs>(&self, keys: &[K]) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(keys.len());
+        for k in keys {
+            cmd.arg(k);
+        }
+        cmd
+    }
+
+    /// SCRIPT LOAD (on every primary of a cluster).
+    pub async fn load(&self, conn: &mut Conn) -> RedisResult<()> {
+        let sha: String = conn
+            .query(redis::cmd("SCRIPT").arg("LOAD").arg(self.source))
+            .await?;
+        debug_assert_eq!(sha, self.sha, "{}", self.name);
+        Ok(())
+    }
+
+    /// Run `cmd` (built by [`Script::cmd`]); on NOSCRIPT load the script and run it once more.
+    pub async fn run<T: FromRedisValue>(&self, conn: &mut Conn, cmd: &Cmd) -> RedisResult<T> {
+        match conn.query(cmd).await {
+            Err(e) if is_noscript(&e) => {
+                self.load(conn).await?;
+                conn.query(cmd).await
+            }
+            other => other,
+        }
+    }
+}
+
+/// Whether Redis answered that it does not know the script's SHA.
+pub fn is_noscript(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOSCRIPT")
+}
+
+/// Parse a reply that must be an array of integers.
+pub fn int_array(value: &redis::Value) -> Result<Vec<i64>, String> {
+    match value {
+        redis::Value::Array(items) => items
+            .iter()
+            .map(|v| match v {
+                redis::Value::Int(n) => Ok(*n),
+                other => Err(format!("expected an integer, got {other:?}")),
+            })
+            .collect(),
+        other => Err(format!("expected an array, got {other:?}")),
+    }
+}
