@@ -17,5 +17,6 @@ pub mod config;
 pub mod conn;
 pub mod key;
 pub mod model;
+pub mod request;
 pub mod script;
 pub mod window;

@@ -1,0 +1,362 @@
+//! Rate limits, decided on Redis server time in one atomic script ([`LIMIT_LUA`]) for any number
+//! of policies of one subject (all its keys share a hash tag).
+//!
+//! Every algorithm counts before it adds: a request is recorded only when every enforcing policy
+//! admits it, so a denied request costs nothing and `limit + 1` never passes. (The folklore
+//! sorted-set limiter runs ZADD then ZCARD and lets a burst through: each caller sees its own
+//! entry counted, or denied requests fill the log.)
+//!
+//! | algorithm | state per subject | exactness |
+//! |---|---|---|
+//! | `fixed` | a hash {window, count} | exact per aligned window; up to 2 × limit across a boundary |
+//! | `sliding_log` | a sorted set, one entry per admitted unit | exact over every sliding window; memory ∝ limit |
+//! | `sliding_counter` | a hash of two window counts | approximate: weights the previous window linearly; never more than `limit` per aligned window, at most 2 × limit in a sliding window when the previous window's traffic was all at its end; exact for uniform traffic |
+//! | `gcra` | one timestamp | exact: one unit per `window / limit`, bursts up to `burst` |
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ints, Client, RequestError};
+use crate::script::Script;
+
+/// The limit script; see its header for the contract.
+pub const LIMIT_LUA: &str = include_str!("lua/limit.lua");
+static LIMIT: LazyLock<Script> = LazyLock::new(|| Script::new("limit", LIMIT_LUA));
+
+/// How a policy counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Algorithm {
+    /// Windows aligned to the epoch; `limit` per window.
+    Fixed,
+    /// An exact log of admitted units over the last `window`.
+    SlidingLog,
+    /// The current and previous window's counts, the previous weighted by its overlap.
+    SlidingCounter,
+    /// Generic cell rate algorithm: `limit` per `window` evenly, bursts up to `burst`.
+    Gcra,
+}
+
+impl Algorithm {
+    fn code(self) -> u8 {
+        match self {
+            Algorithm::Fixed => 1,
+            Algorithm::SlidingLog => 2,
+            Algorithm::SlidingCounter => 3,
+            Algorithm::Gcra => 4,
+        }
+    }
+}
+
+/// What a policy decides when Redis cannot be asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    /// Admit (availability over the limit).
+    #[default]
+    Open,
+    /// Deny (the limit over availability).
+    Closed,
+}
+
+/// One named rate-limit policy (config data).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitPolicy {
+    /// Name: part of the key, metric label, `RateLimit-Policy` name.
+    pub name: String,
+    /// How it counts.
+    pub algorithm: Algorithm,
+    /// Units admitted per window.
+    pub limit: u64,
+    /// Window length.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// GCRA only: the largest burst, in units (default: `limit`).
+    #[serde(default)]
+    pub burst: Option<u64>,
+    /// Decide and record, but never deny (to try a policy on live traffic).
+    #[serde(default)]
+    pub shadow: bool,
+    /// What to decide when Redis is unreachable.
+    #[serde(default)]
+    pub on_redis_error: FailureMode,
+}
+
+/// Largest `limit` of a sliding log (its memory is one entry per admitted unit).
+pub const MAX_LOG_LIMIT: u64 = 1_000_000;
+
+impl LimitPolicy {
+    /// Check the policy's numbers; the error names the field.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.name.is_empty() {
+            return Err("name: must not be empty".into());
+        }
+        if self.limit == 0 || self.limit > i64::MAX as u64 / 1_000_000 {
+            return Err(format!("limit: {} is out of range", self.limit));
+        }
+        let ms = self.window.as_millis();
+        if ms == 0 || ms > 366 * 86_400_000 {
+            return Err("window: must be between 1ms and 366 days".into());
+        }
+        if self.algorithm == Algorithm::SlidingLog && self.limit > MAX_LOG_LIMIT {
+            return Err(format!(
+                "limit: a sliding_log keeps one entry per unit; at most {MAX_LOG_LIMIT}"
+            ));
+        }
+        if self.algorithm == Algorithm::Gcra && (ms * 1000) / u128::from(self.limit) == 0 {
+            return Err("window / limit must be at least 1µs".into());
+        }
+        match self.burst {
+            Some(0) => Err("burst: must be at least 1".into()),
+            Some(_) if self.algorithm != Algorithm::Gcra => {
+                Err("burst: only the gcra algorithm has a burst".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    fn window_ms(&self) -> u64 {
+        self.window.as_millis() as u64
+    }
+}
+
+/// One policy's answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PolicyVerdict {
+    /// Policy name.
+    pub policy: String,
+    /// This policy admits the request.
+    pub allowed: bool,
+    /// Units still available now (after this request, if admitted).
+    pub remaining: u64,
+    /// Milliseconds until the policy's window resets (or its state drains).
+    pub reset_ms: u64,
+    /// When denied: milliseconds until a retry of the same cost can pass; `None` if it never can
+    /// (cost above the limit) or when allowed.
+    pub retry_after_ms: Option<u64>,
+    /// The policy is in shadow mode: its denial was not enforced.
+    pub shadow: bool,
+    /// The policy's limit and window, for `RateLimit-Policy`.
+    pub limit: u64,
+    /// Window length, ms.
+    pub window_ms: u64,
+}
+
+/// The answer to one request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Decision {
+    /// The request may proceed.
+    pub admitted: bool,
+    /// Per policy, in the order asked.
+    pub policies: Vec<PolicyVerdict>,
+    /// Redis could not be asked: decided by each policy's `on_redis_error`.
+    pub without_redis: bool,
+    /// Redis server time of the decision, Unix ms (0 without Redis).
+    pub now_ms: i64,
+}
+
+impl Decision {
+    /// When denied: the longest wait any enforcing, denying policy asks for (ms); `None` if one
+    /// can never admit this cost, or when admitted.
+    pub fn retry_after_ms(&self) -> Option<u64> {
+        if self.admitted {
+            return None;
+        }
+        let mut wait = 0;
+        for v in self.policies.iter().filter(|v| !v.allowed && !v.shadow) {
+            wait = wait.max(v.retry_after_ms?);
+        }
+        Some(wait)
+    }
+
+    /// IETF `RateLimit-Policy` and `RateLimit` field values (draft-ietf-httpapi-ratelimit-headers):
+    /// `"name";q=limit;w=seconds` and `"name";r=remaining;t=seconds`, one item per policy.
+    pub fn headers(&self) -> (String, String) {
+        let secs = |ms: u64| ms.div_ceil(1000);
+        let policy = self
+            .policies
+            .iter()
+            .map(|v| format!("\"{}\";q={};w={}", v.policy, v.limit, secs(v.window_ms)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let state = self
+            .policies
+            .iter()
+            .map(|v| format!("\"{}\";r={};t={}", v.policy, v.remaining, secs(v.reset_ms)))
+            .collect::<Vec<_>>()
+            .join(", ");
+        (policy, state)
+    }
+}
+
+/// Named policies over one connection.
+#[derive(Clone)]
+pub struct RateLimiter {
+    client: Client,
+    policies: HashMap<String, LimitPolicy>,
+}
+
+impl RateLimiter {
+    /// A limiter with `policies` (validated here).
+    pub fn new(client: Client, policies: Vec<LimitPolicy>) -> Result<RateLimiter, RequestError> {
+        let mut map = HashMap::new();
+        for p in policies {
+            p.validate()
+                .map_err(|e| RequestError::Invalid(format!("limit `{}`: {e}", p.name)))?;
+            if map.insert(p.name.clone(), p).is_some() {
+                return Err(RequestError::Invalid("two limits share a name".into()));
+            }
+        }
+        Ok(RateLimiter {
+            client,
+            policies: map,
+        })
+    }
+
+    /// The policy named `name`.
+    pub fn policy(&self, name: &str) -> Result<&LimitPolicy, RequestError> {
+        self.policies
+            .get(name)
+            .ok_or_else(|| RequestError::Invalid(format!("unknown limit `{name}`")))
+    }
+
+    /// Decide a request of `cost` units by `subject` against `policies`, all at once; record it
+    /// if admitted. Without Redis, each policy answers by its `on_redis_error`.
+    pub async fn check(
+        &self,
+        policies: &[&str],
+        subject: &str,
+        cost: u64,
+    ) -> Result<Decision, RequestError> {
+        self.call(policies, subject, cost, "apply").await
+    }
+
+    /// What [`RateLimiter::check`] would decide, without recording anything.
+    pub async fn peek(
+        &self,
+        policies: &[&str],
+        subject: &str,
+        cost: u64,
+    ) -> Result<Decision, RequestError> {
+        self.call(policies, subject, cost, "peek").await
+    }
+
+    /// Forget `subject`'s state under `policies`.
+    pub async fn reset(&self, policies: &[&str], subject: &str) -> Result<(), RequestError> {
+        let chosen = self.chosen(policies)?;
+        let mut del = redis::cmd("DEL");
+        for p in &chosen {
+            del.arg(self.key(p, subject));
+        }
+        let _: i64 = self.client.query(&del).await?;
+        Ok(())
+    }
+
+    fn chosen(&self, policies: &[&str]) -> Result<Vec<&LimitPolicy>, RequestError> {
+        if policies.is_empty() {
+            return Err(RequestError::Invalid("name at least one limit".into()));
+        }
+        policies.iter().map(|n| self.policy(n)).collect()
+    }
+
+    fn key(&self, policy: &LimitPolicy, subject: &str) -> String {
+        super::key(
+            self.client.prefix(),
+            "limit",
+            &policy.name,
+            subject,
+            subject,
+        )
+    }
+
+    async fn call(
+        &self,
+        policies: &[&str],
+        subject: &str,
+        cost: u64,
+        mode: &str,
+    ) -> Result<Decision, RequestError> {
+        let chosen = self.chosen(policies)?;
+        if cost == 0 || cost > i64::MAX as u64 / 1_000_000 {
+            return Err(RequestError::Invalid(format!(
+                "cost {cost} is out of range"
+            )));
+        }
+        let keys: Vec<String> = chosen.iter().map(|p| self.key(p, subject)).collect();
+        let mut cmd = LIMIT.cmd(&keys);
+        cmd.arg(cost).arg(request_id()).arg(mode);
+        for p in &chosen {
+            cmd.arg(p.algorithm.code())
+                .arg(p.limit)
+                .arg(p.window_ms())
+                .arg(p.burst.unwrap_or(p.limit))
+                .arg(if p.shadow { "1" } else { "0" });
+        }
+        let reply: redis::Value = match self.client.run(&LIMIT, &cmd).await {
+            Ok(v) => v,
+            Err(e) if e.is_unavailable() => return Ok(without_redis(&chosen)),
+            Err(e) => return Err(e),
+        };
+        let r = ints("limit", &reply)?;
+        if r.len() != 2 + 4 * chosen.len() {
+            return Err(RequestError::Reply {
+                script: "limit",
+                detail: format!("{reply:?}"),
+            });
+        }
+        let policies = chosen
+            .iter()
+            .zip(r[2..].chunks(4))
+            .map(|(p, v)| PolicyVerdict {
+                policy: p.name.clone(),
+                allowed: v[0] == 1,
+                remaining: v[1].max(0) as u64,
+                reset_ms: v[2].max(0) as u64,
+                retry_after_ms: (v[0] == 0 && v[3] >= 0).then_some(v[3] as u64),
+                shadow: p.shadow,
+                limit: p.limit,
+                window_ms: p.window_ms(),
+            })
+            .collect();
+        Ok(Decision {
+            admitted: r[0] == 1,
+            policies,
+            without_redis: false,
+            now_ms: r[1],
+        })
+    }
+}
+
+fn without_redis(chosen: &[&LimitPolicy]) -> Decision {
+    let policies: Vec<PolicyVerdict> = chosen
+        .iter()
+        .map(|p| {
+            let allowed = p.on_redis_error == FailureMode::Open;
+            PolicyVerdict {
+                policy: p.name.clone(),
+                allowed,
+                remaining: 0,
+                reset_ms: 0,
+                retry_after_ms: (!allowed).then_some(1000),
+                shadow: p.shadow,
+                limit: p.limit,
+                window_ms: p.window_ms(),
+            }
+        })
+        .collect();
+    Decision {
+        admitted: policies.iter().all(|v| v.allowed || v.shadow),
+        policies,
+        without_redis: true,
+        now_ms: 0,
+    }
+}
+
+/// A unique id for a request's sliding-log entries (128 random bits).
+fn request_id() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}

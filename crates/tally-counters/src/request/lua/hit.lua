@@ -1,0 +1,23 @@
+-- Hit: add ARGV[1] to the counter KEYS[1], whose window's keys expire at ARGV[2] (Unix ms), and
+-- return the new value. KEYS[2], if given, is the idempotency key of this hit: a retried hit
+-- finds it and returns the value it recorded instead of adding again. Values arrive as ARGV.
+-- Reply: {1, value} added; {0, value} a duplicate (nothing added); {-1} the window has expired;
+-- {-2} the counter holds something that is not an integer, or the sum would overflow.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if tonumber(ARGV[2]) <= now then return {-1} end
+if KEYS[2] then
+  local seen = redis.call('GET', KEYS[2])
+  if seen then return {0, tonumber(seen)} end
+end
+local v = redis.pcall('INCRBY', KEYS[1], ARGV[1])
+if type(v) == 'table' and v.err then
+  if string.sub(v.err, 1, 3) == 'OOM' then return redis.error_reply(v.err) end
+  return {-2}
+end
+-- A new key has no expiry yet, and one made or PERSISTed outside tally is repaired: both get it.
+if redis.call('PTTL', KEYS[1]) == -1 then
+  redis.call('PEXPIREAT', KEYS[1], ARGV[2])
+end
+if KEYS[2] then redis.call('SET', KEYS[2], v, 'PXAT', ARGV[2]) end
+return {1, v}

@@ -1,0 +1,113 @@
+//! The request path: answers while a request is in flight. Every primitive is one atomic Lua
+//! script (run by SHA, reloaded on NOSCRIPT) over keys that share one hash tag, so it works the
+//! same on a single server and on Redis Cluster:
+//!
+//! * [`Counters::hit`]: add to a windowed counter (the stream path's keys) and return the total;
+//!   the key gets its window's absolute expiry in the same step; an idempotency key makes a
+//!   retried hit count once.
+//! * [`RateLimiter`]: fixed window, exact sliding log, sliding window counter and GCRA; several
+//!   policies decided in one call; shadow mode.
+//! * [`Quota`]: the first N win, optionally once per user; release.
+//! * [`Once`]: the first call per subject and window.
+//! * [`Pool`]: distinct items handed out, at most one per user.
+//! * [`Unique`]: distinct items seen in a sliding window.
+//!
+//! Each has `peek` (read without changing) and `reset`. Redis errors are returned as
+//! [`RequestError`], never panics; what to do without Redis (fail open or closed) is the
+//! caller's choice, and [`RateLimiter`] carries it per policy.
+
+mod client;
+mod hit;
+mod limit;
+mod once;
+mod pool;
+mod quota;
+mod unique;
+
+pub use client::Client;
+pub use hit::{Counters, Hit, HitReply};
+pub use limit::{Algorithm, Decision, FailureMode, LimitPolicy, PolicyVerdict, RateLimiter};
+pub use once::Once;
+pub use pool::{Claim, Pool};
+pub use quota::{Quota, QuotaReply};
+pub use unique::Unique;
+
+/// Why a request-path call has no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    /// Redis could not be reached or answered with an error.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Redis answered something the script's contract does not allow.
+    #[error("unexpected reply from {script}: {detail}")]
+    Reply {
+        /// The script.
+        script: &'static str,
+        /// What came back.
+        detail: String,
+    },
+    /// The caller's input cannot be used (unknown counter, wrong dimensions, bad numbers).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl RequestError {
+    /// Whether the error says Redis was unavailable (as opposed to bad input or a bad reply).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, RequestError::Redis(_))
+    }
+}
+
+/// A key of a request-path primitive: `<prefix><kind>:<escaped name>:<escaped subject>:{tag}`.
+/// Names and subjects are escaped (so two pairs never share a key) and the hash tag is a hash of
+/// `tag_of`, so every key of one decision lives in one cluster slot.
+pub(crate) fn key(prefix: &str, kind: &str, name: &str, subject: &str, tag_of: &str) -> String {
+    let mut buf = Vec::with_capacity(prefix.len() + name.len() + subject.len() + 32);
+    buf.extend_from_slice(prefix.as_bytes());
+    buf.extend_from_slice(kind.as_bytes());
+    buf.push(b':');
+    crate::key::escape_into(&mut buf, name);
+    buf.push(b':');
+    crate::key::escape_into(&mut buf, subject);
+    let mut out = String::from_utf8(buf).unwrap_or_default();
+    out.push_str(&format!(":{{{:016x}}}", fnv1a(tag_of.as_bytes())));
+    out
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}
+
+/// The current time, Unix ms (the caller's clock: used to pick a window, never to decide limits).
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Parse a reply that must be an array of integers, naming the script in the error.
+pub(crate) fn ints(script: &'static str, value: &redis::Value) -> Result<Vec<i64>, RequestError> {
+    crate::script::int_array(value).map_err(|detail| RequestError::Reply { script, detail })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_escaped_and_tagged_by_their_group() {
+        let a = key("t:", "limit", "api", "u:1", "u:1");
+        let b = key("t:", "limit", "api:u", "1", "u:1");
+        assert_ne!(a, b, "escaping keeps (name, subject) pairs apart");
+        assert!(a.starts_with("t:limit:api:u%3A1:{"), "{a}");
+        let other = key("t:", "limit", "daily", "u:1", "u:1");
+        let tag = |k: &str| k[k.rfind('{').unwrap()..].to_string();
+        assert_eq!(tag(&a), tag(&other), "one subject's policies share a slot");
+        assert_ne!(tag(&a), tag(&key("t:", "limit", "api", "u:2", "u:2")));
+    }
+}

@@ -1,0 +1,223 @@
+//! Rate limiters under 200 concurrent callers: every admitted decision carries Redis server
+//! time, and the admitted set is checked against each algorithm's promise.
+
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use tally_counters::config::RedisConfig;
+use tally_counters::request::{Algorithm, Client, Decision, FailureMode, LimitPolicy, RateLimiter};
+use tally_testkit::local_redis::LocalRedis;
+
+use super::support::{clients, Deployment};
+
+pub fn policy(name: &str, algorithm: Algorithm, limit: u64, window_ms: u64) -> LimitPolicy {
+    LimitPolicy {
+        name: name.into(),
+        algorithm,
+        limit,
+        window: Duration::from_millis(window_ms),
+        burst: None,
+        shadow: false,
+        on_redis_error: FailureMode::Open,
+    }
+}
+
+/// 200 callers over four connections ask `policy` for `subject` until `run` has passed; the
+/// server times of the admitted requests, sorted.
+async fn hammer(dep: &Deployment, policy: &LimitPolicy, subject: &str, run: Duration) -> Vec<i64> {
+    let limiters: Vec<RateLimiter> = clients(dep, 4)
+        .into_iter()
+        .map(|c| RateLimiter::new(c, vec![policy.clone()]).unwrap())
+        .collect();
+    let end = Instant::now() + run;
+    let tasks = (0..200).map(|i| {
+        let limiter = limiters[i % limiters.len()].clone();
+        let (name, subject) = (policy.name.clone(), subject.to_string());
+        async move {
+            let mut admitted = Vec::new();
+            while Instant::now() < end {
+                let d = limiter.check(&[&name], &subject, 1).await.unwrap();
+                assert!(!d.without_redis);
+                if d.admitted {
+                    admitted.push(d.now_ms);
+                } else {
+                    let wait = d.retry_after_ms().expect("cost 1 can pass later");
+                    assert!(wait > 0);
+                }
+            }
+            admitted
+        }
+    });
+    let mut times: Vec<i64> = join_all(tasks).await.into_iter().flatten().collect();
+    times.sort_unstable();
+    times
+}
+
+/// Most admitted requests in any half-open interval `(t - window, t]` ending at an admission.
+fn max_in_sliding(times: &[i64], window: i64) -> usize {
+    let mut best = 0;
+    let mut lo = 0;
+    for hi in 0..times.len() {
+        while times[lo] <= times[hi] - window {
+            lo += 1;
+        }
+        best = best.max(hi - lo + 1);
+    }
+    best
+}
+
+fn per_fixed_window(times: &[i64], window: i64) -> std::collections::BTreeMap<i64, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for t in times {
+        *m.entry(t.div_euclid(window)).or_default() += 1;
+    }
+    m
+}
+
+pub async fn fixed_and_sliding_log_admit_exactly_the_limit(dep: &Deployment) {
+    let fixed = policy("fixed", Algorithm::Fixed, 40, 400);
+    let times = hammer(dep, &fixed, "ip-1", Duration::from_millis(2100)).await;
+    let counts = per_fixed_window(&times, 400);
+    assert!(counts.len() >= 4, "{counts:?}");
+    assert!(counts.values().all(|&n| n <= 40), "never more: {counts:?}");
+    let inner: Vec<usize> = counts
+        .values()
+        .skip(1)
+        .take(counts.len() - 2)
+        .copied()
+        .collect();
+    assert!(
+        inner.iter().all(|&n| n == 40),
+        "saturated windows admit exactly L: {counts:?}"
+    );
+
+    let log = policy("log", Algorithm::SlidingLog, 40, 400);
+    let times = hammer(dep, &log, "ip-1", Duration::from_millis(2100)).await;
+    assert_eq!(
+        max_in_sliding(&times, 400),
+        40,
+        "exactly L in the busiest sliding window"
+    );
+    assert!(
+        times.len() >= 40 * 4,
+        "the log admits again as entries leave: {}",
+        times.len()
+    );
+}
+
+pub async fn approximate_limiters_stay_within_their_bounds(dep: &Deployment) {
+    let counter = policy("counter", Algorithm::SlidingCounter, 40, 400);
+    let times = hammer(dep, &counter, "ip-2", Duration::from_millis(2100)).await;
+    let counts = per_fixed_window(&times, 400);
+    assert!(
+        counts.values().all(|&n| n <= 40),
+        "never more per aligned window: {counts:?}"
+    );
+    assert!(
+        max_in_sliding(&times, 400) <= 80,
+        "at most 2L in a sliding window"
+    );
+    assert!(times.len() >= 40 * 3, "admits steadily: {}", times.len());
+
+    let mut gcra = policy("gcra", Algorithm::Gcra, 50, 500);
+    gcra.burst = Some(10);
+    let times = hammer(dep, &gcra, "ip-2", Duration::from_millis(2000)).await;
+    // One unit per 10 ms after a burst of 10: over any span, at most burst + span / interval.
+    for (i, t) in times.iter().enumerate() {
+        for (j, u) in times.iter().enumerate().skip(i) {
+            let allowed = 10 + ((u - t) / 10) as usize + 1;
+            assert!(j - i < allowed, "{} admitted in {} ms", j - i + 1, u - t);
+        }
+    }
+    assert!(times.len() >= 150, "admits at its rate: {}", times.len());
+}
+
+pub async fn several_policies_decide_together(dep: &Deployment) {
+    let client = clients(dep, 1).remove(0);
+    let mut shadow = policy("shadow", Algorithm::Fixed, 1, 60_000);
+    shadow.shadow = true;
+    let limiter = RateLimiter::new(
+        client,
+        vec![
+            policy("burst", Algorithm::Fixed, 5, 60_000),
+            policy("daily", Algorithm::SlidingLog, 8, 60_000),
+            shadow,
+        ],
+    )
+    .unwrap();
+    let both = ["burst", "daily", "shadow"];
+    let mut admitted = 0;
+    for _ in 0..10 {
+        let d: Decision = limiter.check(&both, "user", 1).await.unwrap();
+        admitted += usize::from(d.admitted);
+        if admitted > 1 {
+            assert!(
+                !d.policies[2].allowed,
+                "the shadow policy denies, unenforced"
+            );
+        }
+    }
+    assert_eq!(admitted, 5, "the tighter policy decides");
+    // Denied requests cost nothing: the daily log holds only the 5 admitted.
+    let daily = limiter.peek(&["daily"], "user", 3).await.unwrap();
+    assert!(daily.admitted && daily.policies[0].remaining == 0);
+    let d = limiter.check(&["daily"], "user", 4).await.unwrap();
+    assert!(!d.admitted, "5 + 4 > 8");
+    assert!(d.retry_after_ms().unwrap() > 0);
+    let huge = limiter.check(&["daily"], "user", 9).await.unwrap();
+    assert_eq!(
+        huge.retry_after_ms(),
+        None,
+        "a cost above the limit never passes"
+    );
+    let (policy_h, state_h) = d.headers();
+    assert_eq!(policy_h, "\"daily\";q=8;w=60");
+    assert!(state_h.starts_with("\"daily\";r=3;t="), "{state_h}");
+    limiter.reset(&both, "user").await.unwrap();
+    assert!(limiter.check(&both, "user", 1).await.unwrap().admitted);
+}
+
+/// Redis restarted mid-run (scripts and state gone): calls reconnect and reload; with Redis
+/// unreachable each policy answers by its failure mode.
+pub async fn restart_and_failure_modes() {
+    let mut redis = LocalRedis::start(&[]).unwrap();
+    let mut config = RedisConfig {
+        url: redis.url(),
+        ..RedisConfig::default()
+    };
+    config.connect_timeout = Duration::from_millis(300);
+    config.response_timeout = Duration::from_millis(300);
+    let mut closed = policy("closed", Algorithm::Gcra, 100, 1000);
+    closed.on_redis_error = FailureMode::Closed;
+    let open = policy("open", Algorithm::Fixed, 100, 1000);
+    let limiter = RateLimiter::new(Client::new(&config).unwrap(), vec![open, closed]).unwrap();
+    assert!(
+        limiter
+            .check(&["open", "closed"], "s", 1)
+            .await
+            .unwrap()
+            .admitted
+    );
+
+    redis.stop();
+    let open_only = limiter.check(&["open"], "s", 1).await.unwrap();
+    assert!(open_only.without_redis && open_only.admitted, "fail open");
+    let both = limiter.check(&["open", "closed"], "s", 1).await.unwrap();
+    assert!(both.without_redis && !both.admitted, "fail closed wins");
+
+    redis.restart().unwrap();
+    let mut answered = None;
+    for _ in 0..50 {
+        let d = limiter.check(&["open", "closed"], "s", 1).await.unwrap();
+        if !d.without_redis {
+            answered = Some(d);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let d = answered.expect("reconnects after the restart");
+    assert!(
+        d.admitted && d.policies[0].remaining == 99,
+        "state was lost with the restart"
+    );
+}
