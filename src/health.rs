@@ -21,6 +21,8 @@ pub struct Health {
     /// Partitions stopped because tally's state in Redis needs an operator, with the reason
     /// (e.g. `partition 3: fence missing`). Not ready while any is listed.
     pub halted: parking_lot::Mutex<Vec<String>>,
+    /// The process does not consume (`tally serve`): Kafka is not part of readiness.
+    pub without_kafka: bool,
 }
 
 impl Health {
@@ -30,12 +32,21 @@ impl Health {
             kafka: KafkaHealth::new(unreachable_after),
             redis: AtomicBool::new(false),
             halted: parking_lot::Mutex::new(Vec::new()),
+            without_kafka: false,
+        }
+    }
+
+    /// For a process that serves the request path only: ready while Redis answers.
+    pub fn without_kafka() -> Health {
+        Health {
+            without_kafka: true,
+            ..Health::default()
         }
     }
 
     /// Ready = Kafka reachable, Redis usable, and no partition halted.
     pub fn ready(&self) -> bool {
-        self.kafka.is_reachable()
+        (self.without_kafka || self.kafka.is_reachable())
             && self.redis.load(Ordering::Relaxed)
             && self.halted.lock().is_empty()
     }
@@ -48,6 +59,9 @@ impl Health {
     fn describe_at(&self, now_ms: u64) -> String {
         let kafka = self.kafka.reachable_at(now_ms);
         let redis = self.redis.load(Ordering::Relaxed);
+        if self.without_kafka {
+            return format!("redis={redis}\n");
+        }
         let mut text = format!("kafka={kafka} redis={redis}\n");
         if !kafka {
             let _ = writeln!(text, "kafka: {}", self.kafka.why_not(now_ms));

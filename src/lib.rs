@@ -66,6 +66,8 @@ pub mod http;
 pub mod metrics;
 pub mod pipeline;
 pub mod query;
+pub mod request;
+pub mod serve;
 pub mod sink;
 pub mod state;
 

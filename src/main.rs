@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tally::config::{Config, EXIT_CONFIG};
 
 mod demo;
+mod request_cli;
 
 #[derive(Parser)]
 #[command(
@@ -60,6 +61,10 @@ enum Command {
     Query(KeyArgs),
     /// Inspect (and with `repair`, fix) tally's own state in Redis: applied offsets per partition.
     State(StateArgs),
+    /// Serve the request path (hit, limit, quota, once, unique, pool) over HTTP, without Kafka.
+    Serve(Common),
+    #[command(flatten)]
+    Request(request_cli::RequestCommand),
 }
 
 /// `tally state [repair --partition P [--offset N]]`.
@@ -200,6 +205,8 @@ enum Prepared {
     Key(Config, KeyArgs),
     Query(Config, KeyArgs),
     State(Config, StateArgs),
+    Serve(Config),
+    Request(Config, request_cli::RequestCommand),
 }
 
 impl Prepared {
@@ -236,6 +243,8 @@ impl Prepared {
             Command::Key(args) => Prepared::Key(args.common.load()?, args),
             Command::Query(args) => Prepared::Query(args.common.load()?, args),
             Command::State(args) => Prepared::State(args.common.load()?, args),
+            Command::Serve(c) => Prepared::Serve(c.load()?),
+            Command::Request(r) => Prepared::Request(r.common().load()?, r),
         })
     }
 
@@ -254,6 +263,8 @@ impl Prepared {
             Prepared::Key(config, args) => key(config, args, false).await,
             Prepared::Query(config, args) => key(config, args, true).await,
             Prepared::State(config, args) => state(config, args).await,
+            Prepared::Serve(config) => tally::serve::run(config, shutdown).await,
+            Prepared::Request(config, command) => request_cli::run(config, command).await,
         }
     }
 }

@@ -121,11 +121,16 @@ impl Tally {
         let mut http_task = None;
         if !config.http.listen.is_empty() {
             let query = Arc::new(crate::query::Query::new(&config)?);
+            let requests = Arc::new(crate::request::Requests::new(
+                &config,
+                self.metrics.clone(),
+            )?);
             let (local, handle) = crate::http::serve(
                 &config.http,
                 self.metrics.clone(),
                 self.health.clone(),
                 Some(query),
+                Some(requests),
                 http_stop.clone(),
             )
             .await?;

@@ -27,6 +27,7 @@ async fn server(config: HttpConfig) -> (u16, CancellationToken) {
         Metrics::new(&[]),
         Arc::new(Default::default()),
         None,
+        None,
         stop.clone(),
     )
     .await

@@ -13,7 +13,9 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 
 mod redact;
+mod request;
 
+pub use request::{OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use tally_counters::config::{CounterConfig, RedisConfig, RedisMode};
 mod validate;
 
@@ -40,6 +42,8 @@ pub struct Config {
     pub recovery: RecoveryConfig,
     /// The counters maintained from each event.
     pub counters: Vec<CounterConfig>,
+    /// The request path: rate limits, quotas, once, unique, pools.
+    pub request: RequestConfig,
 }
 
 /// Kafka consumer settings.
@@ -190,6 +194,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             recovery: RecoveryConfig::default(),
             counters: vec![CounterConfig::reference()],
+            request: RequestConfig::default(),
         }
     }
 }

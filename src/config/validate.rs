@@ -187,6 +187,7 @@ impl Config {
             ));
         }
         self.validate_http()?;
+        self.request.validate()?;
         self.validate_counters()
     }
 

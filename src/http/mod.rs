@@ -1,4 +1,5 @@
-//! HTTP: `/metrics` (Prometheus text), `/health/live`, `/health/ready` and `GET /v1/count`.
+//! HTTP: `/metrics` (Prometheus text), `/health/live`, `/health/ready`, `GET /v1/count` and the
+//! request path (`POST /v1/hit`, `/v1/limit`, `/v1/quota`, `/v1/once`, `/v1/unique`, `/v1/pool`).
 //!
 //! The server defends itself (`listener.rs`): a connection must send its request headers within
 //! `http.header_timeout`, a request is answered within `http.request_timeout`, and at most
@@ -7,6 +8,7 @@
 //! probes.
 
 mod listener;
+mod request;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -39,6 +41,7 @@ pub async fn serve(
     metrics: Metrics,
     health: Arc<Health>,
     query: Option<Arc<Query>>,
+    requests: Option<Arc<crate::request::Requests>>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let addr: SocketAddr = config.listen.parse().context("http.listen")?;
@@ -51,6 +54,9 @@ pub async fn serve(
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
     let mut v1 = Router::new().route("/v1/count", get(count_handler));
+    if let Some(requests) = requests {
+        v1 = v1.merge(request::routes(requests));
+    }
     if let Some(token) = token {
         v1 = v1.route_layer(middleware::from_fn_with_state(
             Arc::<str>::from(token),

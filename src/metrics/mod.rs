@@ -4,8 +4,12 @@
 //! decode reason (closed enums). A user's key or dimension value is never a label.
 
 mod labels;
+mod request;
 
-pub use labels::{HaltReason, RebalanceKind, RedisErrorKind, RejectReason, ResetReason};
+pub use labels::{
+    HaltReason, Outcome, Primitive, RebalanceKind, RedisErrorKind, RejectReason, ResetReason,
+};
+pub use request::RequestMetrics;
 
 use crate::decode::DecodeError;
 use prometheus::{
@@ -74,6 +78,8 @@ pub struct Metrics {
     pub rebuild_remaining: IntGauge,
     /// Resume points outside the topic's retained range, by reason.
     pub offset_resets: IntCounterVec,
+    /// The request path's metrics.
+    pub request: RequestMetrics,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -279,6 +285,7 @@ impl Metrics {
                 "Resume points outside the retained range of a partition, by reason: beyond_end, before_log_start, auto_reset.",
                 &["reason"],
             ),
+            request: RequestMetrics::new(&registry),
             registry,
         };
         // Touch every bounded label so dashboards see zeroes instead of no series.

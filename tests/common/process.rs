@@ -52,8 +52,13 @@ pub struct TallyProcess {
 }
 
 impl TallyProcess {
-    /// Start tally with `config` (TOML text without the [http] section; one is added).
+    /// Start `tally run` with `config` (TOML text without the [http] section; one is added).
     pub fn start(config: &str, name: &str) -> TallyProcess {
+        TallyProcess::start_command("run", config, name)
+    }
+
+    /// Start `tally <command>` with `config`, as [`TallyProcess::start`].
+    pub fn start_command(command: &str, config: &str, name: &str) -> TallyProcess {
         let port = tally_testkit::local_redis::free_port().unwrap();
         let config_path =
             std::env::temp_dir().join(format!("tally-{name}-{}-{port}.toml", std::process::id()));
@@ -61,7 +66,7 @@ impl TallyProcess {
         std::fs::write(&config_path, text).unwrap();
         let log = std::fs::File::create(config_path.with_extension("log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_tally"))
-            .arg("run")
+            .arg(command)
             .arg("--config")
             .arg(&config_path)
             .env("TALLY_LOG", "info,librdkafka=warn")

@@ -156,6 +156,25 @@ impl Counters {
         Ok(())
     }
 
+    /// Where a hit of counter `name` for `values` at `at_ms` (default now) lands, as a reply
+    /// with value 0.
+    pub fn locate_reply(
+        &self,
+        name: &str,
+        values: &[&str],
+        at_ms: Option<i64>,
+    ) -> Result<HitReply, RequestError> {
+        let l = self.locate(name, values, at_ms)?;
+        Ok(HitReply {
+            value: 0,
+            duplicate: false,
+            key: String::from_utf8_lossy(&l.key).into_owned(),
+            window_start_ms: l.window.start_ms,
+            window_end_ms: l.window.end_ms,
+            expire_at_ms: l.expire_at,
+        })
+    }
+
     /// Key, window and expiry of a hit.
     fn locate(
         &self,

@@ -52,6 +52,13 @@ impl Pool {
         }
     }
 
+    /// The same pool, whose state now expires at `expire_at_ms` (Unix ms); each call that writes
+    /// moves the expiry there.
+    pub fn expiring_at(mut self, expire_at_ms: i64) -> Pool {
+        self.expire_at_ms = expire_at_ms;
+        self
+    }
+
     fn keys(&self) -> [String; 2] {
         let prefix = self.client.prefix();
         [

@@ -1,0 +1,158 @@
+//! The request path's configuration: named rate-limit policies, quotas, once-per-window
+//! markers, unique-in-window families and pools. Hits use the counters of `[[counters]]`.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tally_counters::request::LimitPolicy;
+
+use super::validate::invalid;
+use super::ConfigError;
+
+/// `[request]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RequestConfig {
+    /// Rate-limit policies (`[[request.limits]]`).
+    pub limits: Vec<LimitPolicy>,
+    /// Quotas: the first N win (`[[request.quotas]]`).
+    pub quotas: Vec<QuotaConfig>,
+    /// Once per subject and window (`[[request.once]]`).
+    pub once: Vec<OnceConfig>,
+    /// Distinct items per subject in a sliding window (`[[request.unique]]`).
+    pub unique: Vec<UniqueConfig>,
+    /// Pools of items handed out once each (`[[request.pools]]`).
+    pub pools: Vec<PoolConfig>,
+}
+
+/// One quota.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuotaConfig {
+    /// Name (part of the key, metric label).
+    pub name: String,
+    /// Units to hand out.
+    pub size: u64,
+    /// A user takes at most one unit; calls must name the user.
+    #[serde(default)]
+    pub once_per_user: bool,
+    /// The quota's state expires this long after its last take.
+    #[serde(with = "humantime_serde", default = "one_week")]
+    pub ttl: Duration,
+}
+
+/// One once-per-window family.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnceConfig {
+    /// Name.
+    pub name: String,
+    /// Window length (divides a day), aligned in `timezone`.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// IANA time zone.
+    #[serde(default = "utc")]
+    pub timezone: String,
+}
+
+/// One unique-in-window family.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UniqueConfig {
+    /// Name.
+    pub name: String,
+    /// The sliding window.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+}
+
+/// One pool.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Name.
+    pub name: String,
+    /// The pool's state expires this long after it was last filled or claimed from.
+    #[serde(with = "humantime_serde", default = "one_week")]
+    pub ttl: Duration,
+}
+
+fn one_week() -> Duration {
+    Duration::from_secs(7 * 86_400)
+}
+
+fn utc() -> String {
+    "UTC".into()
+}
+
+impl RequestConfig {
+    /// Names unique per kind, numbers in range, windows usable.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let mut names = std::collections::HashSet::new();
+        for (i, p) in self.limits.iter().enumerate() {
+            p.validate()
+                .map_err(|e| invalid(format!("request.limits[{i}]"), e))?;
+            if !names.insert(("limit", p.name.as_str())) {
+                return Err(invalid(format!("request.limits[{i}].name"), "used twice"));
+            }
+        }
+        for (i, q) in self.quotas.iter().enumerate() {
+            let at = |f: &str| format!("request.quotas[{i}].{f}");
+            check_name(&at("name"), &q.name, &mut names, "quota")?;
+            if q.size == 0 || q.size > i64::MAX as u64 {
+                return Err(invalid(at("size"), "must be between 1 and 2^63-1"));
+            }
+            check_ttl(&at("ttl"), q.ttl)?;
+        }
+        for (i, o) in self.once.iter().enumerate() {
+            let at = |f: &str| format!("request.once[{i}].{f}");
+            check_name(&at("name"), &o.name, &mut names, "once")?;
+            self.once_window(o).map_err(|e| invalid(at("window"), e))?;
+        }
+        for (i, u) in self.unique.iter().enumerate() {
+            let at = |f: &str| format!("request.unique[{i}].{f}");
+            check_name(&at("name"), &u.name, &mut names, "unique")?;
+            check_ttl(&at("window"), u.window)?;
+        }
+        for (i, p) in self.pools.iter().enumerate() {
+            let at = |f: &str| format!("request.pools[{i}].{f}");
+            check_name(&at("name"), &p.name, &mut names, "pool")?;
+            check_ttl(&at("ttl"), p.ttl)?;
+        }
+        Ok(())
+    }
+
+    /// The window of a once family.
+    pub fn once_window(
+        &self,
+        o: &OnceConfig,
+    ) -> Result<tally_counters::window::WindowSpec, String> {
+        let tz: chrono_tz::Tz = o
+            .timezone
+            .parse()
+            .map_err(|_| format!("`{}` is not an IANA time zone", o.timezone))?;
+        tally_counters::window::WindowSpec::new(o.window, tz).map_err(|e| e.to_string())
+    }
+}
+
+fn check_name<'a>(
+    key: &str,
+    name: &'a str,
+    names: &mut std::collections::HashSet<(&'static str, &'a str)>,
+    kind: &'static str,
+) -> Result<(), ConfigError> {
+    if name.is_empty() {
+        return Err(invalid(key, "must not be empty"));
+    }
+    if !names.insert((kind, name)) {
+        return Err(invalid(key, "used twice"));
+    }
+    Ok(())
+}
+
+fn check_ttl(key: &str, ttl: Duration) -> Result<(), ConfigError> {
+    if ttl < Duration::from_millis(1) || ttl > Duration::from_secs(366 * 86_400) {
+        return Err(invalid(key, "must be between 1ms and 366 days"));
+    }
+    Ok(())
+}

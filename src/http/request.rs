@@ -1,0 +1,205 @@
+//! `POST /v1/hit`, `/v1/limit`, `/v1/quota`, `/v1/once`, `/v1/unique`, `/v1/pool`: JSON in,
+//! JSON out. Bad input is 400 with a message, Redis unavailable 503; rate-limit answers carry
+//! `RateLimit-Policy`, `RateLimit` and (when denied) `Retry-After`, and are 429 when denied if
+//! the request asks for it (`"reject": true`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde::Deserialize;
+use tally_counters::request::{Hit, RequestError};
+
+use crate::query::parse_time;
+use crate::request::{Action, Requests};
+
+/// Largest request body, bytes.
+const MAX_BODY: usize = 64 * 1024;
+
+/// The request-path routes over `requests`.
+pub fn routes<S: Clone + Send + Sync + 'static>(requests: Arc<Requests>) -> Router<S> {
+    Router::new()
+        .route("/v1/hit", post(hit))
+        .route("/v1/limit", post(limit))
+        .route("/v1/quota", post(quota))
+        .route("/v1/once", post(once))
+        .route("/v1/unique", post(unique))
+        .route("/v1/pool", post(pool))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(requests)
+}
+
+fn error(e: RequestError) -> Response {
+    let code = match &e {
+        RequestError::Invalid(_) => StatusCode::BAD_REQUEST,
+        RequestError::Redis(_) => StatusCode::SERVICE_UNAVAILABLE,
+        RequestError::Reply { .. } => StatusCode::BAD_GATEWAY,
+    };
+    (code, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
+}
+
+fn reply<T: serde::Serialize>(result: Result<T, RequestError>) -> Response {
+    match result {
+        Ok(v) => Json(v).into_response(),
+        Err(e) => error(e),
+    }
+}
+
+fn time(at: Option<&str>) -> Result<Option<i64>, RequestError> {
+    match at {
+        None => Ok(None),
+        Some(_) => parse_time(at)
+            .map(Some)
+            .map_err(|e| RequestError::Invalid(e.to_string())),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HitBody {
+    counter: String,
+    #[serde(default)]
+    dimensions: BTreeMap<String, String>,
+    #[serde(default = "one")]
+    value: i64,
+    at: Option<String>,
+    idempotency_key: Option<String>,
+    #[serde(default)]
+    action: Action,
+}
+
+fn one() -> i64 {
+    1
+}
+
+async fn hit(State(r): State<Arc<Requests>>, Json(b): Json<HitBody>) -> Response {
+    let at_ms = match time(b.at.as_deref()) {
+        Ok(at) => at,
+        Err(e) => return error(e),
+    };
+    let hit = Hit {
+        delta: b.value,
+        at_ms,
+        idempotency_key: b.idempotency_key,
+    };
+    reply(r.hit(&b.counter, &b.dimensions, &hit, b.action).await)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitBody {
+    #[serde(default)]
+    policies: Vec<String>,
+    policy: Option<String>,
+    subject: String,
+    #[serde(default = "one_unit")]
+    cost: u64,
+    #[serde(default)]
+    action: Action,
+    /// Answer 429 when denied (default: 200 with `"admitted": false`).
+    #[serde(default)]
+    reject: bool,
+}
+
+fn one_unit() -> u64 {
+    1
+}
+
+async fn limit(State(r): State<Arc<Requests>>, Json(b): Json<LimitBody>) -> Response {
+    let mut names: Vec<&str> = b.policies.iter().map(String::as_str).collect();
+    names.extend(b.policy.as_deref());
+    let d = match r.limit(&names, &b.subject, b.cost, b.action).await {
+        Ok(d) => d,
+        Err(e) => return error(e),
+    };
+    let (policy, state) = d.headers();
+    let mut headers = vec![
+        (HeaderName::from_static("ratelimit-policy"), policy),
+        (HeaderName::from_static("ratelimit"), state),
+    ];
+    if let Some(ms) = d.retry_after_ms() {
+        headers.push((
+            HeaderName::from_static("retry-after"),
+            ms.div_ceil(1000).to_string(),
+        ));
+    }
+    let code = if b.reject && !d.admitted {
+        StatusCode::TOO_MANY_REQUESTS
+    } else {
+        StatusCode::OK
+    };
+    let mut response = (code, Json(&d)).into_response();
+    for (name, value) in headers {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            response.headers_mut().insert(name, v);
+        }
+    }
+    response
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct QuotaBody {
+    quota: String,
+    user: Option<String>,
+    #[serde(default)]
+    action: Action,
+}
+
+async fn quota(State(r): State<Arc<Requests>>, Json(b): Json<QuotaBody>) -> Response {
+    reply(r.quota(&b.quota, b.user.as_deref(), b.action).await)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OnceBody {
+    name: String,
+    subject: String,
+    at: Option<String>,
+    #[serde(default)]
+    action: Action,
+}
+
+async fn once(State(r): State<Arc<Requests>>, Json(b): Json<OnceBody>) -> Response {
+    let at_ms = match time(b.at.as_deref()) {
+        Ok(at) => at,
+        Err(e) => return error(e),
+    };
+    reply(r.once(&b.name, &b.subject, at_ms, b.action).await)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UniqueBody {
+    name: String,
+    subject: String,
+    item: Option<String>,
+    #[serde(default)]
+    action: Action,
+}
+
+async fn unique(State(r): State<Arc<Requests>>, Json(b): Json<UniqueBody>) -> Response {
+    reply(
+        r.unique(&b.name, &b.subject, b.item.as_deref(), b.action)
+            .await,
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolBody {
+    pool: String,
+    user: Option<String>,
+    #[serde(default)]
+    items: Vec<String>,
+    #[serde(default)]
+    action: Action,
+}
+
+async fn pool(State(r): State<Arc<Requests>>, Json(b): Json<PoolBody>) -> Response {
+    reply(r.pool(&b.pool, b.user.as_deref(), &b.items, b.action).await)
+}

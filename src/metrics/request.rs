@@ -1,0 +1,81 @@
+//! Request-path metrics: decisions by primitive, name and outcome, latency, Redis errors, and
+//! every decision taken without Redis.
+
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
+
+use super::labels::{Outcome, Primitive};
+
+/// Metrics of `/v1/hit`, `/v1/limit`, `/v1/quota`, `/v1/once`, `/v1/unique`, `/v1/pool`.
+#[derive(Clone)]
+pub struct RequestMetrics {
+    /// Decisions, by primitive, configured name and outcome.
+    pub decisions: IntCounterVec,
+    /// Time to answer one call (Redis round trip included), by primitive.
+    pub duration: HistogramVec,
+    /// Calls Redis did not answer, by primitive.
+    pub redis_errors: IntCounterVec,
+    /// Rate-limit decisions taken without Redis (by each policy's `on_redis_error`), by policy
+    /// and decision (`allowed`/`denied`).
+    pub without_redis: IntCounterVec,
+    /// Admitted rate-limit decisions that left less than 10% of the limit, by policy.
+    pub near_limit: IntCounterVec,
+}
+
+impl RequestMetrics {
+    pub(super) fn new(registry: &Registry) -> RequestMetrics {
+        let vec = |name: &str, help: &str, labels: &[&str]| {
+            let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("registered once");
+            c
+        };
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "tally_request_duration_seconds",
+                "Time to answer one request-path call, by primitive.",
+            )
+            .buckets(prometheus::exponential_buckets(0.0001, 2.0, 16).expect("valid buckets")),
+            &["primitive"],
+        )
+        .expect("static metric");
+        registry
+            .register(Box::new(duration.clone()))
+            .expect("registered once");
+        let m = RequestMetrics {
+            decisions: vec(
+                "tally_request_decisions_total",
+                "Request-path decisions, by primitive, name and outcome.",
+                &["primitive", "name", "outcome"],
+            ),
+            duration,
+            redis_errors: vec(
+                "tally_request_redis_errors_total",
+                "Request-path calls Redis did not answer, by primitive.",
+                &["primitive"],
+            ),
+            without_redis: vec(
+                "tally_limit_decisions_without_redis_total",
+                "Rate-limit decisions taken without Redis, by policy and decision.",
+                &["policy", "decision"],
+            ),
+            near_limit: vec(
+                "tally_limit_near_total",
+                "Admitted requests that left less than 10% of a policy's limit.",
+                &["policy"],
+            ),
+        };
+        for p in Primitive::ALL {
+            m.duration.with_label_values(&[p.label()]);
+            m.redis_errors.with_label_values(&[p.label()]);
+        }
+        m
+    }
+
+    /// Count one decision.
+    pub fn decided(&self, primitive: Primitive, name: &str, outcome: Outcome) {
+        self.decisions
+            .with_label_values(&[primitive.label(), name, outcome.label()])
+            .inc();
+    }
+}

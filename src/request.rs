@@ -1,0 +1,452 @@
+//! The request path of the service: the library's primitives (`tally_counters::request`) built
+//! from the configuration, with metrics around every call. HTTP (`/v1/hit`, `/v1/limit`, …) and
+//! the CLI (`tally hit`, `tally limit`, …) call these.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use serde::Serialize;
+use tally_counters::model::layout::Layout;
+use tally_counters::request::{
+    Claim, Client, Counters, Decision, Hit, HitReply, Once, Pool, Quota, QuotaReply, RateLimiter,
+    RequestError, Unique,
+};
+
+use crate::config::Config;
+use crate::metrics::{Metrics, Outcome, Primitive};
+
+/// What to do with a primitive's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Decide and record (the default).
+    #[default]
+    Apply,
+    /// Decide without recording.
+    Peek,
+    /// Clear the state.
+    Reset,
+    /// Give back (quotas).
+    Release,
+    /// Add items (pools).
+    Fill,
+}
+
+/// The answer of a quota, once, unique or pool call.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Answer {
+    /// A quota's take.
+    Quota(QuotaReply),
+    /// A pool's claim.
+    Claim(Claim),
+    /// A flag (once: first; quota release: released).
+    Flag {
+        /// The answer.
+        ok: bool,
+    },
+    /// A number (units taken, items left, distinct items, items added).
+    Count {
+        /// The number.
+        count: u64,
+    },
+}
+
+/// Every configured request-path primitive over one shared connection.
+pub struct Requests {
+    counters: Counters,
+    limiter: RateLimiter,
+    quotas: HashMap<String, (Quota, std::time::Duration)>,
+    once: HashMap<String, Once>,
+    unique: HashMap<String, Unique>,
+    pools: HashMap<String, (Pool, std::time::Duration)>,
+    client: Client,
+    metrics: Metrics,
+}
+
+impl Requests {
+    /// Build from a validated configuration; connects on first use.
+    pub fn new(config: &Config, metrics: Metrics) -> anyhow::Result<Requests> {
+        let client = Client::new(&config.redis)?;
+        let specs = crate::model::compile_all(&config.counters)?;
+        let r = &config.request;
+        let once = r
+            .once
+            .iter()
+            .map(|o| {
+                let w = r.once_window(o).map_err(anyhow::Error::msg)?;
+                Ok((o.name.clone(), Once::new(client.clone(), &o.name, w)))
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok(Requests {
+            counters: Counters::new(client.clone(), specs, Layout::for_config(&config.redis)),
+            limiter: RateLimiter::new(client.clone(), r.limits.clone())?,
+            quotas: r
+                .quotas
+                .iter()
+                .map(|q| {
+                    let quota = Quota::new(client.clone(), &q.name, q.size, q.once_per_user, 0);
+                    (q.name.clone(), (quota, q.ttl))
+                })
+                .collect(),
+            once,
+            unique: r
+                .unique
+                .iter()
+                .map(|u| {
+                    (
+                        u.name.clone(),
+                        Unique::new(client.clone(), &u.name, u.window),
+                    )
+                })
+                .collect(),
+            pools: r
+                .pools
+                .iter()
+                .map(|p| {
+                    (
+                        p.name.clone(),
+                        (Pool::new(client.clone(), &p.name, 0), p.ttl),
+                    )
+                })
+                .collect(),
+            client,
+            metrics,
+        })
+    }
+
+    /// The shared client (for callers that build their own primitives).
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Count one call's duration, errors and outcome.
+    fn observe<T>(
+        &self,
+        primitive: Primitive,
+        name: &str,
+        started: Instant,
+        result: &Result<T, RequestError>,
+        outcome: impl FnOnce(&T) -> Outcome,
+    ) {
+        let m = &self.metrics.request;
+        m.duration
+            .with_label_values(&[primitive.label()])
+            .observe(started.elapsed().as_secs_f64());
+        let o = match result {
+            Ok(v) => outcome(v),
+            Err(e) => {
+                if e.is_unavailable() {
+                    m.redis_errors.with_label_values(&[primitive.label()]).inc();
+                }
+                Outcome::Error
+            }
+        };
+        m.decided(primitive, name, o);
+    }
+
+    /// Add to counter `name` for dimension `values` (name → value) and return the total.
+    pub async fn hit(
+        &self,
+        name: &str,
+        values: &BTreeMap<String, String>,
+        hit: &Hit,
+        action: Action,
+    ) -> Result<HitReply, RequestError> {
+        let started = Instant::now();
+        let result = async {
+            let spec = self.counters.spec(name)?;
+            let ordered = dimension_values(&spec.dimensions, values)?;
+            match action {
+                Action::Apply => self.counters.hit(name, &ordered, hit).await,
+                Action::Peek | Action::Reset => {
+                    let located = self.counters.locate_reply(name, &ordered, hit.at_ms)?;
+                    let value = if action == Action::Peek {
+                        self.counters.peek(name, &ordered, hit.at_ms).await?
+                    } else {
+                        self.counters.reset(name, &ordered, hit.at_ms).await?;
+                        0
+                    };
+                    Ok(HitReply { value, ..located })
+                }
+                _ => Err(RequestError::Invalid(
+                    "hits take apply, peek or reset".into(),
+                )),
+            }
+        }
+        .await;
+        self.observe(Primitive::Hit, name, started, &result, |r| match action {
+            Action::Peek => Outcome::Peek,
+            Action::Reset => Outcome::Reset,
+            _ if r.duplicate => Outcome::Duplicate,
+            _ => Outcome::Allowed,
+        });
+        result
+    }
+
+    /// Decide a request of `cost` by `subject` against `policies`.
+    pub async fn limit(
+        &self,
+        policies: &[&str],
+        subject: &str,
+        cost: u64,
+        action: Action,
+    ) -> Result<Decision, RequestError> {
+        let started = Instant::now();
+        let result = match action {
+            Action::Apply => self.limiter.check(policies, subject, cost).await,
+            Action::Peek => self.limiter.peek(policies, subject, cost).await,
+            Action::Reset => match self.limiter.reset(policies, subject).await {
+                Ok(()) => self.limiter.peek(policies, subject, cost).await,
+                Err(e) => Err(e),
+            },
+            _ => Err(RequestError::Invalid(
+                "limits take apply, peek or reset".into(),
+            )),
+        };
+        let m = &self.metrics.request;
+        let label = policies.join("+");
+        self.observe(
+            Primitive::Limit,
+            &label,
+            started,
+            &result,
+            |d| match action {
+                Action::Peek => Outcome::Peek,
+                Action::Reset => Outcome::Reset,
+                _ if !d.admitted => Outcome::Denied,
+                _ if d.policies.iter().any(|v| !v.allowed) => Outcome::ShadowDenied,
+                _ => Outcome::Allowed,
+            },
+        );
+        if let Ok(d) = &result {
+            for v in &d.policies {
+                if d.without_redis {
+                    let decision = if v.allowed { "allowed" } else { "denied" };
+                    m.without_redis
+                        .with_label_values(&[&v.policy, decision])
+                        .inc();
+                } else if action == Action::Apply && d.admitted && v.remaining * 10 < v.limit {
+                    m.near_limit.with_label_values(&[&v.policy]).inc();
+                }
+            }
+        }
+        result
+    }
+
+    /// Take from, give back to, read or clear quota `name`.
+    pub async fn quota(
+        &self,
+        name: &str,
+        user: Option<&str>,
+        action: Action,
+    ) -> Result<Answer, RequestError> {
+        let started = Instant::now();
+        let result = async {
+            let (quota, ttl) = self
+                .quotas
+                .get(name)
+                .ok_or_else(|| RequestError::Invalid(format!("unknown quota `{name}`")))?;
+            let quota = quota.clone().expiring_at(expire_in(*ttl));
+            Ok(match action {
+                Action::Apply => Answer::Quota(quota.take(user).await?),
+                Action::Release => Answer::Flag {
+                    ok: quota.release(user).await?,
+                },
+                Action::Peek => Answer::Count {
+                    count: quota.peek().await?,
+                },
+                Action::Reset => {
+                    quota.reset().await?;
+                    Answer::Count { count: 0 }
+                }
+                Action::Fill => {
+                    return Err(RequestError::Invalid(
+                        "quotas take apply, release, peek or reset".into(),
+                    ))
+                }
+            })
+        }
+        .await;
+        self.observe(Primitive::Quota, name, started, &result, |a| match a {
+            Answer::Quota(QuotaReply::Admitted { .. }) => Outcome::Allowed,
+            Answer::Quota(QuotaReply::SoldOut { .. }) => Outcome::Denied,
+            Answer::Quota(QuotaReply::AlreadyTaken { .. }) => Outcome::Duplicate,
+            _ if action == Action::Peek => Outcome::Peek,
+            _ if action == Action::Reset => Outcome::Reset,
+            _ => Outcome::Allowed,
+        });
+        result
+    }
+
+    /// Once family `name`: is this `subject`'s first call in the window holding `at_ms`?
+    pub async fn once(
+        &self,
+        name: &str,
+        subject: &str,
+        at_ms: Option<i64>,
+        action: Action,
+    ) -> Result<Answer, RequestError> {
+        let started = Instant::now();
+        let result = async {
+            let once = self
+                .once
+                .get(name)
+                .ok_or_else(|| RequestError::Invalid(format!("unknown once `{name}`")))?;
+            let ok = match action {
+                Action::Apply => once.first(subject, at_ms).await?,
+                Action::Peek => once.peek(subject, at_ms).await?,
+                Action::Reset => {
+                    once.reset(subject, at_ms).await?;
+                    true
+                }
+                _ => {
+                    return Err(RequestError::Invalid(
+                        "once takes apply, peek or reset".into(),
+                    ))
+                }
+            };
+            Ok(Answer::Flag { ok })
+        }
+        .await;
+        self.observe(Primitive::Once, name, started, &result, |a| {
+            match (action, a) {
+                (Action::Peek, _) => Outcome::Peek,
+                (Action::Reset, _) => Outcome::Reset,
+                (_, Answer::Flag { ok: true }) => Outcome::Allowed,
+                _ => Outcome::Denied,
+            }
+        });
+        result
+    }
+
+    /// Unique family `name`: record `item` (if given) and count `subject`'s distinct items.
+    pub async fn unique(
+        &self,
+        name: &str,
+        subject: &str,
+        item: Option<&str>,
+        action: Action,
+    ) -> Result<Answer, RequestError> {
+        let started = Instant::now();
+        let result = async {
+            let unique = self
+                .unique
+                .get(name)
+                .ok_or_else(|| RequestError::Invalid(format!("unknown unique `{name}`")))?;
+            let count = match (action, item) {
+                (Action::Apply, Some(item)) => unique.add(subject, item).await?,
+                (Action::Apply, None) => {
+                    return Err(RequestError::Invalid("name the item to add".into()))
+                }
+                (Action::Peek, _) => unique.peek(subject).await?,
+                (Action::Reset, _) => {
+                    unique.reset(subject).await?;
+                    0
+                }
+                _ => {
+                    return Err(RequestError::Invalid(
+                        "unique takes apply, peek or reset".into(),
+                    ))
+                }
+            };
+            Ok(Answer::Count { count })
+        }
+        .await;
+        self.observe(
+            Primitive::Unique,
+            name,
+            started,
+            &result,
+            |_| match action {
+                Action::Peek => Outcome::Peek,
+                Action::Reset => Outcome::Reset,
+                _ => Outcome::Allowed,
+            },
+        );
+        result
+    }
+
+    /// Pool `name`: claim an item for `user`, fill it with `items`, read or clear it.
+    pub async fn pool(
+        &self,
+        name: &str,
+        user: Option<&str>,
+        items: &[String],
+        action: Action,
+    ) -> Result<Answer, RequestError> {
+        let started = Instant::now();
+        let result = async {
+            let (pool, ttl) = self
+                .pools
+                .get(name)
+                .ok_or_else(|| RequestError::Invalid(format!("unknown pool `{name}`")))?;
+            let pool = pool.clone().expiring_at(expire_in(*ttl));
+            Ok(match action {
+                Action::Apply => {
+                    let user = user
+                        .filter(|u| !u.is_empty())
+                        .ok_or_else(|| RequestError::Invalid("name the user".into()))?;
+                    Answer::Claim(pool.claim(user).await?)
+                }
+                Action::Fill => {
+                    let items: Vec<&str> = items.iter().map(String::as_str).collect();
+                    Answer::Count {
+                        count: pool.fill(&items).await?,
+                    }
+                }
+                Action::Peek => Answer::Count {
+                    count: pool.peek().await?,
+                },
+                Action::Reset => {
+                    pool.reset().await?;
+                    Answer::Count { count: 0 }
+                }
+                Action::Release => {
+                    return Err(RequestError::Invalid(
+                        "pools take apply, fill, peek or reset".into(),
+                    ))
+                }
+            })
+        }
+        .await;
+        self.observe(Primitive::Pool, name, started, &result, |a| match a {
+            Answer::Claim(Claim::Given { .. }) => Outcome::Allowed,
+            Answer::Claim(Claim::AlreadyGiven { .. }) => Outcome::Duplicate,
+            Answer::Claim(Claim::Empty) => Outcome::Denied,
+            _ if action == Action::Peek => Outcome::Peek,
+            _ if action == Action::Reset => Outcome::Reset,
+            _ => Outcome::Allowed,
+        });
+        result
+    }
+}
+
+/// `values` in `dimensions` order; every dimension given, nothing else.
+fn dimension_values<'a>(
+    dimensions: &[String],
+    values: &'a BTreeMap<String, String>,
+) -> Result<Vec<&'a str>, RequestError> {
+    if let Some(extra) = values.keys().find(|k| !dimensions.contains(k)) {
+        return Err(RequestError::Invalid(format!(
+            "`{extra}` is not a dimension of this counter (dimensions: {dimensions:?})"
+        )));
+    }
+    dimensions
+        .iter()
+        .map(|d| {
+            values
+                .get(d)
+                .map(String::as_str)
+                .ok_or_else(|| RequestError::Invalid(format!("missing dimension `{d}`")))
+        })
+        .collect()
+}
+
+/// Unix ms `ttl` from now.
+fn expire_in(ttl: std::time::Duration) -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    now.saturating_add(ttl.as_millis() as i64)
+}
