@@ -14,6 +14,8 @@ command -v openssl >/dev/null || need+=(openssl)
 command -v promtool >/dev/null || need+=(prometheus)
 # Validates docker-compose.yml in the tests (no Docker engine needed).
 command -v docker-compose >/dev/null || need+=(docker-compose)
+# HTTP load generator of the request-path benchmark (tally-request-bench).
+command -v wrk >/dev/null || need+=(wrk)
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || need+=(zlib1g-dev)
 

@@ -1,5 +1,12 @@
 //! # tally: exact, time-windowed counters from Kafka into Redis
 //!
+//! The counter model, the Redis connection, the script registry and the request path (hit,
+//! rate limits, quotas, once, unique, pools) live in the `tally_counters` library crate
+//! (`crates/tally-counters`), which needs no Kafka; this crate re-exports its model modules
+//! ([`key`], [`model`], [`window`]) and builds the stream path and the service on it. [`request`]
+//! puts the library's request path behind the configuration and metrics; [`serve`] is
+//! `tally serve`, the request path without Kafka.
+//!
 //! Data flows through these stages, one module each:
 //!
 //! 1. [`consumer`]: one thread owns the Kafka consumer (a consumer group; replicas share

@@ -1,0 +1,188 @@
+//! The library part: each primitive called by `tasks` concurrent tasks for one phase.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tally::config::{CounterConfig, RedisConfig, RedisMode};
+use tally_counters::model::layout::Layout;
+use tally_counters::model::CounterSpec;
+use tally_counters::request::{
+    Algorithm, Client, Counters, FailureMode, Hit, LimitPolicy, Quota, RateLimiter, Unique,
+};
+use tally_testkit::local_redis::{LocalCluster, LocalRedis};
+
+/// Where the library writes.
+pub struct Target {
+    config: RedisConfig,
+}
+
+impl Target {
+    pub fn standalone(redis: &LocalRedis) -> Target {
+        Target {
+            config: RedisConfig {
+                url: redis.url(),
+                ..RedisConfig::default()
+            },
+        }
+    }
+
+    pub fn cluster(cluster: &LocalCluster) -> Target {
+        Target {
+            config: RedisConfig {
+                mode: RedisMode::Cluster,
+                nodes: cluster.urls(),
+                ..RedisConfig::default()
+            },
+        }
+    }
+}
+
+fn policy(name: &str, algorithm: Algorithm) -> LimitPolicy {
+    LimitPolicy {
+        name: name.into(),
+        algorithm,
+        limit: 100,
+        window: Duration::from_secs(1),
+        burst: None,
+        shadow: false,
+        on_redis_error: FailureMode::Open,
+    }
+}
+
+/// One row: ops/s, p50 and p99 (µs) of `call` run by `tasks` tasks for `phase`.
+async fn measure<F, Fut>(label: &str, tasks: usize, phase: Duration, call: F) -> anyhow::Result<()>
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send,
+{
+    let call = Arc::new(call);
+    let start = Instant::now();
+    let end = start + phase;
+    let handles: Vec<_> = (0..tasks)
+        .map(|_| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut errors = 0u64;
+                let mut rng = rand::rngs::SmallRng::from_entropy();
+                while Instant::now() < end {
+                    let t = Instant::now();
+                    if !call(rng.gen_range(0..10_000)).await {
+                        errors += 1;
+                    }
+                    lat.push(t.elapsed().as_micros() as u32);
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    let mut errors = 0;
+    for h in handles {
+        let (lat, e) = h.await?;
+        all.extend(lat);
+        errors += e;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    all.sort_unstable();
+    let pct = |p: f64| all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)));
+    println!(
+        "| {label} | {:.0} | {} | {} | {errors} |",
+        all.len() as f64 / elapsed,
+        pct(0.50).copied().unwrap_or(0),
+        pct(0.99).copied().unwrap_or(0),
+    );
+    Ok(())
+}
+
+use rand::SeedableRng;
+
+pub async fn run(target: &Target, tasks: usize, phase: Duration) -> anyhow::Result<()> {
+    let client = Client::new(&target.config)?;
+    let mut counter = CounterConfig::reference();
+    counter.name = "bench".into();
+    counter.dimensions = vec!["subject".into()];
+    counter.key = "bench:{subject}:{yyyyMMddHH}".into();
+    let counters = Counters::new(
+        client.clone(),
+        vec![CounterSpec::compile(&counter)?],
+        Layout::for_config(&target.config),
+    );
+    println!("| primitive | ops/s | p50 µs | p99 µs | errors |");
+    println!("|---|---|---|---|---|");
+    let c = counters.clone();
+    measure("hit", tasks, phase, move |s| {
+        let c = c.clone();
+        async move {
+            let subject = s.to_string();
+            c.hit("bench", &[&subject], &Hit::one()).await.is_ok()
+        }
+    })
+    .await?;
+    let c = counters.clone();
+    measure("hit + idempotency key", tasks, phase, move |s| {
+        let c = c.clone();
+        async move {
+            let subject = s.to_string();
+            let hit = Hit {
+                idempotency_key: Some(format!("{:x}", rand::random::<u64>())),
+                ..Hit::one()
+            };
+            c.hit("bench", &[&subject], &hit).await.is_ok()
+        }
+    })
+    .await?;
+    for (name, algorithm) in [
+        ("fixed", Algorithm::Fixed),
+        ("sliding_log", Algorithm::SlidingLog),
+        ("sliding_counter", Algorithm::SlidingCounter),
+        ("gcra", Algorithm::Gcra),
+    ] {
+        let limiter = RateLimiter::new(client.clone(), vec![policy(name, algorithm)])?;
+        measure(&format!("limit: {name}"), tasks, phase, move |s| {
+            let limiter = limiter.clone();
+            async move {
+                let subject = s.to_string();
+                limiter.check(&[name], &subject, 1).await.is_ok()
+            }
+        })
+        .await?;
+    }
+    let two = RateLimiter::new(
+        client.clone(),
+        vec![
+            policy("burst", Algorithm::Gcra),
+            policy("daily", Algorithm::Fixed),
+        ],
+    )?;
+    measure("limit: gcra + fixed in one call", tasks, phase, move |s| {
+        let two = two.clone();
+        async move {
+            let subject = s.to_string();
+            two.check(&["burst", "daily"], &subject, 1).await.is_ok()
+        }
+    })
+    .await?;
+    let far = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_millis() as i64)
+        + 3_600_000;
+    let quota = Quota::new(client.clone(), "bench", u64::MAX / 2, false, far);
+    measure("quota (one key)", tasks, phase, move |_| {
+        let quota = quota.clone();
+        async move { quota.take(None).await.is_ok() }
+    })
+    .await?;
+    let unique = Unique::new(client.clone(), "bench", Duration::from_secs(60));
+    measure("unique in window", tasks, phase, move |s| {
+        let unique = unique.clone();
+        async move {
+            let item = (s * 7 % 1000).to_string();
+            unique.add(&(s % 100).to_string(), &item).await.is_ok()
+        }
+    })
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,101 @@
+//! `tally-request-bench`: the request path's speed, side by side in one run on one redis-server
+//! (and with `--cluster` a local 3-primary cluster):
+//!
+//! ```sh
+//! cargo run --release -p tally-bench --bin tally-request-bench -- [--quick] [--cluster]
+//! ```
+//!
+//! 1. **Ceiling**: `redis-benchmark` INCR on the same server (no pipelining, 50 clients; and
+//!    pipelined ×16), what Redis itself does with the simplest write.
+//! 2. **Library**: `tally_counters::request` called by many concurrent tasks over one
+//!    multiplexed connection (auto-pipelined), per primitive: decisions/s, p50/p99.
+//! 3. **HTTP**: `tally serve`'s router (in this process) driven by `wrk` over loopback keep-alive
+//!    connections: requests/s, p50/p99.
+//!
+//! Subjects are drawn from 10,000 so a limiter is not one hot key; a quota is one key by nature.
+
+mod library;
+mod wrk;
+
+use std::time::Duration;
+
+use clap::Parser;
+use tally_testkit::local_redis::{LocalCluster, LocalRedis};
+
+#[derive(Parser)]
+#[command(name = "tally-request-bench", about = "The request path's benchmark")]
+struct Cli {
+    /// Shorter phases (about 1 s each).
+    #[arg(long)]
+    quick: bool,
+    /// Also run the library part against a local Redis Cluster of 3 primaries.
+    #[arg(long)]
+    cluster: bool,
+    /// Concurrent callers of the library.
+    #[arg(long, default_value_t = 256)]
+    tasks: usize,
+    /// wrk connections.
+    #[arg(long, default_value_t = 64)]
+    connections: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let phase = if cli.quick {
+        Duration::from_secs(1)
+    } else {
+        Duration::from_secs(4)
+    };
+    let redis = LocalRedis::start(&[])?;
+    println!("# tally request-path benchmark\n");
+    println!(
+        "{} cores; phases of {:?}; {} library tasks; {} wrk connections\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        phase,
+        cli.tasks,
+        cli.connections
+    );
+    println!("## Ceiling: redis-benchmark INCR on the same server\n");
+    for (label, args) in [
+        ("50 clients, no pipelining", vec!["-c", "50"]),
+        ("16 clients, pipeline 16", vec!["-c", "16", "-P", "16"]),
+    ] {
+        println!(
+            "- {label}: {:.0} ops/s",
+            redis_benchmark(redis.port, &args)?
+        );
+    }
+    let runtime = tokio::runtime::Runtime::new()?;
+    let standalone = library::Target::standalone(&redis);
+    println!("\n## Library (`tally_counters::request`), standalone\n");
+    runtime.block_on(library::run(&standalone, cli.tasks, phase))?;
+    if cli.cluster {
+        let cluster = LocalCluster::start(3, 0)?;
+        println!("\n## Library, 3-primary cluster\n");
+        runtime.block_on(library::run(
+            &library::Target::cluster(&cluster),
+            cli.tasks,
+            phase,
+        ))?;
+    }
+    println!("\n## HTTP (`tally serve` router, wrk, loopback)\n");
+    runtime.block_on(wrk::run(&redis, cli.connections, phase))?;
+    Ok(())
+}
+
+/// INCR ops/s from `redis-benchmark -q` with `args`.
+fn redis_benchmark(port: u16, args: &[&str]) -> anyhow::Result<f64> {
+    let out = std::process::Command::new("redis-benchmark")
+        .args(["-p", &port.to_string(), "-t", "incr", "-n", "400000", "-q"])
+        .args(args)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "INCR: 123456.79 requests per second, p50=0.2 msec" (possibly after \r progress lines)
+    text.rsplit('\r')
+        .flat_map(|s| s.lines())
+        .find_map(|l| {
+            let rest = l.trim().strip_prefix("INCR: ")?;
+            rest.split_whitespace().next()?.parse().ok()
+        })
+        .ok_or_else(|| anyhow::anyhow!("redis-benchmark said: {text}"))
+}

@@ -1,0 +1,134 @@
+//! The HTTP part: `tally serve`'s server in this process, `wrk` (a separate process) posting JSON
+//! over keep-alive loopback connections, one Lua script per endpoint picking random subjects.
+
+use std::time::Duration;
+
+use tally::config::Config;
+use tally_counters::request::{Algorithm, FailureMode, LimitPolicy};
+use tally_testkit::local_redis::{free_port, LocalRedis};
+use tokio_util::sync::CancellationToken;
+
+const HIT: &str = r#"
+request = function()
+  local body = '{"counter":"bench","dimensions":{"subject":"' .. math.random(10000) .. '"}}'
+  return wrk.format("POST", "/v1/hit", {["Content-Type"] = "application/json"}, body)
+end
+"#;
+
+const LIMIT: &str = r#"
+request = function()
+  local body = '{"policy":"gcra","subject":"' .. math.random(10000) .. '"}'
+  return wrk.format("POST", "/v1/limit", {["Content-Type"] = "application/json"}, body)
+end
+"#;
+
+const QUOTA: &str = r#"
+request = function()
+  return wrk.format("POST", "/v1/quota", {["Content-Type"] = "application/json"}, '{"quota":"bench"}')
+end
+"#;
+
+pub async fn run(redis: &LocalRedis, connections: usize, phase: Duration) -> anyhow::Result<()> {
+    let port = free_port()?;
+    let mut config = Config::default();
+    config.redis.url = redis.url();
+    config.http.listen = format!("127.0.0.1:{port}");
+    config.http.max_connections = connections * 2;
+    config.counters[0].name = "bench".into();
+    config.counters[0].dimensions = vec!["subject".into()];
+    config.counters[0].key = "bench:{subject}:{yyyyMMddHH}".into();
+    config.request.limits.push(LimitPolicy {
+        name: "gcra".into(),
+        algorithm: Algorithm::Gcra,
+        limit: 100,
+        window: Duration::from_secs(1),
+        burst: None,
+        shadow: false,
+        on_redis_error: FailureMode::Open,
+    });
+    config.request.quotas.push(tally::config::QuotaConfig {
+        name: "bench".into(),
+        size: u64::MAX / 2,
+        once_per_user: false,
+        ttl: Duration::from_secs(3600),
+    });
+    config.validate()?;
+    let stop = CancellationToken::new();
+    let server = tokio::spawn(tally::serve::run(config, stop.clone()));
+    wait_listening(port).await?;
+    println!("| endpoint | requests/s | p50 ms | p99 ms | non-2xx |");
+    println!("|---|---|---|---|---|");
+    for (label, script) in [
+        ("POST /v1/hit", HIT),
+        ("POST /v1/limit (gcra)", LIMIT),
+        ("POST /v1/quota", QUOTA),
+    ] {
+        let path = std::env::temp_dir().join(format!("tally-wrk-{}.lua", std::process::id()));
+        std::fs::write(&path, script)?;
+        let out = tokio::process::Command::new("wrk")
+            .args(["-t", "1", "-c", &connections.to_string()])
+            .args(["-d", &format!("{}s", phase.as_secs().max(1))])
+            .arg("--latency")
+            .arg("-s")
+            .arg(&path)
+            .arg(format!("http://127.0.0.1:{port}"))
+            .output()
+            .await?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        let r = Wrk::parse(&text).ok_or_else(|| anyhow::anyhow!("wrk said: {text}"))?;
+        println!(
+            "| {label} | {:.0} | {:.2} | {:.2} | {} |",
+            r.rps, r.p50_ms, r.p99_ms, r.non_2xx
+        );
+    }
+    stop.cancel();
+    server.await??;
+    Ok(())
+}
+
+async fn wait_listening(port: u16) -> anyhow::Result<()> {
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    anyhow::bail!("tally serve did not listen on {port}")
+}
+
+/// What `wrk --latency` printed.
+struct Wrk {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    non_2xx: u64,
+}
+
+impl Wrk {
+    fn parse(text: &str) -> Option<Wrk> {
+        let field = |prefix: &str| {
+            text.lines()
+                .find_map(|l| l.trim().strip_prefix(prefix).map(|r| r.trim().to_string()))
+        };
+        let ms = |v: String| -> Option<f64> {
+            if let Some(x) = v.strip_suffix("us") {
+                x.parse::<f64>().ok().map(|x| x / 1000.0)
+            } else if let Some(x) = v.strip_suffix("ms") {
+                x.parse().ok()
+            } else {
+                v.strip_suffix('s')?.parse::<f64>().ok().map(|x| x * 1000.0)
+            }
+        };
+        Some(Wrk {
+            rps: field("Requests/sec:")?.parse().ok()?,
+            p50_ms: ms(field("50%")?)?,
+            p99_ms: ms(field("99%")?)?,
+            non_2xx: field("Non-2xx or 3xx responses:")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+        })
+    }
+}
