@@ -237,7 +237,6 @@ async fn backpressure_pauses_while_redis_is_down_and_readiness_follows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn undecodable_messages_go_to_the_dead_letter_topic_with_reasons() {
-    use rdkafka::message::{Headers, Message};
     let mut h = Harness::new("dlq-src", 1);
     h.mock.create_topic("dlq", 1, 1).unwrap();
     let mut config = h.config("g-dlq", hourly("dlq"));
@@ -265,40 +264,13 @@ async fn undecodable_messages_go_to_the_dead_letter_topic_with_reasons() {
     running.stop().await;
     assert_eq!(total(&h, "dlq:*"), 3);
 
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", h.mock.bootstrap_servers())
-        .set("group.id", "dlq-reader")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset("dlq", 0, Offset::Beginning)
-        .unwrap();
-    c.assign(&tpl).unwrap();
-    let mut got = Vec::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while got.len() < 3 && std::time::Instant::now() < deadline {
-        if let Some(Ok(msg)) = c.poll(Duration::from_millis(100)) {
-            let headers = msg.headers().expect("headers");
-            let header = |name: &str| {
-                headers
-                    .iter()
-                    .find(|h| h.key == name)
-                    .and_then(|h| h.value)
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-            };
-            got.push((
-                msg.payload().unwrap_or_default().to_vec(),
-                header("tally-reason"),
-                header("tally-source-offset"),
-                header("tally-source-topic"),
-            ));
-        }
-    }
+    let got = common::dead_letters::read(&h, "dlq", 3, Duration::from_secs(30));
     assert_eq!(got.len(), 3, "{got:?}");
     for (i, (payload, reason)) in bad.iter().enumerate() {
-        assert_eq!(got[i].0, payload.to_vec());
-        assert_eq!(got[i].1.as_deref(), Some(*reason));
-        assert_eq!(got[i].2, Some(offsets[i].to_string()));
-        assert_eq!(got[i].3.as_deref(), Some("dlq-src"));
+        let offset = offsets[i].to_string();
+        assert_eq!(got[i].payload, payload.to_vec());
+        assert_eq!(got[i].header("tally-reason"), Some(*reason));
+        assert_eq!(got[i].header("tally-source-offset"), Some(offset.as_str()));
+        assert_eq!(got[i].header("tally-source-topic"), Some("dlq-src"));
     }
 }

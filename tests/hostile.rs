@@ -8,37 +8,15 @@ use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
 use common::{counter, wait_for, Harness};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers, Message};
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
 const WAIT: Duration = Duration::from_secs(60);
 
 /// The reasons of the messages on the dead-letter topic `topic`, in order.
 fn dead_letter_reasons(h: &Harness, topic: &str, n: usize) -> Vec<String> {
-    let c: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", h.mock.bootstrap_servers())
-        .set("group.id", "dlq-reader")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition_offset(topic, 0, Offset::Beginning)
-        .unwrap();
-    c.assign(&tpl).unwrap();
-    let mut got = Vec::new();
-    let deadline = std::time::Instant::now() + WAIT;
-    while got.len() < n && std::time::Instant::now() < deadline {
-        if let Some(Ok(msg)) = c.poll(Duration::from_millis(100)) {
-            let reason = msg
-                .headers()
-                .and_then(|hs| hs.iter().find(|h| h.key == "tally-reason"))
-                .and_then(|h| h.value)
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-                .unwrap_or_default();
-            got.push(reason);
-        }
-    }
-    got
+    common::dead_letters::read(h, topic, n, WAIT)
+        .iter()
+        .map(|d| d.header("tally-reason").unwrap_or_default().to_string())
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod dead_letters;
 pub mod process;
 pub mod stream;
 
