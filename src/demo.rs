@@ -58,10 +58,19 @@ pub async fn run(
     let stop_producer = shutdown.child_token();
     let producer = spawn_producer(&config, &opts, produced.clone(), stop_producer.clone())?;
 
+    if config.request.limits.is_empty() {
+        config.request.limits.push(demo_limit());
+    }
     let tally = Tally::new(config.clone());
     let metrics = tally.metrics.clone();
     let run_token = shutdown.child_token();
     let task = tokio::spawn(tally.run(run_token.clone()));
+    let requests = tally::request::Requests::new(&config, metrics.clone())?;
+    tokio::spawn(request_traffic(
+        requests,
+        config.request.limits[0].name.clone(),
+        run_token.clone(),
+    ));
 
     let client = tally::sink::client(&config.redis)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
@@ -114,6 +123,42 @@ pub async fn run(
         metrics.flush_duration.get_sample_count()
     );
     Ok(())
+}
+
+/// The demo's rate limit: 20 requests per second per subject, bursts of 5.
+fn demo_limit() -> tally_counters::request::LimitPolicy {
+    tally_counters::request::LimitPolicy {
+        name: "demo_api".into(),
+        algorithm: tally_counters::request::Algorithm::Gcra,
+        limit: 20,
+        window: Duration::from_secs(1),
+        burst: Some(5),
+        shadow: false,
+        on_redis_error: tally_counters::request::FailureMode::Open,
+    }
+}
+
+/// Request-path traffic beside the stream: 8 subjects asking `policy` 200 times a second in
+/// all, so some are admitted and some denied (see the dashboard's "Request path" row).
+async fn request_traffic(
+    requests: tally::request::Requests,
+    policy: String,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(5));
+    let mut n: u64 = 0;
+    while !stop.is_cancelled() {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        n += 1;
+        let subject = format!("client-{}", n % 8);
+        let action = tally::request::Action::Apply;
+        if let Err(e) = requests.limit(&[&policy], &subject, 1, action).await {
+            tracing::debug!(error = %e, "demo rate limit");
+        }
+    }
 }
 
 fn spawn_producer(

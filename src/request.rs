@@ -78,6 +78,21 @@ impl Requests {
                 Ok((o.name.clone(), Once::new(client.clone(), &o.name, w)))
             })
             .collect::<anyhow::Result<_>>()?;
+        // Series for every configured policy, so dashboards show zeroes rather than no data.
+        let m = &metrics.request;
+        for p in &r.limits {
+            for outcome in [Outcome::Allowed, Outcome::Denied] {
+                m.decisions.with_label_values(&[
+                    Primitive::Limit.label(),
+                    &p.name,
+                    outcome.label(),
+                ]);
+            }
+            for decision in ["allowed", "denied"] {
+                m.without_redis.with_label_values(&[&p.name, decision]);
+            }
+            m.near_limit.with_label_values(&[&p.name]);
+        }
         Ok(Requests {
             counters: Counters::new(client.clone(), specs, Layout::for_config(&config.redis)),
             limiter: RateLimiter::new(client.clone(), r.limits.clone())?,
