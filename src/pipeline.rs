@@ -25,6 +25,11 @@ pub fn build_stages(config: &Config) -> anyhow::Result<(Decoder, Vec<Counter>)> 
                 fields.push((d.clone(), FieldRole::Dimension));
             }
         }
+        if let Some(m) = &c.member {
+            if !fields.iter().any(|(n, _)| n == m) {
+                fields.push((m.clone(), FieldRole::Dimension));
+            }
+        }
         if let Some(v) = &c.value_field {
             if !fields.iter().any(|(n, _)| n == v) {
                 fields.push((v.clone(), FieldRole::Value));

@@ -95,7 +95,11 @@ fn finish_and_compare(
     assert!(last.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
     let status = last.terminate(Duration::from_secs(30));
     assert!(status.success(), "SIGTERM exits 0, got {status:?}");
-    stream::compare(&mut conn, &stream.truth())
+    let (keys, mismatches) = stream::compare(&mut conn, &stream.truth());
+    let mut kinds = common::kinds::Kinds::default();
+    common::kinds::dump(&mut conn, &mut kinds);
+    let kind_mismatches = common::kinds::compare(&kinds, &stream.kinds_truth());
+    (keys, mismatches + kind_mismatches)
 }
 
 #[test]

@@ -34,6 +34,7 @@ fn unit(start: i64, end: i64, deltas: &[(&str, i64)]) -> Unit {
                 )
             })
             .collect(),
+        other: Vec::new(),
     }
 }
 

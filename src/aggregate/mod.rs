@@ -14,9 +14,17 @@ use crate::decode::Event;
 use crate::key::KeyTemplate;
 use crate::model::layout::Layout;
 
+mod kinds;
+mod seal;
 mod target;
+mod undo;
 
-use crate::model::CounterSpec;
+pub use seal::Batch;
+
+use kinds::OtherMap;
+pub use kinds::{Op, Other};
+
+use crate::model::{CounterSpec, Kind};
 use crate::window::WindowCache;
 use target::target;
 
@@ -34,6 +42,24 @@ pub struct Counter {
     /// Formatted time part of the cached window, and which window it belongs to.
     time_text: String,
     time_window: Option<i64>,
+    kind: HotKind,
+}
+
+/// A counter's kind, with the event field indexes it needs.
+enum HotKind {
+    Count,
+    /// Hash storage: the hash's key template and its formatted time part.
+    Hash {
+        template: KeyTemplate,
+        time_text: String,
+    },
+    Distinct {
+        member: usize,
+        exact: bool,
+    },
+    Leaderboard {
+        member: usize,
+    },
 }
 
 impl Counter {
@@ -49,7 +75,26 @@ impl Counter {
             retention_ms: spec.retention_ms,
             time_text: String::new(),
             time_window: None,
+            kind: match &spec.kind {
+                Kind::Count => HotKind::Count,
+                Kind::HashCount { hash } => HotKind::Hash {
+                    template: hash.clone(),
+                    time_text: String::new(),
+                },
+                Kind::Distinct { member, exact } => HotKind::Distinct {
+                    member: field_index(member),
+                    exact: *exact,
+                },
+                Kind::Leaderboard { member } => HotKind::Leaderboard {
+                    member: field_index(member),
+                },
+            },
         }
+    }
+
+    /// Whether the counter writes with INCRBY (the fast path).
+    fn is_count(&self) -> bool {
+        matches!(self.kind, HotKind::Count)
     }
 }
 
@@ -75,6 +120,15 @@ pub struct Unit {
     pub end: i64,
     /// Keys and their deltas (possibly none: the unit then only advances the applied offset).
     pub keys: Vec<(Box<[u8]>, Delta)>,
+    /// Changes of the other kinds (hash fields, distinct members, leaderboard scores).
+    pub other: Vec<(Box<[u8]>, Other)>,
+}
+
+impl Unit {
+    /// Entries the unit writes: keys, plus each hash field, member and score.
+    pub fn items(&self) -> usize {
+        self.keys.len() + self.other.iter().map(|(_, o)| o.items()).sum::<usize>()
+    }
 }
 
 type KeyMap = HashMap<Box<[u8]>, Delta, RandomState>;
@@ -82,6 +136,24 @@ type KeyMap = HashMap<Box<[u8]>, Delta, RandomState>;
 struct OpenUnit {
     start: i64,
     keys: KeyMap,
+    other: OtherMap,
+    /// Items in `other` (see [`Other::items`]).
+    other_items: usize,
+}
+
+impl OpenUnit {
+    fn new(start: i64, hasher: &RandomState) -> OpenUnit {
+        OpenUnit {
+            start,
+            keys: KeyMap::with_hasher(hasher.clone()),
+            other: OtherMap::with_hasher(hasher.clone()),
+            other_items: 0,
+        }
+    }
+
+    fn items(&self) -> usize {
+        self.keys.len() + self.other_items
+    }
 }
 
 struct ShardState {
@@ -177,10 +249,7 @@ impl Aggregator {
         let shards = applied
             .iter()
             .map(|&start| ShardState {
-                open: OpenUnit {
-                    start,
-                    keys: KeyMap::with_hasher(self.hasher.clone()),
-                },
+                open: OpenUnit::new(start, &self.hasher),
                 sealed: Vec::new(),
             })
             .collect();
@@ -194,8 +263,8 @@ impl Aggregator {
     pub fn revoke(&mut self, partition: i32) {
         if let Some(state) = self.partitions.remove(&partition) {
             for shard in &state.shards {
-                self.pending_keys -= shard.open.keys.len();
-                self.pending_keys -= shard.sealed.iter().map(|u| u.keys.len()).sum::<usize>();
+                self.pending_keys -= shard.open.items();
+                self.pending_keys -= shard.sealed.iter().map(Unit::items).sum::<usize>();
             }
         }
     }
@@ -237,6 +306,8 @@ impl Aggregator {
         // Whether counter i created its key for this event (undone on overflow).
         let mut created: smallvec::SmallVec<[bool; 8]> = smallvec::SmallVec::new();
         let mut overflow_at = None;
+        // How to take back what the non-count kinds added, should a later counter overflow.
+        let mut undo_log: smallvec::SmallVec<[kinds::Undo; 2]> = smallvec::SmallVec::new();
         for (ci, counter) in self.counters.iter_mut().enumerate() {
             created.push(false);
             let Some(target) = target(
@@ -253,6 +324,36 @@ impl Aggregator {
             let state = &mut part.shards[target.shard as usize];
             if offset < state.open.start {
                 self.stats.replay_skipped += 1;
+                continue;
+            }
+            if !counter.is_count() {
+                let c = kinds::contribution(counter, &target);
+                match kinds::apply(
+                    &mut state.open.other,
+                    &self.key_buf,
+                    &c,
+                    target.expire_at_ms,
+                    &self.hasher,
+                ) {
+                    Ok((items, created_key, step)) => {
+                        state.open.other_items += items;
+                        self.pending_keys += items;
+                        undo_log.push(kinds::Undo {
+                            shard: target.shard,
+                            key: self.key_buf.as_slice().into(),
+                            created_key,
+                            step,
+                        });
+                        if items > 0 && state.open.items() == self.max_keys_per_call {
+                            full.push(target.shard);
+                        }
+                    }
+                    Err(()) => {
+                        overflow_at = Some(ci);
+                        break;
+                    }
+                }
+                self.stats.counted[ci] += 1;
                 continue;
             }
             if let Some(d) = state.open.keys.get_mut(self.key_buf.as_slice()) {
@@ -272,7 +373,7 @@ impl Aggregator {
                 );
                 created[ci] = true;
                 self.pending_keys += 1;
-                if state.open.keys.len() == self.max_keys_per_call {
+                if state.open.items() == self.max_keys_per_call {
                     full.push(target.shard);
                 }
             }
@@ -280,6 +381,7 @@ impl Aggregator {
         }
         if let Some(stop) = overflow_at {
             self.undo(partition, offset, event, now_ms, &created[..stop]);
+            self.undo_other(partition, &undo_log);
             return Added::Overflow;
         }
         let part = self
@@ -289,119 +391,10 @@ impl Aggregator {
         // Cut full units after the whole message: a unit always ends on a message boundary.
         for shard in full {
             let state = &mut part.shards[shard as usize];
-            let unit = seal(partition, shard, state, offset + 1, &self.hasher);
+            let unit = seal::seal_unit(partition, shard, state, offset + 1, &self.hasher);
             state.sealed.push(unit);
         }
         Added::Counted
-    }
-
-    /// Take back what counters `0..created.len()` added for `event` (newest first, so two
-    /// counters sharing a key unwind in order).
-    fn undo(
-        &mut self,
-        partition: i32,
-        offset: i64,
-        event: &Event<'_>,
-        now_ms: i64,
-        created: &[bool],
-    ) {
-        let part = self
-            .partitions
-            .get_mut(&partition)
-            .expect("undo follows add");
-        for ci in (0..created.len()).rev() {
-            let counter = &mut self.counters[ci];
-            let Some(target) = target(
-                counter,
-                event,
-                now_ms,
-                &mut self.key_buf,
-                self.shards,
-                self.layout.as_ref(),
-            ) else {
-                self.stats.late[ci] -= 1;
-                continue;
-            };
-            let state = &mut part.shards[target.shard as usize];
-            if offset < state.open.start {
-                self.stats.replay_skipped -= 1;
-                continue;
-            }
-            self.stats.counted[ci] -= 1;
-            if created[ci] {
-                state.open.keys.remove(self.key_buf.as_slice());
-                self.pending_keys -= 1;
-            } else if let Some(d) = state.open.keys.get_mut(self.key_buf.as_slice()) {
-                d.delta -= target.delta;
-            }
-        }
-    }
-
-    /// Seal every tracked partition (or only `only`) up to its position and return the units,
-    /// oldest first per (partition, shard), plus each partition's end offset.
-    pub fn seal(&mut self, only: Option<&[i32]>) -> Batch {
-        self.seal_up_to(only, usize::MAX)
-    }
-
-    /// Like `seal`, but stop after the partition that brings the batch to `max_keys` keys, so a
-    /// flush stays bounded in size and memory even after a backlog built up. Successive calls
-    /// start at successive partitions, so none waits for long. `Batch::complete` says whether
-    /// everything pending was sealed.
-    pub fn seal_up_to(&mut self, only: Option<&[i32]>, max_keys: usize) -> Batch {
-        let mut batch = Batch {
-            complete: true,
-            ..Batch::default()
-        };
-        let mut parts: Vec<i32> = match only {
-            Some(list) => list
-                .iter()
-                .copied()
-                .filter(|p| self.partitions.contains_key(p))
-                .collect(),
-            None => self.partitions.keys().copied().collect(),
-        };
-        parts.sort_unstable();
-        // Rotate the starting point so a capped flush does not always favour low partitions.
-        let start = parts
-            .iter()
-            .position(|&p| p >= self.seal_cursor)
-            .unwrap_or(0);
-        parts.rotate_left(start);
-        for (i, &p) in parts.iter().enumerate() {
-            if batch.keys >= max_keys {
-                self.seal_cursor = p;
-                break;
-            }
-            if i + 1 == parts.len() {
-                self.seal_cursor = 0;
-            }
-            let state = self
-                .partitions
-                .get_mut(&p)
-                .expect("listed partition is tracked");
-            let end = state.position;
-            let mut any = false;
-            for (s, shard) in state.shards.iter_mut().enumerate() {
-                for unit in shard.sealed.drain(..) {
-                    batch.keys += unit.keys.len();
-                    batch.units.push(unit);
-                    any = true;
-                }
-                // A shard whose applied offset is ahead (replay) has nothing to write yet.
-                if end > shard.open.start {
-                    let unit = seal(p, s as u32, shard, end, &self.hasher);
-                    batch.keys += unit.keys.len();
-                    batch.units.push(unit);
-                    any = true;
-                }
-            }
-            if any {
-                batch.ends.push((p, end));
-            }
-        }
-        self.pending_keys -= batch.keys;
-        batch.complete = self.pending_keys == 0;
-        batch
     }
 
     /// Take the statistics gathered since the last call.
@@ -418,30 +411,6 @@ impl Aggregator {
     }
 }
 
-fn seal(
-    partition: i32,
-    shard: u32,
-    state: &mut ShardState,
-    end: i64,
-    hasher: &RandomState,
-) -> Unit {
-    // The next unit likely sees as many keys: size its map up front instead of growing it.
-    let expect = state.open.keys.len();
-    let keys = std::mem::replace(
-        &mut state.open.keys,
-        KeyMap::with_capacity_and_hasher(expect, hasher.clone()),
-    );
-    let unit = Unit {
-        partition,
-        shard,
-        start: state.open.start,
-        end,
-        keys: keys.into_iter().collect(),
-    };
-    state.open.start = end;
-    unit
-}
-
 /// What [`Aggregator::add`] did with an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Added {
@@ -452,19 +421,6 @@ pub enum Added {
     Ignored,
     /// A counter's pending sum would overflow i64: nothing of the event was added.
     Overflow,
-}
-
-/// Units sealed for one flush.
-#[derive(Debug, Default)]
-pub struct Batch {
-    /// Units in apply order per (partition, shard).
-    pub units: Vec<Unit>,
-    /// Partitions covered and the offset each is complete up to once the batch lands.
-    pub ends: Vec<(i32, i64)>,
-    /// Total keys in `units`.
-    pub keys: usize,
-    /// Whether every pending key was sealed (false when a size cap stopped early).
-    pub complete: bool,
 }
 
 #[cfg(test)]

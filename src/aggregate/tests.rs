@@ -25,6 +25,7 @@ fn counter(name: &str, key: &str, secs: u64, retention: u64, value: Option<&str>
         timezone: "UTC".into(),
         retention: Duration::from_secs(retention),
         value_field: value.map(Into::into),
+        ..CounterConfig::reference()
     }
 }
 

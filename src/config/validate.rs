@@ -256,7 +256,11 @@ impl Config {
                     .map_err(|e| invalid(at(e.field()), e.to_string()))?,
             );
             if let Some(v) = &c.value_field {
-                if self.counters.iter().any(|o| o.dimensions.contains(v)) {
+                if self
+                    .counters
+                    .iter()
+                    .any(|o| o.dimensions.contains(v) || o.member.as_ref() == Some(v))
+                {
                     return Err(invalid(
                         at("value_field"),
                         format!("`{v}` is also used as a dimension"),
@@ -270,6 +274,12 @@ impl Config {
                 }
             }
             if let Some(t) = &self.decode.time_field {
+                if c.member.as_ref() == Some(t) {
+                    return Err(invalid(
+                        at("member"),
+                        format!("`{t}` is also decode.time_field"),
+                    ));
+                }
                 if c.dimensions.contains(t) {
                     return Err(invalid(
                         at("dimensions"),
@@ -288,7 +298,7 @@ impl Config {
         let shown = |key: Vec<u8>| String::from_utf8_lossy(&key).into_owned();
         let prefix = &self.redis.state_prefix;
         for (j, b) in specs.iter().enumerate() {
-            if let Some(key) = overlap::with_prefix(&b.template, prefix) {
+            if let Some(key) = overlap::with_prefix(b.written_template(), prefix) {
                 return Err(invalid(
                     format!("counters[{j}].key"),
                     format!(
@@ -299,7 +309,7 @@ impl Config {
                 ));
             }
             for (i, a) in specs[..j].iter().enumerate() {
-                if let Some(key) = overlap::clash(&a.template, &b.template) {
+                if let Some(key) = overlap::clash(a.written_template(), b.written_template()) {
                     return Err(invalid(
                         format!("counters[{j}].key"),
                         format!(

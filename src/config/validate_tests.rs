@@ -13,6 +13,7 @@ fn counter(name: &str, key: &str, window_secs: u64) -> CounterConfig {
         timezone: "UTC".into(),
         retention: Duration::ZERO,
         value_field: None,
+        ..CounterConfig::reference()
     }
 }
 

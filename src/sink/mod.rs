@@ -103,6 +103,7 @@ pub struct Sink {
     connector: conn::Connector,
     conn: Option<conn::Conn>,
     apply: Script,
+    apply_kinds: Script,
     /// Flushes prepared so far; every `ttl_check_every`-th checks existing keys' expiry.
     flushes: u64,
     /// An unreachable Redis was logged (the probe logs transitions only).
@@ -133,6 +134,7 @@ impl Sink {
             connector: conn::Connector::new(config)?,
             conn: None,
             apply: Script::new("apply", script::APPLY_LUA),
+            apply_kinds: Script::new("apply_kinds", script::APPLY_KINDS_LUA),
             flushes: 0,
             reported_down: false,
             allow_eviction: config.allow_eviction,
@@ -178,7 +180,7 @@ impl Sink {
             match request {
                 SinkRequest::Flush { units, reply } => {
                     let started = Instant::now();
-                    let keys: usize = units.iter().map(|u| u.keys.len()).sum();
+                    let keys: usize = units.iter().map(|u| u.items()).sum();
                     // Encode once and drop the units: retries resend the same commands.
                     let groups = self.prepare(units);
                     let mut delay = self.flush.retry_initial;
@@ -339,7 +341,8 @@ impl Sink {
 
     /// SCRIPT LOAD (on every primary of a cluster).
     async fn load_script(&self, conn: &mut conn::Conn) -> Result<(), AttemptError> {
-        Ok(self.apply.load(conn).await?)
+        self.apply.load(conn).await?;
+        Ok(self.apply_kinds.load(conn).await?)
     }
 
     /// Encode `units` as one pipeline per shard (one slot on a cluster), with what is needed to
@@ -358,13 +361,15 @@ impl Sink {
                 groups.len() - 1
             });
             let keys = self.scope.keys(unit.partition, unit.shard);
-            groups[g]
-                .0
-                .add_command(script::apply_cmd(self.apply.sha(), &keys, &unit, check_ttl));
+            groups[g].0.add_command(if unit.other.is_empty() {
+                script::apply_cmd(self.apply.sha(), &keys, &unit, check_ttl)
+            } else {
+                script::apply_kinds_cmd(self.apply_kinds.sha(), &keys, &unit, check_ttl)
+            });
             groups[g].1.push(UnitMeta {
                 partition: unit.partition,
                 shard: unit.shard,
-                keys: unit.keys.len() as u64,
+                keys: (unit.keys.len() + unit.other.len()) as u64,
             });
         }
         groups

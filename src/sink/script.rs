@@ -38,7 +38,27 @@ pub use crate::model::state_keys::StateKeys;
 ///
 /// An OOM error can only come from the first write (Redis lets a script that has written
 /// finish), so returning it leaves nothing half-applied.
-pub const APPLY_LUA: &str = include_str!("lua/apply.lua");
+pub const APPLY_LUA: &str = concat!(
+    include_str!("lua/fence.lua"),
+    include_str!("lua/count_only.lua"),
+    include_str!("lua/counts.lua"),
+    include_str!("lua/commit.lua"),
+);
+
+/// Applies a unit that also holds other kinds (hash fields, distinct members, leaderboard
+/// scores): the same fence, counts and reply as [`APPLY_LUA`]. KEYS: fence, marker, the counter
+/// keys, then the other kinds' keys. ARGV: start, end, check, partition, the counter keys'
+/// (delta, expire-at) pairs, then per other key: op (`h` HINCRBY, `p` PFADD, `s` SADD, `z`
+/// ZINCRBY), expire-at, n and n arguments (`h`: field, delta; `p`/`s`: members; `z`: member,
+/// score pairs); last, the number of counter keys. Late, overflowing and refused keys are
+/// counted as in [`APPLY_LUA`].
+pub const APPLY_KINDS_LUA: &str = concat!(
+    include_str!("lua/fence.lua"),
+    include_str!("lua/kinds_head.lua"),
+    include_str!("lua/counts.lua"),
+    include_str!("lua/kinds.lua"),
+    include_str!("lua/commit.lua"),
+);
 
 /// What Redis answered to one [`APPLY_LUA`] call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +168,57 @@ impl FenceState {
 /// marker of another type (it then holds no copies) is replaced.
 /// KEYS: fence, marker. ARGV: partition, offset, now (ms).
 pub const SET_FENCE_LUA: &str = include_str!("lua/set_fence.lua");
+
+/// The EVALSHA command applying `unit` with [`APPLY_KINDS_LUA`] (`sha`): for units holding
+/// other kinds than counts.
+pub fn apply_kinds_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool) -> Cmd {
+    use crate::aggregate::Op;
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha)
+        .arg(unit.keys.len() + unit.other.len() + 2)
+        .arg(&keys.fence)
+        .arg(&keys.marker);
+    for (key, _) in &unit.keys {
+        cmd.arg(&key[..]);
+    }
+    for (key, other) in &unit.other {
+        match other.op {
+            Op::HashAdd { split, .. } => cmd.arg(&key[..split as usize]),
+            _ => cmd.arg(&key[..]),
+        };
+    }
+    cmd.arg(unit.start)
+        .arg(unit.end)
+        .arg(if check_ttl { "1" } else { "0" })
+        .arg(unit.partition);
+    for (_, d) in &unit.keys {
+        cmd.arg(d.delta).arg(d.expire_at_ms);
+    }
+    for (key, other) in &unit.other {
+        match &other.op {
+            Op::HashAdd { split, delta } => {
+                cmd.arg("h").arg(other.expire_at_ms).arg(2);
+                cmd.arg(&key[*split as usize..]).arg(*delta);
+            }
+            Op::Distinct { exact, members } => {
+                cmd.arg(if *exact { "s" } else { "p" })
+                    .arg(other.expire_at_ms)
+                    .arg(members.len());
+                for m in members {
+                    cmd.arg(&**m);
+                }
+            }
+            Op::Scores(scores) => {
+                cmd.arg("z").arg(other.expire_at_ms).arg(2 * scores.len());
+                for (m, score) in scores {
+                    cmd.arg(&**m).arg(*score);
+                }
+            }
+        }
+    }
+    cmd.arg(unit.keys.len());
+    cmd
+}
 
 /// The EVALSHA command applying `unit`; `check_ttl` says whether existing keys are checked for
 /// a missing expiry.

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod dead_letters;
+pub mod kinds;
 pub mod process;
 pub mod stream;
 
@@ -285,6 +286,7 @@ pub fn counter(
         timezone: tz.into(),
         retention,
         value_field: None,
+        ..CounterConfig::reference()
     }
 }
 

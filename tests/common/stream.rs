@@ -46,6 +46,44 @@ key = "eo:bytes:{app_id}:{yyyyMMddHH}"
 window = "1h"
 retention = "1d"
 value_field = "bytes"
+
+[[counters]]
+name = "uniq"
+kind = "distinct"
+distinct = "exact"
+member = "device_id"
+dimensions = ["app_id"]
+key = "ek:uniq:{app_id}:{yyyyMMddHH}"
+window = "1h"
+retention = "1d"
+
+[[counters]]
+name = "uniq_hll"
+kind = "distinct"
+member = "device_id"
+dimensions = ["app_id"]
+key = "ek:hll:{app_id}:{yyyyMMddHH}"
+window = "1h"
+retention = "1d"
+
+[[counters]]
+name = "top"
+kind = "leaderboard"
+member = "device_id"
+value_field = "bytes"
+dimensions = ["app_id"]
+key = "ek:top:{app_id}:{yyyyMMddHH}"
+window = "1h"
+retention = "1d"
+
+[[counters]]
+name = "hashed"
+storage = "hash"
+hash_key = "ek:h:{yyyyMMddHH}"
+dimensions = ["app_id", "ip"]
+key = "ek:hc:{app_id}:{ip}:{yyyyMMddHH}"
+window = "1h"
+retention = "1d"
 "#;
 
 /// The stream: `n` events over `partitions`, event times spread over the 3 hours before `now_ms`.
@@ -59,11 +97,11 @@ pub struct Stream {
 pub struct Event {
     pub partition: i32,
     pub payload: String,
-    app: String,
-    device: String,
-    ip: String,
-    ts: i64,
-    bytes: i64,
+    pub(super) app: String,
+    pub(super) device: String,
+    pub(super) ip: String,
+    pub(super) ts: i64,
+    pub(super) bytes: i64,
 }
 
 impl Stream {

@@ -72,9 +72,62 @@ pub struct CounterConfig {
     /// Extra lifetime of a key after its window ends (0 = expire at window end).
     #[serde(with = "humantime_serde", default)]
     pub retention: Duration,
-    /// Integer field summed instead of counting 1 per event.
+    /// Integer field summed instead of counting 1 per event (count: the sum; leaderboard: the
+    /// score added to the member).
     #[serde(default)]
     pub value_field: Option<String>,
+    /// What the counter keeps per (dimensions, window).
+    #[serde(default)]
+    pub kind: CounterKind,
+    /// Distinct and leaderboard: the event field whose values are counted distinctly or ranked.
+    #[serde(default)]
+    pub member: Option<String>,
+    /// Distinct: HyperLogLog (≤ 12 KB per key, 0.81% standard error) or an exact set.
+    #[serde(default)]
+    pub distinct: DistinctMode,
+    /// Count: one string key per counter, or one hash per (counter, window, shard) with a field
+    /// per dimension tuple (`hash_key` names the hash).
+    #[serde(default)]
+    pub storage: Storage,
+    /// Hash storage: the hash's key template, with the time placeholder and no dimensions, e.g.
+    /// `flow:h:{yyyyMMddHH}`.
+    #[serde(default)]
+    pub hash_key: Option<String>,
+}
+
+/// What a counter keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CounterKind {
+    /// A count of events, or the sum of `value_field` (INCRBY / HINCRBY).
+    #[default]
+    Count,
+    /// The number of distinct values of `member` (PFADD or SADD).
+    Distinct,
+    /// A sorted set of `member` values scored by count or by the sum of `value_field` (ZINCRBY).
+    Leaderboard,
+}
+
+/// How distinct values are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DistinctMode {
+    /// A HyperLogLog: 0.81% standard error, at most 12 KB per key.
+    #[default]
+    Hll,
+    /// A set of the values: exact, memory grows with the values.
+    Exact,
+}
+
+/// Where a count lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Storage {
+    /// One string key per counter.
+    #[default]
+    String,
+    /// One hash per (counter, window, shard); a field per dimension tuple.
+    Hash,
 }
 
 fn default_timezone() -> String {
@@ -112,6 +165,11 @@ impl CounterConfig {
             timezone: default_timezone(),
             retention: Duration::ZERO,
             value_field: None,
+            kind: CounterKind::Count,
+            member: None,
+            distinct: DistinctMode::Hll,
+            storage: Storage::String,
+            hash_key: None,
         }
     }
 }

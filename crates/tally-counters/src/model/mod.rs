@@ -26,6 +26,33 @@ pub struct CounterSpec {
     pub retention_ms: i64,
     /// Integer field summed instead of counting 1 per event.
     pub value_field: Option<String>,
+    /// What the counter keeps.
+    pub kind: Kind,
+}
+
+/// What a counter keeps per (dimensions, window), compiled.
+#[derive(Debug, Clone)]
+pub enum Kind {
+    /// A count or sum in one string key (INCRBY).
+    Count,
+    /// A count or sum in a field of one hash per (counter, window, shard) (HINCRBY); the hash's
+    /// key template has the time placeholder and no dimensions.
+    HashCount {
+        /// Template of the hash's key.
+        hash: KeyTemplate,
+    },
+    /// Distinct values of `member` (PFADD when `exact` is false, SADD when true).
+    Distinct {
+        /// The counted field.
+        member: String,
+        /// A set instead of a HyperLogLog.
+        exact: bool,
+    },
+    /// Members scored by count or by the sum of `value_field` (ZINCRBY).
+    Leaderboard {
+        /// The ranked field.
+        member: String,
+    },
 }
 
 /// Why a counter's configuration does not compile; `field()` names the offending key.
@@ -40,6 +67,9 @@ pub enum SpecError {
     /// The key template is not injective or malformed.
     #[error(transparent)]
     Template(#[from] TemplateError),
+    /// The kind's settings do not fit together.
+    #[error("{1}")]
+    Kind(&'static str, String),
 }
 
 impl SpecError {
@@ -49,6 +79,7 @@ impl SpecError {
             SpecError::TimeZone(_) => "timezone",
             SpecError::Window(_) => "window",
             SpecError::Template(_) => "key",
+            SpecError::Kind(field, _) => field,
         }
     }
 }
@@ -62,6 +93,7 @@ impl CounterSpec {
             .map_err(|_| SpecError::TimeZone(config.timezone.clone()))?;
         let window = WindowSpec::new(config.window, tz)?;
         let template = KeyTemplate::parse(&config.key, &config.dimensions, &window)?;
+        let kind = compile_kind(config, &window)?;
         Ok(CounterSpec {
             name: config.name.clone(),
             dimensions: config.dimensions.clone(),
@@ -69,7 +101,16 @@ impl CounterSpec {
             template,
             retention_ms: i64::try_from(config.retention.as_millis()).unwrap_or(i64::MAX),
             value_field: config.value_field.clone(),
+            kind,
         })
+    }
+
+    /// The template of the keys the counter writes: the hash's for hash storage, else `template`.
+    pub fn written_template(&self) -> &KeyTemplate {
+        match &self.kind {
+            Kind::HashCount { hash } => hash,
+            _ => &self.template,
+        }
     }
 
     /// When a key of the window ending at `window_end_ms` expires (Unix ms): the one place that
@@ -93,6 +134,68 @@ impl CounterSpec {
         self.template.render(&mut plain, values, &time);
         (layout.stored_key(&plain), window)
     }
+}
+
+fn compile_kind(config: &CounterConfig, window: &WindowSpec) -> Result<Kind, SpecError> {
+    use crate::config::{CounterKind, DistinctMode, Storage};
+    let kind_err = |field: &'static str, why: &str| Err(SpecError::Kind(field, why.to_string()));
+    if config.storage == Storage::Hash && config.kind != CounterKind::Count {
+        return kind_err("storage", "hash storage is for count counters");
+    }
+    if config.hash_key.is_some() && config.storage != Storage::Hash {
+        return kind_err("hash_key", "hash_key needs storage = \"hash\"");
+    }
+    let member = || match &config.member {
+        Some(m) if !m.is_empty() => Ok(m.clone()),
+        _ => Err(SpecError::Kind(
+            "member",
+            "distinct and leaderboard counters name the `member` field".into(),
+        )),
+    };
+    Ok(match config.kind {
+        CounterKind::Count => {
+            if config.member.is_some() {
+                return kind_err(
+                    "member",
+                    "a count counter has no member (use kind = \"distinct\" or \"leaderboard\")",
+                );
+            }
+            match config.storage {
+                Storage::String => Kind::Count,
+                Storage::Hash => {
+                    let Some(hash) = &config.hash_key else {
+                        return kind_err("hash_key", "hash storage names the hash's key template, e.g. `flow:h:{yyyyMMddHH}`");
+                    };
+                    Kind::HashCount {
+                        hash: KeyTemplate::parse(hash, &[], window)?,
+                    }
+                }
+            }
+        }
+        CounterKind::Distinct => {
+            if config.value_field.is_some() {
+                return kind_err(
+                    "value_field",
+                    "a distinct counter counts values of `member`; it sums nothing",
+                );
+            }
+            let member = member()?;
+            if config.dimensions.contains(&member) {
+                return kind_err("member", "the member must not also be a dimension");
+            }
+            Kind::Distinct {
+                member,
+                exact: config.distinct == DistinctMode::Exact,
+            }
+        }
+        CounterKind::Leaderboard => {
+            let member = member()?;
+            if config.dimensions.contains(&member) {
+                return kind_err("member", "the member must not also be a dimension");
+            }
+            Kind::Leaderboard { member }
+        }
+    })
 }
 
 /// When a key of a window ending at `window_end_ms` with `retention_ms` expires. Saturates:

@@ -1,0 +1,4 @@
+-- Record the applied offset and its copy in the state marker.
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('HSET', KEYS[2], ARGV[4], ARGV[2])
+return {1, late, overflow, rejected}

@@ -1,0 +1,2 @@
+-- Every key is a counter key.
+local ncount = #KEYS - 2
