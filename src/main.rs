@@ -307,9 +307,15 @@ async fn key(config: Config, args: KeyArgs, fetch: bool) -> anyhow::Result<()> {
     if fetch {
         let answer = query.fetch(&args.counter, &dims, at).await?;
         let value = answer.value.map_or("(none)".to_string(), |v| v.to_string());
-        println!("{}\t{value}", answer.key);
+        let field = answer.field.map(|f| format!(" {f}")).unwrap_or_default();
+        println!("{}{field}\t{value}", answer.key);
+        for (member, score) in answer.top.unwrap_or_default() {
+            println!("  {member}\t{score}");
+        }
     } else {
-        println!("{}", query.key(&args.counter, &dims, at)?.key);
+        let answer = query.key(&args.counter, &dims, at)?;
+        let field = answer.field.map(|f| format!(" {f}")).unwrap_or_default();
+        println!("{}{field}", answer.key);
     }
     Ok(())
 }

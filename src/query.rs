@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::config::Config;
 use crate::model::layout::Layout;
-use crate::model::CounterSpec;
+use crate::model::{CounterSpec, Kind};
 use crate::sink::conn::{Conn, Connector};
 
 /// Why a query cannot be answered.
@@ -38,8 +38,16 @@ pub struct Answer {
     pub counter: String,
     /// The key as stored in Redis.
     pub key: String,
-    /// Current value (None: no event counted, or expired). Filled by `Query::fetch`.
+    /// Hash storage: the field of the hash `key` that holds the value.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// Current value (None: no event counted, or expired). Filled by `Query::fetch`: the count
+    /// or sum; for distinct counters the number of distinct values (HyperLogLog: estimated);
+    /// for leaderboards the number of members.
     pub value: Option<i64>,
+    /// Leaderboards: the highest-scored members, best first (at most `top`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub top: Option<Vec<(String, i64)>>,
     /// Window start, Unix ms.
     pub window_start_ms: i64,
     /// Window end, Unix ms.
@@ -91,12 +99,14 @@ impl Query {
                     .ok_or_else(|| QueryError::MissingDimension(d.clone()))
             })
             .collect::<Result<Vec<&str>, _>>()?;
-        let (key, window) = c.key_at(&values, at_ms, &self.layout);
+        let (key, field, window) = c.location_at(&values, at_ms, &self.layout);
         let key = String::from_utf8_lossy(&key).into_owned();
         Ok(Answer {
             counter: c.name.clone(),
             key,
+            field: field.map(|f| String::from_utf8_lossy(&f).into_owned()),
             value: None,
+            top: None,
             window_start_ms: window.start_ms,
             window_end_ms: window.end_ms,
             expire_at_ms: c.expire_at(window.end_ms),
@@ -116,18 +126,54 @@ impl Query {
             *guard = Some(self.connector.connect().await?);
         }
         let conn = guard.as_mut().expect("connected above");
-        match conn
-            .query::<Option<i64>>(redis::cmd("GET").arg(&answer.key))
-            .await
-        {
-            Ok(v) => answer.value = v,
+        let kind = &self
+            .counters
+            .iter()
+            .find(|c| c.name == counter)
+            .expect("found by key()")
+            .kind;
+        match read(conn, kind, &mut answer).await {
+            Ok(()) => Ok(answer),
             Err(e) => {
                 *guard = None;
-                return Err(e.into());
+                Err(e.into())
             }
         }
-        Ok(answer)
     }
+}
+
+/// Most members a leaderboard answer lists.
+pub const TOP: isize = 10;
+
+/// Read `answer`'s value the way its counter's kind keeps it.
+async fn read(conn: &mut Conn, kind: &Kind, answer: &mut Answer) -> redis::RedisResult<()> {
+    let key = &answer.key;
+    let exists = |n: i64| (n > 0).then_some(n);
+    match kind {
+        Kind::Count => answer.value = conn.query(redis::cmd("GET").arg(key)).await?,
+        Kind::HashCount { .. } => {
+            let field = answer.field.as_deref().unwrap_or_default();
+            answer.value = conn.query(redis::cmd("HGET").arg(key).arg(field)).await?;
+        }
+        Kind::Distinct { exact, .. } => {
+            let cmd = if *exact { "SCARD" } else { "PFCOUNT" };
+            answer.value = exists(conn.query(redis::cmd(cmd).arg(key)).await?);
+        }
+        Kind::Leaderboard { .. } => {
+            answer.value = exists(conn.query(redis::cmd("ZCARD").arg(key)).await?);
+            let top: Vec<(String, i64)> = conn
+                .query(
+                    redis::cmd("ZREVRANGE")
+                        .arg(key)
+                        .arg(0)
+                        .arg(TOP - 1)
+                        .arg("WITHSCORES"),
+                )
+                .await?;
+            answer.top = Some(top);
+        }
+    }
+    Ok(())
 }
 
 /// Parse a time given as RFC 3339 or epoch milliseconds; None means now.

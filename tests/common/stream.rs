@@ -104,6 +104,18 @@ pub struct Event {
     pub(super) bytes: i64,
 }
 
+impl Event {
+    pub fn app(&self) -> &str {
+        &self.app
+    }
+    pub fn ip(&self) -> &str {
+        &self.ip
+    }
+    pub fn ts(&self) -> i64 {
+        self.ts
+    }
+}
+
 impl Stream {
     pub fn event(&self, i: u64) -> Event {
         let i = i as i64;

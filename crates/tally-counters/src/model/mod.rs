@@ -105,6 +105,40 @@ impl CounterSpec {
         })
     }
 
+    /// Where the value of `values` (in dimension order) for the window holding `at_ms` lives:
+    /// the stored key, the hash field for hash storage, and the window. The stream path writes
+    /// exactly here (`aggregate`'s target renders the same bytes).
+    pub fn location_at(
+        &self,
+        values: &[&str],
+        at_ms: i64,
+        layout: &layout::Layout,
+    ) -> (Vec<u8>, Option<Vec<u8>>, Window) {
+        let Kind::HashCount { hash } = &self.kind else {
+            let (key, window) = self.key_at(values, at_ms, layout);
+            return (key, None, window);
+        };
+        let window = self.window.window_of(at_ms);
+        let mut time = String::new();
+        self.template.format_time(window.local_start, &mut time);
+        let mut plain = Vec::new();
+        self.template.render(&mut plain, values, &time);
+        let shard = layout::shard_of(&plain, layout.shards());
+        time.clear();
+        hash.format_time(window.local_start, &mut time);
+        let mut key = Vec::new();
+        hash.render(&mut key, &[], &time);
+        layout.append_tag(&mut key, shard);
+        let mut field = Vec::new();
+        for (i, v) in values.iter().enumerate() {
+            if i > 0 {
+                field.push(b':');
+            }
+            crate::key::escape_into(&mut field, v);
+        }
+        (key, Some(field), window)
+    }
+
     /// The template of the keys the counter writes: the hash's for hash storage, else `template`.
     pub fn written_template(&self) -> &KeyTemplate {
         match &self.kind {

@@ -183,6 +183,11 @@ impl Counters {
         at_ms: Option<i64>,
     ) -> Result<Located, RequestError> {
         let spec = self.spec(name)?;
+        if !matches!(spec.kind, crate::model::Kind::Count) {
+            return Err(RequestError::Invalid(format!(
+                "counter `{name}` is not a count kept in string keys: hits add to those only"
+            )));
+        }
         if values.len() != spec.dimensions.len() {
             return Err(RequestError::Invalid(format!(
                 "counter `{name}` has dimensions {:?}; got {} values",
