@@ -67,7 +67,18 @@ fn finish(
     }
     assert!(t.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(30)));
     assert!(t.terminate(Duration::from_secs(30)).success());
-    common::cluster::compare(cluster, SHARDS, &stream.truth())
+    let (keys, mismatches, spread) = common::cluster::compare(cluster, SHARDS, &stream.truth());
+    // The other kinds (distinct, leaderboard, hash storage), merged over the primaries.
+    let mut kinds = common::kinds::Kinds::default();
+    for port in cluster.primaries() {
+        let mut c = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        common::kinds::dump(&mut c, &mut kinds);
+    }
+    let kind_mismatches = common::kinds::compare(&kinds, &stream.kinds_truth());
+    (keys, mismatches + kind_mismatches, spread)
 }
 
 /// Wait until every node agrees on the slot configuration (`redis-cli --cluster check`).

@@ -16,7 +16,9 @@ mod redact;
 mod request;
 
 pub use request::{OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
-pub use tally_counters::config::{CounterConfig, RedisConfig, RedisMode};
+pub use tally_counters::config::{
+    CounterConfig, CounterKind, DistinctMode, RedisConfig, RedisMode, Storage,
+};
 mod validate;
 
 use validate::invalid;
