@@ -20,12 +20,17 @@ local function fixed(key, limit, window)
   local cur = math.floor(now / window)
   local reset = (cur + 1) * window
   local h = redis.call('HMGET', key, 'w', 'n')
-  local used = 0
-  if tonumber(h[1]) == cur then used = tonumber(h[2]) or 0 end
+  local used, same = 0, tonumber(h[1]) == cur
+  if same then used = tonumber(h[2]) or 0 end
   if used + cost <= limit then
     return {1, limit - used - cost, reset - now, 0}, function()
-      redis.call('HSET', key, 'w', cur, 'n', used + cost)
-      redis.call('PEXPIREAT', key, reset)
+      if same then
+        redis.call('HINCRBY', key, 'n', cost)
+      else
+        -- A new window: its first write sets the expiry (the hash never outlives its window).
+        redis.call('HSET', key, 'w', cur, 'n', cost)
+        redis.call('PEXPIREAT', key, reset)
+      end
     end
   end
   local retry = cost > limit and -1 or reset - now
@@ -58,9 +63,11 @@ local function sliding_counter(key, limit, window)
   local reset = (cur + 1) * window - now
   if estimate + cost <= limit then
     return {1, math.floor(limit - estimate - cost), reset, 0}, function()
-      redis.call('HINCRBY', key, tostring(cur), cost)
-      redis.call('HDEL', key, tostring(cur - 2))
-      redis.call('PEXPIREAT', key, (cur + 2) * window)
+      if redis.call('HINCRBY', key, tostring(cur), cost) == cost then
+        -- The window's first write: drop the one before the previous, move the expiry.
+        redis.call('HDEL', key, tostring(cur - 2))
+        redis.call('PEXPIREAT', key, (cur + 2) * window)
+      end
     end
   end
   local retry
