@@ -6,109 +6,126 @@
 -- 3 sliding window counter, 4 GCRA), limit, window ms, burst (GCRA), shadow (1: never denies).
 -- Reply: {admitted, now_ms, then per policy: allowed, remaining, reset_ms, retry_after_ms}
 -- (retry_after_ms -1: this cost can never pass this policy).
+-- Written as one loop without per-call closures or tables per policy: the script runs on every
+-- request, and Lua allocations are most of its cost.
+local tonumber, floor, call = tonumber, math.floor, redis.call
 local cost = tonumber(ARGV[1])
-local id = ARGV[2]
-local peek = ARGV[3] == 'peek'
-local t = redis.call('TIME')
+local t = call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now = math.floor(now_us / 1000)
+local now = floor(now_us / 1000)
 local n = #KEYS
-local verdicts, writes = {}, {}
+local reply = {1, now}
+local wa = {}
 local admitted = 1
-
-local function fixed(key, limit, window)
-  local cur = math.floor(now / window)
-  local reset = (cur + 1) * window
-  local h = redis.call('HMGET', key, 'w', 'n')
-  local used, same = 0, tonumber(h[1]) == cur
-  if same then used = tonumber(h[2]) or 0 end
-  if used + cost <= limit then
-    return {1, limit - used - cost, reset - now, 0}, function()
-      if same then
-        redis.call('HINCRBY', key, 'n', cost)
+for i = 1, n do
+  local b = 3 + (i - 1) * 5
+  local algo, limit, window = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local key = KEYS[i]
+  local allowed, remaining, reset, retry = 0, 0, 0, 0
+  if algo == 1 then
+    -- Fixed window: hash {w = window index, n = units}.
+    local cur = floor(now / window)
+    reset = (cur + 1) * window - now
+    local h = call('HMGET', key, 'w', 'n')
+    local used = 0
+    local same = tonumber(h[1]) == cur
+    if same then used = tonumber(h[2]) or 0 end
+    if used + cost <= limit then
+      allowed, remaining = 1, limit - used - cost
+      wa[i] = same and 1 or 0
+    else
+      remaining = limit - used
+      retry = cost > limit and -1 or reset
+    end
+  elseif algo == 2 then
+    -- Sliding log: sorted set of admitted units scored by time.
+    local from = now - window
+    local used = call('ZCOUNT', key, '(' .. from, '+inf')
+    reset = window
+    if used + cost <= limit then
+      allowed, remaining = 1, limit - used - cost
+      wa[i] = 1
+    elseif cost > limit then
+      remaining, retry = limit - used, -1
+    else
+      -- It fits once the (used + cost - limit) oldest live entries have left the window.
+      local live = call('ZRANGEBYSCORE', key, '(' .. from, '+inf', 'WITHSCORES', 'LIMIT', used + cost - limit - 1, 1)
+      remaining = limit - used
+      retry = tonumber(live[2]) + window - now
+      reset = retry
+    end
+  elseif algo == 3 then
+    -- Sliding window counter: the previous window weighted by its overlap.
+    local cur = floor(now / window)
+    local elapsed = now - cur * window
+    local h = call('HMGET', key, cur, cur - 1)
+    local curr, prev = tonumber(h[1]) or 0, tonumber(h[2]) or 0
+    local estimate = prev * (window - elapsed) / window + curr
+    reset = (cur + 1) * window - now
+    if estimate + cost <= limit then
+      allowed, remaining = 1, floor(limit - estimate - cost)
+      wa[i] = 1
+    else
+      remaining = math.max(0, floor(limit - estimate))
+      if cost > limit then
+        retry = -1
+      elseif prev > 0 and curr + cost <= limit then
+        retry = math.max(1, math.ceil(window - (limit - curr - cost) * window / prev) - elapsed)
+      else
+        retry = reset
+      end
+    end
+  else
+    -- GCRA: the theoretical arrival time, µs.
+    local interval = floor(window * 1000 / limit)
+    local burst = tonumber(ARGV[b + 4])
+    local tat = math.max(tonumber(call('GET', key)) or now_us, now_us)
+    local new_tat = tat + interval * cost
+    local diff = now_us - (new_tat - interval * burst)
+    if diff >= 0 then
+      allowed, remaining = 1, floor(diff / interval)
+      reset = math.ceil((new_tat - now_us) / 1000)
+      wa[i] = new_tat
+    else
+      reset = math.ceil((tat - now_us) / 1000)
+      retry = cost > burst and -1 or math.ceil(-diff / 1000)
+    end
+  end
+  if allowed == 0 and ARGV[b + 5] ~= '1' then admitted = 0 end
+  local r = #reply
+  reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = allowed, remaining, reset, retry
+end
+reply[1] = admitted
+if admitted == 0 or ARGV[3] == 'peek' then return reply end
+for i = 1, n do
+  local w = wa[i]
+  if w then
+    local b = 3 + (i - 1) * 5
+    local algo, window = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3])
+    local key = KEYS[i]
+    if algo == 1 then
+      if w == 1 then
+        call('HINCRBY', key, 'n', cost)
       else
         -- A new window: its first write sets the expiry (the hash never outlives its window).
-        redis.call('HSET', key, 'w', cur, 'n', cost)
-        redis.call('PEXPIREAT', key, reset)
+        local cur = floor(now / window)
+        call('HSET', key, 'w', cur, 'n', cost)
+        call('PEXPIREAT', key, (cur + 1) * window)
       end
-    end
-  end
-  local retry = cost > limit and -1 or reset - now
-  return {0, limit - used, reset - now, retry}
-end
-
-local function sliding_log(key, limit, window)
-  local from = now - window
-  local used = redis.call('ZCOUNT', key, '(' .. from, '+inf')
-  if used + cost <= limit then
-    return {1, limit - used - cost, window, 0}, function()
-      redis.call('ZREMRANGEBYSCORE', key, '-inf', from)
-      for j = 1, cost do redis.call('ZADD', key, now, id .. ':' .. j) end
-      redis.call('PEXPIRE', key, window)
-    end
-  end
-  if cost > limit then return {0, limit - used, window, -1} end
-  -- The request fits once the (used + cost - limit) oldest live entries have left the window.
-  local live = redis.call('ZRANGEBYSCORE', key, '(' .. from, '+inf', 'WITHSCORES', 'LIMIT', used + cost - limit - 1, 1)
-  local retry = tonumber(live[2]) + window - now
-  return {0, limit - used, retry, retry}
-end
-
-local function sliding_counter(key, limit, window)
-  local cur = math.floor(now / window)
-  local elapsed = now - cur * window
-  local h = redis.call('HMGET', key, tostring(cur), tostring(cur - 1))
-  local curr, prev = tonumber(h[1]) or 0, tonumber(h[2]) or 0
-  local estimate = prev * (window - elapsed) / window + curr
-  local reset = (cur + 1) * window - now
-  if estimate + cost <= limit then
-    return {1, math.floor(limit - estimate - cost), reset, 0}, function()
-      if redis.call('HINCRBY', key, tostring(cur), cost) == cost then
+    elseif algo == 2 then
+      call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+      for j = 1, cost do call('ZADD', key, now, ARGV[2] .. ':' .. j) end
+      call('PEXPIRE', key, window)
+    elseif algo == 3 then
+      local cur = floor(now / window)
+      if call('HINCRBY', key, cur, cost) == cost then
         -- The window's first write: drop the one before the previous, move the expiry.
-        redis.call('HDEL', key, tostring(cur - 2))
-        redis.call('PEXPIREAT', key, (cur + 2) * window)
+        call('HDEL', key, cur - 2)
+        call('PEXPIREAT', key, (cur + 2) * window)
       end
+    else
+      call('SET', key, string.format('%d', w), 'PX', math.ceil((w - now_us) / 1000) + 1)
     end
   end
-  local retry
-  if cost > limit then
-    retry = -1
-  elseif prev > 0 and curr + cost <= limit then
-    retry = math.ceil(window - (limit - curr - cost) * window / prev) - elapsed
-  else
-    retry = reset
-  end
-  return {0, math.max(0, math.floor(limit - estimate)), reset, math.max(retry, 1)}
-end
-
-local function gcra(key, limit, window, burst)
-  local interval = math.floor(window * 1000 / limit)
-  local tolerance = interval * burst
-  local tat = math.max(tonumber(redis.call('GET', key)) or now_us, now_us)
-  local new_tat = tat + interval * cost
-  local diff = now_us - (new_tat - tolerance)
-  if diff >= 0 then
-    local remaining = math.floor(diff / interval)
-    return {1, remaining, math.ceil((new_tat - now_us) / 1000), 0}, function()
-      redis.call('SET', key, string.format('%d', new_tat), 'PX', math.ceil((new_tat - now_us) / 1000) + 1)
-    end
-  end
-  local retry = cost > burst and -1 or math.ceil(-diff / 1000)
-  return {0, 0, math.ceil((tat - now_us) / 1000), retry}
-end
-
-local algorithms = {fixed, sliding_log, sliding_counter, gcra}
-for i = 1, n do
-  local base = 3 + (i - 1) * 5
-  local algo = algorithms[tonumber(ARGV[base + 1])]
-  local verdict, write = algo(KEYS[i], tonumber(ARGV[base + 2]), tonumber(ARGV[base + 3]), tonumber(ARGV[base + 4]))
-  verdicts[i] = verdict
-  writes[i] = write
-  if verdict[1] == 0 and ARGV[base + 5] ~= '1' then admitted = 0 end
-end
-local reply = {admitted, now}
-for i = 1, n do
-  if admitted == 1 and not peek and writes[i] then writes[i]() end
-  for j = 1, 4 do reply[#reply + 1] = verdicts[i][j] end
 end
 return reply
