@@ -61,6 +61,7 @@ pub struct Requests {
     unique: HashMap<String, Unique>,
     pools: HashMap<String, (Pool, std::time::Duration)>,
     client: Client,
+    locks: tally_counters::lock::Locks,
     metrics: Metrics,
 }
 
@@ -125,6 +126,7 @@ impl Requests {
                     )
                 })
                 .collect(),
+            locks: tally_counters::lock::Locks::new(client.clone()),
             client,
             metrics,
         })
@@ -133,6 +135,11 @@ impl Requests {
     /// The shared client (for callers that build their own primitives).
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// The locks over the shared connection.
+    pub fn locks(&self) -> &tally_counters::lock::Locks {
+        &self.locks
     }
 
     /// Count one call's duration, errors and outcome.

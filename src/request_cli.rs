@@ -20,6 +20,8 @@ pub enum RequestCommand {
     Quota(QuotaArgs),
     /// Is this the subject's first call in the window?
     Once(OnceArgs),
+    /// Take a lock, hold it (renewed by a watchdog) and release it; or release / extend one.
+    Lock(LockArgs),
 }
 
 impl RequestCommand {
@@ -30,6 +32,7 @@ impl RequestCommand {
             RequestCommand::Limit(a) => &a.common,
             RequestCommand::Quota(a) => &a.common,
             RequestCommand::Once(a) => &a.common,
+            RequestCommand::Lock(a) => &a.common,
         }
     }
 }
@@ -106,6 +109,74 @@ pub struct OnceArgs {
     action: Action,
 }
 
+#[derive(Args)]
+pub struct LockArgs {
+    #[command(flatten)]
+    common: Common,
+    /// Lock name.
+    #[arg(long)]
+    name: String,
+    /// Lease length (renewed every third of it while held).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    ttl: std::time::Duration,
+    /// How long to wait for the lock.
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    wait: std::time::Duration,
+    /// How long to hold it once taken (until Ctrl-C or the lease is lost otherwise).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    hold: Option<std::time::Duration>,
+    /// Release the lease with this token instead of acquiring.
+    #[arg(long, conflicts_with = "extend_token")]
+    release_token: Option<String>,
+    /// Extend the lease with this token (to --ttl from now) instead of acquiring.
+    #[arg(long)]
+    extend_token: Option<String>,
+}
+
+/// `tally lock`: each step is printed as one JSON line as it happens.
+async fn lock(config: &Config, a: LockArgs) -> anyhow::Result<()> {
+    use tally_counters::lock::{Lease, Locks};
+    let locks = Locks::new(tally_counters::request::Client::new(&config.redis)?);
+    if let Some(token) = &a.release_token {
+        let released = locks.release(&Lease::known(&locks, &a.name, token)).await?;
+        println!("{}", serde_json::json!({ "released": released }));
+        return Ok(());
+    }
+    if let Some(token) = &a.extend_token {
+        let extended = locks
+            .extend(&Lease::known(&locks, &a.name, token), a.ttl)
+            .await?;
+        println!("{}", serde_json::json!({ "extended": extended }));
+        return Ok(());
+    }
+    let lease = match locks.acquire(&a.name, a.ttl, a.wait).await? {
+        Ok(lease) => lease,
+        Err(busy) => {
+            println!(
+                "{}",
+                serde_json::json!({ "acquired": false, "held_for_ms": busy.held_for_ms })
+            );
+            return Ok(());
+        }
+    };
+    println!(
+        "{}",
+        serde_json::json!({ "acquired": true, "fence": lease.fence, "token": lease.token })
+    );
+    let Some(hold) = a.hold else { return Ok(()) };
+    let mut guard = locks.guard(lease, None);
+    let lost = tokio::select! {
+        _ = tokio::time::sleep(hold) => false,
+        _ = guard.lost() => true,
+    };
+    if lost {
+        println!("{}", serde_json::json!({ "lost": true }));
+    }
+    let released = guard.release().await?;
+    println!("{}", serde_json::json!({ "released": released }));
+    Ok(())
+}
+
 fn parse_action(s: &str) -> Result<Action, String> {
     serde_json::from_value(serde_json::Value::String(s.to_string()))
         .map_err(|_| format!("`{s}`: use apply, peek, reset, release or fill"))
@@ -141,6 +212,7 @@ pub async fn run(config: Config, command: RequestCommand) -> anyhow::Result<()> 
         RequestCommand::Once(a) => {
             serde_json::to_value(requests.once(&a.name, &a.subject, None, a.action).await?)?
         }
+        RequestCommand::Lock(a) => return lock(&config, a).await,
     };
     println!("{answer}");
     Ok(())

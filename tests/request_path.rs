@@ -245,6 +245,33 @@ async fn hits_share_the_stream_keys_and_bad_input_is_refused() {
     assert_eq!(http_post(port, "/v1/limit", &big).unwrap().status, 413);
     assert!(http_post(port, "/v1/limit", "{not json").unwrap().status >= 400);
 
+    // Locks over HTTP: one holder at a time, released only with its token.
+    let (code, first, _) = post(port, "/v1/locks/nightly/acquire", r#"{"ttl_ms":60000}"#);
+    assert_eq!(
+        (code, first["acquired"].as_bool()),
+        (200, Some(true)),
+        "{first}"
+    );
+    let (_, second, _) = post(port, "/v1/locks/nightly/acquire", r#"{"ttl_ms":60000}"#);
+    assert_eq!(second["acquired"], false, "{second}");
+    let token = first["lease"]["token"].as_str().unwrap();
+    assert!(first["lease"]["fence"].as_u64().unwrap() >= 1);
+    let wrong = post(port, "/v1/locks/nightly/release", r#"{"token":"not-mine"}"#).1;
+    assert_eq!(wrong["released"], false);
+    let body = format!(r#"{{"token":"{token}","ttl_ms":30000}}"#);
+    assert_eq!(
+        post(port, "/v1/locks/nightly/extend", &body).1["extended"],
+        true
+    );
+    assert_eq!(
+        post(port, "/v1/locks/nightly/release", &body).1["released"],
+        true
+    );
+    assert_eq!(
+        post(port, "/v1/locks/nightly/release", &body).1["released"],
+        false
+    );
+
     // Without Redis: hits fail (503), each limit answers by its failure mode, and says so.
     redis.stop();
     let (code, _, _) = post(

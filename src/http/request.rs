@@ -29,6 +29,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>(requests: Arc<Requests>) -> Rout
         .route("/v1/once", post(once))
         .route("/v1/unique", post(unique))
         .route("/v1/pool", post(pool))
+        .route("/v1/locks/{name}/{action}", post(lock))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(requests)
 }
@@ -202,4 +203,71 @@ struct PoolBody {
 
 async fn pool(State(r): State<Arc<Requests>>, Json(b): Json<PoolBody>) -> Response {
     reply(r.pool(&b.pool, b.user.as_deref(), &b.items, b.action).await)
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct LockBody {
+    /// Lease length, ms (acquire, extend).
+    #[serde(default = "ten_seconds")]
+    ttl_ms: u64,
+    /// How long to wait for the lock, ms (acquire).
+    #[serde(default)]
+    wait_ms: u64,
+    /// The holder's token (release, extend).
+    token: Option<String>,
+}
+
+fn ten_seconds() -> u64 {
+    10_000
+}
+
+/// Longest wait an HTTP acquire may ask for: it must answer within `http.request_timeout`.
+const MAX_LOCK_WAIT_MS: u64 = 5_000;
+
+/// `POST /v1/locks/{name}/acquire|release|extend`.
+async fn lock(
+    State(r): State<Arc<Requests>>,
+    axum::extract::Path((name, action)): axum::extract::Path<(String, String)>,
+    Json(b): Json<LockBody>,
+) -> Response {
+    use std::time::Duration;
+    use tally_counters::lock::Lease;
+    let locks = r.locks();
+    let ttl = Duration::from_millis(b.ttl_ms);
+    let token = || {
+        b.token
+            .as_deref()
+            .ok_or_else(|| RequestError::Invalid("give the lease's token".into()))
+    };
+    let result = match action.as_str() {
+        "acquire" => {
+            let wait = Duration::from_millis(b.wait_ms.min(MAX_LOCK_WAIT_MS));
+            match locks.acquire(&name, ttl, wait).await {
+                Ok(Ok(lease)) => Ok(serde_json::json!({ "acquired": true, "lease": lease })),
+                Ok(Err(busy)) => {
+                    Ok(serde_json::json!({ "acquired": false, "held_for_ms": busy.held_for_ms }))
+                }
+                Err(e) => Err(e),
+            }
+        }
+        "release" => match token() {
+            Ok(t) => locks
+                .release(&Lease::known(locks, &name, t))
+                .await
+                .map(|ok| serde_json::json!({ "released": ok })),
+            Err(e) => Err(e),
+        },
+        "extend" => match token() {
+            Ok(t) => locks
+                .extend(&Lease::known(locks, &name, t), ttl)
+                .await
+                .map(|ok| serde_json::json!({ "extended": ok })),
+            Err(e) => Err(e),
+        },
+        other => Err(RequestError::Invalid(format!(
+            "`{other}`: use acquire, release or extend"
+        ))),
+    };
+    reply(result)
 }

@@ -12,10 +12,13 @@
 //!   can write one key.
 //! * [`conn`]: one multiplexed connection handle for a server or a cluster.
 //! * [`script`]: Lua scripts loaded once (SCRIPT LOAD) and run by SHA, reloaded on NOSCRIPT.
+//! * [`request`]: the request path: hits, rate limits, quotas, once, unique, pools.
+//! * [`lock`]: locks with fencing tokens and a renewing guard.
 
 pub mod config;
 pub mod conn;
 pub mod key;
+pub mod lock;
 pub mod model;
 pub mod request;
 pub mod script;

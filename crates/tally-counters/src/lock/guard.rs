@@ -1,0 +1,112 @@
+//! The watchdog: a task that renews a lease every ttl/3 and reports its loss.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use super::{Lease, Locks};
+use crate::request::RequestError;
+
+/// A held lock, renewed in the background. Released on [`LockGuard::release`], or (best
+/// effort, on a spawned task) when dropped.
+pub struct LockGuard {
+    locks: Locks,
+    lease: Option<Lease>,
+    lost: watch::Receiver<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LockGuard {
+    pub(super) fn start(locks: Locks, lease: Lease, max_hold: Option<Duration>) -> LockGuard {
+        let (tx, lost) = watch::channel(false);
+        let task = tokio::spawn(watchdog(locks.clone(), lease.clone(), max_hold, tx));
+        LockGuard {
+            locks,
+            lease: Some(lease),
+            lost,
+            task,
+        }
+    }
+
+    /// The lease (token, fencing token).
+    pub fn lease(&self) -> &Lease {
+        self.lease.as_ref().expect("held until released")
+    }
+
+    /// The fencing token to pass to the protected resource.
+    pub fn fence(&self) -> u64 {
+        self.lease().fence
+    }
+
+    /// Whether the lease is known to be lost.
+    pub fn is_lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Resolves when the lease is lost (taken over, or not renewed for a whole ttl).
+    pub async fn lost(&mut self) {
+        let _ = self.lost.wait_for(|lost| *lost).await;
+    }
+
+    /// Stop renewing and give the lock back; `false` when it was no longer held.
+    pub async fn release(mut self) -> Result<bool, RequestError> {
+        self.task.abort();
+        let lease = self.lease.take().expect("held until released");
+        self.locks.release(&lease).await
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        self.task.abort();
+        if let Some(lease) = self.lease.take() {
+            let locks = self.locks.clone();
+            if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                handle.spawn(async move {
+                    let _ = locks.release(&lease).await;
+                });
+            }
+        }
+    }
+}
+
+async fn watchdog(
+    locks: Locks,
+    lease: Lease,
+    max_hold: Option<Duration>,
+    lost: watch::Sender<bool>,
+) {
+    let ttl = Duration::from_millis(lease.ttl_ms);
+    let every = (ttl / 3).max(Duration::from_millis(1));
+    let started = lease.acquired_at().unwrap_or_else(Instant::now);
+    // The lease is safe until this instant (as far as this process can tell).
+    let mut valid_until = started + ttl;
+    loop {
+        tokio::time::sleep(every).await;
+        let now = Instant::now();
+        if max_hold.is_some_and(|cap| now.duration_since(started) + every > cap) {
+            // No more renewals: the lease runs out by itself; say so when it has.
+            tokio::time::sleep_until(valid_until.into()).await;
+            let _ = lost.send(true);
+            return;
+        }
+        let sent = Instant::now();
+        match locks.extend(&lease, ttl).await {
+            Ok(true) => valid_until = sent + ttl,
+            Ok(false) => {
+                let _ = lost.send(true);
+                return;
+            }
+            Err(_) if Instant::now() >= valid_until => {
+                let _ = lost.send(true);
+                return;
+            }
+            Err(_) => {}
+        }
+        if Instant::now() >= valid_until {
+            // The renewal came back after the lease had already run out.
+            let _ = lost.send(true);
+            return;
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Locks against real redis-server processes (standalone and a 3-primary cluster): contenders
+//! never overlap and fencing tokens strictly increase; a frozen holder loses its lease and its
+//! stale release deletes nothing; the watchdog keeps a long job's lock; scripts flushed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use tally_counters::config::{RedisConfig, RedisMode};
+use tally_counters::lock::Locks;
+use tally_counters::request::Client;
+use tally_testkit::local_redis::{LocalCluster, LocalRedis};
+
+/// A resource that records who wrote with which fencing token and refuses overlap.
+#[derive(Default)]
+struct Resource {
+    busy: AtomicBool,
+    fences: Mutex<Vec<u64>>,
+}
+
+impl Resource {
+    fn write(&self, fence: u64) {
+        assert!(
+            !self.busy.swap(true, Ordering::SeqCst),
+            "two holders inside the lock at once"
+        );
+        let mut fences = self.fences.lock().unwrap();
+        if let Some(&last) = fences.last() {
+            assert!(fence > last, "fencing token {fence} after {last}");
+        }
+        fences.push(fence);
+    }
+
+    fn done(&self) {
+        self.busy.store(false, Ordering::SeqCst);
+    }
+}
+
+fn locks(config: &RedisConfig, n: usize) -> Vec<Locks> {
+    (0..n)
+        .map(|_| Locks::new(Client::new(config).unwrap()))
+        .collect()
+}
+
+async fn contenders_never_overlap(config: &RedisConfig) {
+    let all = locks(config, 4);
+    let resource = Arc::new(Resource::default());
+    let tasks = (0..50).map(|i| {
+        let (locks, resource) = (all[i % 4].clone(), resource.clone());
+        async move {
+            for _ in 0..4 {
+                let lease = locks
+                    .acquire("job", Duration::from_secs(5), Duration::from_secs(60))
+                    .await
+                    .unwrap()
+                    .expect("acquired within the wait");
+                resource.write(lease.fence);
+                tokio::task::yield_now().await;
+                resource.done();
+                assert!(
+                    locks.release(&lease).await.unwrap(),
+                    "released by its holder"
+                );
+            }
+        }
+    });
+    join_all(tasks).await;
+    assert_eq!(resource.fences.lock().unwrap().len(), 200);
+}
+
+async fn stale_holder_cannot_touch_the_next_lease(config: &RedisConfig) {
+    let l = locks(config, 2);
+    let ttl = Duration::from_millis(300);
+    let stale = l[0].try_acquire("pause", ttl).await.unwrap().unwrap();
+    assert!(
+        l[1].try_acquire("pause", ttl).await.unwrap().is_err(),
+        "held"
+    );
+    // The holder is "paused" past its ttl (no watchdog): the lease runs out.
+    let taken = loop {
+        if let Ok(lease) = l[1].try_acquire("pause", ttl).await.unwrap() {
+            break lease;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(taken.fence > stale.fence);
+    assert!(
+        !l[0].extend(&stale, ttl).await.unwrap(),
+        "a stale extend changes nothing"
+    );
+    assert!(
+        !l[0].release(&stale).await.unwrap(),
+        "a stale release deletes nothing"
+    );
+    assert!(
+        l[0].try_acquire("pause", ttl).await.unwrap().is_err(),
+        "still held"
+    );
+    assert!(l[1].release(&taken).await.unwrap());
+}
+
+async fn watchdog_keeps_a_long_job(config: &RedisConfig) {
+    let l = locks(config, 2);
+    let ttl = Duration::from_millis(300);
+    let lease = l[0].try_acquire("long", ttl).await.unwrap().unwrap();
+    let guard = l[0].guard(lease, None);
+    let end = Instant::now() + ttl * 4;
+    while Instant::now() < end {
+        assert!(
+            l[1].try_acquire("long", ttl).await.unwrap().is_err(),
+            "kept"
+        );
+        assert!(!guard.is_lost());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(guard.release().await.unwrap());
+    assert!(
+        l[1].try_acquire("long", ttl).await.unwrap().is_ok(),
+        "released"
+    );
+    // With a cap, the watchdog stops renewing and reports the loss once the lease ran out.
+    let l2 = l[0].try_acquire("capped", ttl).await.unwrap().unwrap();
+    let mut capped = l[0].guard(l2, Some(ttl));
+    tokio::time::timeout(ttl * 10, capped.lost())
+        .await
+        .expect("the capped lease is reported lost");
+    assert!(l[1].try_acquire("capped", ttl).await.unwrap().is_ok());
+}
+
+async fn scripts_flushed(config: &RedisConfig, urls: &[String]) {
+    let l = locks(config, 1).remove(0);
+    for url in urls {
+        let mut c = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut c).unwrap();
+    }
+    let lease = l
+        .try_acquire("reload", Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(l.release(&lease).await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let config = RedisConfig {
+        url: redis.url(),
+        ..RedisConfig::default()
+    };
+    contenders_never_overlap(&config).await;
+    stale_holder_cannot_touch_the_next_lease(&config).await;
+    watchdog_keeps_a_long_job(&config).await;
+    scripts_flushed(&config, &[redis.url()]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster() {
+    let cluster = LocalCluster::start(3, 0).unwrap();
+    let config = RedisConfig {
+        mode: RedisMode::Cluster,
+        nodes: cluster.urls(),
+        ..RedisConfig::default()
+    };
+    contenders_never_overlap(&config).await;
+    stale_holder_cannot_touch_the_next_lease(&config).await;
+    watchdog_keeps_a_long_job(&config).await;
+    scripts_flushed(&config, &cluster.urls()).await;
+}
