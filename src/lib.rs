@@ -70,6 +70,7 @@ pub mod consumer;
 pub mod decode;
 pub mod health;
 pub mod http;
+pub mod jobs;
 pub mod metrics;
 pub mod pipeline;
 pub mod query;

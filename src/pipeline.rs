@@ -142,6 +142,12 @@ impl Tally {
             tracing::info!(%local, "serving /metrics and /health");
             http_task = Some(handle);
         }
+        // Jobs led by one replica at a time; stopped with the HTTP server.
+        let jobs = tokio::spawn(crate::jobs::run(
+            config.clone(),
+            self.metrics.clone(),
+            http_stop.clone(),
+        ));
 
         let mut worker = Worker::new(
             agg,
@@ -227,6 +233,8 @@ impl Tally {
             }
         }
         http_stop.cancel();
+        // The job releases its leadership on the way out (bounded: one Redis call).
+        let _ = tokio::time::timeout(Duration::from_secs(2), jobs).await;
         if let Some(failure) = failure {
             return Err(failure);
         }

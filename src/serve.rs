@@ -23,7 +23,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let stop = shutdown.child_token();
     let (local, mut server) = crate::http::serve(
         &config.http,
-        metrics,
+        metrics.clone(),
         health.clone(),
         Some(query),
         Some(requests.clone()),
@@ -32,6 +32,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     .await
     .context("http")?;
     tracing::info!(%local, "serving the request path");
+    let jobs = tokio::spawn(crate::jobs::run(
+        config.clone(),
+        metrics.clone(),
+        stop.clone(),
+    ));
     let mut probe = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
@@ -53,5 +58,6 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         }
     }
     let _ = server.await;
+    let _ = jobs.await;
     Ok(())
 }

@@ -12,9 +12,11 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+mod jobs;
 mod redact;
 mod request;
 
+pub use jobs::{JobsConfig, TtlAuditConfig};
 pub use request::{OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use tally_counters::config::{
     CounterConfig, CounterKind, DistinctMode, RedisConfig, RedisMode, Storage,
@@ -46,6 +48,8 @@ pub struct Config {
     pub counters: Vec<CounterConfig>,
     /// The request path: rate limits, quotas, once, unique, pools.
     pub request: RequestConfig,
+    /// Jobs run by one replica at a time (TTL auditor).
+    pub jobs: JobsConfig,
 }
 
 /// Kafka consumer settings.
@@ -197,6 +201,7 @@ impl Default for Config {
             recovery: RecoveryConfig::default(),
             counters: vec![CounterConfig::reference()],
             request: RequestConfig::default(),
+            jobs: JobsConfig::default(),
         }
     }
 }

@@ -188,6 +188,7 @@ impl Config {
         }
         self.validate_http()?;
         self.request.validate()?;
+        self.jobs.validate()?;
         self.validate_counters()
     }
 

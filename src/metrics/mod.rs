@@ -3,9 +3,11 @@
 //! Labels are bounded: counter name (from config), partition (topic size), error kind and
 //! decode reason (closed enums). A user's key or dimension value is never a label.
 
+mod jobs;
 mod labels;
 mod request;
 
+pub use jobs::JobMetrics;
 pub use labels::{
     HaltReason, Outcome, Primitive, RebalanceKind, RedisErrorKind, RejectReason, ResetReason,
 };
@@ -80,6 +82,8 @@ pub struct Metrics {
     pub offset_resets: IntCounterVec,
     /// The request path's metrics.
     pub request: RequestMetrics,
+    /// The jobs' metrics.
+    pub jobs: JobMetrics,
 }
 
 fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -286,6 +290,7 @@ impl Metrics {
                 &["reason"],
             ),
             request: RequestMetrics::new(&registry),
+            jobs: JobMetrics::new(&registry, counter_names),
             registry,
         };
         // Touch every bounded label so dashboards see zeroes instead of no series.

@@ -143,6 +143,56 @@ impl Conn {
     }
 }
 
+/// One node of a deployment: `None` is the single server; a cluster primary by address.
+pub type Node = Option<(String, u16)>;
+
+impl Conn {
+    /// The nodes that hold keys: the server, or every cluster primary (from `CLUSTER SLOTS`).
+    pub async fn primaries(&mut self) -> RedisResult<Vec<Node>> {
+        let Conn::Cluster(c) = self else {
+            return Ok(vec![None]);
+        };
+        let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(c).await?;
+        let mut nodes = Vec::new();
+        if let Value::Array(ranges) = slots {
+            for range in ranges {
+                let Value::Array(parts) = range else { continue };
+                let Some(Value::Array(primary)) = parts.get(2) else {
+                    continue;
+                };
+                let host = match primary.first() {
+                    Some(Value::BulkString(h)) => String::from_utf8_lossy(h).into_owned(),
+                    _ => continue,
+                };
+                let Some(Value::Int(port)) = primary.get(1) else {
+                    continue;
+                };
+                let node = Some((host, *port as u16));
+                if !nodes.contains(&node) {
+                    nodes.push(node);
+                }
+            }
+        }
+        Ok(nodes)
+    }
+
+    /// Run `cmd` on `node` (a keyless command such as SCAN, sent to that node only).
+    pub async fn query_on<T: FromRedisValue>(&mut self, node: &Node, cmd: &Cmd) -> RedisResult<T> {
+        match (self, node) {
+            (Conn::Cluster(c), Some((host, port))) => {
+                use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                let v = c.route_command(cmd.clone(), routing).await?;
+                redis::from_redis_value(v).map_err(Into::into)
+            }
+            (conn, _) => conn.query(cmd).await,
+        }
+    }
+}
+
 impl Conn {
     /// `maxmemory-policy` of the server, or of every node of a cluster, read from `INFO memory`
     /// (allowed where `CONFIG` is not, e.g. on managed services).

@@ -16,6 +16,8 @@ use chrono::{Datelike, NaiveDateTime, Timelike};
 
 use crate::window::{format_secs, WindowSpec};
 
+mod parse;
+
 mod error;
 
 pub use error::TemplateError;

@@ -139,6 +139,25 @@ impl CounterSpec {
         (key, Some(field), window)
     }
 
+    /// When a key this counter wrote (`stored`, with its cluster tag if any) should expire:
+    /// window end + retention, read from the key's time. None when the key is not one of this
+    /// counter's.
+    pub fn expire_at_of_key(&self, stored: &[u8]) -> Option<i64> {
+        let plain = match stored.iter().rposition(|&b| b == b'{') {
+            Some(open) if open > 0 && stored[open - 1] == b':' && stored.ends_with(b"}") => {
+                &stored[..open - 1]
+            }
+            _ => stored,
+        };
+        let local = self.written_template().local_start_of(plain)?;
+        let tz = self.window.tz();
+        let start = chrono::TimeZone::from_local_datetime(&tz, &local)
+            .earliest()?
+            .timestamp_millis();
+        let window = self.window.window_of(start);
+        (window.start_ms == start).then(|| self.expire_at(window.end_ms))
+    }
+
     /// The template of the keys the counter writes: the hash's for hash storage, else `template`.
     pub fn written_template(&self) -> &KeyTemplate {
         match &self.kind {

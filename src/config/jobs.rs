@@ -1,0 +1,67 @@
+//! Jobs that run on one replica at a time (leadership through a lock): the TTL auditor.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::validate::invalid;
+use super::ConfigError;
+
+/// `[jobs]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct JobsConfig {
+    /// `[jobs.ttl_audit]`: find counter keys without expiry and give them the one their
+    /// window implies.
+    pub ttl_audit: TtlAuditConfig,
+}
+
+/// The TTL auditor.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TtlAuditConfig {
+    /// Run it (on one replica at a time).
+    pub enabled: bool,
+    /// Time between two passes over the keys.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Most keys inspected per second (SCAN batches are paced to it).
+    pub keys_per_second: u64,
+    /// Leadership lease; the leader renews it every third of it.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+}
+
+impl Default for TtlAuditConfig {
+    fn default() -> Self {
+        TtlAuditConfig {
+            enabled: false,
+            interval: Duration::from_secs(600),
+            keys_per_second: 10_000,
+            lease: Duration::from_secs(30),
+        }
+    }
+}
+
+impl JobsConfig {
+    /// Numbers in range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let t = &self.ttl_audit;
+        if t.interval < Duration::from_millis(10) {
+            return Err(invalid("jobs.ttl_audit.interval", "must be at least 10ms"));
+        }
+        if t.keys_per_second == 0 {
+            return Err(invalid(
+                "jobs.ttl_audit.keys_per_second",
+                "must be at least 1",
+            ));
+        }
+        if t.lease < Duration::from_millis(100) || t.lease > Duration::from_secs(3600) {
+            return Err(invalid(
+                "jobs.ttl_audit.lease",
+                "must be between 100ms and 1h",
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,185 @@
+//! Jobs that must run on one replica at a time. Every replica runs [`run`]; the one that holds
+//! the job's lock (a lease renewed by a watchdog, see `tally_counters::lock`) works, the others
+//! wait to take over when the lease is released or runs out (a leader killed with SIGKILL loses
+//! it after one lease).
+//!
+//! The TTL auditor (the classic "if TTL = -1 then EXPIRE" compensation) walks the keys of every
+//! counter (SCAN on the server, or on every cluster primary, paced to
+//! `jobs.ttl_audit.keys_per_second`) and gives each key found without expiry the one its window
+//! implies (`PEXPIREAT … NX`: a key that got an expiry meanwhile keeps it). tally never writes a
+//! counter without expiry; such keys come from other writers, `PERSIST`, or restores.
+
+use std::time::{Duration, Instant};
+
+use tally_counters::conn::{Conn, Node};
+use tally_counters::lock::Locks;
+use tally_counters::model::CounterSpec;
+use tally_counters::request::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+/// The TTL auditor's lock name.
+pub const TTL_AUDIT: &str = "job:ttl_audit";
+
+/// Run the TTL auditor's leadership loop until `stop` (returns at once when it is disabled).
+pub async fn run(config: Config, metrics: Metrics, stop: CancellationToken) -> anyhow::Result<()> {
+    let audit = config.jobs.ttl_audit.clone();
+    if !audit.enabled {
+        return Ok(());
+    }
+    let client = Client::new(&config.redis)?;
+    let locks = Locks::new(client.clone());
+    let specs = crate::model::compile_all(&config.counters)?;
+    let leader = metrics.jobs.leader.with_label_values(&["ttl_audit"]);
+    let retry = audit.lease / 3;
+    while !stop.is_cancelled() {
+        let lease = match locks.try_acquire(TTL_AUDIT, audit.lease).await {
+            Ok(Ok(lease)) => lease,
+            Ok(Err(_busy)) => {
+                pause(retry, &stop).await;
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "ttl audit: cannot reach redis for leadership");
+                pause(retry, &stop).await;
+                continue;
+            }
+        };
+        tracing::info!(fence = lease.fence, "ttl audit: leading");
+        leader.set(1);
+        let mut guard = locks.guard(lease, None);
+        loop {
+            let pass = audit_pass(&client, &specs, audit.keys_per_second, &metrics);
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = guard.lost() => break,
+                result = pass => match result {
+                    Ok(repaired) => {
+                        metrics.jobs.runs.with_label_values(&["ttl_audit"]).inc();
+                        if repaired > 0 {
+                            tracing::warn!(repaired, "ttl audit: counter keys without expiry repaired");
+                        }
+                    }
+                    Err(e) => tracing::warn!(error = %e, "ttl audit pass failed; retrying next interval"),
+                },
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = guard.lost() => break,
+                _ = tokio::time::sleep(audit.interval) => {}
+            }
+        }
+        leader.set(0);
+        if guard.is_lost() {
+            tracing::warn!("ttl audit: leadership lost");
+        }
+        let _ = guard.release().await;
+    }
+    Ok(())
+}
+
+async fn pause(d: Duration, stop: &CancellationToken) {
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = tokio::time::sleep(d) => {}
+    }
+}
+
+/// One walk over every counter's keys on every node; the number of keys repaired.
+async fn audit_pass(
+    client: &Client,
+    specs: &[CounterSpec],
+    keys_per_second: u64,
+    metrics: &Metrics,
+) -> anyhow::Result<u64> {
+    let mut conn = client.conn().await?;
+    let nodes = conn.primaries().await?;
+    let mut repaired = 0;
+    for node in &nodes {
+        for spec in specs {
+            repaired += audit_counter(&mut conn, node, spec, keys_per_second, metrics).await?;
+        }
+    }
+    Ok(repaired)
+}
+
+async fn audit_counter(
+    conn: &mut Conn,
+    node: &Node,
+    spec: &CounterSpec,
+    keys_per_second: u64,
+    metrics: &Metrics,
+) -> anyhow::Result<u64> {
+    let pattern = glob_prefix(spec.written_template().literal_prefix());
+    let scanned = metrics.jobs.keys_scanned.with_label_values(&[&spec.name]);
+    let fixed = metrics.jobs.keys_repaired.with_label_values(&[&spec.name]);
+    let mut cursor: u64 = 0;
+    let mut repaired = 0;
+    loop {
+        let started = Instant::now();
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(500);
+        let (next, keys): (u64, Vec<Vec<u8>>) = conn.query_on(node, &scan).await?;
+        scanned.inc_by(keys.len() as u64);
+        for key in &keys {
+            let ttl: i64 = conn.query(redis::cmd("PTTL").arg(key)).await?;
+            if ttl != -1 {
+                continue;
+            }
+            // Not one of this counter's keys (another writer's key under the same prefix).
+            let Some(at) = spec.expire_at_of_key(key) else {
+                continue;
+            };
+            let set: i64 = conn
+                .query(redis::cmd("PEXPIREAT").arg(key).arg(at).arg("NX"))
+                .await?;
+            if set == 1 {
+                repaired += 1;
+                fixed.inc();
+                tracing::warn!(
+                    counter = %spec.name,
+                    key = %String::from_utf8_lossy(key),
+                    expire_at_ms = at,
+                    "ttl audit: key had no expiry"
+                );
+            }
+        }
+        // Pace: this batch may take keys / keys_per_second.
+        let budget = Duration::from_secs_f64(keys.len() as f64 / keys_per_second as f64);
+        if let Some(rest) = budget.checked_sub(started.elapsed()) {
+            tokio::time::sleep(rest).await;
+        }
+        cursor = next;
+        if cursor == 0 {
+            return Ok(repaired);
+        }
+    }
+}
+
+/// A SCAN pattern matching keys that start with `prefix` (glob characters escaped).
+fn glob_prefix(prefix: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + 2);
+    for &b in prefix {
+        if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {
+            out.push(b'\\');
+        }
+        out.push(b);
+    }
+    out.push(b'*');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn scan_patterns_escape_glob_characters() {
+        assert_eq!(super::glob_prefix(b"flow:count:"), b"flow:count:*");
+        assert_eq!(super::glob_prefix(b"a*b?[c]\\"), b"a\\*b\\?\\[c\\]\\\\*");
+    }
+}

@@ -1,0 +1,121 @@
+//! The TTL auditor across three `tally serve` replicas on one real redis-server: one leads at a
+//! time, leadership moves when the leader is killed, and counter keys made without expiry get
+//! the expiry of their window (and only counter keys).
+
+mod common;
+
+use std::time::Duration;
+
+use common::process::TallyProcess;
+use common::{http_get, wait_for};
+use tally_testkit::local_redis::LocalRedis;
+
+fn config(redis: &LocalRedis) -> String {
+    format!(
+        r#"
+[redis]
+url = "{}"
+
+[[counters]]
+name = "plays"
+dimensions = ["video"]
+key = "plays:{{video}}:{{yyyyMMddHH}}"
+window = "1h"
+retention = "1h"
+
+[jobs.ttl_audit]
+enabled = true
+interval = "100ms"
+lease = "600ms"
+"#,
+        redis.url()
+    )
+}
+
+fn leaders(procs: &[TallyProcess]) -> f64 {
+    procs
+        .iter()
+        .filter_map(|p| p.metric("tally_job_leader{job=\"ttl_audit\"}"))
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_audits_and_leadership_moves_when_it_dies() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let mut procs: Vec<TallyProcess> = (0..3)
+        .map(|i| TallyProcess::start_command("serve", &config(&redis), &format!("jobs{i}")))
+        .collect();
+    for p in &procs {
+        wait_for("tally serve ready", Duration::from_secs(20), || {
+            http_get(p.port, "/health/ready").is_some_and(|(code, _)| code == 200)
+        })
+        .await;
+    }
+    wait_for("one leader", Duration::from_secs(10), || {
+        leaders(&procs) == 1.0
+    })
+    .await;
+
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let now = chrono::Utc::now();
+    let hour = now.format("%Y%m%d%H").to_string();
+    let hour_end = (now.timestamp_millis() / 3_600_000 + 1) * 3_600_000;
+    let set = |conn: &mut redis::Connection, key: &str| {
+        let _: () = redis::cmd("SET").arg(key).arg(5).query(conn).unwrap();
+    };
+    let expire_time = |conn: &mut redis::Connection, key: &str| -> i64 {
+        redis::cmd("PEXPIRETIME").arg(key).query(conn).unwrap()
+    };
+    let current = format!("plays:v%3A1:{hour}");
+    set(&mut conn, &current);
+    set(&mut conn, "plays:v2:2020010100"); // a window long over
+    set(&mut conn, "plays:not-a-counter-key");
+    set(&mut conn, "other:x");
+    wait_for("the current key repaired", Duration::from_secs(10), || {
+        expire_time(&mut conn, &current) > 0
+    })
+    .await;
+    assert_eq!(
+        expire_time(&mut conn, &current),
+        hour_end + 3_600_000,
+        "window end + retention"
+    );
+    wait_for("the old key expired", Duration::from_secs(10), || {
+        expire_time(&mut conn, "plays:v2:2020010100") == -2
+    })
+    .await;
+    assert_eq!(
+        expire_time(&mut conn, "plays:not-a-counter-key"),
+        -1,
+        "not ours"
+    );
+    assert_eq!(expire_time(&mut conn, "other:x"), -1, "not ours");
+    assert_eq!(leaders(&procs), 1.0, "one leader at a time");
+
+    // Kill the leader: another takes over within a lease and repairs new keys.
+    let leader = procs
+        .iter()
+        .position(|p| p.metric("tally_job_leader{job=\"ttl_audit\"}") == Some(1.0))
+        .unwrap();
+    let repaired = procs[leader]
+        .metric("tally_ttl_audit_keys_repaired_total{counter=\"plays\"}")
+        .unwrap();
+    assert!(repaired >= 2.0, "{repaired}");
+    procs[leader].kill9();
+    procs.remove(leader);
+    wait_for("a new leader", Duration::from_secs(10), || {
+        leaders(&procs) == 1.0
+    })
+    .await;
+    let later = format!("plays:v3:{hour}");
+    set(&mut conn, &later);
+    wait_for(
+        "repaired by the new leader",
+        Duration::from_secs(10),
+        || expire_time(&mut conn, &later) == hour_end + 3_600_000,
+    )
+    .await;
+}
