@@ -107,6 +107,18 @@ struct KeyArgs {
     /// The time whose window to read: RFC 3339 or epoch ms (default: now).
     #[arg(long)]
     at: Option<String>,
+    /// `tally query`: the last N windows up to now, per window and combined.
+    #[arg(long, conflicts_with_all = ["at", "from"])]
+    last: Option<usize>,
+    /// `tally query`: every window from this time (with --to).
+    #[arg(long, requires = "to", conflicts_with = "at")]
+    from: Option<String>,
+    /// `tally query`: ... to this time.
+    #[arg(long, requires = "from")]
+    to: Option<String>,
+    /// `tally query`: print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
 }
 
 fn parse_dim(s: &str) -> Result<(String, String), String> {
@@ -303,7 +315,35 @@ fn main() -> ExitCode {
 async fn key(config: Config, args: KeyArgs, fetch: bool) -> anyhow::Result<()> {
     let query = tally::query::Query::new(&config)?;
     let at = tally::query::parse_time(args.at.as_deref())?;
-    let dims = args.dims.into_iter().collect();
+    let dims: std::collections::BTreeMap<String, String> = args.dims.into_iter().collect();
+    if fetch && (args.last.is_some() || args.from.is_some() || args.json) {
+        use tally::query::{parse_time, Span};
+        let span = match (args.last, &args.from, &args.to) {
+            (Some(n), _, _) => Span::Last(n),
+            (None, Some(a), Some(b)) => Span::Between(parse_time(Some(a))?, parse_time(Some(b))?),
+            _ => Span::At(at),
+        };
+        let now = chrono::Utc::now().timestamp_millis();
+        let answer = query
+            .range(&args.counter, &[dims], span, now)
+            .await?
+            .remove(0);
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+            return Ok(());
+        }
+        println!("window_start\twindow_end\tvalue\tkey");
+        for w in &answer.windows {
+            let value = w.value.map_or("-".to_string(), |v| v.to_string());
+            println!("{}\t{}\t{value}\t{}", w.start_ms, w.end_ms, w.key);
+        }
+        let total = answer.value.map_or("-".to_string(), |v| v.to_string());
+        println!("combined\t\t{total}");
+        for note in &answer.notes {
+            println!("note: {note}");
+        }
+        return Ok(());
+    }
     if fetch {
         let answer = query.fetch(&args.counter, &dims, at).await?;
         let value = answer.value.map_or("(none)".to_string(), |v| v.to_string());

@@ -7,6 +7,7 @@
 //! `/v1/*` needs `Authorization: Bearer <token>`; metrics and health stay open for scrapers and
 //! probes.
 
+mod counters;
 mod listener;
 mod request;
 
@@ -54,6 +55,9 @@ pub async fn serve(
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
     let mut v1 = Router::new().route("/v1/count", get(count_handler));
+    if let Some(query) = &query {
+        v1 = v1.merge(counters::routes(query.clone()));
+    }
     if let Some(requests) = requests {
         v1 = v1.merge(request::routes(requests));
     }

@@ -111,6 +111,9 @@ impl Event {
     pub fn ip(&self) -> &str {
         &self.ip
     }
+    pub fn device(&self) -> &str {
+        &self.device
+    }
     pub fn ts(&self) -> i64 {
         self.ts
     }

@@ -6,6 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+mod range;
+
+pub use range::{RangeAnswer, Span, WindowValue, MAX_BATCH_READS, MAX_WINDOWS};
+
 use crate::config::Config;
 use crate::model::layout::Layout;
 use crate::model::{CounterSpec, Kind};
@@ -26,6 +30,9 @@ pub enum QueryError {
     /// The time could not be parsed.
     #[error("bad time `{0}`: use RFC 3339 or epoch milliseconds")]
     BadTime(String),
+    /// The windows asked for cannot be read (too many, reversed).
+    #[error("{0}")]
+    BadRange(String),
     /// Redis failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
@@ -75,6 +82,30 @@ impl Query {
         })
     }
 
+    /// The counter named `counter`.
+    fn spec(&self, counter: &str) -> Result<&CounterSpec, QueryError> {
+        self.counters
+            .iter()
+            .find(|c| c.name == counter)
+            .ok_or_else(|| QueryError::UnknownCounter(counter.to_string()))
+    }
+
+    /// Run a pipeline, reconnecting next time if the connection failed.
+    async fn pipe(&self, pipe: &redis::Pipeline) -> Result<Vec<redis::Value>, QueryError> {
+        let mut guard = self.conn.lock().await;
+        if guard.is_none() {
+            *guard = Some(self.connector.connect().await?);
+        }
+        let conn = guard.as_mut().expect("connected above");
+        match conn.pipe(pipe).await {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                *guard = None;
+                Err(e.into())
+            }
+        }
+    }
+
     /// The key of `counter` for `dims` at `at_ms` (Unix ms).
     pub fn key(
         &self,
@@ -82,23 +113,8 @@ impl Query {
         dims: &BTreeMap<String, String>,
         at_ms: i64,
     ) -> Result<Answer, QueryError> {
-        let c = self
-            .counters
-            .iter()
-            .find(|c| c.name == counter)
-            .ok_or_else(|| QueryError::UnknownCounter(counter.to_string()))?;
-        if let Some(extra) = dims.keys().find(|k| !c.dimensions.contains(k)) {
-            return Err(QueryError::UnknownDimension(extra.clone()));
-        }
-        let values = c
-            .dimensions
-            .iter()
-            .map(|d| {
-                dims.get(d)
-                    .map(String::as_str)
-                    .ok_or_else(|| QueryError::MissingDimension(d.clone()))
-            })
-            .collect::<Result<Vec<&str>, _>>()?;
+        let c = self.spec(counter)?;
+        let values = c.values_of(dims)?;
         let (key, field, window) = c.location_at(&values, at_ms, &self.layout);
         let key = String::from_utf8_lossy(&key).into_owned();
         Ok(Answer {
@@ -139,6 +155,31 @@ impl Query {
                 Err(e.into())
             }
         }
+    }
+}
+
+/// `dims` in the counter's dimension order: every dimension given, nothing else.
+trait ValuesOf {
+    fn values_of<'a>(&self, dims: &'a BTreeMap<String, String>)
+        -> Result<Vec<&'a str>, QueryError>;
+}
+
+impl ValuesOf for CounterSpec {
+    fn values_of<'a>(
+        &self,
+        dims: &'a BTreeMap<String, String>,
+    ) -> Result<Vec<&'a str>, QueryError> {
+        if let Some(extra) = dims.keys().find(|k| !self.dimensions.contains(k)) {
+            return Err(QueryError::UnknownDimension(extra.clone()));
+        }
+        self.dimensions
+            .iter()
+            .map(|d| {
+                dims.get(d)
+                    .map(String::as_str)
+                    .ok_or_else(|| QueryError::MissingDimension(d.clone()))
+            })
+            .collect()
     }
 }
 

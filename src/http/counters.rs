@@ -1,0 +1,130 @@
+//! `GET /v1/counters/{name}?<dim>=<value>…&window=current|<time>` (or `&last=N`, or
+//! `&from=<time>&to=<time>`) and `POST /v1/counters/{name}/batch` with many dimension tuples:
+//! per-window values and their combination (see `query::range`). Bad input is a 400 that says
+//! why; Redis unavailable a 503.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, Path, Query as Params, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+
+use crate::query::{parse_time, Query, QueryError, Span};
+
+/// Largest batch body, bytes.
+const MAX_BODY: usize = 1024 * 1024;
+
+/// The range-query routes over `query`.
+pub fn routes<S: Clone + Send + Sync + 'static>(query: Arc<Query>) -> Router<S> {
+    Router::new()
+        .route("/v1/counters/{name}", get(one))
+        .route("/v1/counters/{name}/batch", post(batch))
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(query)
+}
+
+fn error(e: QueryError) -> Response {
+    let code = match e {
+        QueryError::Redis(_) => StatusCode::SERVICE_UNAVAILABLE,
+        _ => StatusCode::BAD_REQUEST,
+    };
+    (code, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
+}
+
+/// The span named by `window`, `last`, or `from` + `to` (at most one of the three).
+fn span(
+    window: Option<&str>,
+    last: Option<&str>,
+    from: Option<&str>,
+    to: Option<&str>,
+) -> Result<Span, QueryError> {
+    let given = [
+        window.is_some(),
+        last.is_some(),
+        from.is_some() || to.is_some(),
+    ];
+    if given.iter().filter(|g| **g).count() > 1 {
+        return Err(QueryError::BadRange(
+            "give one of window, last, or from and to".into(),
+        ));
+    }
+    if let Some(n) = last {
+        let n = n
+            .parse()
+            .map_err(|_| QueryError::BadRange(format!("last `{n}` is not a number")))?;
+        return Ok(Span::Last(n));
+    }
+    if from.is_some() || to.is_some() {
+        let (Some(a), Some(b)) = (from, to) else {
+            return Err(QueryError::BadRange("give both from and to".into()));
+        };
+        return Ok(Span::Between(parse_time(Some(a))?, parse_time(Some(b))?));
+    }
+    match window {
+        None | Some("current") => Ok(Span::At(parse_time(None)?)),
+        Some(t) => Ok(Span::At(parse_time(Some(t))?)),
+    }
+}
+
+async fn one(
+    State(q): State<Arc<Query>>,
+    Path(name): Path<String>,
+    Params(mut params): Params<BTreeMap<String, String>>,
+) -> Response {
+    let (window, last, from, to) = (
+        params.remove("window"),
+        params.remove("last"),
+        params.remove("from"),
+        params.remove("to"),
+    );
+    let span = match span(
+        window.as_deref(),
+        last.as_deref(),
+        from.as_deref(),
+        to.as_deref(),
+    ) {
+        Ok(s) => s,
+        Err(e) => return error(e),
+    };
+    let now = chrono::Utc::now().timestamp_millis();
+    match q.range(&name, &[params], span, now).await {
+        Ok(mut answers) => Json(answers.remove(0)).into_response(),
+        Err(e) => error(e),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchBody {
+    dimensions: Vec<BTreeMap<String, String>>,
+    window: Option<String>,
+    last: Option<usize>,
+    from: Option<String>,
+    to: Option<String>,
+}
+
+async fn batch(
+    State(q): State<Arc<Query>>,
+    Path(name): Path<String>,
+    Json(b): Json<BatchBody>,
+) -> Response {
+    let last = b.last.map(|n| n.to_string());
+    let span = match span(
+        b.window.as_deref(),
+        last.as_deref(),
+        b.from.as_deref(),
+        b.to.as_deref(),
+    ) {
+        Ok(s) => s,
+        Err(e) => return error(e),
+    };
+    let now = chrono::Utc::now().timestamp_millis();
+    match q.range(&name, &b.dimensions, span, now).await {
+        Ok(answers) => Json(serde_json::json!({ "results": answers })).into_response(),
+        Err(e) => error(e),
+    }
+}

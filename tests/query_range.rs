@@ -1,0 +1,179 @@
+//! Range queries (sliding windows over tumbling buckets) checked against a truth computed from
+//! the produced events, over many bucket boundaries; the batch form; the HTTP errors.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+use common::stream::{Stream, COUNTERS};
+use common::{http_get, Harness};
+use tally::query::{Query, Span};
+
+const MINUTE: i64 = 60_000;
+const HOUR: i64 = 3_600_000;
+
+fn dims(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_match_the_events_across_bucket_boundaries() {
+    #[derive(serde::Deserialize)]
+    struct Parsed {
+        decode: tally::config::DecodeConfig,
+        counters: Vec<tally::config::CounterConfig>,
+    }
+    let mut h = Harness::new("ranges", 4);
+    let s = Stream {
+        n: 30_000,
+        partitions: 4,
+        now_ms: Utc::now().timestamp_millis(),
+    };
+    for i in 0..s.n {
+        let e = s.event(i);
+        h.produce(e.partition, e.payload.as_bytes(), None);
+    }
+    h.flush_producer();
+    let parsed: Parsed = toml::from_str(COUNTERS).unwrap();
+    let mut config = h.config("g-ranges", parsed.counters);
+    config.decode = parsed.decode;
+    let running = h.start(config.clone());
+    h.wait_applied("g-ranges", Duration::from_secs(120)).await;
+    running.stop().await;
+    let query = Query::new(&config).unwrap();
+
+    // "minute" counts events per ip per minute: the last 90 minutes, and a 2-hour range with
+    // boundaries inside minutes, against the events themselves.
+    let ip = s.event(0).ip().to_string();
+    let per_minute = |from: i64, to: i64| -> (BTreeMap<i64, i64>, i64) {
+        let mut m = BTreeMap::new();
+        for i in 0..s.n {
+            let e = s.event(i);
+            let bucket = e.ts().div_euclid(MINUTE) * MINUTE;
+            if e.ip() == ip && bucket >= from.div_euclid(MINUTE) * MINUTE && bucket <= to {
+                *m.entry(bucket).or_insert(0) += 1;
+            }
+        }
+        let total = m.values().sum();
+        (m, total)
+    };
+    let now = s.now_ms;
+    for span in [
+        Span::Last(90),
+        Span::Between(now - 2 * HOUR - 17_000, now - 5 * MINUTE + 1),
+    ] {
+        let answer = query
+            .range("minute", &[dims(&[("ip", &ip)])], span, now)
+            .await
+            .unwrap()
+            .remove(0);
+        let (first, last) = (
+            answer.windows[0].start_ms,
+            answer.windows.last().unwrap().start_ms,
+        );
+        let (want, total) = per_minute(first, last);
+        assert!(answer.windows.len() >= 90, "{}", answer.windows.len());
+        for w in &answer.windows {
+            assert_eq!(w.end_ms - w.start_ms, MINUTE);
+            assert_eq!(
+                w.value,
+                want.get(&w.start_ms).copied(),
+                "minute {}",
+                w.start_ms
+            );
+        }
+        assert_eq!(answer.value, Some(total), "{span:?}");
+        assert!(total > 0);
+    }
+
+    // Distinct devices per app over the last 3 hours: the exact union of three hourly sets.
+    let app = s.event(0).app().to_string();
+    let answer = query
+        .range("uniq", &[dims(&[("app_id", &app)])], Span::Last(3), now)
+        .await
+        .unwrap()
+        .remove(0);
+    let since = now.div_euclid(HOUR) * HOUR - 2 * HOUR;
+    let union: BTreeSet<String> = (0..s.n)
+        .map(|i| s.event(i))
+        .filter(|e| e.app() == app && e.ts() >= since)
+        .map(|e| e.device().to_string())
+        .collect();
+    assert_eq!(answer.value, Some(union.len() as i64));
+    let hourly = answer.windows.iter().filter_map(|w| w.value).sum::<i64>();
+    assert!(
+        hourly > union.len() as i64,
+        "a device seen in two hours counts once in the union"
+    );
+
+    // The batch form: every app at once, one pipeline.
+    let apps: Vec<BTreeMap<String, String>> = (0..7)
+        .map(|a| dims(&[("app_id", &format!("app{a}"))]))
+        .collect();
+    let answers = query
+        .range("daily", &apps, Span::At(now), now)
+        .await
+        .unwrap();
+    let day = |t: i64| {
+        let local = Utc
+            .timestamp_millis_opt(t)
+            .unwrap()
+            .with_timezone(&chrono_tz::Asia::Shanghai);
+        local.date_naive()
+    };
+    for (a, answer) in answers.iter().enumerate() {
+        let want = (0..s.n)
+            .map(|i| s.event(i))
+            .filter(|e| e.app() == format!("app{a}") && day(e.ts()) == day(now))
+            .count() as i64;
+        assert_eq!(answer.value, Some(want), "app{a}");
+    }
+
+    // Over HTTP, with its errors.
+    let port = tally_testkit::local_redis::free_port().unwrap();
+    let mut http = config.http.clone();
+    http.listen = format!("127.0.0.1:{port}");
+    let stop = tokio_util::sync::CancellationToken::new();
+    let metrics = tally::metrics::Metrics::new(&[]);
+    tally::http::serve(
+        &http,
+        metrics,
+        Arc::new(Default::default()),
+        Some(Arc::new(query)),
+        None,
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    let (code, body) = http_get(port, &format!("/v1/counters/minute?ip={ip}&last=90")).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["windows"].as_array().unwrap().len(), 90);
+    for (path, why) in [
+        ("/v1/counters/nope?ip=1", "unknown counter"),
+        ("/v1/counters/minute", "missing dimension"),
+        ("/v1/counters/minute?ip=1&x=2", "not a dimension"),
+        ("/v1/counters/minute?ip=1&last=100000", "at most"),
+        (
+            "/v1/counters/minute?ip=1&from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z",
+            "after",
+        ),
+        (
+            "/v1/counters/minute?ip=1&from=2020-01-01T00:00:00Z&to=2026-01-01T00:00:00Z",
+            "more than",
+        ),
+        ("/v1/counters/minute?ip=1&window=yesterday", "bad time"),
+        ("/v1/counters/minute?ip=1&last=3&window=current", "one of"),
+    ] {
+        let (code, body) = http_get(port, path).unwrap();
+        assert_eq!(code, 400, "{path}: {body}");
+        assert!(body.contains(why), "{path}: {body}");
+    }
+    stop.cancel();
+}
