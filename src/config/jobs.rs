@@ -14,6 +14,39 @@ pub struct JobsConfig {
     /// `[jobs.ttl_audit]`: find counter keys without expiry and give them the one their
     /// window implies.
     pub ttl_audit: TtlAuditConfig,
+    /// `[jobs.reconcile]`: recount recently closed windows from Kafka and report differences.
+    pub reconcile: ReconcileConfig,
+}
+
+/// The reconciler.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReconcileConfig {
+    /// Run it (on one replica at a time; needs Kafka: `tally run` only).
+    pub enabled: bool,
+    /// Time between two passes.
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// How long after a window ends it is checked (late events settle).
+    #[serde(with = "humantime_serde")]
+    pub grace: Duration,
+    /// Closed windows checked per counter and pass (the most recent ones that still exist).
+    pub windows: usize,
+    /// Leadership lease.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+}
+
+impl Default for ReconcileConfig {
+    fn default() -> Self {
+        ReconcileConfig {
+            enabled: false,
+            interval: Duration::from_secs(3600),
+            grace: Duration::from_secs(60),
+            windows: 1,
+            lease: Duration::from_secs(60),
+        }
+    }
 }
 
 /// The TTL auditor.

@@ -16,7 +16,7 @@ mod jobs;
 mod redact;
 mod request;
 
-pub use jobs::{JobsConfig, TtlAuditConfig};
+pub use jobs::{JobsConfig, ReconcileConfig, TtlAuditConfig};
 pub use request::{OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use tally_counters::config::{
     CounterConfig, CounterKind, DistinctMode, RedisConfig, RedisMode, Storage,

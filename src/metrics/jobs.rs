@@ -13,6 +13,10 @@ pub struct JobMetrics {
     pub keys_scanned: IntCounterVec,
     /// Keys found without expiry and given the one their window implies, by counter.
     pub keys_repaired: IntCounterVec,
+    /// Keys the reconciler compared with its recount from Kafka, by counter.
+    pub reconciled: IntCounterVec,
+    /// Keys whose Redis value differed from the recount, by counter.
+    pub mismatches: IntCounterVec,
 }
 
 impl JobMetrics {
@@ -48,12 +52,26 @@ impl JobMetrics {
                 "Counter keys found without expiry and given the expiry of their window, by counter.",
                 "counter",
             ),
+            reconciled: counter(
+                "tally_reconcile_keys_checked_total",
+                "Keys the reconciler compared with its recount from Kafka, by counter.",
+                "counter",
+            ),
+            mismatches: counter(
+                "tally_reconcile_mismatches_total",
+                "Keys whose Redis value differed from the reconciler's recount from Kafka, by counter.",
+                "counter",
+            ),
         };
-        m.leader.with_label_values(&["ttl_audit"]);
-        m.runs.with_label_values(&["ttl_audit"]);
+        for job in ["ttl_audit", "reconcile"] {
+            m.leader.with_label_values(&[job]);
+            m.runs.with_label_values(&[job]);
+        }
         for c in counters {
             m.keys_scanned.with_label_values(&[c]);
             m.keys_repaired.with_label_values(&[c]);
+            m.reconciled.with_label_values(&[c]);
+            m.mismatches.with_label_values(&[c]);
         }
         m
     }

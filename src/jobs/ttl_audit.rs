@@ -1,8 +1,3 @@
-//! Jobs that must run on one replica at a time. Every replica runs [`run`]; the one that holds
-//! the job's lock (a lease renewed by a watchdog, see `tally_counters::lock`) works, the others
-//! wait to take over when the lease is released or runs out (a leader killed with SIGKILL loses
-//! it after one lease).
-//!
 //! The TTL auditor (the classic "if TTL = -1 then EXPIRE" compensation) walks the keys of every
 //! counter (SCAN on the server, or on every cluster primary, paced to
 //! `jobs.ttl_audit.keys_per_second`) and gives each key found without expiry the one its window
@@ -12,88 +7,18 @@
 use std::time::{Duration, Instant};
 
 use tally_counters::conn::{Conn, Node};
-use tally_counters::lock::Locks;
 use tally_counters::model::CounterSpec;
 use tally_counters::request::Client;
-use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
 use crate::metrics::Metrics;
 
-/// The TTL auditor's lock name.
-pub const TTL_AUDIT: &str = "job:ttl_audit";
-
-/// Run the TTL auditor's leadership loop until `stop` (returns at once when it is disabled).
-pub async fn run(config: Config, metrics: Metrics, stop: CancellationToken) -> anyhow::Result<()> {
-    let audit = config.jobs.ttl_audit.clone();
-    if !audit.enabled {
-        return Ok(());
-    }
-    let client = Client::new(&config.redis)?;
-    let locks = Locks::new(client.clone());
-    let specs = crate::model::compile_all(&config.counters)?;
-    let leader = metrics.jobs.leader.with_label_values(&["ttl_audit"]);
-    let retry = audit.lease / 3;
-    while !stop.is_cancelled() {
-        let lease = match locks.try_acquire(TTL_AUDIT, audit.lease).await {
-            Ok(Ok(lease)) => lease,
-            Ok(Err(_busy)) => {
-                pause(retry, &stop).await;
-                continue;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "ttl audit: cannot reach redis for leadership");
-                pause(retry, &stop).await;
-                continue;
-            }
-        };
-        tracing::info!(fence = lease.fence, "ttl audit: leading");
-        leader.set(1);
-        let mut guard = locks.guard(lease, None);
-        loop {
-            let pass = audit_pass(&client, &specs, audit.keys_per_second, &metrics);
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = guard.lost() => break,
-                result = pass => match result {
-                    Ok(repaired) => {
-                        metrics.jobs.runs.with_label_values(&["ttl_audit"]).inc();
-                        if repaired > 0 {
-                            tracing::warn!(repaired, "ttl audit: counter keys without expiry repaired");
-                        }
-                    }
-                    Err(e) => tracing::warn!(error = %e, "ttl audit pass failed; retrying next interval"),
-                },
-            }
-            tokio::select! {
-                _ = stop.cancelled() => break,
-                _ = guard.lost() => break,
-                _ = tokio::time::sleep(audit.interval) => {}
-            }
-        }
-        leader.set(0);
-        if guard.is_lost() {
-            tracing::warn!("ttl audit: leadership lost");
-        }
-        let _ = guard.release().await;
-    }
-    Ok(())
-}
-
-async fn pause(d: Duration, stop: &CancellationToken) {
-    tokio::select! {
-        _ = stop.cancelled() => {}
-        _ = tokio::time::sleep(d) => {}
-    }
-}
-
 /// One walk over every counter's keys on every node; the number of keys repaired.
-async fn audit_pass(
+pub async fn pass(
     client: &Client,
     specs: &[CounterSpec],
     keys_per_second: u64,
     metrics: &Metrics,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<()> {
     let mut conn = client.conn().await?;
     let nodes = conn.primaries().await?;
     let mut repaired = 0;
@@ -102,7 +27,10 @@ async fn audit_pass(
             repaired += audit_counter(&mut conn, node, spec, keys_per_second, metrics).await?;
         }
     }
-    Ok(repaired)
+    if repaired > 0 {
+        tracing::warn!(repaired, "ttl audit: counter keys without expiry repaired");
+    }
+    Ok(())
 }
 
 async fn audit_counter(

@@ -1,0 +1,126 @@
+//! Jobs that must run on one replica at a time. Every replica runs [`run`]; for each enabled
+//! job, the replica that holds the job's lock (a lease renewed by a watchdog, see
+//! `tally_counters::lock`) works, the others wait to take over when the lease is released or
+//! runs out (a leader killed with SIGKILL loses it after one lease).
+//!
+//! - [`ttl_audit`]: counter keys without expiry get the one their window implies.
+//! - [`reconcile`]: recently closed windows are recounted from Kafka and compared with Redis;
+//!   mismatches are reported (metric and log naming the key), never "fixed".
+
+pub mod reconcile;
+pub mod ttl_audit;
+
+use std::future::Future;
+use std::time::Duration;
+
+use tally_counters::lock::Locks;
+use tally_counters::request::Client;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::metrics::Metrics;
+
+/// Run every enabled job's leadership loop until `stop`.
+pub async fn run(config: Config, metrics: Metrics, stop: CancellationToken) -> anyhow::Result<()> {
+    let client = Client::new(&config.redis)?;
+    let locks = Locks::new(client.clone());
+    let audit = &config.jobs.ttl_audit;
+    let recount = &config.jobs.reconcile;
+    let specs = crate::model::compile_all(&config.counters)?;
+    let a = async {
+        if audit.enabled {
+            let pass = || ttl_audit::pass(&client, &specs, audit.keys_per_second, &metrics);
+            lead(
+                "ttl_audit",
+                &locks,
+                audit.lease,
+                audit.interval,
+                &metrics,
+                &stop,
+                pass,
+            )
+            .await;
+        }
+    };
+    let r = async {
+        if recount.enabled {
+            let job = reconcile::Reconciler::new(&config, &client, &metrics)?;
+            let pass = || job.pass();
+            lead(
+                "reconcile",
+                &locks,
+                recount.lease,
+                recount.interval,
+                &metrics,
+                &stop,
+                pass,
+            )
+            .await;
+        }
+        anyhow::Ok(())
+    };
+    let ((), r) = tokio::join!(a, r);
+    r
+}
+
+/// Hold `job`'s leadership when it can, and run `pass` every `interval` while holding it.
+async fn lead<F, Fut>(
+    job: &str,
+    locks: &Locks,
+    lease: Duration,
+    interval: Duration,
+    metrics: &Metrics,
+    stop: &CancellationToken,
+    pass: F,
+) where
+    F: Fn() -> Fut,
+    Fut: Future<Output = anyhow::Result<()>>,
+{
+    let name = format!("job:{job}");
+    let leader = metrics.jobs.leader.with_label_values(&[job]);
+    let runs = metrics.jobs.runs.with_label_values(&[job]);
+    while !stop.is_cancelled() {
+        let held = match locks.try_acquire(&name, lease).await {
+            Ok(Ok(held)) => held,
+            Ok(Err(_busy)) => {
+                pause(lease / 3, stop).await;
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(job, error = %e, "cannot reach redis for leadership");
+                pause(lease / 3, stop).await;
+                continue;
+            }
+        };
+        tracing::info!(job, fence = held.fence, "leading");
+        leader.set(1);
+        let mut guard = locks.guard(held, None);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = guard.lost() => break,
+                result = pass() => match result {
+                    Ok(()) => runs.inc(),
+                    Err(e) => tracing::warn!(job, error = %e, "pass failed; retrying next interval"),
+                },
+            }
+            tokio::select! {
+                _ = stop.cancelled() => break,
+                _ = guard.lost() => break,
+                _ = tokio::time::sleep(interval) => {}
+            }
+        }
+        leader.set(0);
+        if guard.is_lost() {
+            tracing::warn!(job, "leadership lost");
+        }
+        let _ = guard.release().await;
+    }
+}
+
+async fn pause(d: Duration, stop: &CancellationToken) {
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = tokio::time::sleep(d) => {}
+    }
+}

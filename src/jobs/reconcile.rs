@@ -1,0 +1,265 @@
+//! Reconciliation: recount recently closed windows from Kafka and compare with Redis.
+//!
+//! A pass takes, for every count or sum counter with a retention, the last `windows` windows
+//! that closed at least `grace` ago and have not expired. It snapshots how far Redis has
+//! applied each partition (the minimum of its fences over the shards), reads every partition
+//! from its start up to that offset with a consumer of its own (no group, nothing committed),
+//! decodes each message as the stream path does, and sums the events of those windows per key.
+//! Every key's sum is compared with Redis; a difference is counted in
+//! `tally_reconcile_mismatches_total{counter}` and logged with the key and both values. Nothing
+//! is "fixed": a mismatch means something wrote to tally's keys, or a bug, and needs a human.
+//!
+//! Limits: the recount needs the windows' events still retained in Kafka (a partition whose
+//! start was deleted is reported as partial); events arriving after the snapshot are not in
+//! either figure; distinct and leaderboard counters are not recounted.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tally_counters::model::layout::Layout;
+use tally_counters::model::state_keys::FenceScope;
+use tally_counters::model::{CounterSpec, Kind};
+use tally_counters::request::Client;
+
+use crate::config::Config;
+use crate::decode::Decoder;
+use crate::metrics::Metrics;
+
+/// One reconciler, built once per leadership.
+pub struct Reconciler {
+    config: Config,
+    client: Client,
+    metrics: Metrics,
+    specs: Vec<CounterSpec>,
+    decoder: Decoder,
+    layout: Layout,
+    scope: FenceScope,
+}
+
+/// A key (and hash field) and how to read it.
+type Cell = (Vec<u8>, Option<Vec<u8>>);
+
+impl Reconciler {
+    /// For a validated configuration.
+    pub fn new(config: &Config, client: &Client, metrics: &Metrics) -> anyhow::Result<Reconciler> {
+        let (decoder, _) = crate::pipeline::build_stages(config)?;
+        Ok(Reconciler {
+            specs: crate::model::compile_all(&config.counters)?,
+            layout: Layout::for_config(&config.redis),
+            scope: FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic),
+            config: config.clone(),
+            client: client.clone(),
+            metrics: metrics.clone(),
+            decoder,
+        })
+    }
+
+    /// The windows to check: per counter index, their start times.
+    fn targets(&self, now_ms: i64) -> Vec<(usize, Vec<i64>)> {
+        let r = &self.config.jobs.reconcile;
+        let grace = r.grace.as_millis() as i64;
+        self.specs
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| matches!(s.kind, Kind::Count | Kind::HashCount { .. }))
+            .filter_map(|(i, s)| {
+                let mut w = s.window.window_of(now_ms - grace);
+                w = s.window.window_of(w.start_ms - 1);
+                let mut starts = Vec::new();
+                while starts.len() < r.windows && s.expire_at(w.end_ms) > now_ms + grace {
+                    starts.push(w.start_ms);
+                    w = s.window.window_of(w.start_ms - 1);
+                }
+                (!starts.is_empty()).then_some((i, starts))
+            })
+            .collect()
+    }
+
+    /// One pass.
+    pub async fn pass(&self) -> anyhow::Result<()> {
+        let now = chrono::Utc::now().timestamp_millis();
+        let targets = self.targets(now);
+        if targets.is_empty() {
+            return Ok(());
+        }
+        let applied = self.applied().await?;
+        let config = self.config.clone();
+        let (truth, partial) = {
+            let me = self;
+            let targets = &targets;
+            tokio::task::block_in_place(|| me.recount(&config, targets, &applied))?
+        };
+        for p in &partial {
+            tracing::warn!(
+                partition = p,
+                "reconcile: the partition's start was deleted; its recount is partial"
+            );
+        }
+        self.compare(&truth).await
+    }
+
+    /// How far Redis applied each partition (the minimum over its shards; absent: skipped).
+    async fn applied(&self) -> anyhow::Result<BTreeMap<i32, i64>> {
+        let consumer = self.consumer()?;
+        let topic = &self.config.kafka.topic;
+        let meta = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let partitions: Vec<i32> = meta
+            .topics()
+            .iter()
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        let mut out = BTreeMap::new();
+        for p in partitions {
+            let mut least: Option<i64> = None;
+            for shard in 0..self.layout.shards() {
+                let v: Option<i64> = self
+                    .client
+                    .query(redis::cmd("GET").arg(self.scope.key(p, shard)))
+                    .await?;
+                least = match (least, v) {
+                    (None, v) => v,
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (Some(a), None) => Some(a),
+                };
+            }
+            if let Some(a) = least {
+                out.insert(p, a);
+            }
+        }
+        Ok(out)
+    }
+
+    fn consumer(&self) -> anyhow::Result<BaseConsumer> {
+        let mut c = ClientConfig::new();
+        for (k, v) in &self.config.kafka.properties {
+            c.set(k, v);
+        }
+        c.set("bootstrap.servers", &self.config.kafka.brokers)
+            .set(
+                "group.id",
+                format!("{}-reconcile", self.config.kafka.group_id),
+            )
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false");
+        Ok(c.create()?)
+    }
+
+    /// Sum the events of the target windows in every partition up to its applied offset.
+    fn recount(
+        &self,
+        _config: &Config,
+        targets: &[(usize, Vec<i64>)],
+        applied: &BTreeMap<i32, i64>,
+    ) -> anyhow::Result<(BTreeMap<Cell, (usize, i64)>, Vec<i32>)> {
+        let consumer = self.consumer()?;
+        let topic = &self.config.kafka.topic;
+        let mut tpl = TopicPartitionList::new();
+        let mut partial = Vec::new();
+        for (&p, &end) in applied {
+            let (low, _) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+            if low > 0 {
+                partial.push(p);
+            }
+            if end > low {
+                tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
+            }
+        }
+        let mut left: BTreeMap<i32, i64> = applied.clone();
+        left.retain(|p, _| tpl.find_partition(topic, *p).is_some());
+        consumer.assign(&tpl)?;
+        let mut truth: BTreeMap<Cell, (usize, i64)> = BTreeMap::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(300);
+        while !left.is_empty() {
+            anyhow::ensure!(
+                std::time::Instant::now() < deadline,
+                "recount took over 5 minutes"
+            );
+            let Some(msg) = consumer.poll(Duration::from_millis(200)) else {
+                continue;
+            };
+            let msg = msg?;
+            let (p, offset) = (msg.partition(), msg.offset());
+            let Some(&end) = left.get(&p) else { continue };
+            if offset >= end {
+                left.remove(&p);
+                continue;
+            }
+            if offset + 1 >= end {
+                left.remove(&p);
+            }
+            let ts = msg.timestamp().to_millis();
+            let Ok(event) = self
+                .decoder
+                .decode_at(msg.payload(), ts, ts.unwrap_or(i64::MAX))
+            else {
+                continue;
+            };
+            for (i, starts) in targets {
+                let spec = &self.specs[*i];
+                let window = spec.window.window_of(event.ts_ms);
+                if !starts.contains(&window.start_ms) {
+                    continue;
+                }
+                let values: Vec<&str> = spec
+                    .dimensions
+                    .iter()
+                    .filter_map(|d| self.decoder.field_index(d).map(|f| &*event.dims[f]))
+                    .collect();
+                let delta = spec
+                    .value_field
+                    .as_deref()
+                    .and_then(|v| self.decoder.field_index(v))
+                    .map_or(1, |f| event.nums[f]);
+                let (key, field, _) = spec.location_at(&values, event.ts_ms, &self.layout);
+                let entry = truth.entry((key, field)).or_insert((*i, 0));
+                entry.1 = entry.1.saturating_add(delta);
+            }
+        }
+        Ok((truth, partial))
+    }
+
+    async fn compare(&self, truth: &BTreeMap<Cell, (usize, i64)>) -> anyhow::Result<()> {
+        let mut pipe = redis::pipe();
+        for (key, field) in truth.keys() {
+            match field {
+                Some(f) => pipe.cmd("HGET").arg(key).arg(f),
+                None => pipe.cmd("GET").arg(key),
+            };
+        }
+        let got: Vec<Option<i64>> = {
+            let mut conn = self.client.conn().await?;
+            let values = conn.pipe(&pipe).await?;
+            values
+                .into_iter()
+                .map(|v| redis::from_redis_value(v).unwrap_or(None))
+                .collect()
+        };
+        for (((key, field), (i, want)), got) in truth.iter().zip(got) {
+            let name = &self.specs[*i].name;
+            self.metrics
+                .jobs
+                .reconciled
+                .with_label_values(&[name])
+                .inc();
+            if got != Some(*want) {
+                self.metrics
+                    .jobs
+                    .mismatches
+                    .with_label_values(&[name])
+                    .inc();
+                tracing::warn!(
+                    counter = %name,
+                    key = %String::from_utf8_lossy(key),
+                    field = field.as_deref().map(String::from_utf8_lossy).as_deref().unwrap_or(""),
+                    redis = ?got,
+                    kafka = want,
+                    "reconcile: redis differs from the recount"
+                );
+            }
+        }
+        Ok(())
+    }
+}
