@@ -42,6 +42,9 @@ pub struct Reconciler {
 /// A key (and hash field) and how to read it.
 type Cell = (Vec<u8>, Option<Vec<u8>>);
 
+/// The recount: per cell, the counter index and the sum of its events.
+type Recount = BTreeMap<Cell, (usize, i64)>;
+
 impl Reconciler {
     /// For a validated configuration.
     pub fn new(config: &Config, client: &Client, metrics: &Metrics) -> anyhow::Result<Reconciler> {
@@ -153,7 +156,7 @@ impl Reconciler {
         _config: &Config,
         targets: &[(usize, Vec<i64>)],
         applied: &BTreeMap<i32, i64>,
-    ) -> anyhow::Result<(BTreeMap<Cell, (usize, i64)>, Vec<i32>)> {
+    ) -> anyhow::Result<(Recount, Vec<i32>)> {
         let consumer = self.consumer()?;
         let topic = &self.config.kafka.topic;
         let mut tpl = TopicPartitionList::new();
@@ -170,7 +173,7 @@ impl Reconciler {
         let mut left: BTreeMap<i32, i64> = applied.clone();
         left.retain(|p, _| tpl.find_partition(topic, *p).is_some());
         consumer.assign(&tpl)?;
-        let mut truth: BTreeMap<Cell, (usize, i64)> = BTreeMap::new();
+        let mut truth = Recount::new();
         let deadline = std::time::Instant::now() + Duration::from_secs(300);
         while !left.is_empty() {
             anyhow::ensure!(
@@ -221,7 +224,7 @@ impl Reconciler {
         Ok((truth, partial))
     }
 
-    async fn compare(&self, truth: &BTreeMap<Cell, (usize, i64)>) -> anyhow::Result<()> {
+    async fn compare(&self, truth: &Recount) -> anyhow::Result<()> {
         let mut pipe = redis::pipe();
         for (key, field) in truth.keys() {
             match field {
