@@ -89,12 +89,8 @@ impl Reconciler {
             return Ok(());
         }
         let applied = self.applied().await?;
-        let config = self.config.clone();
-        let (truth, partial) = {
-            let me = self;
-            let targets = &targets;
-            tokio::task::block_in_place(|| me.recount(&config, targets, &applied))?
-        };
+        // librdkafka's polling blocks: keep it off the async workers' feet.
+        let (truth, partial) = tokio::task::block_in_place(|| self.recount(&targets, &applied))?;
         for p in &partial {
             tracing::warn!(
                 partition = p,
@@ -153,7 +149,6 @@ impl Reconciler {
     /// Sum the events of the target windows in every partition up to its applied offset.
     fn recount(
         &self,
-        _config: &Config,
         targets: &[(usize, Vec<i64>)],
         applied: &BTreeMap<i32, i64>,
     ) -> anyhow::Result<(Recount, Vec<i32>)> {
