@@ -126,10 +126,10 @@ impl Tally {
         let mut http_task = None;
         if !config.http.listen.is_empty() {
             let query = Arc::new(crate::query::Query::new(&config)?);
-            let requests = Arc::new(crate::request::Requests::new(
-                &config,
-                self.metrics.clone(),
-            )?);
+            let requests = Arc::new(
+                crate::request::Requests::new(&config, self.metrics.clone())?
+                    .with_deferral(crate::request::Deferral::new(&config)?),
+            );
             let (local, handle) = crate::http::serve(
                 &config.http,
                 self.metrics.clone(),

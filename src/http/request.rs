@@ -71,6 +71,21 @@ struct HitBody {
     idempotency_key: Option<String>,
     #[serde(default)]
     action: Action,
+    /// `error` (default): a hit Redis cannot take is a 503. `defer`: write it to the topic the
+    /// stream path counts (202), under `tally run`.
+    #[serde(default)]
+    on_redis_error: OnRedisError,
+    /// Defer: more fields for the event (those the topic's other counters need).
+    #[serde(default)]
+    event: serde_json::Map<String, serde_json::Value>,
+}
+
+#[derive(Deserialize, Default, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+enum OnRedisError {
+    #[default]
+    Error,
+    Defer,
 }
 
 fn one() -> i64 {
@@ -87,6 +102,17 @@ async fn hit(State(r): State<Arc<Requests>>, Json(b): Json<HitBody>) -> Response
         at_ms,
         idempotency_key: b.idempotency_key,
     };
+    if b.on_redis_error == OnRedisError::Defer && b.action == Action::Apply {
+        return match r
+            .hit_or_defer(&b.counter, &b.dimensions, &hit, &b.event)
+            .await
+        {
+            Ok(o @ crate::request::HitOutcome::Deferred { .. }) => {
+                (StatusCode::ACCEPTED, Json(o)).into_response()
+            }
+            other => reply(other),
+        };
+    }
     reply(r.hit(&b.counter, &b.dimensions, &hit, b.action).await)
 }
 

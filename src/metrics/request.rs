@@ -19,6 +19,8 @@ pub struct RequestMetrics {
     pub without_redis: IntCounterVec,
     /// Admitted rate-limit decisions that left less than 10% of the limit, by policy.
     pub near_limit: IntCounterVec,
+    /// Hits written to Kafka because Redis was unreachable (counted by the stream path later).
+    pub deferred: prometheus::IntCounter,
 }
 
 impl RequestMetrics {
@@ -42,7 +44,16 @@ impl RequestMetrics {
         registry
             .register(Box::new(duration.clone()))
             .expect("registered once");
+        let deferred = prometheus::IntCounter::new(
+            "tally_hits_deferred_total",
+            "Hits written to the topic because Redis was unreachable; the stream path counts them.",
+        )
+        .expect("static metric");
+        registry
+            .register(Box::new(deferred.clone()))
+            .expect("registered once");
         let m = RequestMetrics {
+            deferred,
             decisions: vec(
                 "tally_request_decisions_total",
                 "Request-path decisions, by primitive, name and outcome.",

@@ -12,6 +12,10 @@ use tally_counters::request::{
     RequestError, Unique,
 };
 
+mod defer;
+
+pub use defer::{Deferral, HitOutcome};
+
 use crate::config::Config;
 use crate::metrics::{Metrics, Outcome, Primitive};
 
@@ -63,6 +67,8 @@ pub struct Requests {
     client: Client,
     locks: tally_counters::lock::Locks,
     metrics: Metrics,
+    /// Where hits go when Redis is unreachable and the caller asks to defer (`tally run`).
+    deferral: Option<Deferral>,
 }
 
 impl Requests {
@@ -129,12 +135,19 @@ impl Requests {
             locks: tally_counters::lock::Locks::new(client.clone()),
             client,
             metrics,
+            deferral: None,
         })
     }
 
     /// The shared client (for callers that build their own primitives).
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// Defer hits to Kafka when Redis is unreachable (callers opt in per hit).
+    pub fn with_deferral(mut self, deferral: Deferral) -> Requests {
+        self.deferral = Some(deferral);
+        self
     }
 
     /// The locks over the shared connection.

@@ -1,0 +1,64 @@
+//! A hit that Redis cannot take, deferred by its caller, becomes an event on the topic and is
+//! counted exactly once by the stream path when Redis is back.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{hourly, http_post, produce_batch, total, wait_for, Harness};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deferred_hits_are_counted_once_when_redis_returns() {
+    let mut h = Harness::with_redis(
+        "defer",
+        2,
+        &["--appendonly", "yes", "--appendfsync", "always"],
+    );
+    let port = tally_testkit::local_redis::free_port().unwrap();
+    let mut config = h.config("g-defer", hourly("df"));
+    config.http.listen = format!("127.0.0.1:{port}");
+    let running = h.start(config);
+    produce_batch(&mut h, 0, 100);
+    h.wait_applied("g-defer", Duration::from_secs(60)).await;
+    assert_eq!(total(&h, "df:*"), 100);
+
+    let hit = r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"on_redis_error":"defer"}"#;
+    // With Redis up, a hit is counted in Redis at once.
+    let a = http_post(port, "/v1/hit", hit).unwrap();
+    assert_eq!(a.status, 200, "{}", a.body);
+    h.redis.stop();
+    let refused = http_post(
+        port,
+        "/v1/hit",
+        r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"}}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        refused.status, 503,
+        "without defer, an error: {}",
+        refused.body
+    );
+    for _ in 0..10 {
+        let a = http_post(port, "/v1/hit", hit).unwrap();
+        assert_eq!(a.status, 202, "{}", a.body);
+        assert!(a.body.contains("\"deferred\":true"), "{}", a.body);
+    }
+    assert!(running.metrics.request.deferred.get() == 10);
+    h.redis.restart().unwrap();
+    wait_for("the deferred hits counted", Duration::from_secs(60), || {
+        total(&h, "df:*") >= 111
+    })
+    .await;
+    // Settled: nothing counted twice.
+    running.stop().await;
+    assert_eq!(total(&h, "df:*"), 111);
+    let one: i64 = redis::cmd("GET")
+        .arg(format!(
+            "df:a1:d1:{}",
+            chrono::Utc::now().format("%Y%m%d%H")
+        ))
+        .query(&mut h.conn())
+        .unwrap();
+    // 5 produced events (i = 1, 21, 41, 61, 81), the hit counted in Redis, the 10 deferred.
+    assert_eq!(one, 16);
+}
