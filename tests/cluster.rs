@@ -158,6 +158,37 @@ fn cluster_exact_counts_spread_over_all_primaries() {
         stream.truth().get(&plain).copied(),
         "{printed}"
     );
+    // A range over 120 one-minute windows, whose keys lie in many slots: one pipeline per slot.
+    std::fs::write(&path, &cfg).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(["query", "--config"])
+        .arg(&path)
+        .args([
+            "--counter",
+            "minute",
+            "--dim",
+            "ip=10.0.0.0",
+            "--last",
+            "120",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&path);
+    let range: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    let truth = stream.truth();
+    let mut want = 0;
+    for w in range["windows"].as_array().unwrap() {
+        let minute = chrono::DateTime::from_timestamp_millis(w["start_ms"].as_i64().unwrap())
+            .unwrap()
+            .format("%Y%m%d%H%M");
+        let cell = truth.get(&format!("eo:min:10.0.0.0:{minute}")).copied();
+        assert_eq!(w["value"].as_i64(), cell, "minute {minute}");
+        want += cell.unwrap_or(0);
+    }
+    assert!(want > 0);
+    assert_eq!(range["value"].as_i64(), Some(want));
     let total: usize = spread.iter().sum();
     eprintln!("cluster: {} events, {keys} keys compared, {mismatches} mismatches, keys per primary {spread:?}", stream.n);
     assert_eq!(mismatches, 0);

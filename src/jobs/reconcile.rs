@@ -220,16 +220,19 @@ impl Reconciler {
     }
 
     async fn compare(&self, truth: &Recount) -> anyhow::Result<()> {
-        let mut pipe = redis::pipe();
-        for (key, field) in truth.keys() {
-            match field {
-                Some(f) => pipe.cmd("HGET").arg(key).arg(f),
-                None => pipe.cmd("GET").arg(key),
-            };
-        }
+        let cmds = truth
+            .keys()
+            .map(|(key, field)| {
+                let cmd = match field {
+                    Some(f) => redis::cmd("HGET").arg(key).arg(f).clone(),
+                    None => redis::cmd("GET").arg(key).clone(),
+                };
+                (key.clone(), cmd)
+            })
+            .collect();
         let got: Vec<Option<i64>> = {
             let mut conn = self.client.conn().await?;
-            let values = conn.pipe(&pipe).await?;
+            let values = conn.pipe_keyed(cmds).await?;
             values
                 .into_iter()
                 .map(|v| redis::from_redis_value(v).unwrap_or(None))

@@ -13,7 +13,8 @@ pub use range::{RangeAnswer, Span, WindowValue, MAX_BATCH_READS, MAX_WINDOWS};
 use crate::config::Config;
 use crate::model::layout::Layout;
 use crate::model::{CounterSpec, Kind};
-use crate::sink::conn::{Conn, Connector};
+use crate::sink::conn::Conn;
+use tally_counters::request::Client;
 
 /// Why a query cannot be answered.
 #[derive(Debug, thiserror::Error)]
@@ -67,8 +68,8 @@ pub struct Answer {
 pub struct Query {
     counters: Vec<CounterSpec>,
     layout: Layout,
-    connector: Connector,
-    conn: tokio::sync::Mutex<Option<Conn>>,
+    /// Multiplexed and shared: concurrent queries pipeline over one connection.
+    client: Client,
 }
 
 impl Query {
@@ -77,8 +78,7 @@ impl Query {
         Ok(Query {
             counters: crate::model::compile_all(&config.counters)?,
             layout: Layout::for_config(&config.redis),
-            connector: Connector::new(&config.redis)?,
-            conn: tokio::sync::Mutex::new(None),
+            client: Client::new(&config.redis)?,
         })
     }
 
@@ -90,17 +90,17 @@ impl Query {
             .ok_or_else(|| QueryError::UnknownCounter(counter.to_string()))
     }
 
-    /// Run a pipeline, reconnecting next time if the connection failed.
-    async fn pipe(&self, pipe: &redis::Pipeline) -> Result<Vec<redis::Value>, QueryError> {
-        let mut guard = self.conn.lock().await;
-        if guard.is_none() {
-            *guard = Some(self.connector.connect().await?);
-        }
-        let conn = guard.as_mut().expect("connected above");
-        match conn.pipe(pipe).await {
+    /// Run single-key reads in as few round trips as the deployment allows (one pipeline per
+    /// cluster slot), replies in order; a broken connection is replaced on the next call.
+    async fn pipe_keyed(
+        &self,
+        cmds: Vec<(Vec<u8>, redis::Cmd)>,
+    ) -> Result<Vec<redis::Value>, QueryError> {
+        let mut conn = self.client.conn().await.map_err(redis_error)?;
+        match conn.pipe_keyed(cmds).await {
             Ok(v) => Ok(v),
             Err(e) => {
-                *guard = None;
+                self.client.forget(&e);
                 Err(e.into())
             }
         }
@@ -137,21 +137,17 @@ impl Query {
         at_ms: i64,
     ) -> Result<Answer, QueryError> {
         let mut answer = self.key(counter, dims, at_ms)?;
-        let mut guard = self.conn.lock().await;
-        if guard.is_none() {
-            *guard = Some(self.connector.connect().await?);
-        }
-        let conn = guard.as_mut().expect("connected above");
+        let mut conn = self.client.conn().await.map_err(redis_error)?;
         let kind = &self
             .counters
             .iter()
             .find(|c| c.name == counter)
             .expect("found by key()")
             .kind;
-        match read(conn, kind, &mut answer).await {
+        match read(&mut conn, kind, &mut answer).await {
             Ok(()) => Ok(answer),
             Err(e) => {
-                *guard = None;
+                self.client.forget(&e);
                 Err(e.into())
             }
         }
@@ -180,6 +176,16 @@ impl ValuesOf for CounterSpec {
                     .ok_or_else(|| QueryError::MissingDimension(d.clone()))
             })
             .collect()
+    }
+}
+
+/// A request-path client error as a query error (both are Redis failures here).
+fn redis_error(e: tally_counters::request::RequestError) -> QueryError {
+    match e {
+        tally_counters::request::RequestError::Redis(r) => QueryError::Redis(r),
+        other => QueryError::Redis(redis::RedisError::from(std::io::Error::other(
+            other.to_string(),
+        ))),
     }
 }
 

@@ -4,7 +4,8 @@
 //! bucket granularity (the oldest bucket counts whole), plus the HyperLogLog error for distinct
 //! counters kept as HyperLogLogs.
 //!
-//! Every read of one request goes out as one pipeline (one round trip per node).
+//! The reads of one request go out together: one pipeline on a server, one per slot (all at
+//! once) on a cluster.
 
 use std::collections::BTreeMap;
 
@@ -130,7 +131,7 @@ impl Query {
             )));
         }
         let mut answers = Vec::with_capacity(tuples.len());
-        let mut pipe = redis::pipe();
+        let mut cmds = Vec::with_capacity(tuples.len() * windows.len());
         for dims in tuples {
             let values = spec.values_of(dims)?;
             let mut cells = Vec::with_capacity(windows.len());
@@ -154,7 +155,7 @@ impl Query {
                         .clone(),
                     _ => redis::cmd("GET").arg(&key).clone(),
                 };
-                pipe.add_command(cmd);
+                cmds.push((key.clone(), cmd));
                 cells.push(WindowValue {
                     start_ms: w.start_ms,
                     end_ms: w.end_ms,
@@ -173,7 +174,7 @@ impl Query {
                 notes: Vec::new(),
             });
         }
-        let replies: Vec<redis::Value> = self.pipe(&pipe).await?;
+        let replies = self.pipe_keyed(cmds).await?;
         let mut replies = replies.into_iter();
         for answer in &mut answers {
             combine(spec, answer, &mut replies)?;

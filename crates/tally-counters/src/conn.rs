@@ -143,6 +143,61 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Run independent single-key commands in as few round trips as the deployment allows:
+    /// one pipeline on a server; on a cluster one pipeline per slot, all at once. `cmds` pairs
+    /// each command with its key; the replies come back in `cmds` order.
+    pub async fn pipe_keyed(&mut self, cmds: Vec<(Vec<u8>, Cmd)>) -> RedisResult<Vec<Value>> {
+        if let Conn::Single(_) = self {
+            let mut pipe = redis::pipe();
+            for (_, cmd) in cmds {
+                pipe.add_command(cmd);
+            }
+            return self.pipe(&pipe).await;
+        }
+        let mut by_slot: std::collections::BTreeMap<u16, (Pipeline, Vec<usize>)> =
+            Default::default();
+        let n = cmds.len();
+        for (i, (key, cmd)) in cmds.into_iter().enumerate() {
+            let slot = crate::model::layout::key_slot(&key);
+            let entry = by_slot
+                .entry(slot)
+                .or_insert_with(|| (redis::pipe(), Vec::new()));
+            entry.0.add_command(cmd);
+            entry.1.push(i);
+        }
+        let replies = futures_join(self, by_slot.values().map(|(p, _)| p)).await;
+        let mut out = vec![Value::Nil; n];
+        for ((_, idx), reply) in by_slot.values().zip(replies) {
+            for (i, v) in idx.iter().zip(reply?) {
+                out[*i] = v;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Send pipelines concurrently over clones of `conn` (multiplexed: cheap).
+async fn futures_join<'a>(
+    conn: &Conn,
+    pipes: impl Iterator<Item = &'a Pipeline>,
+) -> Vec<RedisResult<Vec<Value>>> {
+    let mut set = Vec::new();
+    for pipe in pipes {
+        let mut c = conn.clone();
+        let pipe = pipe.clone();
+        set.push(tokio::spawn(async move { c.pipe(&pipe).await }));
+    }
+    let mut out = Vec::with_capacity(set.len());
+    for task in set {
+        out.push(
+            task.await
+                .unwrap_or_else(|e| Err(RedisError::from(std::io::Error::other(e.to_string())))),
+        );
+    }
+    out
+}
+
 /// One node of a deployment: `None` is the single server; a cluster primary by address.
 pub type Node = Option<(String, u16)>;
 

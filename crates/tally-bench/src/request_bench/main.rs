@@ -69,7 +69,7 @@ fn main() -> anyhow::Result<()> {
     let standalone = library::Target::standalone(&redis);
     println!("\n## Library (`tally_counters::request`), standalone\n");
     runtime.block_on(library::run(&standalone, cli.tasks, phase))?;
-    if cli.cluster {
+    let cluster = if cli.cluster {
         let cluster = LocalCluster::start(3, 0)?;
         println!("\n## Library, 3-primary cluster\n");
         runtime.block_on(library::run(
@@ -77,9 +77,16 @@ fn main() -> anyhow::Result<()> {
             cli.tasks,
             phase,
         ))?;
-    }
+        Some(cluster)
+    } else {
+        None
+    };
     println!("\n## HTTP (`tally serve` router, wrk, loopback)\n");
     runtime.block_on(wrk::run(&redis, cli.connections, phase))?;
+    if let Some(cluster) = &cluster {
+        println!("\n## Batch queries, 3-primary cluster");
+        runtime.block_on(wrk::batch_on_cluster(cluster, phase))?;
+    }
     Ok(())
 }
 

@@ -22,6 +22,12 @@ request = function()
 end
 "#;
 
+const QUERY: &str = r#"
+request = function()
+  return wrk.format("GET", "/v1/counters/bench?window=current&subject=" .. math.random(10000))
+end
+"#;
+
 const QUOTA: &str = r#"
 request = function()
   return wrk.format("POST", "/v1/quota", {["Content-Type"] = "application/json"}, '{"quota":"bench"}')
@@ -53,20 +59,23 @@ pub async fn run(redis: &LocalRedis, connections: usize, phase: Duration) -> any
         ttl: Duration::from_secs(3600),
     });
     config.validate()?;
+    let config_for_batch = config.clone();
     let stop = CancellationToken::new();
     let server = tokio::spawn(tally::serve::run(config, stop.clone()));
     wait_listening(port).await?;
     println!("| endpoint | requests/s | p50 ms | p99 ms | non-2xx |");
     println!("|---|---|---|---|---|");
-    for (label, script) in [
-        ("POST /v1/hit", HIT),
-        ("POST /v1/limit (gcra)", LIMIT),
-        ("POST /v1/quota", QUOTA),
+    for (label, script, conns) in [
+        ("POST /v1/hit", HIT, connections),
+        ("POST /v1/limit (gcra)", LIMIT, connections),
+        ("POST /v1/quota", QUOTA, connections),
+        ("GET /v1/counters/bench (one key)", QUERY, connections),
+        ("GET /v1/counters/bench (one key), 8 connections", QUERY, 8),
     ] {
         let path = std::env::temp_dir().join(format!("tally-wrk-{}.lua", std::process::id()));
         std::fs::write(&path, script)?;
         let out = tokio::process::Command::new("wrk")
-            .args(["-t", "1", "-c", &connections.to_string()])
+            .args(["-t", "1", "-c", &conns.to_string()])
             .args(["-d", &format!("{}s", phase.as_secs().max(1))])
             .arg("--latency")
             .arg("-s")
@@ -81,8 +90,69 @@ pub async fn run(redis: &LocalRedis, connections: usize, phase: Duration) -> any
             r.rps, r.p50_ms, r.p99_ms, r.non_2xx
         );
     }
+    batch_queries(&config_for_batch, phase).await?;
     stop.cancel();
     server.await??;
+    Ok(())
+}
+
+/// The batch queries against a cluster (after the library part wrote its `bench` keys there).
+pub async fn batch_on_cluster(
+    cluster: &tally_testkit::local_redis::LocalCluster,
+    phase: Duration,
+) -> anyhow::Result<()> {
+    let mut config = Config::default();
+    config.redis.mode = tally::config::RedisMode::Cluster;
+    config.redis.nodes = cluster.urls();
+    config.counters[0].name = "bench".into();
+    config.counters[0].dimensions = vec!["subject".into()];
+    config.counters[0].key = "bench:{subject}:{yyyyMMddHH}".into();
+    batch_queries(&config, phase).await
+}
+
+/// `Query::range` for 1,000 dimension tuples at a time (what `POST /v1/counters/{name}/batch`
+/// runs): keys read per second.
+async fn batch_queries(config: &Config, phase: Duration) -> anyhow::Result<()> {
+    let query = std::sync::Arc::new(tally::query::Query::new(config)?);
+    let tuples: Vec<std::collections::BTreeMap<String, String>> = (0..1000)
+        .map(|i| [("subject".to_string(), (i * 7 % 10_000).to_string())].into())
+        .collect();
+    let tuples = std::sync::Arc::new(tuples);
+    let started = std::time::Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let (query, tuples) = (query.clone(), tuples.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut keys = 0u64;
+            let mut lat = Vec::new();
+            while started.elapsed() < phase {
+                let t = std::time::Instant::now();
+                let now = chrono::Utc::now().timestamp_millis();
+                let answers = query
+                    .range("bench", &tuples, tally::query::Span::At(now), now)
+                    .await
+                    .expect("batch query");
+                lat.push(t.elapsed().as_secs_f64() * 1000.0);
+                keys += answers.len() as u64;
+            }
+            (keys, lat)
+        }));
+    }
+    let mut keys = 0;
+    let mut lat = Vec::new();
+    for t in tasks {
+        let (k, l) = t.await?;
+        keys += k;
+        lat.extend(l);
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let p = |q: f64| lat[((lat.len() as f64 * q) as usize).min(lat.len() - 1)];
+    println!(
+        "\nBatch queries (`Query::range`, 1,000 tuples per call, 4 concurrent callers): {:.0} keys/s, p50 {:.2} ms, p99 {:.2} ms per call",
+        keys as f64 / started.elapsed().as_secs_f64(),
+        p(0.5),
+        p(0.99)
+    );
     Ok(())
 }
 

@@ -85,14 +85,17 @@ impl Client {
     }
 
     fn check<T>(&self, result: redis::RedisResult<T>) -> Result<T, RequestError> {
-        match result {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-                    *self.inner.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                }
-                Err(e.into())
-            }
+        result.map_err(|e| {
+            self.forget(&e);
+            e.into()
+        })
+    }
+
+    /// After `e` from a connection this client handed out: drop the connection if it is
+    /// broken, so that the next call reconnects.
+    pub fn forget(&self, e: &redis::RedisError) {
+        if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+            *self.inner.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
     }
 }
