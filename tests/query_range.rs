@@ -106,6 +106,17 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
         .map(|e| e.device().to_string())
         .collect();
     assert_eq!(answer.value, Some(union.len() as i64));
+    let hll = query
+        .range("uniq_hll", &[dims(&[("app_id", &app)])], Span::Last(3), now)
+        .await
+        .unwrap()
+        .remove(0);
+    let estimate = hll.value.expect("merged in Redis (one slot per series)") as f64;
+    let exact = union.len() as f64;
+    assert!(
+        (estimate - exact).abs() <= 3.0 * 0.0081 * exact + 1.0,
+        "{estimate} vs {exact}"
+    );
     let hourly = answer.windows.iter().filter_map(|w| w.value).sum::<i64>();
     assert!(
         hourly > union.len() as i64,

@@ -3,7 +3,7 @@
 
 use super::{Counter, HotKind};
 use crate::decode::Event;
-use crate::model::layout::{shard_of, Layout};
+use crate::model::layout::{series_shard, Layout};
 
 /// Where one counter puts one event: `key_buf` holds the key (for hash storage, the hash's
 /// key followed by the field, which starts at `split`).
@@ -49,7 +49,7 @@ pub(super) fn target<'e>(
     counter
         .template
         .render(key_buf, &values, &counter.time_text);
-    let shard = shard_of(key_buf, shards);
+    let shard = series_shard(&counter.name, &values, shards);
     let mut split = 0;
     let mut member = None;
     match &counter.kind {

@@ -5,7 +5,7 @@
 use super::*;
 use crate::config::{Config, CounterConfig};
 use crate::decode::Decoder;
-use crate::model::layout::shard_of;
+use crate::model::layout::series_shard;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -37,6 +37,15 @@ fn hits() -> CounterConfig {
 /// Sum of `n` per user per hour, expiring at the window end.
 fn bytes() -> CounterConfig {
     counter("bytes", "bytes:{user}:{yyyyMMddHH}", 3600, 0, Some("n"))
+}
+
+/// The shard of a test key `<counter>:<user>:<time>` (each test counter's name is its key's
+/// literal prefix): the series shard of (counter, user).
+fn shard_of(key: &[u8], shards: u32) -> u32 {
+    let text = std::str::from_utf8(key).expect("test keys are text");
+    let mut parts = text.split(':');
+    let (name, user) = (parts.next().unwrap(), parts.next().unwrap());
+    series_shard(name, &[user], shards)
 }
 
 fn utc(ms: i64, format: &str) -> String {
@@ -349,19 +358,26 @@ fn revoke_drops_pending_keys_of_that_partition() {
 }
 
 #[test]
-fn shard_of_is_stable_and_spreads_keys() {
-    assert_eq!(shard_of(b"anything", 1), 0);
-    assert_eq!(shard_of(b"anything", 0), 0);
-    // FNV-1a 64 reference values: a restarted replica must agree with older ones.
-    let fnv = |key: &[u8], n: u32| u64::from(shard_of(key, n));
-    assert_eq!(fnv(b"a", 1_000_003), 0xaf63_dc4c_8601_ec8c % 1_000_003);
-    assert_eq!(fnv(b"foobar", 977), 0x8594_4171_f739_67e8 % 977);
+fn series_shards_are_stable_and_spread_series() {
+    assert_eq!(series_shard("c", &["anything"], 1), 0);
+    assert_eq!(series_shard("c", &["anything"], 0), 0);
+    // FNV-1a 64 of "a\xff", computed independently: a restarted replica must agree with older ones.
+    let fnv = |name: &str, values: &[&str], n: u32| u64::from(series_shard(name, values, n));
+    assert_eq!(fnv("a", &[], 1_000_003), 0x089b_c907_b544_c769 % 1_000_003);
+    assert_ne!(
+        fnv("ab", &["c"], 977),
+        fnv("a", &["bc"], 977),
+        "framed, not concatenated"
+    );
     let mut per_shard = [0_u32; 16];
     for i in 0..10_000 {
-        let (app, ip) = (i % 7, format!("10.0.{}.{}", i / 256, i % 256));
-        let key = format!("flow:count:app{app}:dev{i}:{ip}:2025080117");
-        let shard = shard_of(key.as_bytes(), 16);
-        assert_eq!(shard, shard_of(key.as_bytes(), 16));
+        let (app, ip) = (
+            format!("app{}", i % 7),
+            format!("10.0.{}.{}", i / 256, i % 256),
+        );
+        let dev = format!("dev{i}");
+        let shard = series_shard("flow", &[&app, &dev, &ip], 16);
+        assert_eq!(shard, series_shard("flow", &[&app, &dev, &ip], 16));
         per_shard[shard as usize] += 1;
     }
     let even = per_shard.iter().all(|&n| (400..=850).contains(&n));

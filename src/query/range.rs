@@ -135,6 +135,7 @@ impl Query {
         for dims in tuples {
             let values = spec.values_of(dims)?;
             let mut cells = Vec::with_capacity(windows.len());
+            let mut union = redis::cmd("PFCOUNT");
             for w in &windows {
                 let (key, field, _) = spec.location_at(&values, w.start_ms, &self.layout);
                 let cmd = match (&spec.kind, &field) {
@@ -155,6 +156,7 @@ impl Query {
                         .clone(),
                     _ => redis::cmd("GET").arg(&key).clone(),
                 };
+                union.arg(&key);
                 cmds.push((key.clone(), cmd));
                 cells.push(WindowValue {
                     start_ms: w.start_ms,
@@ -164,6 +166,13 @@ impl Query {
                     value: None,
                     expired: spec.expire_at(w.end_ms) <= now_ms,
                 });
+            }
+            if merges_hll(spec, windows.len()) {
+                // Every window of a series lives in one slot: one PFCOUNT merges them.
+                let first = spec
+                    .location_at(&values, windows[0].start_ms, &self.layout)
+                    .0;
+                cmds.push((first, union));
             }
             answers.push(RangeAnswer {
                 counter: spec.name.clone(),
@@ -181,6 +190,11 @@ impl Query {
         }
         Ok(answers)
     }
+}
+
+/// Whether a range of `n` windows of `spec` gets a merged HyperLogLog count.
+fn merges_hll(spec: &CounterSpec, n: usize) -> bool {
+    matches!(spec.kind, Kind::Distinct { exact: false, .. }) && n > 1
 }
 
 /// Fill `answer`'s values from the next replies, and combine them.
@@ -224,14 +238,11 @@ fn combine(
         Kind::Count | Kind::HashCount { .. } => answer.value = Some(sum),
         Kind::Distinct { exact: true, .. } => answer.value = Some(members.len() as i64),
         Kind::Distinct { exact: false, .. } => {
-            answer.value = if answer.windows.len() == 1 {
-                answer.windows[0].value.or(Some(0))
+            answer.value = if merges_hll(spec, answer.windows.len()) {
+                let merged = replies.next().unwrap_or(redis::Value::Nil);
+                Some(i64::from_redis_value(merged).map_err(|e| bad(e.into()))?)
             } else {
-                answer.notes.push(
-                    "HyperLogLogs of different windows are not merged: per-window estimates only"
-                        .into(),
-                );
-                None
+                answer.windows[0].value.or(Some(0))
             };
         }
         Kind::Leaderboard { .. } => {

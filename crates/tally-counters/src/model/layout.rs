@@ -113,6 +113,29 @@ impl Layout {
 
 /// Deterministic shard of a key: FNV-1a, stable across processes and versions, because a
 /// restarted replica must put an event in the same shard to know whether it was applied.
+/// The shard of a series: counter `name` and its dimension `values`, not the window, so every
+/// window of one series lives in one slot (a range is one slot's reads; PFCOUNT over several
+/// windows works on a cluster). FNV-1a over the name and each value, each followed by 0xFF
+/// (never in UTF-8, so the framing is unambiguous).
+pub fn series_shard(name: &str, values: &[&str], shards: u32) -> u32 {
+    if shards <= 1 {
+        return 0;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for &b in bytes.iter().chain([0xFFu8].iter()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    eat(name.as_bytes());
+    for v in values {
+        eat(v.as_bytes());
+    }
+    (h % u64::from(shards)) as u32
+}
+
+/// FNV-1a of `key` modulo `shards` (the layout before series shards; kept for `stored_key`).
 pub fn shard_of(key: &[u8], shards: u32) -> u32 {
     if shards <= 1 {
         return 0;

@@ -119,12 +119,8 @@ impl CounterSpec {
             return (key, None, window);
         };
         let window = self.window.window_of(at_ms);
+        let shard = self.shard_of(values, layout);
         let mut time = String::new();
-        self.template.format_time(window.local_start, &mut time);
-        let mut plain = Vec::new();
-        self.template.render(&mut plain, values, &time);
-        let shard = layout::shard_of(&plain, layout.shards());
-        time.clear();
         hash.format_time(window.local_start, &mut time);
         let mut key = Vec::new();
         hash.render(&mut key, &[], &time);
@@ -183,9 +179,15 @@ impl CounterSpec {
         let window = self.window.window_of(at_ms);
         let mut time = String::new();
         self.template.format_time(window.local_start, &mut time);
-        let mut plain = Vec::new();
-        self.template.render(&mut plain, values, &time);
-        (layout.stored_key(&plain), window)
+        let mut key = Vec::new();
+        self.template.render(&mut key, values, &time);
+        layout.append_tag(&mut key, self.shard_of(values, layout));
+        (key, window)
+    }
+
+    /// The shard (cluster hash-tag group) of the series `values`: the same for every window.
+    pub fn shard_of(&self, values: &[&str], layout: &layout::Layout) -> u32 {
+        layout::series_shard(&self.name, values, layout.shards())
     }
 }
 
