@@ -166,7 +166,15 @@ fn sum_tagged_counters(
                 pipe.cmd("GET").arg(key);
                 let text = String::from_utf8_lossy(key);
                 let plain = text.rsplit_once(":{").map_or(&*text, |(p, _)| p);
-                if layout.stored_key(plain.as_bytes()) != *key {
+                // flow:count:<app>:<device>:<ip>:<hour>: the tag of the series (counter, values).
+                let parts: Vec<&str> = plain.split(':').collect();
+                let values = parts
+                    .get(2..parts.len().saturating_sub(1))
+                    .unwrap_or_default();
+                let shard = tally::model::layout::series_shard("flow", values, layout.shards());
+                let mut want = plain.as_bytes().to_vec();
+                layout.append_tag(&mut want, shard);
+                if want != *key {
                     mistagged += 1;
                 }
             }

@@ -102,17 +102,8 @@ impl Layout {
             key.push(b'}');
         }
     }
-
-    /// The stored key for a plain rendered key: itself, or with its shard's tag.
-    pub fn stored_key(&self, plain: &[u8]) -> Vec<u8> {
-        let mut key = plain.to_vec();
-        self.append_tag(&mut key, shard_of(plain, self.shards()));
-        key
-    }
 }
 
-/// Deterministic shard of a key: FNV-1a, stable across processes and versions, because a
-/// restarted replica must put an event in the same shard to know whether it was applied.
 /// The shard of a series: counter `name` and its dimension `values`, not the window, so every
 /// window of one series lives in one slot (a range is one slot's reads; PFCOUNT over several
 /// windows works on a cluster). FNV-1a over the name and each value, each followed by 0xFF
@@ -131,19 +122,6 @@ pub fn series_shard(name: &str, values: &[&str], shards: u32) -> u32 {
     eat(name.as_bytes());
     for v in values {
         eat(v.as_bytes());
-    }
-    (h % u64::from(shards)) as u32
-}
-
-/// FNV-1a of `key` modulo `shards` (the layout before series shards; kept for `stored_key`).
-pub fn shard_of(key: &[u8], shards: u32) -> u32 {
-    if shards <= 1 {
-        return 0;
-    }
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in key {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
     }
     (h % u64::from(shards)) as u32
 }
@@ -176,11 +154,13 @@ mod tests {
     }
 
     #[test]
-    fn stored_key_keeps_the_plain_key_readable() {
-        let layout = Layout::cluster(64);
-        let key = layout.stored_key(b"flow:count:a:b:c:2025080117");
+    fn tagged_keys_keep_the_plain_key_readable() {
+        let mut key = b"flow:count:a:b:c:2025080117".to_vec();
+        Layout::cluster(64).append_tag(&mut key, 5);
         let text = String::from_utf8(key).unwrap();
         assert!(text.starts_with("flow:count:a:b:c:2025080117:{"), "{text}");
-        assert_eq!(Layout::standalone().stored_key(b"k"), b"k");
+        let mut plain = b"k".to_vec();
+        Layout::standalone().append_tag(&mut plain, 5);
+        assert_eq!(plain, b"k");
     }
 }
