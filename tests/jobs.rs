@@ -119,3 +119,59 @@ async fn one_replica_audits_and_leadership_moves_when_it_dies() {
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_auditor_walks_every_cluster_primary() {
+    let cluster = tally_testkit::local_redis::LocalCluster::start(3, 0).unwrap();
+    let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let config = format!(
+        r#"
+[redis]
+mode = "cluster"
+nodes = [{}]
+
+[[counters]]
+name = "plays"
+dimensions = ["video"]
+key = "plays:{{video}}:{{yyyyMMddHH}}"
+window = "1h"
+
+[jobs.ttl_audit]
+enabled = true
+interval = "100ms"
+lease = "600ms"
+"#,
+        nodes.join(", ")
+    );
+    let p = TallyProcess::start_command("serve", &config, "jobs-cluster");
+    let client = redis::cluster::ClusterClient::new(cluster.urls()).unwrap();
+    let mut conn = client.get_connection().unwrap();
+    let now = chrono::Utc::now();
+    let hour = now.format("%Y%m%d%H").to_string();
+    let hour_end = (now.timestamp_millis() / 3_600_000 + 1) * 3_600_000;
+    // Keys on every primary (plain keys spread over the slots), none with an expiry.
+    let keys: Vec<String> = (0..200).map(|i| format!("plays:x{i}y:{hour}")).collect();
+    for k in &keys {
+        let _: () = redis::cmd("SET").arg(k).arg(1).query(&mut conn).unwrap();
+    }
+    let slots: std::collections::BTreeSet<u32> = keys
+        .iter()
+        .map(|k| u32::from(tally::model::layout::key_slot(k.as_bytes())) * 3 / 16_384)
+        .collect();
+    assert_eq!(slots.len(), 3, "the keys lie on all three primaries");
+    wait_for("every key repaired", Duration::from_secs(20), || {
+        keys.iter().all(|k| {
+            redis::cmd("PEXPIRETIME")
+                .arg(k)
+                .query::<i64>(&mut conn)
+                .unwrap()
+                == hour_end
+        })
+    })
+    .await;
+    assert!(
+        p.metric("tally_ttl_audit_keys_repaired_total{counter=\"plays\"}")
+            .unwrap()
+            >= 200.0
+    );
+}
