@@ -30,7 +30,8 @@
 //!
 //! [`consumer`]'s recovery decides where a partition starts from what Redis holds (see "What
 //! makes a count exact"), and [`state`] is `tally state`, which inspects and repairs it.
-//! [`query`] computes a counter's key for given values (CLI and `GET /v1/count`); [`http`]
+//! [`query`] computes a counter's key for given values and reads values over ranges of windows
+//! (CLI, `GET /v1/count`, `GET /v1/counters/{name}`, the batch form); [`http`]
 //! serves it with `/metrics` and [`health`] (ready while a Kafka broker was reachable lately,
 //! Redis answers and no partition is halted); the demo (in the binary) and the `tally-testkit`
 //! crate run the pieces locally.

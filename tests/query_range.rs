@@ -186,5 +186,15 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
         assert_eq!(code, 400, "{path}: {body}");
         assert!(body.contains(why), "{path}: {body}");
     }
+    // Hostile times and counts are answered, never a panic.
+    for path in [
+        "/v1/counters/minute?ip=1&window=-9223372036854775808",
+        "/v1/counters/minute?ip=1&window=9223372036854775807",
+        "/v1/counters/minute?ip=1&from=-9223372036854775808&to=9223372036854775807",
+        "/v1/counters/minute?ip=1&last=18446744073709551616",
+    ] {
+        let (code, body) = http_get(port, path).unwrap();
+        assert!(code == 200 || code == 400, "{path}: {code} {body}");
+    }
     stop.cancel();
 }

@@ -69,6 +69,8 @@ pub struct Requests {
     metrics: Metrics,
     /// Where hits go when Redis is unreachable and the caller asks to defer (`tally run`).
     deferral: Option<Deferral>,
+    /// `decode.max_future`, ms: a hit's time may not lie further ahead (as for events).
+    max_future_ms: i64,
 }
 
 impl Requests {
@@ -136,6 +138,7 @@ impl Requests {
             client,
             metrics,
             deferral: None,
+            max_future_ms: i64::try_from(config.decode.max_future.as_millis()).unwrap_or(i64::MAX),
         })
     }
 
@@ -192,6 +195,16 @@ impl Requests {
         let result = async {
             let spec = self.counters.spec(name)?;
             let ordered = dimension_values(&spec.dimensions, values)?;
+            if let Some(at) = hit.at_ms {
+                let latest = chrono::Utc::now()
+                    .timestamp_millis()
+                    .saturating_add(self.max_future_ms);
+                if !(tally_counters::window::MIN_TS_MS..=latest).contains(&at) {
+                    return Err(RequestError::Invalid(format!(
+                        "`at` {at} is before year 1 or more than decode.max_future ahead"
+                    )));
+                }
+            }
             match action {
                 Action::Apply => self.counters.hit(name, &ordered, hit).await,
                 Action::Peek | Action::Reset => {
