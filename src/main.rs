@@ -119,6 +119,9 @@ struct KeyArgs {
     /// `tally query`: print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// `tally query`: leaderboards list this many best members.
+    #[arg(long, default_value_t = 10)]
+    top: usize,
 }
 
 fn parse_dim(s: &str) -> Result<(String, String), String> {
@@ -339,6 +342,9 @@ async fn key(config: Config, args: KeyArgs, fetch: bool) -> anyhow::Result<()> {
         }
         let total = answer.value.map_or("-".to_string(), |v| v.to_string());
         println!("combined\t\t{total}");
+        for (member, score) in answer.top.iter().flatten() {
+            println!("  {member}\t{score}");
+        }
         for note in &answer.notes {
             println!("note: {note}");
         }

@@ -181,11 +181,37 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
         ),
         ("/v1/counters/minute?ip=1&window=yesterday", "bad time"),
         ("/v1/counters/minute?ip=1&last=3&window=current", "one of"),
+        ("/v1/counters/top?app_id=app0&top=0", "top must be"),
+        ("/v1/counters/top?app_id=app0&top=x", "top must be"),
     ] {
         let (code, body) = http_get(port, path).unwrap();
         assert_eq!(code, 400, "{path}: {body}");
         assert!(body.contains(why), "{path}: {body}");
     }
+    // Leaderboards list the best `top` members over the range, scores summed.
+    let (code, body) =
+        http_get(port, &format!("/v1/counters/top?app_id={app}&last=3&top=3")).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let since = now.div_euclid(HOUR) * HOUR - 2 * HOUR;
+    let mut scores: BTreeMap<String, i64> = BTreeMap::new();
+    for e in (0..s.n)
+        .map(|i| s.event(i))
+        .filter(|e| e.app() == app && e.ts() >= since)
+    {
+        *scores.entry(e.device().to_string()).or_default() += e.bytes();
+    }
+    let mut best: Vec<i64> = scores.values().copied().collect();
+    best.sort_unstable_by(|a, b| b.cmp(a));
+    let got: Vec<i64> = v["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p[1].as_i64().unwrap())
+        .collect();
+    assert_eq!(got, best[..3].to_vec());
+    assert_eq!(v["value"].as_i64(), Some(scores.len() as i64));
+
     // Hostile times and counts are answered, never a panic.
     for path in [
         "/v1/counters/minute?ip=1&window=-9223372036854775808",

@@ -1,5 +1,5 @@
 //! `GET /v1/counters/{name}?<dim>=<value>…&window=current|<time>` (or `&last=N`, or
-//! `&from=<time>&to=<time>`) and `POST /v1/counters/{name}/batch` with many dimension tuples:
+//! `&from=<time>&to=<time>`; leaderboards `&top=N`) and `POST /v1/counters/{name}/batch` with many dimension tuples:
 //! per-window values and their combination (see `query::range`). Bad input is a 400 that says
 //! why; Redis unavailable a 503.
 
@@ -75,12 +75,18 @@ async fn one(
     Path(name): Path<String>,
     Params(mut params): Params<BTreeMap<String, String>>,
 ) -> Response {
-    let (window, last, from, to) = (
+    let (window, last, from, to, top) = (
         params.remove("window"),
         params.remove("last"),
         params.remove("from"),
         params.remove("to"),
+        params.remove("top"),
     );
+    let top = match top.map(|t| t.parse::<usize>()) {
+        None => 10,
+        Some(Ok(n)) => n,
+        Some(Err(_)) => return error(QueryError::BadRange("top must be a number".into())),
+    };
     let span = match span(
         window.as_deref(),
         last.as_deref(),
@@ -91,7 +97,7 @@ async fn one(
         Err(e) => return error(e),
     };
     let now = chrono::Utc::now().timestamp_millis();
-    match q.range(&name, &[params], span, now).await {
+    match q.range_top(&name, &[params], span, now, top).await {
         Ok(mut answers) => Json(answers.remove(0)).into_response(),
         Err(e) => error(e),
     }
@@ -105,6 +111,12 @@ struct BatchBody {
     last: Option<usize>,
     from: Option<String>,
     to: Option<String>,
+    #[serde(default = "ten")]
+    top: usize,
+}
+
+fn ten() -> usize {
+    10
 }
 
 async fn batch(
@@ -123,7 +135,7 @@ async fn batch(
         Err(e) => return error(e),
     };
     let now = chrono::Utc::now().timestamp_millis();
-    match q.range(&name, &b.dimensions, span, now).await {
+    match q.range_top(&name, &b.dimensions, span, now, b.top).await {
         Ok(answers) => Json(serde_json::json!({ "results": answers })).into_response(),
         Err(e) => error(e),
     }

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 mod range;
 
-pub use range::{RangeAnswer, Span, WindowValue, MAX_BATCH_READS, MAX_WINDOWS};
+pub use range::{RangeAnswer, Span, WindowValue, MAX_BATCH_READS, MAX_TOP, MAX_WINDOWS};
 
 use crate::config::Config;
 use crate::model::layout::Layout;

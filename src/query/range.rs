@@ -17,6 +17,8 @@ use crate::window::Window;
 
 /// Most windows one query may span (per dimension tuple).
 pub const MAX_WINDOWS: usize = 1440;
+/// Most leaderboard members one answer lists.
+pub const MAX_TOP: usize = 1000;
 /// Most (tuple, window) reads one batch may ask for.
 pub const MAX_BATCH_READS: usize = 100_000;
 
@@ -113,7 +115,7 @@ impl Query {
         }
     }
 
-    /// `counter`'s values for each tuple of `tuples` over `span`.
+    /// `counter`'s values for each tuple of `tuples` over `span` (leaderboards: the top 10).
     pub async fn range(
         &self,
         counter: &str,
@@ -121,6 +123,24 @@ impl Query {
         span: Span,
         now_ms: i64,
     ) -> Result<Vec<RangeAnswer>, QueryError> {
+        self.range_top(counter, tuples, span, now_ms, super::TOP as usize)
+            .await
+    }
+
+    /// As [`Query::range`], listing the best `top` members of leaderboards (1 to [`MAX_TOP`]).
+    pub async fn range_top(
+        &self,
+        counter: &str,
+        tuples: &[BTreeMap<String, String>],
+        span: Span,
+        now_ms: i64,
+        top: usize,
+    ) -> Result<Vec<RangeAnswer>, QueryError> {
+        if !(1..=MAX_TOP).contains(&top) {
+            return Err(QueryError::BadRange(format!(
+                "top must be between 1 and {MAX_TOP}"
+            )));
+        }
         let spec = self.spec(counter)?;
         let windows = Self::windows(spec, span, now_ms)?;
         if tuples.len().saturating_mul(windows.len()) > MAX_BATCH_READS {
@@ -186,7 +206,7 @@ impl Query {
         let replies = self.pipe_keyed(cmds).await?;
         let mut replies = replies.into_iter();
         for answer in &mut answers {
-            combine(spec, answer, &mut replies)?;
+            combine(spec, answer, &mut replies, top)?;
         }
         Ok(answers)
     }
@@ -202,6 +222,7 @@ fn combine(
     spec: &CounterSpec,
     answer: &mut RangeAnswer,
     replies: &mut impl Iterator<Item = redis::Value>,
+    top_n: usize,
 ) -> Result<(), QueryError> {
     use redis::FromRedisValue;
     let bad = |e: redis::RedisError| QueryError::Redis(e);
@@ -249,7 +270,7 @@ fn combine(
             answer.value = Some(scores.len() as i64);
             let mut top: Vec<(String, i64)> = scores.into_iter().collect();
             top.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-            top.truncate(super::TOP as usize);
+            top.truncate(top_n);
             answer.top = Some(top);
         }
     }

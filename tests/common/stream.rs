@@ -114,6 +114,9 @@ impl Event {
     pub fn device(&self) -> &str {
         &self.device
     }
+    pub fn bytes(&self) -> i64 {
+        self.bytes
+    }
     pub fn ts(&self) -> i64 {
         self.ts
     }
