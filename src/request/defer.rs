@@ -24,7 +24,10 @@ use crate::decode::Decoder;
 
 /// Where deferred hits go.
 pub struct Deferral {
-    producer: FutureProducer,
+    /// Made on the first deferred hit (Redis outages are rare; an idle producer would keep
+    /// connections to the brokers).
+    producer: std::sync::OnceLock<Result<FutureProducer, String>>,
+    settings: ClientConfig,
     topic: String,
     decoder: Decoder,
     time_field: Option<String>,
@@ -67,12 +70,20 @@ impl Deferral {
             .set("message.timeout.ms", "10000");
         let (decoder, _) = crate::pipeline::build_stages(config)?;
         Ok(Deferral {
-            producer: c.create()?,
+            producer: std::sync::OnceLock::new(),
+            settings: c,
             topic: config.kafka.topic.clone(),
             decoder,
             time_field: config.decode.time_field.clone(),
             time_format: config.decode.time_format,
         })
+    }
+
+    fn producer(&self) -> Result<&FutureProducer, RequestError> {
+        self.producer
+            .get_or_init(|| self.settings.create().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| RequestError::Invalid(format!("cannot defer: kafka producer: {e}")))
     }
 
     fn event(
@@ -150,7 +161,7 @@ impl Requests {
             .payload(&payload)
             .timestamp(at);
         match deferral
-            .producer
+            .producer()?
             .send(record, Duration::from_secs(10))
             .await
         {
