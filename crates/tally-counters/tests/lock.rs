@@ -147,9 +147,68 @@ async fn scripts_flushed(config: &RedisConfig, urls: &[String]) {
     assert!(l.release(&lease).await.unwrap());
 }
 
+/// Redis restarted (no persistence) under a held guard: the lease is gone, the guard says so, and
+/// the next acquire works on the new server (connection re-made, scripts reloaded after NOSCRIPT).
+/// The fencing counter was lost with the data: tokens start again (the README's failover limit).
+async fn restart_loses_the_lease(redis: &mut LocalRedis, config: &RedisConfig) {
+    let l = locks(config, 1).remove(0);
+    let ttl = Duration::from_millis(600);
+    let lease = l.try_acquire("restart", ttl).await.unwrap().unwrap();
+    let mut guard = l.guard(lease, None);
+    redis.stop();
+    redis.restart().unwrap();
+    tokio::time::timeout(ttl * 10, guard.lost())
+        .await
+        .expect("the guard reports the lease lost");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let lease = loop {
+        match l.try_acquire("restart", ttl).await {
+            Ok(Ok(lease)) => break lease,
+            Ok(Err(busy)) => panic!("the restarted server holds no lock: {busy:?}"),
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("no acquire after the restart: {e}"),
+        }
+    };
+    assert_eq!(lease.fence, 1, "the fencing counter went with the data");
+    assert!(
+        l.extend(&lease, ttl).await.unwrap(),
+        "extend after the restart"
+    );
+    assert!(l.release(&lease).await.unwrap());
+}
+
+#[test]
+fn zero_ttl_is_refused() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let redis = LocalRedis::start(&[]).unwrap();
+        let config = RedisConfig {
+            url: redis.url(),
+            ..RedisConfig::default()
+        };
+        let l = locks(&config, 1).remove(0);
+        assert!(l.try_acquire("zero", Duration::ZERO).await.is_err());
+        let lease = l
+            .try_acquire("zero", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        // PEXPIRE 0 would delete the lock: an extend to 0 is refused and the lease stays.
+        assert!(l.extend(&lease, Duration::ZERO).await.is_err());
+        assert!(l
+            .try_acquire("zero", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_err());
+        assert!(l.release(&lease).await.unwrap());
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone() {
-    let redis = LocalRedis::start(&[]).unwrap();
+    let mut redis = LocalRedis::start(&[]).unwrap();
     let config = RedisConfig {
         url: redis.url(),
         ..RedisConfig::default()
@@ -158,6 +217,7 @@ async fn standalone() {
     stale_holder_cannot_touch_the_next_lease(&config).await;
     watchdog_keeps_a_long_job(&config).await;
     scripts_flushed(&config, &[redis.url()]).await;
+    restart_loses_the_lease(&mut redis, &config).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -91,17 +91,20 @@ async fn watchdog(
             return;
         }
         let sent = Instant::now();
-        match locks.extend(&lease, ttl).await {
-            Ok(true) => valid_until = sent + ttl,
-            Ok(false) => {
+        // A renewal not answered before the lease runs out cannot save it: bound the wait, or
+        // a connection stuck on a dead or restarted server would keep "lost" from being said.
+        let renewal = tokio::time::timeout_at(valid_until.into(), locks.extend(&lease, ttl));
+        match renewal.await {
+            Ok(Ok(true)) => valid_until = sent + ttl,
+            Ok(Ok(false)) | Err(_) => {
                 let _ = lost.send(true);
                 return;
             }
-            Err(_) if Instant::now() >= valid_until => {
+            Ok(Err(_)) if Instant::now() >= valid_until => {
                 let _ = lost.send(true);
                 return;
             }
-            Err(_) => {}
+            Ok(Err(_)) => {}
         }
         if Instant::now() >= valid_until {
             // The renewal came back after the lease had already run out.
