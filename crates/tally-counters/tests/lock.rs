@@ -179,6 +179,35 @@ async fn restart_loses_the_lease(redis: &mut LocalRedis, config: &RedisConfig) {
     assert!(l.release(&lease).await.unwrap());
 }
 
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// A stalled server (SIGSTOP: the connection stays open, nothing answers) under a held guard: the
+/// lease is reported lost when it runs out, not after the client's 5 s response timeout.
+async fn stalled_server_loses_the_lease(redis: &LocalRedis, config: &RedisConfig) {
+    let l = locks(config, 1).remove(0);
+    let ttl = Duration::from_millis(600);
+    let lease = l.try_acquire("stall", ttl).await.unwrap().unwrap();
+    let mut guard = l.guard(lease, None);
+    let pid = redis.pid().unwrap();
+    signal(pid, "-STOP");
+    let stalled = Instant::now();
+    let reported = tokio::time::timeout(ttl * 3, guard.lost()).await;
+    let after = stalled.elapsed();
+    signal(pid, "-CONT");
+    assert!(reported.is_ok(), "no loss reported {after:?} into a stall");
+    assert!(
+        after <= ttl,
+        "loss reported at the lease's end, not later: {after:?}"
+    );
+}
+
 #[test]
 fn zero_ttl_is_refused() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -217,6 +246,7 @@ async fn standalone() {
     stale_holder_cannot_touch_the_next_lease(&config).await;
     watchdog_keeps_a_long_job(&config).await;
     scripts_flushed(&config, &[redis.url()]).await;
+    stalled_server_loses_the_lease(&redis, &config).await;
     restart_loses_the_lease(&mut redis, &config).await;
 }
 
