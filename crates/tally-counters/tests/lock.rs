@@ -263,3 +263,28 @@ async fn cluster() {
     watchdog_keeps_a_long_job(&config).await;
     scripts_flushed(&config, &cluster.urls()).await;
 }
+
+/// The whole process paused past the ttl (here: the runtime's only thread blocked, as in a long
+/// GC or SIGSTOP): on resume the holder is told at once, before the watchdog has run again.
+#[test]
+fn paused_holder_is_told_on_resume() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let redis = LocalRedis::start(&[]).unwrap();
+        let config = RedisConfig {
+            url: redis.url(),
+            ..RedisConfig::default()
+        };
+        let l = locks(&config, 1).remove(0);
+        let ttl = Duration::from_millis(300);
+        let lease = l.try_acquire("paused", ttl).await.unwrap().unwrap();
+        let guard = l.guard(lease, None);
+        assert!(!guard.is_lost());
+        std::thread::sleep(ttl * 2);
+        assert!(guard.is_lost(), "told on resume, before any renewal ran");
+        assert!(!guard.release().await.unwrap(), "the lease had run out");
+    });
+}
