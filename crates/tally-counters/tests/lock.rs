@@ -147,9 +147,97 @@ async fn scripts_flushed(config: &RedisConfig, urls: &[String]) {
     assert!(l.release(&lease).await.unwrap());
 }
 
+/// Redis restarted (no persistence) under a held guard: the lease is gone, the guard says so, and
+/// the next acquire works on the new server (connection re-made, scripts reloaded after NOSCRIPT).
+/// The fencing counter was lost with the data: tokens start again (the README's failover limit).
+async fn restart_loses_the_lease(redis: &mut LocalRedis, config: &RedisConfig) {
+    let l = locks(config, 1).remove(0);
+    let ttl = Duration::from_millis(600);
+    let lease = l.try_acquire("restart", ttl).await.unwrap().unwrap();
+    let mut guard = l.guard(lease, None);
+    redis.stop();
+    redis.restart().unwrap();
+    tokio::time::timeout(ttl * 10, guard.lost())
+        .await
+        .expect("the guard reports the lease lost");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let lease = loop {
+        match l.try_acquire("restart", ttl).await {
+            Ok(Ok(lease)) => break lease,
+            Ok(Err(busy)) => panic!("the restarted server holds no lock: {busy:?}"),
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
+            Err(e) => panic!("no acquire after the restart: {e}"),
+        }
+    };
+    assert_eq!(lease.fence, 1, "the fencing counter went with the data");
+    assert!(
+        l.extend(&lease, ttl).await.unwrap(),
+        "extend after the restart"
+    );
+    assert!(l.release(&lease).await.unwrap());
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+/// A stalled server (SIGSTOP: the connection stays open, nothing answers) under a held guard: the
+/// lease is reported lost when it runs out, not after the client's 5 s response timeout.
+async fn stalled_server_loses_the_lease(redis: &LocalRedis, config: &RedisConfig) {
+    let l = locks(config, 1).remove(0);
+    let ttl = Duration::from_millis(600);
+    let lease = l.try_acquire("stall", ttl).await.unwrap().unwrap();
+    let mut guard = l.guard(lease, None);
+    let pid = redis.pid().unwrap();
+    signal(pid, "-STOP");
+    let stalled = Instant::now();
+    let reported = tokio::time::timeout(ttl * 3, guard.lost()).await;
+    let after = stalled.elapsed();
+    signal(pid, "-CONT");
+    assert!(reported.is_ok(), "no loss reported {after:?} into a stall");
+    assert!(
+        after <= ttl,
+        "loss reported at the lease's end, not later: {after:?}"
+    );
+}
+
+#[test]
+fn zero_ttl_is_refused() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let redis = LocalRedis::start(&[]).unwrap();
+        let config = RedisConfig {
+            url: redis.url(),
+            ..RedisConfig::default()
+        };
+        let l = locks(&config, 1).remove(0);
+        assert!(l.try_acquire("zero", Duration::ZERO).await.is_err());
+        let lease = l
+            .try_acquire("zero", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .unwrap();
+        // PEXPIRE 0 would delete the lock: an extend to 0 is refused and the lease stays.
+        assert!(l.extend(&lease, Duration::ZERO).await.is_err());
+        assert!(l
+            .try_acquire("zero", Duration::from_secs(5))
+            .await
+            .unwrap()
+            .is_err());
+        assert!(l.release(&lease).await.unwrap());
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone() {
-    let redis = LocalRedis::start(&[]).unwrap();
+    let mut redis = LocalRedis::start(&[]).unwrap();
     let config = RedisConfig {
         url: redis.url(),
         ..RedisConfig::default()
@@ -158,6 +246,8 @@ async fn standalone() {
     stale_holder_cannot_touch_the_next_lease(&config).await;
     watchdog_keeps_a_long_job(&config).await;
     scripts_flushed(&config, &[redis.url()]).await;
+    stalled_server_loses_the_lease(&redis, &config).await;
+    restart_loses_the_lease(&mut redis, &config).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -172,4 +262,29 @@ async fn cluster() {
     stale_holder_cannot_touch_the_next_lease(&config).await;
     watchdog_keeps_a_long_job(&config).await;
     scripts_flushed(&config, &cluster.urls()).await;
+}
+
+/// The whole process paused past the ttl (here: the runtime's only thread blocked, as in a long
+/// GC or SIGSTOP): on resume the holder is told at once, before the watchdog has run again.
+#[test]
+fn paused_holder_is_told_on_resume() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let redis = LocalRedis::start(&[]).unwrap();
+        let config = RedisConfig {
+            url: redis.url(),
+            ..RedisConfig::default()
+        };
+        let l = locks(&config, 1).remove(0);
+        let ttl = Duration::from_millis(300);
+        let lease = l.try_acquire("paused", ttl).await.unwrap().unwrap();
+        let guard = l.guard(lease, None);
+        assert!(!guard.is_lost());
+        std::thread::sleep(ttl * 2);
+        assert!(guard.is_lost(), "told on resume, before any renewal ran");
+        assert!(!guard.release().await.unwrap(), "the lease had run out");
+    });
 }

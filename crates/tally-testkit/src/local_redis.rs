@@ -86,6 +86,11 @@ impl LocalRedis {
         )))
     }
 
+    /// The server's process id while it runs (to stall it with SIGSTOP in tests).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Kill the server (SIGKILL) and wait for it to exit.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {

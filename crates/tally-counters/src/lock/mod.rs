@@ -115,12 +115,7 @@ impl Locks {
         name: &str,
         ttl: Duration,
     ) -> Result<Result<Lease, Busy>, RequestError> {
-        let ttl_ms = ttl.as_millis() as u64;
-        if ttl_ms == 0 {
-            return Err(RequestError::Invalid(
-                "a lock's ttl must be at least 1ms".into(),
-            ));
-        }
+        let ttl_ms = ttl_ms(ttl)?;
         let token = format!("{:032x}", rand::random::<u128>());
         let key = self.key(name);
         let mut cmd = ACQUIRE.cmd(&[&key, &self.fence_key(name)]);
@@ -177,8 +172,10 @@ impl Locks {
 
     /// Make the lease run `ttl` from now; `false` when it was lost.
     pub async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, RequestError> {
+        // Checked first: `PEXPIRE key 0` would delete the lock instead of extending it.
+        let ttl_ms = ttl_ms(ttl)?;
         let mut cmd = EXTEND.cmd(&[&lease.key]);
-        cmd.arg(&lease.token).arg(ttl.as_millis() as u64);
+        cmd.arg(&lease.token).arg(ttl_ms);
         let n: i64 = self.client.run(&EXTEND, &cmd).await?;
         Ok(n == 1)
     }
@@ -187,5 +184,16 @@ impl Locks {
     /// (then the lease runs out by itself).
     pub fn guard(&self, lease: Lease, max_hold: Option<Duration>) -> LockGuard {
         LockGuard::start(self.clone(), lease, max_hold)
+    }
+}
+
+/// A lease's length in whole ms: at least 1 (0 would make `PX`/`PEXPIRE` refuse or delete).
+fn ttl_ms(ttl: Duration) -> Result<u64, RequestError> {
+    match u64::try_from(ttl.as_millis()) {
+        Ok(0) => Err(RequestError::Invalid(
+            "a lock's ttl must be at least 1ms".into(),
+        )),
+        Ok(ms) => Ok(ms),
+        Err(_) => Err(RequestError::Invalid("a lock's ttl is too long".into())),
     }
 }
