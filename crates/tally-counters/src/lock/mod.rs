@@ -45,6 +45,37 @@ static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new("lock_acquire", 
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new("lock_release", RELEASE_LUA));
 static EXTEND: LazyLock<Script> = LazyLock::new(|| Script::new("lock_extend", EXTEND_LUA));
 
+/// What [`ACQUIRE_LUA`] answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AcquireReply {
+    /// Taken, with this fencing token.
+    Acquired {
+        /// The fencing counter after its increment.
+        fence: u64,
+    },
+    /// Held by another token for this many more ms.
+    Busy {
+        /// PTTL of the lock key.
+        held_for_ms: i64,
+    },
+}
+
+impl AcquireReply {
+    /// Parse `{1, fence}` or `{0, pttl}`.
+    pub fn parse(reply: &redis::Value) -> Result<AcquireReply, RequestError> {
+        match crate::request::ints("lock_acquire", reply)?.as_slice() {
+            [1, fence] if *fence > 0 => Ok(AcquireReply::Acquired {
+                fence: *fence as u64,
+            }),
+            [0, pttl] => Ok(AcquireReply::Busy { held_for_ms: *pttl }),
+            _ => Err(RequestError::Reply {
+                script: "lock_acquire",
+                detail: format!("{reply:?}"),
+            }),
+        }
+    }
+}
+
 /// A held lease.
 #[derive(Debug, Clone, Serialize)]
 pub struct Lease {
@@ -121,20 +152,16 @@ impl Locks {
         let mut cmd = ACQUIRE.cmd(&[&key, &self.fence_key(name)]);
         cmd.arg(&token).arg(ttl_ms);
         let reply: redis::Value = self.client.run(&ACQUIRE, &cmd).await?;
-        match crate::request::ints("lock_acquire", &reply)?.as_slice() {
-            [1, fence] => Ok(Ok(Lease {
+        match AcquireReply::parse(&reply)? {
+            AcquireReply::Acquired { fence } => Ok(Ok(Lease {
                 name: name.to_string(),
                 token,
-                fence: *fence as u64,
+                fence,
                 ttl_ms,
                 key,
                 acquired: Some(Instant::now()),
             })),
-            [0, pttl] => Ok(Err(Busy { held_for_ms: *pttl })),
-            _ => Err(RequestError::Reply {
-                script: "lock_acquire",
-                detail: format!("{reply:?}"),
-            }),
+            AcquireReply::Busy { held_for_ms } => Ok(Err(Busy { held_for_ms })),
         }
     }
 
