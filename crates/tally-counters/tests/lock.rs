@@ -202,9 +202,11 @@ async fn stalled_server_loses_the_lease(redis: &LocalRedis, config: &RedisConfig
     let after = stalled.elapsed();
     signal(pid, "-CONT");
     assert!(reported.is_ok(), "no loss reported {after:?} into a stall");
+    // At the lease's end (at most one ttl after the stall began, plus scheduling), and well
+    // before the 5 s response timeout that bounded it before.
     assert!(
-        after <= ttl,
-        "loss reported at the lease's end, not later: {after:?}"
+        after < ttl + Duration::from_secs(1),
+        "loss reported at the lease's end, not at the response timeout: {after:?}"
     );
 }
 
