@@ -219,36 +219,33 @@ pub struct HttpAnswer {
 
 /// `GET path` with extra header lines (`"Authorization: Bearer x"`); None if nothing answers.
 pub fn http_request(port: u16, path: &str, headers: &[&str]) -> Option<HttpAnswer> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    let mut request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n");
+    let mut head = String::new();
     for h in headers {
-        request.push_str(h);
-        request.push_str("\r\n");
+        head.push_str(h);
+        head.push_str("\r\n");
     }
-    request.push_str("\r\n");
-    s.write_all(request.as_bytes()).ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    Some(HttpAnswer {
-        status,
-        head: head.to_string(),
-        body: body.to_string(),
-    })
+    exchange(
+        port,
+        &format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n{head}\r\n"),
+    )
 }
 
 /// `POST path` with a JSON body (HTTP/1.0); None if nothing answers.
 pub fn http_post(port: u16, path: &str, json: &str) -> Option<HttpAnswer> {
+    exchange(
+        port,
+        &format!(
+            "POST {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
+            json.len()
+        ),
+    )
+}
+
+/// Send `request` on a new connection and read the whole answer.
+fn exchange(port: u16, request: &str) -> Option<HttpAnswer> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    let request = format!(
-        "POST {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
-        json.len()
-    );
     s.write_all(request.as_bytes()).ok()?;
     let mut text = String::new();
     s.read_to_string(&mut text).ok()?;
