@@ -19,8 +19,9 @@ pub struct Health {
     /// Last Redis request succeeded.
     pub redis: AtomicBool,
     /// Partitions stopped because tally's state in Redis needs an operator, with the reason
-    /// (e.g. `partition 3: fence missing`). Not ready while any is listed.
-    pub halted: parking_lot::Mutex<Vec<String>>,
+    /// (e.g. `partition 3: fence missing`), each with the consumer lane that halted it. Not
+    /// ready while any is listed.
+    pub halted: parking_lot::Mutex<Vec<(usize, String)>>,
     /// The process does not consume (`tally serve`): Kafka is not part of readiness.
     pub without_kafka: bool,
 }
@@ -51,6 +52,18 @@ impl Health {
             && self.halted.lock().is_empty()
     }
 
+    /// Replace what consumer lane `lane` reports as halted (lanes own disjoint partitions).
+    pub fn set_halted(&self, lane: usize, halted: impl IntoIterator<Item = String>) {
+        let mut list = self.halted.lock();
+        list.retain(|(l, _)| *l != lane);
+        list.extend(halted.into_iter().map(|h| (lane, h)));
+    }
+
+    /// Every halted partition, as readiness lists it.
+    pub fn halted_list(&self) -> Vec<String> {
+        self.halted.lock().iter().map(|(_, h)| h.clone()).collect()
+    }
+
     /// The readiness answer: `kafka=… redis=…`, then a line per reason for not being ready.
     pub fn describe(&self) -> String {
         self.describe_at(self.kafka.now_ms())
@@ -66,7 +79,7 @@ impl Health {
         if !kafka {
             let _ = writeln!(text, "kafka: {}", self.kafka.why_not(now_ms));
         }
-        for halted in self.halted.lock().iter() {
+        for (_, halted) in self.halted.lock().iter() {
             let _ = writeln!(text, "halted: {halted}");
         }
         text
@@ -211,7 +224,7 @@ mod tests {
         health
             .halted
             .lock()
-            .push("partition 3: fence missing".into());
+            .push((0, "partition 3: fence missing".into()));
         assert!(!health.ready());
         assert!(health
             .describe()

@@ -343,3 +343,105 @@ fn redis_restarts_with_aof_count_exactly() {
     eprintln!("redis restarts: {restarts} SIGKILL+restart of redis-server (AOF always), {retries} flush retries, {} events, {keys} keys compared, {mismatches} mismatches", stream.n);
     assert_eq!(mismatches, 0);
 }
+
+#[test]
+fn consumer_lanes_split_the_partitions_and_count_exactly_through_kills() {
+    let topic = "lanes";
+    let broker = BrokerProcess::start(&[(topic, PARTITIONS)]);
+    let redis = LocalRedis::start(&[]).unwrap();
+    let base = config(&broker.bootstrap, &redis.url(), "g-lanes", topic);
+    let with_lanes = |n: u32| {
+        base.replace(
+            "[kafka.properties]",
+            &format!("consumers = {n}\n[kafka.properties]"),
+        )
+    };
+    let stream = Stream {
+        n: 120_000,
+        partitions: PARTITIONS,
+        now_ms: chrono::Utc::now().timestamp_millis(),
+    };
+    let (producer, _) = stream.produce(&broker.bootstrap, topic, 4_000);
+
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(rand::random());
+    let mut runs = 0;
+    while !producer.is_finished() || runs < 4 {
+        // Three lanes, then two: every process owns all partitions across its lanes.
+        let lanes = 3 - (runs % 2);
+        let mut t = TallyProcess::start(&with_lanes(lanes), "lanes");
+        assert!(
+            t.wait_metric(
+                "tally_assigned_partitions",
+                f64::from(PARTITIONS),
+                Duration::from_secs(60)
+            ),
+            "the lanes together never held every partition:\n{}",
+            t.log()
+        );
+        // Kafka gave every lane partitions of its own (the mock broker cannot list a group's
+        // members, so the lanes' logs tell).
+        let log = strip_ansi(&t.log());
+        for lane in 0..lanes {
+            assert!(
+                log.lines().any(
+                    |l| l.contains("partition assigned") && l.contains(&format!("lane={lane}"))
+                ),
+                "lane {lane} never got a partition:\n{log}"
+            );
+        }
+        assert!(t.wait_working());
+        std::thread::sleep(Duration::from_millis(rng.gen_range(300..1500)));
+        let busy = consumer_threads(t.pid());
+        assert_eq!(busy.len(), lanes as usize, "consumer threads: {busy:?}");
+        if runs % 2 == 0 {
+            t.kill9();
+        } else {
+            assert!(t.terminate(Duration::from_secs(30)).success());
+        }
+        runs += 1;
+    }
+    let produced = producer.join().unwrap();
+    let (keys, mismatches) = finish_and_compare(
+        &with_lanes(2),
+        &redis.url(),
+        "g-lanes",
+        topic,
+        &produced,
+        &stream,
+    );
+    eprintln!(
+        "lanes: {runs} runs of 3 or 2 lanes (killed or stopped), {} events, {keys} keys compared, {mismatches} mismatches",
+        stream.n
+    );
+    assert_eq!(mismatches, 0);
+}
+
+/// The consumer lane threads of process `pid` (`tally-consumer`, `tally-consumer1`, ...).
+fn consumer_threads(pid: i32) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .filter(|n| n.starts_with("tally-consumer"))
+        .collect();
+    names.sort();
+    names
+}
+
+/// `text` without terminal colour codes.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}

@@ -181,6 +181,8 @@ async fn backpressure_pauses_while_redis_is_down_and_readiness_follows() {
     config.flush.max_keys = 50;
     config.flush.max_pending_keys = 200;
     config.flush.max_keys_per_call = 50;
+    // One lane: the bound checked below is a lane's (each lane may overshoot by one batch).
+    config.kafka.consumers = tally::config::Consumers::Count(1);
     let port = tally_testkit::local_redis::free_port().unwrap();
     config.http.listen = format!("127.0.0.1:{port}");
     let running = h.start(config);

@@ -70,6 +70,40 @@ pub struct KafkaConfig {
     /// orchestrator sees a replica cut off from Kafka.
     #[serde(with = "humantime_serde")]
     pub unreachable_after: Duration,
+    /// Consumer lanes in this process: each is a member of the group with its own thread,
+    /// decoder, aggregator and Redis connection, and owns the partitions Kafka assigns it
+    /// (like Kafka Streams' `num.stream.threads`). More lanes use more cores for decoding and
+    /// aggregation; `"auto"` is one per core. `flush.max_pending_keys` bounds the lanes
+    /// together.
+    pub consumers: Consumers,
+}
+
+/// How many consumer lanes a process runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Consumers {
+    /// This many (1 to 64).
+    Count(u16),
+    /// `"auto"`: one per core the process may use.
+    Auto(AutoWord),
+}
+
+/// The word `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutoWord {
+    /// `"auto"`.
+    Auto,
+}
+
+impl Consumers {
+    /// The number of lanes on this machine.
+    pub fn resolve(self) -> usize {
+        match self {
+            Consumers::Count(n) => usize::from(n),
+            Consumers::Auto(_) => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        }
+    }
 }
 
 /// Starting point for a partition tally has never counted.
@@ -215,6 +249,7 @@ impl Default for KafkaConfig {
             start_from: StartFrom::Earliest,
             properties: BTreeMap::new(),
             unreachable_after: Duration::from_secs(15),
+            consumers: Consumers::Auto(AutoWord::Auto),
         }
     }
 }

@@ -43,6 +43,14 @@ impl Config {
                 ));
             }
         }
+        if let crate::config::Consumers::Count(n) = self.kafka.consumers {
+            if !(1..=64).contains(&n) {
+                return Err(invalid(
+                    "kafka.consumers",
+                    format!("must be between 1 and 64, or \"auto\" (got {n})"),
+                ));
+            }
+        }
         if self.kafka.unreachable_after < Duration::from_secs(1) {
             return Err(invalid(
                 "kafka.unreachable_after",

@@ -1,5 +1,6 @@
 //! Consume: one thread owns the Kafka consumer, decodes and aggregates, and hands sealed
-//! batches to the Redis sink. Rebalance callbacks run on this same thread (inside `poll`), so a
+//! batches to the Redis sink. A process runs one such lane per `kafka.consumers`
+//! (`pipeline::lane`); lanes share nothing a partition's exactness depends on. Rebalance callbacks run on this same thread (inside `poll`), so a
 //! revoked partition is flushed and committed before it is released, without races.
 //!
 //! Offsets: on assignment a partition starts at the offset Redis says it has applied (the
@@ -193,7 +194,7 @@ impl ConsumerContext for TallyContext {
         } else {
             consumer.assignment().map_or(0, |a| a.count())
         };
-        self.metrics.assigned_partitions.set(assigned as i64);
+        worker.gauges.assigned.set(assigned as i64);
     }
 }
 

@@ -44,7 +44,12 @@ impl Worker {
         for (p, result) in self.open_partitions(consumer, &parts) {
             match result {
                 Ok(start) => {
-                    tracing::info!(partition = p, start, "partition assigned");
+                    tracing::info!(
+                        partition = p,
+                        start,
+                        lane = self.states.access.lane,
+                        "partition assigned"
+                    );
                     if let Err(e) = tpl.set_partition_offset(&self.topic, p, Offset::Offset(start))
                     {
                         tracing::error!(partition = p, error = %e, "cannot set start offset");
@@ -74,6 +79,7 @@ impl Worker {
         tracing::info!(partitions = ?parts, units, keys, landed, "flushed partitions being revoked");
         for &p in &parts {
             self.agg.revoke(p);
+            self.landed.remove(&p);
             self.unpark(p);
             self.states.rebuilding.remove(&p);
             let _ = self

@@ -314,7 +314,7 @@ impl Worker {
     }
 
     /// Readiness and the per-reason gauge follow the parked set.
-    fn publish_halts(&self) {
+    fn publish_halts(&mut self) {
         for &reason in HaltReason::ALL {
             let n = self
                 .states
@@ -322,14 +322,12 @@ impl Worker {
                 .values()
                 .filter(|h| h.reason() == reason)
                 .count();
-            self.metrics.set_halted(reason, n);
+            self.gauges.set_halted(reason, n);
         }
-        *self.states.access.health.halted.lock() = self
-            .states
-            .parked
-            .iter()
-            .map(|(p, h)| h.describe(*p))
-            .collect();
+        self.states.access.health.set_halted(
+            self.states.access.lane,
+            self.states.parked.iter().map(|(p, h)| h.describe(*p)),
+        );
     }
 
     /// Pause every parked partition (after a rebalance assigned them).
@@ -384,7 +382,7 @@ impl Worker {
     /// Report how far rebuilding partitions have come (metric always, log every 10 s).
     pub(super) fn report_rebuilds(&mut self) {
         if self.states.rebuilding.is_empty() {
-            self.metrics.rebuild_remaining.set(0);
+            self.gauges.rebuild_remaining.set(0);
             return;
         }
         let log = self.states.last_progress_log.elapsed() >= LOG_PROGRESS;
@@ -427,7 +425,7 @@ impl Worker {
                 );
             }
         }
-        self.metrics.rebuild_remaining.set(total_remaining);
+        self.gauges.rebuild_remaining.set(total_remaining);
         for p in finished {
             self.states.rebuilding.remove(&p);
         }

@@ -14,7 +14,7 @@ use crate::aggregate::{Added, Aggregator};
 use crate::config::{FlushConfig, RecoveryConfig, StartFrom};
 use crate::decode::{DecodeError, Decoder};
 use crate::health::Health;
-use crate::metrics::Metrics;
+use crate::metrics::{LaneGauges, Metrics};
 use crate::sink::{ApplyReply, FlushOutcome, SinkRequest};
 
 use super::policy::{FlushPolicy, Pending};
@@ -39,6 +39,8 @@ pub struct Worker {
     pub(super) sink: mpsc::UnboundedSender<SinkRequest>,
     pub(super) in_flight: Option<InFlight>,
     pub(super) metrics: Metrics,
+    /// This lane's parts of the process-wide gauges.
+    pub(super) gauges: LaneGauges,
     pub(super) topic: String,
     pub(super) flush: FlushConfig,
     /// When to flush and when to pause.
@@ -59,6 +61,9 @@ pub struct Worker {
     pub(super) dead_letters: Option<super::DeadLetters>,
     /// How partitions start and recover; which are halted or being rebuilt.
     pub(super) states: PartitionStates,
+    /// The last offset committed (asynchronously) per partition: committed again, and waited
+    /// for, on shutdown, so a commit in flight is not lost when the consumer closes.
+    pub(super) landed: std::collections::BTreeMap<i32, i64>,
 }
 
 /// How the worker reaches and recovers tally's state in Redis.
@@ -71,6 +76,8 @@ pub struct StateAccess {
     pub health: Arc<Health>,
     /// Longest wait for Redis' answer about fences.
     pub init_timeout: Duration,
+    /// Which consumer lane of the process this is (0 for the first).
+    pub lane: usize,
 }
 
 impl Worker {
@@ -89,6 +96,7 @@ impl Worker {
             decoder,
             sink,
             in_flight: None,
+            gauges: LaneGauges::new(&metrics),
             metrics,
             topic,
             policy: FlushPolicy::new(&flush),
@@ -104,6 +112,7 @@ impl Worker {
             errors_since_log: 0,
             dead_letters: None,
             states: PartitionStates::new(state),
+            landed: std::collections::BTreeMap::new(),
         }
     }
 
@@ -234,7 +243,7 @@ impl Worker {
             );
         }
         self.paused = paused;
-        self.metrics.backpressure_paused.set(i64::from(paused));
+        self.gauges.paused.set(i64::from(paused));
     }
 
     /// Publish per-batch counts to metrics.
@@ -268,7 +277,7 @@ impl Worker {
             .replayed_events_skipped
             .inc_by(stats.replay_skipped);
         let in_flight = self.in_flight.as_ref().map_or(0, |f| f.keys);
-        self.metrics
+        self.gauges
             .pending_keys
             .set((self.agg.pending_keys() + in_flight) as i64);
     }
@@ -361,6 +370,7 @@ impl Worker {
                     .committed_offset
                     .with_label_values(&[&p.to_string()])
                     .set(end);
+                self.landed.insert(p, end);
             }
         }
         if tpl.count() > 0 {
@@ -419,6 +429,19 @@ impl Worker {
         let left = deadline.saturating_duration_since(Instant::now());
         if self.drain(consumer, left, CommitMode::Sync) {
             tracing::info!("final flush landed and offsets committed");
+        }
+        // Earlier commits were asynchronous: make sure the last of each partition reached Kafka
+        // before the consumer closes (lag monitoring reads them; Redis holds the truth anyway).
+        let mut tpl = TopicPartitionList::new();
+        for (&p, &end) in &self.landed {
+            if self.agg.owns(p) {
+                let _ = tpl.add_partition_offset(&self.topic, p, Offset::Offset(end));
+            }
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
+                tracing::warn!(error = %e, "final kafka offset commit failed");
+            }
         }
         if let Some(dlq) = &self.dead_letters {
             dlq.flush(deadline.saturating_duration_since(Instant::now()));

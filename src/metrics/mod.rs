@@ -6,12 +6,14 @@
 mod jobs;
 mod labels;
 mod request;
+mod share;
 
 pub use jobs::JobMetrics;
 pub use labels::{
     HaltReason, Outcome, Primitive, RebalanceKind, RedisErrorKind, RejectReason, ResetReason,
 };
 pub use request::RequestMetrics;
+pub use share::{GaugeShare, LaneGauges};
 
 use crate::decode::DecodeError;
 use prometheus::{
@@ -59,6 +61,8 @@ pub struct Metrics {
     pub pending_keys: IntGauge,
     /// 1 while consumption is paused for backpressure.
     pub backpressure_paused: IntGauge,
+    /// Consumer lanes paused right now (behind `backpressure_paused`).
+    pub lanes_paused: std::sync::Arc<std::sync::atomic::AtomicI64>,
     /// Last offset committed to Kafka, by partition.
     pub committed_offset: IntGaugeVec,
     /// Consumer lag reported by librdkafka, by partition.
@@ -228,10 +232,11 @@ impl Metrics {
                 "tally_pending_keys",
                 "Keys held in memory waiting for a flush.",
             ),
+            lanes_paused: Default::default(),
             backpressure_paused: gauge(
                 &registry,
                 "tally_backpressure_paused",
-                "1 while consumption is paused because too many keys are pending.",
+                "1 while consumption (of any consumer lane) is paused because too many keys are pending.",
             ),
             committed_offset: gauge_vec(
                 &registry,
@@ -348,13 +353,6 @@ impl Metrics {
         self.offset_resets
             .with_label_values(&[reason.label()])
             .inc();
-    }
-
-    /// Set how many partitions are halted for `reason`.
-    pub fn set_halted(&self, reason: HaltReason, partitions: usize) {
-        self.partitions_halted
-            .with_label_values(&[reason.label()])
-            .set(partitions as i64);
     }
 
     /// Prometheus text exposition of everything registered.

@@ -191,6 +191,47 @@ impl Harness {
         }
     }
 
+    /// Wait until Kafka holds `group`'s commit of everything produced so far (commits follow
+    /// each landed flush asynchronously).
+    #[allow(dead_code)]
+    pub async fn wait_committed(&self, group: &str, timeout: Duration) {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.mock.bootstrap_servers())
+            .set("group.id", group)
+            .create()
+            .expect("consumer");
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut tpl = rdkafka::TopicPartitionList::new();
+            for p in 0..self.partitions {
+                tpl.add_partition(&self.topic, p);
+            }
+            let committed: Vec<i64> = c
+                .committed_offsets(tpl, Duration::from_secs(5))
+                .map(|got| {
+                    (0..self.partitions)
+                        .map(
+                            |p| match got.find_partition(&self.topic, p).map(|e| e.offset()) {
+                                Some(rdkafka::Offset::Offset(n)) => n,
+                                _ => -1,
+                            },
+                        )
+                        .collect()
+                })
+                .unwrap_or_default();
+            if committed == self.produced {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out: committed {committed:?}, produced {:?}",
+                self.produced
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Every counter key (matching `pattern`) and its value.
     pub fn dump(&self, pattern: &str) -> BTreeMap<String, i64> {
         let mut conn = self.conn();

@@ -11,7 +11,7 @@ use crate::proc_stats::{
 };
 use crate::redis_stats::{flushall, redis_snapshot, RedisSnapshot, RedisWork};
 use crate::store::{AppliedOffsets, Store};
-use crate::tally::{spawn_tally, Ctx, Scrape};
+use crate::tally::{spawn_tally, Ctx, Scrape, Share};
 
 #[derive(Debug, Default, Clone)]
 pub struct E2e {
@@ -41,6 +41,20 @@ pub struct E2e {
     pub counted_ok: bool,
 }
 
+/// How tally runs in part 2: processes in the group, and consumer lanes in each.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    pub replicas: usize,
+    pub lanes: usize,
+}
+
+impl Shape {
+    pub const ONE: Shape = Shape {
+        replicas: 1,
+        lanes: 1,
+    };
+}
+
 /// tally as consumer group `group` over `topic`, written to `store`; `label` names its files.
 pub fn phase_e2e(
     ctx: &Ctx,
@@ -50,25 +64,67 @@ pub fn phase_e2e(
     group: &str,
     label: &str,
 ) -> anyhow::Result<E2e> {
+    phase_e2e_shaped(ctx, store, topic, per_partition, group, label, Shape::ONE)
+}
+
+/// Part 2 with `shape.replicas` tally processes in one group, each with `shape.lanes` lanes.
+/// Time starts when the first process holds its share of the partitions (so a second replica's
+/// join and the rebalance it causes are part of the measurement); CPU is summed over the
+/// processes, peak RSS too.
+pub fn phase_e2e_shaped(
+    ctx: &Ctx,
+    store: &Store,
+    topic: &str,
+    per_partition: i64,
+    group: &str,
+    label: &str,
+    shape: Shape,
+) -> anyhow::Result<E2e> {
     let mut conns = store.connect()?;
     for conn in &mut conns {
         flushall(conn)?;
     }
-    let (child, port, config_path) = spawn_tally(ctx, store, topic, group, label, "")?;
-    let assigned: serde_json::Value = child.result(Duration::from_secs(60))?;
-    let t0 = assigned["assigned_at"].as_f64().context("assigned_at")?;
-    let pid = child.pid();
-    let cpu0 = proc_cpu(pid);
+    let share = i64::from(ctx.exe_args_partitions) / shape.replicas as i64;
+    let mut children = Vec::new();
+    for r in 0..shape.replicas {
+        children.push(spawn_tally(
+            ctx,
+            store,
+            topic,
+            group,
+            &format!("{label}-{r}"),
+            "",
+            Share {
+                lanes: shape.lanes,
+                partitions: share,
+            },
+        )?);
+    }
+    let mut t0 = f64::INFINITY;
+    for (child, _, _) in &children {
+        let assigned: serde_json::Value = child.result(Duration::from_secs(60))?;
+        t0 = t0.min(assigned["assigned_at"].as_f64().context("assigned_at")?);
+    }
+    let pids: Vec<u32> = children.iter().map(|(c, _, _)| c.pid()).collect();
+    let ports: Vec<u16> = children.iter().map(|(_, p, _)| *p).collect();
+    let cpu0: f64 = pids.iter().map(|&p| proc_cpu(p)).sum();
     let broker0 = proc_cpu(ctx.broker_pid);
-    let threads0 = thread_cpus(pid);
+    let threads0: Vec<_> = pids.iter().map(|&p| thread_cpus(p)).collect();
     let snap0 = snapshots(&mut conns)?;
-    let perf = Perf::attach(ctx.perf.as_deref(), pid, label);
+    let perf = Perf::attach(ctx.perf.as_deref(), pids[0], label);
 
     let mut fences = AppliedOffsets::new(store, group, topic, ctx.exe_args_partitions);
-    let consumer_tid = threads0
+    // Every consumer lane's thread, in every process.
+    let consumer_tids: Vec<(u32, String)> = pids
         .iter()
-        .find(|(_, (name, _))| name == "tally-consumer")
-        .map(|(tid, _)| tid.clone());
+        .zip(&threads0)
+        .flat_map(|(&pid, threads)| {
+            threads
+                .iter()
+                .filter(|(_, (name, _))| name.starts_with("tally-consumer"))
+                .map(move |(tid, _)| (pid, tid.clone()))
+        })
+        .collect();
     let n = (per_partition * i64::from(ctx.exe_args_partitions)) as f64;
     let mut samples: Vec<(f64, f64)> = Vec::new();
     let mut polls: u64 = 0;
@@ -80,15 +136,16 @@ pub fn phase_e2e(
         let done = fences.all_at(&mut conns, per_partition)?;
         polls += 1;
         let now = unix_secs_f64();
-        if let Some(c) = consumer_tid
-            .as_deref()
-            .and_then(|tid| thread_runtime(pid, tid))
-        {
+        let busy: Option<f64> = consumer_tids
+            .iter()
+            .map(|(pid, tid)| thread_runtime(*pid, tid))
+            .sum();
+        if let Some(c) = busy {
             samples.push((now, c));
         }
         // tally publishes its consumed count and pending keys at least every 200 ms.
         if polls.is_multiple_of(10) {
-            if let Ok(s) = Scrape::get(port) {
+            if let Ok(s) = Scrape::sum(&ports) {
                 if consumed_seen.is_none() && s.value("tally_messages_consumed_total") >= n {
                     consumed_seen = Some(unix_secs_f64());
                 }
@@ -104,15 +161,18 @@ pub fn phase_e2e(
         }
     }
     let t1 = unix_secs_f64();
-    let cpu1 = proc_cpu(pid);
+    let cpu1: f64 = pids.iter().map(|&p| proc_cpu(p)).sum();
     let broker_cpu = proc_cpu(ctx.broker_pid) - broker0;
-    let threads1 = thread_cpus(pid);
-    let peak_rss_mb = proc_status_mb(Some(pid), "VmHWM");
+    let threads1: Vec<_> = pids.iter().map(|&p| thread_cpus(p)).collect();
+    let peak_rss_mb: f64 = pids.iter().map(|&p| proc_status_mb(Some(p), "VmHWM")).sum();
     perf.stop();
     let snap1 = snapshots(&mut conns)?;
-    let scrape = Scrape::get(port)?;
-    child.finish(Duration::from_secs(60));
-    let _ = std::fs::remove_file(config_path);
+    let scrape = Scrape::sum(&ports)?;
+    let first = Scrape::get(ports[0])?;
+    for (child, _, config_path) in children {
+        child.finish(Duration::from_secs(60));
+        let _ = std::fs::remove_file(config_path);
+    }
 
     // The consumer thread stops working when the topic is drained; it then idles until the
     // last flush (due one flush interval after the last batch started) lands. Consumption ended
@@ -146,12 +206,17 @@ pub fn phase_e2e(
         keys_flushed: scrape.value("tally_keys_flushed_total"),
         distinct_keys: counted.keys.iter().sum(),
         keys_per_server: counted.keys,
-        flush_p50: scrape.quantile("tally_flush_duration_seconds", 0.5),
-        flush_p99: scrape.quantile("tally_flush_duration_seconds", 0.99),
+        // Histograms of the first process (quantiles do not add up).
+        flush_p50: first.quantile("tally_flush_duration_seconds", 0.5),
+        flush_p99: first.quantile("tally_flush_duration_seconds", 0.99),
         flush_secs_sum: scrape.value("tally_flush_duration_seconds_sum"),
         flush_keys_sum: scrape.value("tally_flush_keys_sum"),
         max_pending,
-        threads: thread_breakdown(&threads0, &threads1),
+        threads: threads0
+            .iter()
+            .zip(&threads1)
+            .flat_map(|(a, b)| thread_breakdown(a, b))
+            .collect(),
         counted_ok: counted.sum as f64 == n
             && counted.mistagged == 0
             && scrape.value("tally_messages_consumed_total") >= n,

@@ -13,7 +13,7 @@ use tally_testkit::gen::EventGen;
 use crate::proc_stats::{percentile, unix_ms};
 use crate::redis_stats::{flushall, redis_conn};
 use crate::store::Store;
-use crate::tally::{spawn_tally, Ctx, Scrape};
+use crate::tally::{spawn_tally, Ctx, Scrape, Share};
 
 /// The mock broker answers a fetch that finds no data only after the full `fetch.wait.max.ms`
 /// (librdkafka default 500 ms), even if data arrives meanwhile; a real broker answers as soon as
@@ -42,6 +42,10 @@ pub fn phase_latency(ctx: &Ctx, topic: &str, secs: u64, rate: u64) -> anyhow::Re
         "bench-live",
         "live",
         LIVE_KAFKA_PROPERTIES,
+        Share {
+            lanes: 1,
+            partitions: i64::from(ctx.exe_args_partitions),
+        },
     )?;
     let _assigned: serde_json::Value = child.result(Duration::from_secs(60))?;
 

@@ -43,6 +43,7 @@ mod raw;
 mod redis_stats;
 mod report;
 mod report_cluster;
+mod report_scaling;
 mod store;
 mod tally;
 
@@ -195,12 +196,14 @@ pub fn config_toml(
     redis: &str,
     listen: &str,
     kafka_properties: &str,
+    lanes: usize,
 ) -> String {
     format!(
         r#"[kafka]
 brokers = "{brokers}"
 topic = "{topic}"
 group_id = "{group}"
+consumers = {lanes}
 
 [kafka.properties]
 {kafka_properties}

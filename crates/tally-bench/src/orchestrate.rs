@@ -9,7 +9,7 @@ use tally_testkit::local_redis::{LocalCluster, LocalRedis};
 
 use crate::broker::produce;
 use crate::child::{ChildRole, Perf};
-use crate::e2e::{phase_e2e, E2e};
+use crate::e2e::{phase_e2e, phase_e2e_shaped, E2e, Shape};
 use crate::latency::phase_latency;
 use crate::memprobe::MemResult;
 use crate::pipeline::PipelineResult;
@@ -28,6 +28,8 @@ pub struct VariantResults {
     pub e2e: E2e,
     /// Part 2 against a 3-primary cluster (`--cluster`).
     pub cluster: Option<E2e>,
+    /// Part 2 with more lanes or replicas (`report_scaling::SHAPES`).
+    pub scaling: Vec<(Shape, E2e)>,
     pub pipe: PipelineResult,
 }
 
@@ -181,6 +183,23 @@ pub fn orchestrate(cli: &Cli) -> anyhow::Result<()> {
             &group,
             &format!("e2e-{}", v.name),
         )?;
+        let mut scaling = Vec::new();
+        for &shape in crate::report_scaling::SHAPES {
+            eprintln!(
+                "[{}] tally end-to-end, {} replicas × {} lanes",
+                v.name, shape.replicas, shape.lanes
+            );
+            let e = phase_e2e_shaped(
+                &ctx,
+                &standalone,
+                &topic,
+                per_partition,
+                &format!("{group}-{}x{}", shape.replicas, shape.lanes),
+                &format!("e2e-{}-{}x{}", v.name, shape.replicas, shape.lanes),
+                shape,
+            )?;
+            scaling.push((shape, e));
+        }
         let cluster = if cli.cluster {
             eprintln!("[{}] tally end-to-end, 3-primary cluster", v.name);
             // A fresh cluster per workload, so that it exists only while it is measured.
@@ -208,6 +227,7 @@ pub fn orchestrate(cli: &Cli) -> anyhow::Result<()> {
             raw_parse,
             e2e,
             cluster,
+            scaling,
             pipe,
         });
     }

@@ -41,6 +41,14 @@ pub struct PipelineResult {
     pub fenced_all: Vec<f64>,
     /// The same units through a script doing only INCRBY: the floor of a script-based flush.
     pub incrby_only_secs: f64,
+    /// The same units through a script doing INCRBY and PEXPIREAT per key (what a careful
+    /// hand-written flush does to keep the expiry).
+    pub incrby_expire_secs: f64,
+    /// The three scripts again on the same units, every key existing (the steady state: a
+    /// window's keys are written by every flush until it ends).
+    pub fenced_existing_secs: f64,
+    pub incrby_only_existing_secs: f64,
+    pub incrby_expire_existing_secs: f64,
     /// Per-message baseline.
     pub base_messages: u64,
     pub base_secs: f64,
@@ -55,6 +63,16 @@ pub const INCRBY_ONLY_LUA: &str = r#"
 local base = #ARGV - 2 * (#KEYS - 2)
 for i = 3, #KEYS do
   redis.call('INCRBY', KEYS[i], ARGV[base + 2 * i - 5])
+end
+return {1, 0, 0}
+"#;
+
+/// INCRBY and PEXPIREAT for every key, nothing else.
+pub const INCRBY_EXPIRE_LUA: &str = r#"
+local base = #ARGV - 2 * (#KEYS - 2)
+for i = 3, #KEYS do
+  redis.call('INCRBY', KEYS[i], ARGV[base + 2 * i - 5])
+  redis.call('PEXPIREAT', KEYS[i], ARGV[base + 2 * i - 4])
 end
 return {1, 0, 0}
 "#;
@@ -138,30 +156,44 @@ pub fn role_pipeline(a: &PipelineArgs) -> anyhow::Result<()> {
     for (src, check) in [
         (APPLY_LUA.to_string(), true),
         (INCRBY_ONLY_LUA.to_string(), false),
+        (INCRBY_EXPIRE_LUA.to_string(), false),
     ] {
         let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(src).query(&mut conn)?;
-        scripts.push((sha, check, Vec::new()));
+        scripts.push((sha, check, Vec::new(), Vec::new()));
     }
-    // Interleaved repetitions, each from the same state: an empty database and fresh fences.
+    let reset_fences = |conn: &mut redis::Connection| -> anyhow::Result<()> {
+        for p in 0..a.partitions {
+            redis::cmd("SET")
+                .arg(fence_key(p))
+                .arg(0)
+                .query::<()>(conn)?;
+        }
+        Ok(())
+    };
+    // Interleaved repetitions, each from the same state: an empty database and fresh fences
+    // (every key new), then the same units again with the fences reset (every key existing).
     for _ in 0..7 {
-        for (sha, check, times) in &mut scripts {
+        for (sha, check, new, existing) in &mut scripts {
             flushall(&mut conn)?;
-            for p in 0..a.partitions {
-                redis::cmd("SET")
-                    .arg(fence_key(p))
-                    .arg(0)
-                    .query::<()>(&mut conn)?;
-            }
+            reset_fences(&mut conn)?;
             let started = Instant::now();
             // No TTL check of existing keys: the common case (and every key here is new).
             res.fence_keys = apply_units(&mut conn, sha, &units, *check, false)?;
-            times.push(started.elapsed().as_secs_f64());
+            new.push(started.elapsed().as_secs_f64());
+            reset_fences(&mut conn)?;
+            let started = Instant::now();
+            apply_units(&mut conn, sha, &units, *check, false)?;
+            existing.push(started.elapsed().as_secs_f64());
         }
     }
     res.fenced_all = scripts[0].2.clone();
-    let mut medians = scripts.into_iter().map(|s| median(s.2));
-    res.fenced_secs = medians.next().unwrap_or(f64::NAN);
-    res.incrby_only_secs = medians.next().unwrap_or(f64::NAN);
+    let medians: Vec<(f64, f64)> = scripts
+        .into_iter()
+        .map(|s| (median(s.2), median(s.3)))
+        .collect();
+    (res.fenced_secs, res.fenced_existing_secs) = medians[0];
+    (res.incrby_only_secs, res.incrby_only_existing_secs) = medians[1];
+    (res.incrby_expire_secs, res.incrby_expire_existing_secs) = medians[2];
 
     // 4: one pipelined Lua call per message, 1,000 calls per round trip.
     flushall(&mut conn)?;

@@ -61,6 +61,7 @@ pub fn load_bench_config(redis_url: &str) -> anyhow::Result<Config> {
             &Store::standalone(redis_url).redis_toml(),
             "",
             "",
+            1,
         ),
     )?;
     let config = Config::load(Some(&path), &serde_json::json!({}));

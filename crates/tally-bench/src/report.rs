@@ -5,6 +5,7 @@ use crate::memprobe::MemResult;
 use crate::orchestrate::VariantResults;
 use crate::proc_stats::percentile;
 use crate::report_cluster::cluster_table;
+use crate::report_scaling::scaling_table;
 
 pub struct Machine {
     pub cpu: String,
@@ -341,7 +342,7 @@ pub fn report(
         },
     );
     row(
-        "**Script cost**: one flush's units (keys; units) applied, keys/s with tally's script vs a script doing only INCRBY (target ≥ 0.8×)",
+        "**Script cost**: one flush's units (keys; units) applied, every key new, keys/s with tally's script vs a script doing only INCRBY (target ≥ 0.8×)",
         &|r| {
             let ratio = r.pipe.incrby_only_secs / r.pipe.fenced_secs;
             format!(
@@ -350,6 +351,33 @@ pub fn report(
                 r.pipe.fence_units,
                 thousands(r.pipe.fence_keys as f64 / r.pipe.fenced_secs),
                 thousands(r.pipe.fence_keys as f64 / r.pipe.incrby_only_secs),
+            )
+        },
+    );
+    row(
+        "… the same units, every key existing (steady state): keys/s tally vs INCRBY only",
+        &|r| {
+            let p = &r.pipe;
+            format!(
+                "{} vs {} ({:.2}×)",
+                thousands(p.fence_keys as f64 / p.fenced_existing_secs),
+                thousands(p.fence_keys as f64 / p.incrby_only_existing_secs),
+                p.incrby_only_existing_secs / p.fenced_existing_secs
+            )
+        },
+    );
+    row(
+        "… against a script doing INCRBY + PEXPIREAT per key: keys new; keys existing",
+        &|r| {
+            let p = &r.pipe;
+            format!(
+                "{} vs {} ({:.2}×); {} vs {} ({:.2}×)",
+                thousands(p.fence_keys as f64 / p.fenced_secs),
+                thousands(p.fence_keys as f64 / p.incrby_expire_secs),
+                p.incrby_expire_secs / p.fenced_secs,
+                thousands(p.fence_keys as f64 / p.fenced_existing_secs),
+                thousands(p.fence_keys as f64 / p.incrby_expire_existing_secs),
+                p.incrby_expire_existing_secs / p.fenced_existing_secs
             )
         },
     );
@@ -375,6 +403,15 @@ pub fn report(
         m.cpu, m.cores, m.redis, thousands(m.total as f64), m.partitions, m.compression, if m.quick { " (--quick)" } else { "" }, m.load_start, m.load_end, m.secs
     );
     println!("{t}");
+    if let Some(table) = scaling_table(results) {
+        println!(
+            "**Scaling** (part 2 again on the same topic: two consumer lanes in one process \
+             (`kafka.consumers = 2`), then two tally processes with one lane each in one group; \
+             time starts when the first process holds its share of the partitions, so joins and \
+             rebalances count; CPU and RSS summed over processes):\n"
+        );
+        println!("{table}");
+    }
     if let Some(table) = cluster_table(results) {
         println!(
             "**Standalone vs 3-primary cluster** (part 2 on one redis-server, then on a local Redis \

@@ -60,6 +60,29 @@ impl Scrape {
         Ok(Scrape(body))
     }
 
+    /// The scrapes of several processes, as one: every sample line's value summed by name.
+    pub fn sum(ports: &[u16]) -> anyhow::Result<Scrape> {
+        let mut totals: Vec<(String, f64)> = Vec::new();
+        for &port in ports {
+            let one = Scrape::get(port)?;
+            for line in one.0.lines().filter(|l| !l.starts_with('#')) {
+                let Some((name, v)) = line.rsplit_once(' ') else {
+                    continue;
+                };
+                let Ok(v) = v.trim().parse::<f64>() else {
+                    continue;
+                };
+                match totals.iter_mut().find(|(n, _)| n == name) {
+                    Some((_, t)) => *t += v,
+                    None => totals.push((name.to_string(), v)),
+                }
+            }
+        }
+        Ok(Scrape(
+            totals.iter().map(|(n, v)| format!("{n} {v}\n")).collect(),
+        ))
+    }
+
     pub fn value(&self, name: &str) -> f64 {
         self.0
             .lines()
@@ -117,6 +140,13 @@ pub struct Ctx {
     pub perf: Option<PathBuf>,
 }
 
+/// What one tally process of part 2 is: its lanes, and the partitions it reports assigned at.
+#[derive(Debug, Clone, Copy)]
+pub struct Share {
+    pub lanes: usize,
+    pub partitions: i64,
+}
+
 /// Start tally on `topic` as `group`, writing to `store`. Returns the child, the port of its
 /// `/metrics`, and its config file (to remove afterwards).
 pub fn spawn_tally(
@@ -126,7 +156,9 @@ pub fn spawn_tally(
     group: &str,
     name: &str,
     kafka_properties: &str,
+    share: Share,
 ) -> anyhow::Result<(ChildRole, u16, PathBuf)> {
+    let Share { lanes, partitions } = share;
     let port = tally_testkit::local_redis::free_port()?;
     let path = std::env::temp_dir().join(format!("tally-bench-{}-{name}.toml", std::process::id()));
     std::fs::write(
@@ -138,6 +170,7 @@ pub fn spawn_tally(
             &store.redis_toml(),
             &format!("127.0.0.1:{port}"),
             kafka_properties,
+            lanes,
         ),
     )?;
     let child = ChildRole::spawn(
@@ -146,7 +179,7 @@ pub fn spawn_tally(
             "--config".into(),
             path.display().to_string(),
             "--partitions".into(),
-            ctx.exe_args_partitions.to_string(),
+            partitions.to_string(),
         ],
         name,
     )?;

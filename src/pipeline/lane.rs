@@ -1,0 +1,185 @@
+//! A consumer lane: one Kafka consumer (a member of the group) on its own thread, with its own
+//! decoder, aggregator and Redis sink. Lanes of one process share nothing but metrics, health
+//! and the shutdown token: Kafka gives each its own partitions, and every partition keeps its
+//! own fences, so the exactly-once protocol is the same for one lane, several lanes, or several
+//! replicas.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::error::KafkaError;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::aggregate::Aggregator;
+use crate::config::Config;
+use crate::consumer::{self, StateAccess, TallyContext, Worker};
+use crate::health::Health;
+use crate::metrics::Metrics;
+use crate::sink::{FenceScope, Sink};
+
+use super::{build_stages, kafka_client_config};
+
+/// librdkafka's prefetch per process (`kafka_client_config`'s `queued.max.messages.kbytes`).
+pub(super) const QUEUED_KBYTES: usize = 16384;
+
+type ThreadEnd = std::thread::Result<Result<(), KafkaError>>;
+
+/// A running lane.
+pub(super) struct Lane {
+    pub(super) index: usize,
+    /// The consumer thread's end (reported over a channel rather than joined: if closing the
+    /// Kafka consumer hangs, the process can still exit).
+    pub(super) done: oneshot::Receiver<ThreadEnd>,
+    pub(super) sink: JoinHandle<()>,
+}
+
+/// What a lane needs from the process.
+pub(super) struct Shared<'a> {
+    pub(super) config: &'a Config,
+    pub(super) lanes: usize,
+    pub(super) metrics: &'a Metrics,
+    pub(super) health: &'a Arc<Health>,
+    pub(super) shutdown: &'a CancellationToken,
+    /// Stops every sink's retries when the process gives up waiting.
+    pub(super) abort: &'a CancellationToken,
+}
+
+impl Lane {
+    /// Build lane `index` and start its sink task and consumer thread. Lane 0 checks Redis
+    /// first (an unsafe eviction policy refuses the start).
+    pub(super) async fn start(shared: &Shared<'_>, index: usize) -> anyhow::Result<Lane> {
+        let config = shared.config;
+        let (decoder, counters) = build_stages(config)?;
+        let scope = FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic);
+        let agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call)
+            .with_layout(scope.layout.clone());
+        let mut flush = config.flush.clone();
+        // The bound on keys held in memory is the process', shared evenly by the lanes.
+        flush.max_pending_keys = (flush.max_pending_keys / shared.lanes).max(flush.max_keys);
+        let mut sink = Sink::new(
+            &config.redis,
+            flush.clone(),
+            scope,
+            shared.metrics.clone(),
+            shared.health.clone(),
+        )
+        .context("redis configuration")?;
+        if index == 0 {
+            sink.preflight().await.map_err(|e| anyhow::anyhow!(e))?;
+        }
+        let (sink_tx, sink_rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut worker = Worker::new(
+            agg,
+            decoder,
+            sink_tx,
+            shared.metrics.clone(),
+            config.kafka.topic.clone(),
+            flush,
+            StateAccess {
+                start_from: config.kafka.start_from,
+                recovery: config.recovery.clone(),
+                health: shared.health.clone(),
+                init_timeout: config.redis.connect_timeout + config.redis.response_timeout,
+                lane: index,
+            },
+        );
+        if let Some(topic) = &config.decode.dead_letter_topic {
+            let dlq =
+                crate::consumer::DeadLetters::new(&config.kafka, topic, shared.metrics.clone())
+                    .context("dead-letter producer")?;
+            worker = worker.with_dead_letters(dlq);
+        }
+        let ctx = TallyContext::new(worker, shared.health.clone(), shared.shutdown.clone());
+        let mut client = kafka_client_config(&config.kafka);
+        if shared.lanes > 1 {
+            // Each lane is its own group member: distinct client ids in broker logs, and
+            // distinct static member ids if the user configured one.
+            let base = config
+                .kafka
+                .properties
+                .get("client.id")
+                .map_or("tally", String::as_str);
+            client.set("client.id", format!("{base}-{index}"));
+            if let Some(id) = config.kafka.properties.get("group.instance.id") {
+                client.set("group.instance.id", format!("{id}-{index}"));
+            }
+            // The prefetch budget is the process', like the pending keys.
+            if !config
+                .kafka
+                .properties
+                .contains_key("queued.max.messages.kbytes")
+            {
+                let kbytes = (QUEUED_KBYTES / shared.lanes).max(4096);
+                client.set("queued.max.messages.kbytes", kbytes.to_string());
+            }
+        }
+        let consumer: BaseConsumer<TallyContext> = client
+            .create_with_context(ctx)
+            .context("kafka configuration")?;
+        let sink = tokio::spawn(sink.run(sink_rx, shared.abort.clone()));
+        let grace = config.flush.shutdown_grace;
+        let (done_tx, done) = oneshot::channel();
+        // Thread names are cut at 15 bytes: `tally-consumer`, `tally-consumer1`, ...
+        let name = match index {
+            0 => "tally-consumer".to_string(),
+            i => format!("tally-consumer{i}"),
+        };
+        std::thread::Builder::new().name(name).spawn(move || {
+            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                consumer::run(consumer, grace)
+            }));
+            let _ = done_tx.send(result);
+        })?;
+        Ok(Lane { index, done, sink })
+    }
+
+    /// Wait for the lane's consumer thread to end; if the sink stops before (a failure), cancel
+    /// `shutdown` so every lane flushes what it can and stops. Then let the sink finish what it
+    /// has, within `grace`.
+    pub(super) async fn supervise(
+        mut self,
+        shutdown: CancellationToken,
+        abort: CancellationToken,
+        grace: Duration,
+    ) -> anyhow::Result<()> {
+        let mut failure: Option<anyhow::Error> = None;
+        let mut sink_running = true;
+        let joined = loop {
+            tokio::select! {
+                joined = &mut self.done => {
+                    if !shutdown.is_cancelled() {
+                        // A lane that stops on its own stops the process.
+                        tracing::error!(lane = self.index, "a consumer lane stopped; shutting down");
+                        shutdown.cancel();
+                    }
+                    break joined;
+                }
+                ended = &mut self.sink, if sink_running => {
+                    sink_running = false;
+                    // After shutdown the consumer drops its sender and the sink ends normally.
+                    if !shutdown.is_cancelled() || ended.is_err() {
+                        tracing::error!(lane = self.index, ?ended, "the redis sink stopped unexpectedly; shutting down");
+                        failure.get_or_insert_with(|| anyhow::anyhow!("the redis sink stopped unexpectedly"));
+                        shutdown.cancel();
+                    }
+                }
+            }
+        };
+        // The consumer (and with it the sink's sender) is gone: the sink finishes what it has.
+        if sink_running && tokio::time::timeout(grace, &mut self.sink).await.is_err() {
+            abort.cancel();
+        }
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
+        match joined {
+            Ok(Ok(result)) => result.context("kafka consumer"),
+            Ok(Err(_)) => anyhow::bail!("consumer thread panicked"),
+            Err(_) => anyhow::bail!("consumer thread ended without a result"),
+        }
+    }
+}
