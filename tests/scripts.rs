@@ -196,3 +196,56 @@ fn flush_and_fence_scripts_keep_their_reply_contract() {
         Value::BulkString(b"11".to_vec())
     );
 }
+
+/// A key whose expiry passed before the script ran is skipped and counted as late, whether or not
+/// the other keys of its unit are in time (the script checks each key only when the unit's
+/// earliest expiry has passed); keys in time get their delta and their expiry.
+#[test]
+fn keys_whose_expiry_passed_are_skipped_as_late_beside_keys_in_time() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(APPLY_LUA)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(init(&mut conn, 0), FenceState::Created(0));
+    let now = chrono::Utc::now().timestamp_millis();
+    let mut u = unit(0, 3, &[("early", 1), ("past", 5), ("later", 2)]);
+    u.keys[0].1.expire_at_ms = now + 60_000;
+    u.keys[1].1.expire_at_ms = now - 1;
+    u.keys[2].1.expire_at_ms = now + 120_000;
+    assert_eq!(
+        apply(&mut conn, &sha, &u),
+        ApplyReply::Applied {
+            late: 1,
+            overflow: 0,
+            rejected: 0
+        }
+    );
+    assert_eq!(cmd(&mut conn, &["EXISTS", "past"]), Value::Int(0));
+    for (key, value, at) in [("early", 1, now + 60_000), ("later", 2, now + 120_000)] {
+        assert_eq!(
+            cmd(&mut conn, &["GET", key]),
+            Value::BulkString(value.to_string().into_bytes())
+        );
+        assert_eq!(cmd(&mut conn, &["PEXPIRETIME", key]), Value::Int(at));
+    }
+    // Every key in time: nothing late, every key written.
+    let u = unit(3, 4, &[("early", 1), ("later", 1)]);
+    assert_eq!(
+        apply(&mut conn, &sha, &u),
+        ApplyReply::Applied {
+            late: 0,
+            overflow: 0,
+            rejected: 0
+        }
+    );
+    assert_eq!(
+        cmd(&mut conn, &["GET", "early"]),
+        Value::BulkString(b"2".to_vec())
+    );
+}

@@ -18,7 +18,8 @@ use crate::aggregate::Unit;
 pub use crate::model::state_keys::StateKeys;
 
 /// Applies a unit. KEYS: fence, marker, then the counter keys. ARGV: start, end, check (`1`: look
-/// for existing keys without expiry), partition, then per counter key: delta, expire-at.
+/// for existing keys without expiry), partition, the earliest expire-at of the counter keys, then
+/// per counter key: delta, expire-at.
 /// The reply is parsed by [`ApplyReply::parse`]:
 /// * `{1, late, overflow, rejected}`: applied; `late` keys skipped because their expiry had
 ///   passed, `overflow` keys whose INCRBY would overflow, `rejected` keys holding something that
@@ -48,7 +49,7 @@ pub const APPLY_LUA: &str = concat!(
 /// Applies a unit that also holds other kinds (hash fields, distinct members, leaderboard
 /// scores): the same fence, counts and reply as [`APPLY_LUA`]. KEYS: fence, marker, the counter
 /// keys, then the other kinds' keys. ARGV: start, end, check, partition, the counter keys'
-/// (delta, expire-at) pairs, then per other key: op (`h` HINCRBY, `p` PFADD, `s` SADD, `z`
+/// earliest expire-at, their (delta, expire-at) pairs, then per other key: op (`h` HINCRBY, `p` PFADD, `s` SADD, `z`
 /// ZINCRBY), expire-at, n and n arguments (`h`: field, delta; `p`/`s`: members; `z`: member,
 /// score pairs); last, the number of counter keys. Late, overflowing and refused keys are
 /// counted as in [`APPLY_LUA`].
@@ -190,7 +191,8 @@ pub fn apply_kinds_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool
     cmd.arg(unit.start)
         .arg(unit.end)
         .arg(if check_ttl { "1" } else { "0" })
-        .arg(unit.partition);
+        .arg(unit.partition)
+        .arg(earliest_expiry(unit));
     for (_, d) in &unit.keys {
         cmd.arg(d.delta).arg(d.expire_at_ms);
     }
@@ -222,6 +224,16 @@ pub fn apply_kinds_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool
 
 /// The EVALSHA command applying `unit`; `check_ttl` says whether existing keys are checked for
 /// a missing expiry.
+/// The earliest expiry among a unit's counter keys (0 without any): while it is ahead, the
+/// script skips the per-key lateness check.
+fn earliest_expiry(unit: &Unit) -> i64 {
+    unit.keys
+        .iter()
+        .map(|(_, d)| d.expire_at_ms)
+        .min()
+        .unwrap_or(0)
+}
+
 pub fn apply_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(sha)
@@ -234,7 +246,8 @@ pub fn apply_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool) -> C
     cmd.arg(unit.start)
         .arg(unit.end)
         .arg(if check_ttl { "1" } else { "0" })
-        .arg(unit.partition);
+        .arg(unit.partition)
+        .arg(earliest_expiry(unit));
     for (_, d) in &unit.keys {
         cmd.arg(d.delta).arg(d.expire_at_ms);
     }

@@ -30,10 +30,6 @@
 //! `memprobe.rs`; `store.rs` is where part 2 writes (one server or a cluster); shared
 //! measurement helpers in `child.rs`, `proc_stats.rs` and `redis_stats.rs`.
 
-#[cfg(feature = "mimalloc")]
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 mod broker;
 mod child;
 mod e2e;

@@ -1,7 +1,7 @@
--- The other kinds, KEYS[ncount + 3 ..]: per key in ARGV from 5 + 2 * ncount: op ('h' HINCRBY,
+-- The other kinds, KEYS[ncount + 3 ..]: per key in ARGV from 6 + 2 * ncount: op ('h' HINCRBY,
 -- 'p' PFADD, 's' SADD, 'z' ZINCRBY), expiry, n, then n arguments (h: field, delta; p/s: members;
 -- z: member, score pairs). A key without expiry (new) gets it.
-local cursor = 5 + 2 * ncount
+local cursor = 6 + 2 * ncount
 for i = ncount + 3, #KEYS do
   local op, at, n = ARGV[cursor], ARGV[cursor + 1], tonumber(ARGV[cursor + 2])
   local first = cursor + 3
