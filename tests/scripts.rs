@@ -249,3 +249,120 @@ fn keys_whose_expiry_passed_are_skipped_as_late_beside_keys_in_time() {
         Value::BulkString(b"2".to_vec())
     );
 }
+
+/// The merged call ([`APPLY_MERGED_LUA`]): several partitions' ranges of one shard with their
+/// deltas added up, applied all together or not at all, each fence's state reported.
+#[test]
+fn a_merged_call_applies_every_range_or_none_and_names_each_fence() {
+    use tally::sink::merge::{Merged, Range};
+    use tally::sink::script::{apply_merged_cmd, MergedReply, APPLY_MERGED_LUA};
+    let redis = LocalRedis::start(&[]).unwrap();
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(APPLY_MERGED_LUA)
+        .query(&mut conn)
+        .unwrap();
+    let marker = "t:state:g:t:0";
+    let fences = [
+        "t:applied:g:t:3:0".to_string(),
+        "t:applied:g:t:4:0".to_string(),
+    ];
+    let far = chrono::Utc::now().timestamp_millis() + 3_600_000;
+    let call = |ranges: [(i32, i64, i64); 2], keys: &[(&str, i64)]| Merged {
+        shard: 0,
+        ranges: ranges
+            .iter()
+            .map(|&(partition, start, end)| Range {
+                partition,
+                start,
+                end,
+            })
+            .collect(),
+        keys: keys
+            .iter()
+            .map(|(k, d)| {
+                (
+                    k.as_bytes().into(),
+                    Delta {
+                        delta: *d,
+                        expire_at_ms: far,
+                    },
+                )
+            })
+            .collect(),
+    };
+    let mut run = |m: &Merged| -> MergedReply {
+        let value: Value = apply_merged_cmd(&sha, marker, &fences, m, false)
+            .query(&mut conn)
+            .unwrap();
+        MergedReply::parse(&value).unwrap()
+    };
+    let applied = MergedReply::All(ApplyReply::Applied {
+        late: 0,
+        overflow: 0,
+        rejected: 0,
+    });
+
+    // No state at all: both fences say so, nothing written.
+    let first = call([(3, 0, 5), (4, 0, 2)], &[("k", 7)]);
+    assert_eq!(
+        run(&first),
+        MergedReply::Refused(vec![ApplyReply::StateLost, ApplyReply::StateLost])
+    );
+    let mut c = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    assert_eq!(cmd(&mut c, &["EXISTS", "k"]), Value::Int(0));
+
+    // Both fences at their range's start: applied together, fences and marker copies moved.
+    for f in &fences {
+        cmd(&mut c, &["SET", f, "0"]);
+    }
+    cmd(&mut c, &["HSET", marker, "3", "0", "4", "0"]);
+    assert_eq!(run(&first), applied);
+    assert_eq!(
+        run(&first),
+        MergedReply::All(ApplyReply::AlreadyApplied),
+        "a retry"
+    );
+    assert_eq!(cmd(&mut c, &["GET", "k"]), Value::BulkString(b"7".to_vec()));
+    assert_eq!(cmd(&mut c, &["PEXPIRETIME", "k"]), Value::Int(far));
+    assert_eq!(
+        cmd(&mut c, &["HGET", marker, "4"]),
+        Value::BulkString(b"2".to_vec())
+    );
+
+    // One fence elsewhere: nothing of the call is written, each fence's state is told.
+    cmd(&mut c, &["SET", &fences[1], "9"]);
+    assert_eq!(
+        run(&call([(3, 5, 6), (4, 2, 12)], &[("k", 1), ("j", 1)])),
+        MergedReply::Refused(vec![
+            ApplyReply::NotApplied,
+            ApplyReply::Conflict { applied: 9 }
+        ])
+    );
+    assert_eq!(cmd(&mut c, &["GET", "k"]), Value::BulkString(b"7".to_vec()));
+    assert_eq!(cmd(&mut c, &["EXISTS", "j"]), Value::Int(0));
+    assert_eq!(
+        cmd(&mut c, &["GET", &fences[0]]),
+        Value::BulkString(b"5".to_vec())
+    );
+
+    // A fence gone while the marker names its partition; the other already applied.
+    cmd(&mut c, &["DEL", &fences[0]]);
+    assert_eq!(
+        run(&call([(3, 5, 6), (4, 2, 9)], &[("k", 1)])),
+        MergedReply::Refused(vec![
+            ApplyReply::FenceMissing {
+                marker_copy: Some(5)
+            },
+            ApplyReply::AlreadyApplied
+        ])
+    );
+    assert_eq!(cmd(&mut c, &["GET", "k"]), Value::BulkString(b"7".to_vec()));
+}

@@ -185,6 +185,10 @@ pub struct FlushConfig {
     pub max_pending_keys: usize,
     /// Keys per Lua script call; bounds how long one call blocks Redis.
     pub max_keys_per_call: usize,
+    /// Units of several partitions that write to the same shard are merged into one script
+    /// call of at most this many keys, their deltas added up: a key popular in every partition
+    /// is written once per flush instead of once per partition. 0: no merging.
+    pub max_keys_per_merged_call: usize,
     /// First retry delay after a failed flush; doubles up to `retry_max`, with jitter.
     #[serde(with = "humantime_serde")]
     pub retry_initial: Duration,
@@ -282,6 +286,7 @@ impl Default for FlushConfig {
             interval: Duration::from_secs(1),
             max_pending_keys: 1_000_000,
             max_keys_per_call: 1_000,
+            max_keys_per_merged_call: 4_000,
             retry_initial: Duration::from_millis(100),
             retry_max: Duration::from_secs(10),
             ttl_check_every: 10,

@@ -176,6 +176,12 @@ impl Config {
                 "must be between 1 and 100000",
             ));
         }
+        if f.max_keys_per_merged_call > 100_000 {
+            return Err(invalid(
+                "flush.max_keys_per_merged_call",
+                "must be at most 100000 (0 turns merging off)",
+            ));
+        }
         if f.ttl_check_every == 0 {
             return Err(invalid("flush.ttl_check_every", "must be at least 1"));
         }

@@ -199,7 +199,14 @@ impl ConsumerContext for TallyContext {
 }
 
 /// The consumer thread: poll, decode, aggregate, flush; until `shutdown`, then a final flush.
-pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), KafkaError> {
+/// `before_close` runs after the final flush and commit, before the consumer leaves the group:
+/// lanes of one process wait there for each other, so that one lane leaving (a rebalance) does
+/// not make another lane's final commit fail.
+pub fn run(
+    consumer: BaseConsumer<TallyContext>,
+    grace: Duration,
+    before_close: impl FnOnce(),
+) -> Result<(), KafkaError> {
     let ctx = consumer.context().clone();
     consumer.subscribe(&[&ctx.topic])?;
     let mut now_ms = unix_ms();
@@ -263,6 +270,7 @@ pub fn run(consumer: BaseConsumer<TallyContext>, grace: Duration) -> Result<(), 
     tracing::info!("shutting down: final flush");
     guard.borrow_mut().finish(&consumer, grace);
     drop(guard);
+    before_close();
     tracing::debug!("closing the kafka consumer");
     drop(consumer);
     tracing::debug!("kafka consumer closed");

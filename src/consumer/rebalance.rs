@@ -54,6 +54,11 @@ impl Worker {
                     {
                         tracing::error!(partition = p, error = %e, "cannot set start offset");
                     }
+                    // Kafka's commit follows Redis even if no flush lands before the partition
+                    // moves on (the previous owner's last commit may have failed in the
+                    // rebalance): committed at the next tick and again on shutdown.
+                    self.landed.insert(p, start);
+                    self.commit_landed = true;
                 }
                 // Paused by the caller right after the assignment takes effect.
                 Err(halt) => self.park(None, p, halt),

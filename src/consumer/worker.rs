@@ -64,6 +64,8 @@ pub struct Worker {
     /// The last offset committed (asynchronously) per partition: committed again, and waited
     /// for, on shutdown, so a commit in flight is not lost when the consumer closes.
     pub(super) landed: std::collections::BTreeMap<i32, i64>,
+    /// Partitions were assigned: commit `landed` at the next tick.
+    pub(super) commit_landed: bool,
 }
 
 /// How the worker reaches and recovers tally's state in Redis.
@@ -113,6 +115,7 @@ impl Worker {
             dead_letters: None,
             states: PartitionStates::new(state),
             landed: std::collections::BTreeMap::new(),
+            commit_landed: false,
         }
     }
 
@@ -199,6 +202,9 @@ impl Worker {
                 Err(std_mpsc::TryRecvError::Empty) => {}
                 Err(std_mpsc::TryRecvError::Disconnected) => self.in_flight = None,
             }
+        }
+        if std::mem::take(&mut self.commit_landed) {
+            self.commit_landed_offsets(consumer, CommitMode::Async);
         }
         let mut load = self.pending();
         if self.policy.flush_due(&load) {
@@ -412,6 +418,10 @@ impl Worker {
                     tracing::error!(partition = p, shard = worst.shard, "redis holds no state for this partition any more (lost or flushed); reopening it");
                     self.resync(consumer, p);
                 }
+                ApplyReply::NotApplied => {
+                    tracing::info!(partition = p, shard = worst.shard, "not applied: merged with a partition redis refused; replaying from the applied offset");
+                    self.resync(consumer, p);
+                }
                 reply => {
                     tracing::warn!(partition = p, shard = worst.shard, ?reply, "redis applied a different offset range (another replica, or lost writes); resynchronising");
                     self.resync(consumer, p);
@@ -419,6 +429,21 @@ impl Worker {
             }
         }
         self.publish();
+    }
+
+    /// Commit the last landed offset (or assigned start) of every owned partition.
+    fn commit_landed_offsets(&self, consumer: &BaseConsumer<TallyContext>, mode: CommitMode) {
+        let mut tpl = TopicPartitionList::new();
+        for (&p, &end) in &self.landed {
+            if self.agg.owns(p) {
+                let _ = tpl.add_partition_offset(&self.topic, p, Offset::Offset(end));
+            }
+        }
+        if tpl.count() > 0 {
+            if let Err(e) = consumer.commit(&tpl, mode) {
+                tracing::warn!(error = %e, "kafka offset commit failed");
+            }
+        }
     }
 
     /// Final flush and commit on shutdown, within `grace`.
@@ -432,17 +457,7 @@ impl Worker {
         }
         // Earlier commits were asynchronous: make sure the last of each partition reached Kafka
         // before the consumer closes (lag monitoring reads them; Redis holds the truth anyway).
-        let mut tpl = TopicPartitionList::new();
-        for (&p, &end) in &self.landed {
-            if self.agg.owns(p) {
-                let _ = tpl.add_partition_offset(&self.topic, p, Offset::Offset(end));
-            }
-        }
-        if tpl.count() > 0 {
-            if let Err(e) = consumer.commit(&tpl, CommitMode::Sync) {
-                tracing::warn!(error = %e, "final kafka offset commit failed");
-            }
-        }
+        self.commit_landed_offsets(consumer, CommitMode::Sync);
         if let Some(dlq) = &self.dead_letters {
             dlq.flush(deadline.saturating_duration_since(Instant::now()));
         }

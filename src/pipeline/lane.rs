@@ -37,6 +37,46 @@ pub(super) struct Lane {
     pub(super) sink: JoinHandle<()>,
 }
 
+/// Where the lanes of a process wait for each other between their final commit and leaving the
+/// group.
+pub(super) struct CloseGate {
+    lanes: usize,
+    arrived: parking_lot::Mutex<usize>,
+    all: parking_lot::Condvar,
+}
+
+impl CloseGate {
+    pub(super) fn new(lanes: usize) -> CloseGate {
+        CloseGate {
+            lanes,
+            arrived: parking_lot::Mutex::new(0),
+            all: parking_lot::Condvar::new(),
+        }
+    }
+
+    /// Count this lane in, then wait (at most `timeout`) for the others.
+    fn arrive_and_wait(&self, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut arrived = self.arrived.lock();
+        *arrived += 1;
+        self.all.notify_all();
+        while *arrived < self.lanes {
+            if self.all.wait_until(&mut arrived, deadline).timed_out() {
+                tracing::warn!(
+                    "consumer lanes did not all finish their final commit in time; closing anyway"
+                );
+                return;
+            }
+        }
+    }
+
+    /// Count in a lane that ended without reaching the gate (it will not come).
+    pub(super) fn arrive(&self) {
+        *self.arrived.lock() += 1;
+        self.all.notify_all();
+    }
+}
+
 /// What a lane needs from the process.
 pub(super) struct Shared<'a> {
     pub(super) config: &'a Config,
@@ -46,6 +86,7 @@ pub(super) struct Shared<'a> {
     pub(super) shutdown: &'a CancellationToken,
     /// Stops every sink's retries when the process gives up waiting.
     pub(super) abort: &'a CancellationToken,
+    pub(super) close_gate: &'a Arc<CloseGate>,
 }
 
 impl Lane {
@@ -58,7 +99,9 @@ impl Lane {
         let agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call)
             .with_layout(scope.layout.clone());
         let mut flush = config.flush.clone();
-        // The bound on keys held in memory is the process', shared evenly by the lanes.
+        // The bounds on keys held in memory and sent in one flush are the process', shared
+        // evenly by the lanes.
+        flush.max_keys = (flush.max_keys / shared.lanes).max(1);
         flush.max_pending_keys = (flush.max_pending_keys / shared.lanes).max(flush.max_keys);
         let mut sink = Sink::new(
             &config.redis,
@@ -128,10 +171,18 @@ impl Lane {
             0 => "tally-consumer".to_string(),
             i => format!("tally-consumer{i}"),
         };
+        let gate = shared.close_gate.clone();
         std::thread::Builder::new().name(name).spawn(move || {
+            let mut waited = false;
             let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                consumer::run(consumer, grace)
+                consumer::run(consumer, grace, || {
+                    waited = true;
+                    gate.arrive_and_wait(grace);
+                })
             }));
+            if !waited {
+                gate.arrive();
+            }
             let _ = done_tx.send(result);
         })?;
         Ok(Lane { index, done, sink })

@@ -110,6 +110,7 @@ impl Tally {
         let config = self.config;
         let lanes = config.kafka.consumers.resolve();
         let abort = CancellationToken::new();
+        let close_gate = Arc::new(lane::CloseGate::new(lanes));
         let shared = Shared {
             config: &config,
             lanes,
@@ -117,6 +118,7 @@ impl Tally {
             health: &self.health,
             shutdown: &shutdown,
             abort: &abort,
+            close_gate: &close_gate,
         };
         let grace = config.flush.shutdown_grace;
         let mut running = tokio::task::JoinSet::new();
@@ -128,7 +130,11 @@ impl Tally {
                 }
                 Err(e) if index == 0 => return Err(e),
                 Err(e) => {
-                    // The lanes already started flush what they have and stop.
+                    // The lanes already started flush what they have and stop; they do not wait
+                    // at the close gate for lanes that never started.
+                    for _ in index..lanes {
+                        close_gate.arrive();
+                    }
                     failure = Some(e.context(format!("starting consumer lane {index}")));
                     shutdown.cancel();
                     break;

@@ -7,6 +7,7 @@
 
 pub use tally_counters::conn;
 mod fences;
+pub mod merge;
 pub mod script;
 
 use std::sync::atomic::Ordering;
@@ -80,7 +81,9 @@ pub struct FlushOutcome {
 
 /// What reading a unit's reply needs once its keys are encoded.
 struct UnitMeta {
-    partition: i32,
+    /// The partitions of the call (one, unless merged).
+    partitions: smallvec::SmallVec<[i32; 1]>,
+    merged: bool,
     shard: u32,
     keys: u64,
 }
@@ -104,6 +107,7 @@ pub struct Sink {
     conn: Option<conn::Conn>,
     apply: Script,
     apply_kinds: Script,
+    apply_merged: Script,
     /// Flushes prepared so far; every `ttl_check_every`-th checks existing keys' expiry.
     flushes: u64,
     /// An unreachable Redis was logged (the probe logs transitions only).
@@ -135,6 +139,7 @@ impl Sink {
             conn: None,
             apply: Script::new("apply", script::APPLY_LUA),
             apply_kinds: Script::new("apply_kinds", script::APPLY_KINDS_LUA),
+            apply_merged: Script::new("apply_merged", script::APPLY_MERGED_LUA),
             flushes: 0,
             reported_down: false,
             allow_eviction: config.allow_eviction,
@@ -342,7 +347,8 @@ impl Sink {
     /// SCRIPT LOAD (on every primary of a cluster).
     async fn load_script(&self, conn: &mut conn::Conn) -> Result<(), AttemptError> {
         self.apply.load(conn).await?;
-        Ok(self.apply_kinds.load(conn).await?)
+        self.apply_kinds.load(conn).await?;
+        Ok(self.apply_merged.load(conn).await?)
     }
 
     /// Encode `units` as one pipeline per shard (one slot on a cluster), with what is needed to
@@ -355,22 +361,52 @@ impl Sink {
         let mut groups: Vec<(redis::Pipeline, Vec<UnitMeta>)> = Vec::new();
         let mut group_of_shard: std::collections::HashMap<u32, usize> =
             std::collections::HashMap::new();
-        for unit in units {
-            let g = *group_of_shard.entry(unit.shard).or_insert_with(|| {
+        for call in merge::plan(units, self.flush.max_keys_per_merged_call) {
+            let shard = call.shard();
+            let g = *group_of_shard.entry(shard).or_insert_with(|| {
                 groups.push((redis::pipe(), Vec::new()));
                 groups.len() - 1
             });
-            let keys = self.scope.keys(unit.partition, unit.shard);
-            groups[g].0.add_command(if unit.other.is_empty() {
-                script::apply_cmd(self.apply.sha(), &keys, &unit, check_ttl)
-            } else {
-                script::apply_kinds_cmd(self.apply_kinds.sha(), &keys, &unit, check_ttl)
-            });
-            groups[g].1.push(UnitMeta {
-                partition: unit.partition,
-                shard: unit.shard,
-                keys: (unit.keys.len() + unit.other.len()) as u64,
-            });
+            let (cmd, meta) = match call {
+                merge::Call::Unit(unit) => {
+                    let keys = self.scope.keys(unit.partition, unit.shard);
+                    let cmd = if unit.other.is_empty() {
+                        script::apply_cmd(self.apply.sha(), &keys, &unit, check_ttl)
+                    } else {
+                        script::apply_kinds_cmd(self.apply_kinds.sha(), &keys, &unit, check_ttl)
+                    };
+                    let meta = UnitMeta {
+                        partitions: smallvec::smallvec![unit.partition],
+                        merged: false,
+                        shard,
+                        keys: (unit.keys.len() + unit.other.len()) as u64,
+                    };
+                    (cmd, meta)
+                }
+                merge::Call::Merged(m) => {
+                    let fences: Vec<String> = m
+                        .ranges
+                        .iter()
+                        .map(|r| self.scope.key(r.partition, shard))
+                        .collect();
+                    let cmd = script::apply_merged_cmd(
+                        self.apply_merged.sha(),
+                        &self.scope.marker(shard),
+                        &fences,
+                        &m,
+                        check_ttl,
+                    );
+                    let meta = UnitMeta {
+                        partitions: m.ranges.iter().map(|r| r.partition).collect(),
+                        merged: true,
+                        shard,
+                        keys: m.keys.len() as u64,
+                    };
+                    (cmd, meta)
+                }
+            };
+            groups[g].0.add_command(cmd);
+            groups[g].1.push(meta);
         }
         groups
     }
@@ -408,25 +444,57 @@ impl Sink {
                     metas.len()
                 )));
             }
-            for (unit, reply) in metas.iter().zip(replies) {
-                match ApplyReply::parse(&reply).map_err(AttemptError::Reply)? {
-                    ApplyReply::Applied {
+            for (call, reply) in metas.iter().zip(replies) {
+                let parsed = if call.merged {
+                    script::MergedReply::parse(&reply).map_err(AttemptError::Reply)?
+                } else {
+                    script::MergedReply::All(
+                        ApplyReply::parse(&reply).map_err(AttemptError::Reply)?,
+                    )
+                };
+                match parsed {
+                    script::MergedReply::All(ApplyReply::Applied {
                         late,
                         overflow,
                         rejected,
-                    } => {
+                    }) => {
                         outcome.late_keys += late;
                         outcome.overflow_keys += overflow;
                         outcome.rejected_keys += rejected;
                         outcome.keys_written +=
-                            unit.keys.saturating_sub(late + overflow + rejected);
+                            call.keys.saturating_sub(late + overflow + rejected);
                     }
-                    ApplyReply::AlreadyApplied => outcome.already_applied += 1,
-                    refused => outcome.refusals.push(Refusal {
-                        partition: unit.partition,
-                        shard: unit.shard,
-                        reply: refused,
-                    }),
+                    script::MergedReply::All(ApplyReply::AlreadyApplied) => {
+                        outcome.already_applied += call.partitions.len() as u64;
+                    }
+                    script::MergedReply::All(refused) => {
+                        for &partition in &call.partitions {
+                            outcome.refusals.push(Refusal {
+                                partition,
+                                shard: call.shard,
+                                reply: refused,
+                            });
+                        }
+                    }
+                    script::MergedReply::Refused(each) => {
+                        if each.len() != call.partitions.len() {
+                            return Err(AttemptError::Reply(format!(
+                                "{} fence states for {} partitions",
+                                each.len(),
+                                call.partitions.len()
+                            )));
+                        }
+                        for (&partition, reply) in call.partitions.iter().zip(each) {
+                            match reply {
+                                ApplyReply::AlreadyApplied => outcome.already_applied += 1,
+                                reply => outcome.refusals.push(Refusal {
+                                    partition,
+                                    shard: call.shard,
+                                    reply,
+                                }),
+                            }
+                        }
+                    }
                 }
             }
         }

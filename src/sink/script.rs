@@ -61,6 +61,93 @@ pub const APPLY_KINDS_LUA: &str = concat!(
     include_str!("lua/commit.lua"),
 );
 
+/// Applies a merged call ([`super::merge::Merged`]): the units of several partitions of one shard,
+/// their deltas added up per key. KEYS: marker, one fence per partition, then the counter keys.
+/// ARGV: m (the number of fences), check, the earliest expire-at of the counter keys, per fence
+/// (partition, start, end), then per counter key (delta, expire-at).
+///
+/// Every fence is checked before anything is written; the call applies all of its ranges or
+/// none. Replies, parsed by [`MergedReply::parse`]:
+/// * `{1, late, overflow, rejected}`: applied, as [`APPLY_LUA`];
+/// * `{0}`: every range was applied already (a retry);
+/// * `{-9, code, value, ...}`: nothing written; per fence a code of [`APPLY_LUA`] (`1`: this
+///   fence was as expected, `0`: already applied, `-1` … `-4`) and its value.
+pub const APPLY_MERGED_LUA: &str = concat!(
+    include_str!("lua/merged.lua"),
+    include_str!("lua/counts.lua"),
+    include_str!("lua/merged_commit.lua"),
+);
+
+/// What Redis answered to one [`APPLY_MERGED_LUA`] call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MergedReply {
+    /// Applied (every range), or already applied (every range).
+    All(ApplyReply),
+    /// Nothing written: each fence's state, in the order of the call's ranges.
+    Refused(Vec<ApplyReply>),
+}
+
+impl MergedReply {
+    /// Parse a reply of [`APPLY_MERGED_LUA`].
+    pub fn parse(value: &Value) -> Result<MergedReply, String> {
+        let ints = int_array(value)?;
+        if ints.first() != Some(&-9) {
+            return ApplyReply::parse(value).map(MergedReply::All);
+        }
+        ints[1..]
+            .chunks(2)
+            .map(|pair| match *pair {
+                [1, _] => Ok(ApplyReply::NotApplied),
+                [0, _] => Ok(ApplyReply::AlreadyApplied),
+                [-1, applied] => Ok(ApplyReply::Conflict { applied }),
+                [-2, copy] => Ok(ApplyReply::FenceMissing {
+                    marker_copy: Some(copy).filter(|n| *n >= 0),
+                }),
+                [-3, _] => Ok(ApplyReply::Corrupt),
+                [-4, _] => Ok(ApplyReply::StateLost),
+                _ => Err(format!("unknown merged apply status: {value:?}")),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(MergedReply::Refused)
+    }
+}
+
+/// The [`APPLY_MERGED_LUA`] call for `merged`: `marker` is its shard's, `fences` its ranges'.
+pub fn apply_merged_cmd(
+    sha: &str,
+    marker: &str,
+    fences: &[String],
+    merged: &super::merge::Merged,
+    check_ttl: bool,
+) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha)
+        .arg(1 + fences.len() + merged.keys.len())
+        .arg(marker);
+    for f in fences {
+        cmd.arg(f);
+    }
+    for (key, _) in &merged.keys {
+        cmd.arg(&key[..]);
+    }
+    let earliest = merged
+        .keys
+        .iter()
+        .map(|(_, d)| d.expire_at_ms)
+        .min()
+        .unwrap_or(0);
+    cmd.arg(fences.len())
+        .arg(if check_ttl { "1" } else { "0" })
+        .arg(earliest);
+    for r in &merged.ranges {
+        cmd.arg(r.partition).arg(r.start).arg(r.end);
+    }
+    for (_, d) in &merged.keys {
+        cmd.arg(d.delta).arg(d.expire_at_ms);
+    }
+    cmd
+}
+
 /// What Redis answered to one [`APPLY_LUA`] call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ApplyReply {
@@ -89,6 +176,9 @@ pub enum ApplyReply {
     Corrupt,
     /// No fence and no marker entry: Redis lost this shard's state.
     StateLost,
+    /// Not applied because another partition of the same merged call was refused: nothing of
+    /// the call was written.
+    NotApplied,
 }
 
 impl ApplyReply {

@@ -46,12 +46,15 @@ pub struct E2e {
 pub struct Shape {
     pub replicas: usize,
     pub lanes: usize,
+    /// `flush.max_keys_per_merged_call` at its default (false: 0, no merged calls).
+    pub merge: bool,
 }
 
 impl Shape {
     pub const ONE: Shape = Shape {
         replicas: 1,
         lanes: 1,
+        merge: true,
     };
 }
 
@@ -97,6 +100,7 @@ pub fn phase_e2e_shaped(
             Share {
                 lanes: shape.lanes,
                 partitions: share,
+                merge: shape.merge,
             },
         )?);
     }

@@ -45,6 +45,7 @@ pub fn phase_latency(ctx: &Ctx, topic: &str, secs: u64, rate: u64) -> anyhow::Re
         Share {
             lanes: 1,
             partitions: i64::from(ctx.exe_args_partitions),
+            merge: true,
         },
     )?;
     let _assigned: serde_json::Value = child.result(Duration::from_secs(60))?;

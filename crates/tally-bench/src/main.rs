@@ -197,7 +197,9 @@ pub fn config_toml(
     listen: &str,
     kafka_properties: &str,
     lanes: usize,
+    merge: bool,
 ) -> String {
+    let merged_keys = if merge { 4_000 } else { 0 };
     format!(
         r#"[kafka]
 brokers = "{brokers}"
@@ -213,6 +215,9 @@ consumers = {lanes}
 
 [http]
 listen = "{listen}"
+
+[flush]
+max_keys_per_merged_call = {merged_keys}
 
 [[counters]]
 name = "flow"

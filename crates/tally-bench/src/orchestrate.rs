@@ -185,17 +185,20 @@ pub fn orchestrate(cli: &Cli) -> anyhow::Result<()> {
         )?;
         let mut scaling = Vec::new();
         for &shape in crate::report_scaling::SHAPES {
-            eprintln!(
-                "[{}] tally end-to-end, {} replicas × {} lanes",
-                v.name, shape.replicas, shape.lanes
+            let tag = format!(
+                "{}x{}{}",
+                shape.replicas,
+                shape.lanes,
+                if shape.merge { "" } else { "-unmerged" }
             );
+            eprintln!("[{}] tally end-to-end, {tag}", v.name);
             let e = phase_e2e_shaped(
                 &ctx,
                 &standalone,
                 &topic,
                 per_partition,
-                &format!("{group}-{}x{}", shape.replicas, shape.lanes),
-                &format!("e2e-{}-{}x{}", v.name, shape.replicas, shape.lanes),
+                &format!("{group}-{tag}"),
+                &format!("e2e-{}-{tag}", v.name),
                 shape,
             )?;
             scaling.push((shape, e));

@@ -62,6 +62,7 @@ pub fn load_bench_config(redis_url: &str) -> anyhow::Result<Config> {
             "",
             "",
             1,
+            true,
         ),
     )?;
     let config = Config::load(Some(&path), &serde_json::json!({}));

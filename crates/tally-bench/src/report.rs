@@ -405,8 +405,9 @@ pub fn report(
     println!("{t}");
     if let Some(table) = scaling_table(results) {
         println!(
-            "**Scaling** (part 2 again on the same topic: two consumer lanes in one process \
-             (`kafka.consumers = 2`), then two tally processes with one lane each in one group; \
+            "**Scaling and merged calls** (part 2 again on the same topic: two consumer lanes in \
+             one process (`kafka.consumers = 2`), two tally processes with one lane each in one \
+             group, then one lane with merged calls off (`flush.max_keys_per_merged_call = 0`); \
              time starts when the first process holds its share of the partitions, so joins and \
              rebalances count; CPU and RSS summed over processes):\n"
         );

@@ -6,6 +6,12 @@ use crate::orchestrate::VariantResults;
 use crate::report::{per_million, thousands};
 
 fn shape_name(s: Shape) -> String {
+    if !s.merge {
+        return format!(
+            "{}, merged calls off",
+            shape_name(Shape { merge: true, ..s })
+        );
+    }
     match (s.replicas, s.lanes) {
         (1, 1) => "1 process, 1 lane".into(),
         (1, l) => format!("1 process, {l} lanes"),
@@ -60,9 +66,16 @@ pub const SHAPES: &[Shape] = &[
     Shape {
         replicas: 1,
         lanes: 2,
+        merge: true,
     },
     Shape {
         replicas: 2,
         lanes: 1,
+        merge: true,
+    },
+    Shape {
+        replicas: 1,
+        lanes: 1,
+        merge: false,
     },
 ];

@@ -145,6 +145,7 @@ pub struct Ctx {
 pub struct Share {
     pub lanes: usize,
     pub partitions: i64,
+    pub merge: bool,
 }
 
 /// Start tally on `topic` as `group`, writing to `store`. Returns the child, the port of its
@@ -158,7 +159,11 @@ pub fn spawn_tally(
     kafka_properties: &str,
     share: Share,
 ) -> anyhow::Result<(ChildRole, u16, PathBuf)> {
-    let Share { lanes, partitions } = share;
+    let Share {
+        lanes,
+        partitions,
+        merge,
+    } = share;
     let port = tally_testkit::local_redis::free_port()?;
     let path = std::env::temp_dir().join(format!("tally-bench-{}-{name}.toml", std::process::id()));
     std::fs::write(
@@ -171,6 +176,7 @@ pub fn spawn_tally(
             &format!("127.0.0.1:{port}"),
             kafka_properties,
             lanes,
+            merge,
         ),
     )?;
     let child = ChildRole::spawn(

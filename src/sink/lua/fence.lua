@@ -17,3 +17,6 @@ if applied ~= start then return {-1, applied} end
 local check = ARGV[3] == '1'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- Where counts.lua finds the counter keys (KEYS) and their (delta, expiry) pairs (ARGV), and
+-- the earliest of those expiries.
+local kbase, abase, earliest = 3, 6, ARGV[5]
