@@ -196,10 +196,10 @@ pub fn config_toml(
     redis: &str,
     listen: &str,
     kafka_properties: &str,
-    lanes: usize,
-    merge: bool,
+    share: crate::tally::Share,
 ) -> String {
-    let merged_keys = if merge { 4_000 } else { 0 };
+    let lanes = share.lanes;
+    let merged_keys = if share.merge { 4_000 } else { 0 };
     format!(
         r#"[kafka]
 brokers = "{brokers}"

@@ -61,8 +61,11 @@ pub fn load_bench_config(redis_url: &str) -> anyhow::Result<Config> {
             &Store::standalone(redis_url).redis_toml(),
             "",
             "",
-            1,
-            true,
+            crate::tally::Share {
+                lanes: 1,
+                partitions: 0,
+                merge: true,
+            },
         ),
     )?;
     let config = Config::load(Some(&path), &serde_json::json!({}));

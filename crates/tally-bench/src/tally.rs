@@ -159,11 +159,7 @@ pub fn spawn_tally(
     kafka_properties: &str,
     share: Share,
 ) -> anyhow::Result<(ChildRole, u16, PathBuf)> {
-    let Share {
-        lanes,
-        partitions,
-        merge,
-    } = share;
+    let partitions = share.partitions;
     let port = tally_testkit::local_redis::free_port()?;
     let path = std::env::temp_dir().join(format!("tally-bench-{}-{name}.toml", std::process::id()));
     std::fs::write(
@@ -175,8 +171,7 @@ pub fn spawn_tally(
             &store.redis_toml(),
             &format!("127.0.0.1:{port}"),
             kafka_properties,
-            lanes,
-            merge,
+            share,
         ),
     )?;
     let child = ChildRole::spawn(
