@@ -72,6 +72,8 @@ impl LocalRedis {
                 {
                     match redis::cmd("PING").query::<String>(&mut conn) {
                         Ok(_) => return Ok(()),
+                        // Still loading its AOF/RDB: it answers, but not to commands yet.
+                        Err(e) if e.code() == Some("LOADING") => {}
                         // NOAUTH and the like: the server is up, it just wants credentials.
                         Err(e) if !e.is_io_error() && !e.is_connection_dropped() => return Ok(()),
                         Err(_) => {}
