@@ -44,6 +44,7 @@ mod redis_stats;
 mod report;
 mod report_cluster;
 mod report_scaling;
+mod report_targets;
 mod store;
 mod tally;
 

@@ -451,46 +451,5 @@ pub fn report(
         );
     }
 
-    println!("### Targets (issue 5)\n");
-    let target = |ok: bool| if ok { "met" } else { "**not met**" };
-    for r in results {
-        let e2e = r.e2e.messages / r.e2e.secs;
-        let consuming = r.e2e.messages / r.e2e.consume_secs;
-        let raw = r.raw_parse_rate();
-        let cpu = per_million(r.e2e.cpu, r.e2e.messages);
-        let pipe = r.pipe.messages as f64 / r.pipe.agg_secs;
-        println!(
-            "- [{}] e2e ≥ 90% of raw read + parse: {:.0}% ({:.0}% while consuming) — {}; ≤ 1.0 CPU-s per million: {:.2} — {}; pipeline ≥ 2M msgs/s on one core: {} — {}",
-            r.variant.name, 100.0 * e2e / raw, 100.0 * consuming / raw, target(e2e >= 0.9 * raw), cpu, target(cpu <= 1.0), thousands(pipe), target(pipe >= 2e6)
-        );
-    }
-    println!(
-        "- peak RSS < 200 MB with 1,000,000 keys pending: {:.0} MB with them pending, {:.0} MB during a regular (capped) flush, {:.0} MB flushing all at once (memory probe, without librdkafka) — {}",
-        mem.rss_pending_mb, capped.hwm_mb, mem.hwm_mb, target(capped.hwm_mb < 200.0)
-    );
-    for r in results {
-        println!(
-            "  - [{}] tally's peak RSS end-to-end: {:.0} MB with up to {} keys pending (raw read + parse consumer: {:.0} MB)",
-            r.variant.name, r.e2e.peak_rss_mb, thousands(r.e2e.max_pending), r.raw_parse.peak_rss_mb
-        );
-    }
-    if let Some(r) = results
-        .iter()
-        .find(|r| r.variant.name == "main")
-        .or(results.first())
-    {
-        let s = sorted(&r.pipe.fenced_all);
-        let worst = s.last().copied().unwrap_or(f64::NAN);
-        println!(
-            "- flush p99 < 50 ms at 100,000 keys per flush: an isolated flush of {} keys ({}) takes {} (median of {}), worst {}; in part 3 {} per 100,000 keys — {}",
-            thousands(r.pipe.fence_keys as f64), r.variant.name, ms(percentile(&s, 0.5)), s.len(), ms(worst), ms(r.pipe_ms_per_100k() / 1e3), target(worst < 0.05)
-        );
-    }
-    let limit = lat.interval + 0.05;
-    println!(
-        "- events visible within flush interval + 50 ms (p99): {} vs {} — {}",
-        ms(lat.p99),
-        ms(limit),
-        target(lat.p99 <= limit)
-    );
+    crate::report_targets::print_targets(m, results, mem, lat);
 }
