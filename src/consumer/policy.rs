@@ -27,6 +27,8 @@ pub struct Pending {
     pub in_flight: Option<usize>,
     /// The consumer has read everything available: nothing is gained by waiting.
     pub caught_up: bool,
+    /// How long the last flush took to land.
+    pub flush_takes: Duration,
 }
 
 impl FlushPolicy {
@@ -47,11 +49,16 @@ impl FlushPolicy {
     /// Start a flush now? At the interval, at `max_keys`, or as soon as the consumer has caught
     /// up (the end of a burst is visible at once instead of after the interval). Only one flush
     /// is in flight at a time, which keeps each partition's units in order.
+    ///
+    /// The interval bounds when the oldest pending event becomes visible, not when its flush
+    /// starts: a flush starts as much earlier as the last one took to land (at most half the
+    /// interval), so that it lands about one interval after the oldest event was read.
     pub fn flush_due(&self, p: &Pending) -> bool {
+        let lead = p.flush_takes.min(self.interval / 2);
         p.in_flight.is_none()
             && (p
                 .oldest
-                .is_some_and(|age| age >= self.interval || p.caught_up)
+                .is_some_and(|age| age + lead >= self.interval || p.caught_up)
                 || p.keys >= self.max_keys)
     }
 
@@ -84,6 +91,7 @@ mod tests {
             keys: 99,
             in_flight: None,
             caught_up: false,
+            flush_takes: Duration::ZERO,
         };
         assert!(!p.flush_due(&young));
         assert!(!p.flush_due(&Pending::default()), "nothing pending");
@@ -114,6 +122,28 @@ mod tests {
     }
 
     #[test]
+    fn a_flush_starts_as_much_earlier_as_the_last_one_took_at_most_half_the_interval() {
+        let p = policy();
+        let at = |age_ms: u64, takes_ms: u64| Pending {
+            oldest: Some(Duration::from_millis(age_ms)),
+            keys: 1,
+            in_flight: None,
+            caught_up: false,
+            flush_takes: Duration::from_millis(takes_ms),
+        };
+        assert!(!p.flush_due(&at(939, 60)));
+        assert!(
+            p.flush_due(&at(940, 60)),
+            "lands about one interval after the oldest event"
+        );
+        assert!(
+            !p.flush_due(&at(499, 5_000)),
+            "never earlier than half the interval"
+        );
+        assert!(p.flush_due(&at(500, 5_000)));
+    }
+
+    #[test]
     fn pauses_only_above_the_bound_with_a_flush_in_flight() {
         let p = policy();
         let mut load = Pending {
@@ -121,6 +151,7 @@ mod tests {
             keys: 900,
             in_flight: Some(99),
             caught_up: false,
+            flush_takes: Duration::ZERO,
         };
         assert!(!p.pause(&load));
         load.in_flight = Some(100);

@@ -30,6 +30,7 @@ pub(super) struct InFlight {
     /// Offset each partition is complete up to once the flush lands.
     pub(super) ends: Vec<(i32, i64)>,
     pub(super) keys: usize,
+    pub(super) started: Instant,
 }
 
 /// Everything the consumer thread owns besides the consumer itself.
@@ -66,6 +67,8 @@ pub struct Worker {
     pub(super) landed: std::collections::BTreeMap<i32, i64>,
     /// Partitions were assigned: commit `landed` at the next tick.
     pub(super) commit_landed: bool,
+    /// How long the last flush took to land (flushes start that much before the interval).
+    pub(super) flush_takes: Duration,
 }
 
 /// How the worker reaches and recovers tally's state in Redis.
@@ -116,6 +119,7 @@ impl Worker {
             states: PartitionStates::new(state),
             landed: std::collections::BTreeMap::new(),
             commit_landed: false,
+            flush_takes: Duration::ZERO,
         }
     }
 
@@ -191,6 +195,7 @@ impl Worker {
             keys: self.agg.pending_keys(),
             in_flight: self.in_flight.as_ref().map(|f| f.keys),
             caught_up: self.caught_up,
+            flush_takes: self.flush_takes,
         }
     }
 
@@ -322,6 +327,7 @@ impl Worker {
             reply: rx,
             ends: batch.ends,
             keys,
+            started: Instant::now(),
         });
         self.publish();
         (units, keys)
@@ -361,6 +367,7 @@ impl Worker {
         let Some(f) = self.in_flight.take() else {
             return;
         };
+        self.flush_takes = f.started.elapsed();
         let refused: HashSet<i32> = outcome.refusals.iter().map(|r| r.partition).collect();
         let mut tpl = TopicPartitionList::new();
         for &(p, end) in &f.ends {

@@ -247,6 +247,8 @@ pub fn run_loop(
                 keys: agg.pending_keys(),
                 in_flight,
                 caught_up: false,
+                // The loop runs far ahead of the interval: flushes are due by size.
+                flush_takes: std::time::Duration::ZERO,
             };
             if policy.flush_due(&load(&agg, batch_started, in_flight))
                 && start_flush(&mut agg, &mut out, &mut in_flight)?
