@@ -79,7 +79,7 @@ pub struct KafkaConfig {
 }
 
 /// How many consumer lanes a process runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(untagged)]
 pub enum Consumers {
     /// This many (1 to 64).
@@ -94,6 +94,38 @@ pub enum Consumers {
 pub enum AutoWord {
     /// `"auto"`.
     Auto,
+}
+
+impl<'de> Deserialize<'de> for Consumers {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Consumers, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = Consumers;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a number of consumer lanes (1 to 64) or \"auto\"")
+            }
+            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Consumers, E> {
+                u16::try_from(n)
+                    .map(Consumers::Count)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(n), &self))
+            }
+            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Consumers, E> {
+                u64::try_from(n)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(n), &self))
+                    .and_then(|n| self.visit_u64(n))
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Consumers, E> {
+                match s {
+                    "auto" => Ok(Consumers::Auto(AutoWord::Auto)),
+                    _ => s
+                        .parse::<u64>()
+                        .map_err(|_| E::invalid_value(serde::de::Unexpected::Str(s), &self))
+                        .and_then(|n| self.visit_u64(n)),
+                }
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 impl Consumers {

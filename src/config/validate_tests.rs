@@ -166,3 +166,26 @@ fn readiness_needs_statistics_more_often_than_unreachable_after() {
         1_000
     );
 }
+
+#[test]
+fn consumer_lanes_are_a_count_from_1_to_64_or_auto() {
+    use crate::config::{AutoWord, Consumers, KafkaConfig};
+    let parse = |text: &str| toml::from_str::<KafkaConfig>(text).map(|k| k.consumers);
+    assert_eq!(parse("consumers = 3").unwrap(), Consumers::Count(3));
+    assert_eq!(
+        parse("consumers = \"auto\"").unwrap(),
+        Consumers::Auto(AutoWord::Auto)
+    );
+    assert_eq!(
+        parse("").unwrap(),
+        Consumers::Auto(AutoWord::Auto),
+        "the default"
+    );
+    assert!(Consumers::Auto(AutoWord::Auto).resolve() >= 1);
+    let e = parse("consumers = \"many\"").unwrap_err().to_string();
+    assert!(e.contains("1 to 64") && e.contains("auto"), "{e}");
+    let mut config = crate::config::Config::default();
+    config.kafka.consumers = Consumers::Count(0);
+    let e = config.validate().unwrap_err().to_string();
+    assert!(e.contains("kafka.consumers"), "{e}");
+}
