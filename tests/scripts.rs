@@ -60,6 +60,20 @@ fn init(conn: &mut redis::Connection, fresh: i64) -> FenceState {
     }
 }
 
+/// A connection to `redis` and the SHA of `script`, loaded there.
+fn connect_and_load(redis: &LocalRedis, script: &str) -> (redis::Connection, String) {
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(script)
+        .query(&mut conn)
+        .unwrap();
+    (conn, sha)
+}
+
 fn cmd(conn: &mut redis::Connection, args: &[&str]) -> Value {
     let mut c = redis::cmd(args[0]);
     for a in &args[1..] {
@@ -71,15 +85,7 @@ fn cmd(conn: &mut redis::Connection, args: &[&str]) -> Value {
 #[test]
 fn flush_and_fence_scripts_keep_their_reply_contract() {
     let redis = LocalRedis::start(&[]).unwrap();
-    let mut conn = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(APPLY_LUA)
-        .query(&mut conn)
-        .unwrap();
+    let (mut conn, sha) = connect_and_load(&redis, APPLY_LUA);
 
     // Nothing at all: the state is lost (or was never there); INIT may create or refuse.
     assert_eq!(
@@ -203,15 +209,7 @@ fn flush_and_fence_scripts_keep_their_reply_contract() {
 #[test]
 fn keys_whose_expiry_passed_are_skipped_as_late_beside_keys_in_time() {
     let redis = LocalRedis::start(&[]).unwrap();
-    let mut conn = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(APPLY_LUA)
-        .query(&mut conn)
-        .unwrap();
+    let (mut conn, sha) = connect_and_load(&redis, APPLY_LUA);
     assert_eq!(init(&mut conn, 0), FenceState::Created(0));
     let now = chrono::Utc::now().timestamp_millis();
     let mut u = unit(0, 3, &[("early", 1), ("past", 5), ("later", 2)]);
@@ -257,15 +255,7 @@ fn a_merged_call_applies_every_range_or_none_and_names_each_fence() {
     use tally::sink::merge::{Merged, Range};
     use tally::sink::script::{apply_merged_cmd, MergedReply, APPLY_MERGED_LUA};
     let redis = LocalRedis::start(&[]).unwrap();
-    let mut conn = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(APPLY_MERGED_LUA)
-        .query(&mut conn)
-        .unwrap();
+    let (mut conn, sha) = connect_and_load(&redis, APPLY_MERGED_LUA);
     let marker = "t:state:g:t:0";
     let fences = [
         "t:applied:g:t:3:0".to_string(),
