@@ -10,6 +10,7 @@ use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
 use smallvec::SmallVec;
 
 use crate::config::{DecodeConfig, TimeFormat};
+use crate::model::{CounterSpec, Kind};
 
 /// Why a message was skipped. Each maps to one `reason` label value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -146,6 +147,29 @@ impl Decoder {
             max_value_bytes: config.max_value_bytes,
             max_future_ms: i64::try_from(config.max_future.as_millis()).unwrap_or(i64::MAX),
         }
+    }
+
+    /// The decoder for `counters`: every field they group by, rank or sum, once each, in
+    /// counter order (dimensions, then the member, then the value field).
+    pub fn for_counters(config: &DecodeConfig, counters: &[CounterSpec]) -> Decoder {
+        let mut fields: Vec<(String, FieldRole)> = Vec::new();
+        let mut add = |name: &str, role: FieldRole| {
+            if !fields.iter().any(|(n, _)| n == name) {
+                fields.push((name.to_string(), role));
+            }
+        };
+        for c in counters {
+            for d in &c.dimensions {
+                add(d, FieldRole::Dimension);
+            }
+            if let Kind::Distinct { member, .. } | Kind::Leaderboard { member } = &c.kind {
+                add(member, FieldRole::Dimension);
+            }
+            if let Some(v) = &c.value_field {
+                add(v, FieldRole::Value);
+            }
+        }
+        Decoder::new(config, &fields)
     }
 
     /// Index of a field by name, as used in `Event::dims` / `Event::nums`.

@@ -11,8 +11,8 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
 
+use tally::app::Tally;
 use tally::config::Config;
-use tally::pipeline::Tally;
 use tally_testkit::gen::EventGen;
 use tally_testkit::local_redis::LocalRedis;
 
@@ -61,11 +61,12 @@ pub async fn run(
     if config.request.limits.is_empty() {
         config.request.limits.push(demo_limit());
     }
-    let tally = Tally::new(config.clone());
+    let model = tally::config::Model::compile(config.clone())?;
+    let tally = Tally::new(model.clone());
     let metrics = tally.metrics.clone();
     let run_token = shutdown.child_token();
     let task = tokio::spawn(tally.run(run_token.clone()));
-    let requests = tally::request::Requests::new(&config, metrics.clone())?;
+    let requests = tally::request::Requests::new(&model, metrics.clone())?;
     tokio::spawn(request_traffic(
         requests,
         config.request.limits[0].name.clone(),

@@ -63,9 +63,10 @@
 //! the matching applied offsets with them: the next flush finds the offset behind, the partition
 //! is resynchronised from Redis and the lost range is replayed from Kafka.
 //!
-//! Start reading at [`pipeline::Tally::run`].
+//! Start reading at [`app::Tally::run`].
 
 pub mod aggregate;
+pub mod app;
 pub mod config;
 pub mod consumer;
 pub mod decode;
@@ -73,10 +74,8 @@ pub mod health;
 pub mod http;
 pub mod jobs;
 pub mod metrics;
-pub mod pipeline;
 pub mod query;
 pub mod request;
-pub mod serve;
 pub mod sink;
 pub mod state;
 

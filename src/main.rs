@@ -8,7 +8,9 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 
-use tally::config::{Config, EXIT_CONFIG};
+use std::sync::Arc;
+
+use tally::config::{Config, Model, EXIT_CONFIG};
 
 mod demo;
 mod request_cli;
@@ -173,11 +175,19 @@ impl Common {
     }
 
     fn load(&self) -> Result<Config, ExitCode> {
-        Config::load(self.config.as_deref(), &self.overrides()).map_err(|e| {
-            eprintln!("tally: {e}");
-            ExitCode::from(EXIT_CONFIG as u8)
-        })
+        Config::load(self.config.as_deref(), &self.overrides()).map_err(config_error)
     }
+
+    /// The configuration, validated and compiled.
+    fn model(&self) -> Result<Arc<Model>, ExitCode> {
+        Model::compile(self.load()?).map_err(config_error)
+    }
+}
+
+/// Report a bad configuration; exit 64 (EX_USAGE) before anything starts.
+fn config_error(e: tally::config::ConfigError) -> ExitCode {
+    eprintln!("tally: {e}");
+    ExitCode::from(EXIT_CONFIG as u8)
 }
 
 fn init_logging() {
@@ -190,45 +200,42 @@ fn init_logging() {
         .init();
 }
 
-/// Cancel `token` on SIGINT or SIGTERM.
-fn on_signals(token: CancellationToken) {
+/// Cancel `token` on SIGINT or SIGTERM. Both handlers are installed before this returns, so a
+/// signal that arrives while the command starts is a clean shutdown, not the default exit.
+fn on_signals(token: CancellationToken) -> std::io::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     tokio::spawn(async move {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot listen for SIGTERM");
-                    return;
-                }
-            };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = int.recv() => {}
             _ = term.recv() => {}
         }
         tracing::info!("signal received, shutting down");
         token.cancel();
     });
+    Ok(())
 }
 
 /// A command whose configuration (if it has one) has been loaded and validated.
 enum Prepared {
-    Run(Config),
+    Run(Arc<Model>),
     Check(Config),
     Demo(Config, demo::DemoOptions),
     MockBroker(Vec<String>),
     Produce(tally_testkit::produce::ProduceArgs),
-    Key(Config, KeyArgs),
-    Query(Config, KeyArgs),
+    Key(Arc<Model>, KeyArgs),
+    Query(Arc<Model>, KeyArgs),
     State(Config, StateArgs),
-    Serve(Config),
-    Request(Config, request_cli::RequestCommand),
+    Serve(Arc<Model>),
+    Request(Arc<Model>, request_cli::RequestCommand),
 }
 
 impl Prepared {
     /// Read and validate the configuration before anything starts; a bad one exits with 64.
     fn new(command: Command) -> Result<Prepared, ExitCode> {
         Ok(match command {
-            Command::Run(c) => Prepared::Run(c.load()?),
+            Command::Run(c) => Prepared::Run(c.model()?),
             Command::Check(c) => Prepared::Check(c.load()?),
             Command::Demo {
                 common,
@@ -255,17 +262,17 @@ impl Prepared {
             }
             Command::MockBroker { topics } => Prepared::MockBroker(topics),
             Command::Produce(args) => Prepared::Produce(args),
-            Command::Key(args) => Prepared::Key(args.common.load()?, args),
-            Command::Query(args) => Prepared::Query(args.common.load()?, args),
+            Command::Key(args) => Prepared::Key(args.common.model()?, args),
+            Command::Query(args) => Prepared::Query(args.common.model()?, args),
             Command::State(args) => Prepared::State(args.common.load()?, args),
-            Command::Serve(c) => Prepared::Serve(c.load()?),
-            Command::Request(r) => Prepared::Request(r.common().load()?, r),
+            Command::Serve(c) => Prepared::Serve(c.model()?),
+            Command::Request(r) => Prepared::Request(r.common().model()?, r),
         })
     }
 
     async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         match self {
-            Prepared::Run(config) => tally::pipeline::Tally::new(config).run(shutdown).await,
+            Prepared::Run(model) => tally::app::Tally::new(model).run(shutdown).await,
             Prepared::Check(config) => {
                 print!("{}", config.to_toml());
                 Ok(())
@@ -275,22 +282,18 @@ impl Prepared {
                 tally_testkit::produce::mock_broker(&topics, shutdown).await
             }
             Prepared::Produce(args) => tally_testkit::produce::run(args, shutdown).await,
-            Prepared::Key(config, args) => key(config, args, false).await,
-            Prepared::Query(config, args) => key(config, args, true).await,
+            Prepared::Key(model, args) => key(model, args, false).await,
+            Prepared::Query(model, args) => key(model, args, true).await,
             Prepared::State(config, args) => state(config, args).await,
-            Prepared::Serve(config) => tally::serve::run(config, shutdown).await,
-            Prepared::Request(config, command) => request_cli::run(config, command).await,
+            Prepared::Serve(model) => tally::app::serve::run(model, shutdown).await,
+            Prepared::Request(model, command) => request_cli::run(model, command).await,
         }
     }
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging();
-    let prepared = match Prepared::new(cli.command) {
-        Ok(p) => p,
-        Err(code) => return code,
-    };
+    // Signals first: a SIGTERM at any moment after this (while the configuration loads, while
+    // Redis or Kafka is reached) is a clean shutdown with exit code 0.
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(r) => r,
         Err(e) => {
@@ -298,11 +301,18 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(async move {
-        let shutdown = CancellationToken::new();
-        on_signals(shutdown.clone());
-        prepared.run(shutdown).await
-    });
+    let shutdown = CancellationToken::new();
+    if let Err(e) = runtime.block_on(async { on_signals(shutdown.clone()) }) {
+        eprintln!("tally: cannot listen for signals: {e}");
+        return ExitCode::FAILURE;
+    }
+    let cli = Cli::parse();
+    init_logging();
+    let prepared = match Prepared::new(cli.command) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
+    let result = runtime.block_on(prepared.run(shutdown));
     // Whatever still runs (a Kafka client that would not close) must not keep the process.
     runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
@@ -315,8 +325,8 @@ fn main() -> ExitCode {
 }
 
 /// `tally key` (`fetch` false) and `tally query` (`fetch` true).
-async fn key(config: Config, args: KeyArgs, fetch: bool) -> anyhow::Result<()> {
-    let query = tally::query::Query::new(&config)?;
+async fn key(model: Arc<Model>, args: KeyArgs, fetch: bool) -> anyhow::Result<()> {
+    let query = tally::query::Query::new(model)?;
     let at = tally::query::parse_time(args.at.as_deref())?;
     let dims: std::collections::BTreeMap<String, String> = args.dims.into_iter().collect();
     if fetch && (args.last.is_some() || args.from.is_some() || args.json) {

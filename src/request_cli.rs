@@ -2,7 +2,9 @@
 //! the command line, for scripts and debugging. Each prints the answer as JSON.
 
 use clap::{Args, Subcommand};
-use tally::config::Config;
+use std::sync::Arc;
+
+use tally::config::{Config, Model};
 use tally::metrics::Metrics;
 use tally::request::{Action, Requests};
 use tally_counters::request::Hit;
@@ -183,8 +185,8 @@ fn parse_action(s: &str) -> Result<Action, String> {
 }
 
 /// Run one request-path command with a validated configuration.
-pub async fn run(config: Config, command: RequestCommand) -> anyhow::Result<()> {
-    let requests = Requests::new(&config, Metrics::new(&[]))?;
+pub async fn run(model: Arc<Model>, command: RequestCommand) -> anyhow::Result<()> {
+    let requests = Requests::new(&model, Metrics::new(&[]))?;
     let answer = match command {
         RequestCommand::Hit(a) => {
             let at_ms = match &a.at {
@@ -212,7 +214,7 @@ pub async fn run(config: Config, command: RequestCommand) -> anyhow::Result<()> 
         RequestCommand::Once(a) => {
             serde_json::to_value(requests.once(&a.name, &a.subject, None, a.action).await?)?
         }
-        RequestCommand::Lock(a) => return lock(&config, a).await,
+        RequestCommand::Lock(a) => return lock(&model.config, a).await,
     };
     println!("{answer}");
     Ok(())

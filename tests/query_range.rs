@@ -46,7 +46,7 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
     let running = h.start(config.clone());
     h.wait_applied("g-ranges", Duration::from_secs(120)).await;
     running.stop().await;
-    let query = Query::new(&config).unwrap();
+    let query = Query::new(tally::config::Model::compile(config.clone()).unwrap()).unwrap();
 
     // "minute" counts events per ip per minute: the last 90 minutes, and a 2-hour range with
     // boundaries inside minutes, against the events themselves.

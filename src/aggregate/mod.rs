@@ -10,7 +10,7 @@ use std::collections::HashMap;
 
 use ahash::RandomState;
 
-use crate::decode::Event;
+use crate::decode::{Decoder, Event};
 use crate::key::KeyTemplate;
 use crate::model::layout::Layout;
 
@@ -62,7 +62,29 @@ enum HotKind {
     },
 }
 
+/// The decoder and hot-path counters of `model`, as each consumer lane builds them.
+pub fn stages(model: &crate::config::Model) -> (Decoder, Vec<Counter>) {
+    let decoder = Decoder::for_counters(&model.config.decode, &model.counters);
+    let counters = Counter::for_decoder(&model.counters, &decoder);
+    (decoder, counters)
+}
+
 impl Counter {
+    /// The hot-path counters of `specs`, reading their fields from events of `decoder`
+    /// (built by [`Decoder::for_counters`] from the same specs).
+    pub fn for_decoder(specs: &[CounterSpec], decoder: &Decoder) -> Vec<Counter> {
+        specs
+            .iter()
+            .map(|spec| {
+                Counter::new(spec, |name| {
+                    decoder
+                        .field_index(name)
+                        .expect("Decoder::for_counters registers every field of the specs")
+                })
+            })
+            .collect()
+    }
+
     /// Prepare a compiled counter for the hot path. `field_index` maps an event field name to
     /// its decoder index.
     pub fn new(spec: &CounterSpec, field_index: impl Fn(&str) -> usize) -> Counter {

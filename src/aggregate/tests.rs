@@ -81,8 +81,8 @@ impl Rig {
             counters,
             ..Config::default()
         };
-        config.validate().expect("test config is valid");
-        let (decoder, counters) = crate::pipeline::build_stages(&config).expect("stages build");
+        let model = crate::config::Model::compile(config).expect("test config is valid");
+        let (decoder, counters) = stages(&model);
         Rig {
             decoder,
             agg: Aggregator::new(counters, shards, max_keys_per_call),

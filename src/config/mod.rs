@@ -13,10 +13,12 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 
 mod jobs;
+mod model;
 mod redact;
 mod request;
 
 pub use jobs::{JobsConfig, ReconcileConfig, TtlAuditConfig};
+pub use model::Model;
 pub use request::{OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use tally_counters::config::{
     CounterConfig, CounterKind, DistinctMode, RedisConfig, RedisMode, Storage,

@@ -158,11 +158,11 @@ fn readiness_needs_statistics_more_often_than_unreachable_after() {
         );
     }
     assert_eq!(
-        crate::pipeline::statistics_interval_ms(Duration::from_secs(15)),
+        crate::app::statistics_interval_ms(Duration::from_secs(15)),
         5_000
     );
     assert_eq!(
-        crate::pipeline::statistics_interval_ms(Duration::from_secs(3)),
+        crate::app::statistics_interval_ms(Duration::from_secs(3)),
         1_000
     );
 }

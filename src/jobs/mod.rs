@@ -17,19 +17,26 @@ use tally_counters::lock::Locks;
 use tally_counters::request::Client;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use std::sync::Arc;
+
+use crate::config::Model;
 use crate::metrics::Metrics;
 
 /// Run every enabled job's leadership loop until `stop`.
-pub async fn run(config: Config, metrics: Metrics, stop: CancellationToken) -> anyhow::Result<()> {
+pub async fn run(
+    model: Arc<Model>,
+    metrics: Metrics,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let config = &model.config;
     let client = Client::new(&config.redis)?;
     let locks = Locks::new(client.clone());
     let audit = &config.jobs.ttl_audit;
     let recount = &config.jobs.reconcile;
-    let specs = crate::model::compile_all(&config.counters)?;
     let a = async {
         if audit.enabled {
-            let pass = || ttl_audit::pass(&client, &specs, audit.keys_per_second, &metrics);
+            let pass =
+                || ttl_audit::pass(&client, &model.counters, audit.keys_per_second, &metrics);
             lead(
                 "ttl_audit",
                 &locks,
@@ -44,7 +51,7 @@ pub async fn run(config: Config, metrics: Metrics, stop: CancellationToken) -> a
     };
     let r = async {
         if recount.enabled {
-            let job = reconcile::Reconciler::new(&config, &client, &metrics)?;
+            let job = reconcile::Reconciler::new(model.clone(), &client, &metrics);
             let pass = || job.pass();
             lead(
                 "reconcile",
@@ -60,7 +67,10 @@ pub async fn run(config: Config, metrics: Metrics, stop: CancellationToken) -> a
         anyhow::Ok(())
     };
     let ((), r) = tokio::join!(a, r);
-    r
+    r?;
+    // With no job enabled there is nothing to lead: wait with the other tasks.
+    stop.cancelled().await;
+    Ok(())
 }
 
 /// Hold `job`'s leadership when it can, and run `pass` every `interval` while holding it.

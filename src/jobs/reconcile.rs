@@ -19,24 +19,23 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use tally_counters::model::layout::Layout;
-use tally_counters::model::state_keys::FenceScope;
-use tally_counters::model::{CounterSpec, Kind};
+use std::sync::Arc;
+
+use tally_counters::model::Kind;
 use tally_counters::request::Client;
 
-use crate::config::Config;
+use crate::config::Model;
 use crate::decode::Decoder;
 use crate::metrics::Metrics;
 
 /// One reconciler, built once per leadership.
 pub struct Reconciler {
-    config: Config,
+    /// Counters, key layout and fence scope, compiled once for the process.
+    model: Arc<Model>,
     client: Client,
     metrics: Metrics,
-    specs: Vec<CounterSpec>,
+    /// Decodes recounted messages as the stream path does.
     decoder: Decoder,
-    layout: Layout,
-    scope: FenceScope,
 }
 
 /// A key (and hash field) and how to read it.
@@ -47,24 +46,21 @@ type Recount = BTreeMap<Cell, (usize, i64)>;
 
 impl Reconciler {
     /// For a validated configuration.
-    pub fn new(config: &Config, client: &Client, metrics: &Metrics) -> anyhow::Result<Reconciler> {
-        let (decoder, _) = crate::pipeline::build_stages(config)?;
-        Ok(Reconciler {
-            specs: crate::model::compile_all(&config.counters)?,
-            layout: Layout::for_config(&config.redis),
-            scope: FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic),
-            config: config.clone(),
+    pub fn new(model: Arc<Model>, client: &Client, metrics: &Metrics) -> Reconciler {
+        Reconciler {
+            decoder: Decoder::for_counters(&model.config.decode, &model.counters),
+            model,
             client: client.clone(),
             metrics: metrics.clone(),
-            decoder,
-        })
+        }
     }
 
     /// The windows to check: per counter index, their start times.
     fn targets(&self, now_ms: i64) -> Vec<(usize, Vec<i64>)> {
-        let r = &self.config.jobs.reconcile;
+        let r = &self.model.config.jobs.reconcile;
         let grace = r.grace.as_millis() as i64;
-        self.specs
+        self.model
+            .counters
             .iter()
             .enumerate()
             .filter(|(_, s)| matches!(s.kind, Kind::Count | Kind::HashCount { .. }))
@@ -103,7 +99,7 @@ impl Reconciler {
     /// How far Redis applied each partition (the minimum over its shards; absent: skipped).
     async fn applied(&self) -> anyhow::Result<BTreeMap<i32, i64>> {
         let consumer = self.consumer()?;
-        let topic = &self.config.kafka.topic;
+        let topic = &self.model.config.kafka.topic;
         let meta = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
         let partitions: Vec<i32> = meta
             .topics()
@@ -113,10 +109,10 @@ impl Reconciler {
         let mut out = BTreeMap::new();
         for p in partitions {
             let mut least: Option<i64> = None;
-            for shard in 0..self.layout.shards() {
+            for shard in 0..self.model.layout.shards() {
                 let v: Option<i64> = self
                     .client
-                    .query(redis::cmd("GET").arg(self.scope.key(p, shard)))
+                    .query(redis::cmd("GET").arg(self.model.scope.key(p, shard)))
                     .await?;
                 least = match (least, v) {
                     (None, v) => v,
@@ -133,13 +129,13 @@ impl Reconciler {
 
     fn consumer(&self) -> anyhow::Result<BaseConsumer> {
         let mut c = ClientConfig::new();
-        for (k, v) in &self.config.kafka.properties {
+        for (k, v) in &self.model.config.kafka.properties {
             c.set(k, v);
         }
-        c.set("bootstrap.servers", &self.config.kafka.brokers)
+        c.set("bootstrap.servers", &self.model.config.kafka.brokers)
             .set(
                 "group.id",
-                format!("{}-reconcile", self.config.kafka.group_id),
+                format!("{}-reconcile", self.model.config.kafka.group_id),
             )
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false");
@@ -153,7 +149,7 @@ impl Reconciler {
         applied: &BTreeMap<i32, i64>,
     ) -> anyhow::Result<(Recount, Vec<i32>)> {
         let consumer = self.consumer()?;
-        let topic = &self.config.kafka.topic;
+        let topic = &self.model.config.kafka.topic;
         let mut tpl = TopicPartitionList::new();
         let mut partial = Vec::new();
         for (&p, &end) in applied {
@@ -196,7 +192,7 @@ impl Reconciler {
                 continue;
             };
             for (i, starts) in targets {
-                let spec = &self.specs[*i];
+                let spec = &self.model.counters[*i];
                 let window = spec.window.window_of(event.ts_ms);
                 if !starts.contains(&window.start_ms) {
                     continue;
@@ -211,7 +207,7 @@ impl Reconciler {
                     .as_deref()
                     .and_then(|v| self.decoder.field_index(v))
                     .map_or(1, |f| event.nums[f]);
-                let (key, field, _) = spec.location_at(&values, event.ts_ms, &self.layout);
+                let (key, field, _) = spec.location_at(&values, event.ts_ms, &self.model.layout);
                 let entry = truth.entry((key, field)).or_insert((*i, 0));
                 entry.1 = entry.1.saturating_add(delta);
             }
@@ -239,7 +235,7 @@ impl Reconciler {
                 .collect()
         };
         for (((key, field), (i, want)), got) in truth.iter().zip(got) {
-            let name = &self.specs[*i].name;
+            let name = &self.model.counters[*i].name;
             self.metrics
                 .jobs
                 .reconciled

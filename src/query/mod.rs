@@ -10,8 +10,9 @@ mod range;
 
 pub use range::{RangeAnswer, Span, WindowValue, MAX_BATCH_READS, MAX_TOP, MAX_WINDOWS};
 
-use crate::config::Config;
-use crate::model::layout::Layout;
+use std::sync::Arc;
+
+use crate::config::Model;
 use crate::model::{CounterSpec, Kind};
 use crate::sink::conn::Conn;
 use tally_counters::request::Client;
@@ -66,27 +67,25 @@ pub struct Answer {
 
 /// Computes keys for a configuration and reads them.
 pub struct Query {
-    counters: Vec<CounterSpec>,
-    layout: Layout,
+    /// Counters and key layout, compiled once for the process.
+    model: Arc<Model>,
     /// Multiplexed and shared: concurrent queries pipeline over one connection.
     client: Client,
 }
 
 impl Query {
     /// Build from a validated configuration.
-    pub fn new(config: &Config) -> anyhow::Result<Query> {
+    pub fn new(model: Arc<Model>) -> anyhow::Result<Query> {
         Ok(Query {
-            counters: crate::model::compile_all(&config.counters)?,
-            layout: Layout::for_config(&config.redis),
-            client: Client::new(&config.redis)?,
+            client: Client::new(&model.config.redis)?,
+            model,
         })
     }
 
     /// The counter named `counter`.
     fn spec(&self, counter: &str) -> Result<&CounterSpec, QueryError> {
-        self.counters
-            .iter()
-            .find(|c| c.name == counter)
+        self.model
+            .counter(counter)
             .ok_or_else(|| QueryError::UnknownCounter(counter.to_string()))
     }
 
@@ -115,7 +114,7 @@ impl Query {
     ) -> Result<Answer, QueryError> {
         let c = self.spec(counter)?;
         let values = c.values_of(dims)?;
-        let (key, field, window) = c.location_at(&values, at_ms, &self.layout);
+        let (key, field, window) = c.location_at(&values, at_ms, &self.model.layout);
         let key = String::from_utf8_lossy(&key).into_owned();
         Ok(Answer {
             counter: c.name.clone(),
@@ -138,12 +137,7 @@ impl Query {
     ) -> Result<Answer, QueryError> {
         let mut answer = self.key(counter, dims, at_ms)?;
         let mut conn = self.client.conn().await.map_err(redis_error)?;
-        let kind = &self
-            .counters
-            .iter()
-            .find(|c| c.name == counter)
-            .expect("found by key()")
-            .kind;
+        let kind = &self.spec(counter)?.kind;
         match read(&mut conn, kind, &mut answer).await {
             Ok(()) => Ok(answer),
             Err(e) => {

@@ -157,7 +157,7 @@ impl Query {
             let mut cells = Vec::with_capacity(windows.len());
             let mut union = redis::cmd("PFCOUNT");
             for w in &windows {
-                let (key, field, _) = spec.location_at(&values, w.start_ms, &self.layout);
+                let (key, field, _) = spec.location_at(&values, w.start_ms, &self.model.layout);
                 let cmd = match (&spec.kind, &field) {
                     (Kind::HashCount { .. }, Some(f)) => {
                         redis::cmd("HGET").arg(&key).arg(f).clone()
@@ -190,7 +190,7 @@ impl Query {
             if merges_hll(spec, windows.len()) {
                 // Every window of a series lives in one slot: one PFCOUNT merges them.
                 let first = spec
-                    .location_at(&values, windows[0].start_ms, &self.layout)
+                    .location_at(&values, windows[0].start_ms, &self.model.layout)
                     .0;
                 cmds.push((first, union));
             }

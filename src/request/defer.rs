@@ -19,7 +19,7 @@ use serde::Serialize;
 use tally_counters::request::{Hit, HitReply, RequestError};
 
 use super::{Action, Requests};
-use crate::config::{Config, TimeFormat};
+use crate::config::{Model, TimeFormat};
 use crate::decode::Decoder;
 
 /// Where deferred hits go.
@@ -53,7 +53,8 @@ pub enum HitOutcome {
 
 impl Deferral {
     /// A producer to `kafka.topic` with the configured brokers and security properties.
-    pub fn new(config: &Config) -> anyhow::Result<Deferral> {
+    pub fn new(model: &Model) -> Deferral {
+        let config = &model.config;
         let mut c = ClientConfig::new();
         for (k, v) in &config.kafka.properties {
             // Consumer settings mean nothing to a producer.
@@ -68,15 +69,14 @@ impl Deferral {
             .set("acks", "all")
             .set("enable.idempotence", "true")
             .set("message.timeout.ms", "10000");
-        let (decoder, _) = crate::pipeline::build_stages(config)?;
-        Ok(Deferral {
+        Deferral {
             producer: std::sync::OnceLock::new(),
             settings: c,
             topic: config.kafka.topic.clone(),
-            decoder,
+            decoder: Decoder::for_counters(&config.decode, &model.counters),
             time_field: config.decode.time_field.clone(),
             time_format: config.decode.time_format,
-        })
+        }
     }
 
     fn producer(&self) -> Result<&FutureProducer, RequestError> {

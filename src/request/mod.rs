@@ -6,7 +6,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use serde::Serialize;
-use tally_counters::model::layout::Layout;
 use tally_counters::request::{
     Claim, Client, Counters, Decision, Hit, HitReply, Once, Pool, Quota, QuotaReply, RateLimiter,
     RequestError, Unique,
@@ -17,7 +16,7 @@ mod defer;
 
 pub use defer::{Deferral, HitOutcome};
 
-use crate::config::Config;
+use crate::config::Model;
 use crate::metrics::{Metrics, Outcome, Primitive};
 
 /// What to do with a primitive's state.
@@ -76,9 +75,9 @@ pub struct Requests {
 
 impl Requests {
     /// Build from a validated configuration; connects on first use.
-    pub fn new(config: &Config, metrics: Metrics) -> anyhow::Result<Requests> {
+    pub fn new(model: &Model, metrics: Metrics) -> anyhow::Result<Requests> {
+        let config = &model.config;
         let client = Client::new(&config.redis)?;
-        let specs = crate::model::compile_all(&config.counters)?;
         let r = &config.request;
         let once = r
             .once
@@ -104,7 +103,7 @@ impl Requests {
             m.near_limit.with_label_values(&[&p.name]);
         }
         Ok(Requests {
-            counters: Counters::new(client.clone(), specs, Layout::for_config(&config.redis)),
+            counters: Counters::new(client.clone(), model.counters.clone(), model.layout.clone()),
             limiter: RateLimiter::new(client.clone(), r.limits.clone())?,
             quotas: r
                 .quotas

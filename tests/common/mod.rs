@@ -17,9 +17,9 @@ use rdkafka::ClientConfig;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use tally::app::Tally;
 use tally::config::{Config, CounterConfig};
 use tally::metrics::Metrics;
-use tally::pipeline::Tally;
 use tally_testkit::local_redis::LocalRedis;
 
 pub struct Harness {
@@ -112,7 +112,8 @@ impl Harness {
     }
 
     pub fn start(&self, config: Config) -> Running {
-        let tally = Tally::new(config);
+        let tally =
+            Tally::new(tally::config::Model::compile(config).expect("test config is valid"));
         let metrics = tally.metrics.clone();
         let health = tally.health.clone();
         let token = CancellationToken::new();

@@ -6,7 +6,7 @@
 //!
 //! 1. **Raw consume**: a plain rdkafka `BaseConsumer` that only reads the topic, and one that reads
 //!    and `serde_json`-parses every message (the limit tally is held against).
-//! 2. **tally end-to-end**: `tally::pipeline::Tally` consuming the same topic into a real
+//! 2. **tally end-to-end**: `tally::app::Tally` consuming the same topic into a real
 //!    `redis-server`, from partition assignment until every applied offset in Redis equals the
 //!    end offset.
 //! 3. **Pipeline without Kafka**: the real `Decoder` and `Aggregator` fed from memory on one
@@ -107,7 +107,7 @@ pub enum Role {
         #[arg(long)]
         parse: bool,
     },
-    /// `tally::pipeline::Tally` with a config file, until stdin closes.
+    /// `tally::app::Tally` with a config file, until stdin closes.
     #[command(hide = true)]
     Tally {
         #[arg(long)]

@@ -11,7 +11,6 @@ use tally::aggregate::{Aggregator, Unit};
 use tally::config::{Config, RedisMode};
 use tally::consumer::policy::{FlushPolicy, Pending};
 use tally::model::layout::Layout;
-use tally::pipeline::build_stages;
 use tally::sink::script::{apply_cmd, StateKeys, APPLY_LUA};
 use tally_testkit::gen::EventGen;
 
@@ -79,7 +78,8 @@ pub fn new_aggregator(
     config: &Config,
     partitions: i32,
 ) -> anyhow::Result<(tally::decode::Decoder, Aggregator)> {
-    let (decoder, counters) = build_stages(config)?;
+    let model = tally::config::Model::compile(config.clone())?;
+    let (decoder, counters) = tally::aggregate::stages(&model);
     let layout = match config.redis.mode {
         RedisMode::Standalone => Layout::standalone(),
         RedisMode::Cluster => Layout::cluster(config.redis.cluster_shards),

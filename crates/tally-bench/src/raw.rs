@@ -8,8 +8,8 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
+use tally::app::kafka_client_config;
 use tally::config::Config;
-use tally::pipeline::kafka_client_config;
 
 use crate::proc_stats::{cpu_self, proc_status_mb};
 

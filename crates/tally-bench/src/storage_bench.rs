@@ -41,8 +41,8 @@ fn run(url: &str, n: u64, storage: Storage) -> anyhow::Result<(f64, f64, i64)> {
         config.counters[0].storage = Storage::Hash;
         config.counters[0].hash_key = Some("flow:h:{yyyyMMddHH}".into());
     }
-    config.validate()?;
-    let (decoder, counters) = tally::pipeline::build_stages(&config)?;
+    let model = tally::config::Model::compile(config.clone())?;
+    let (decoder, counters) = tally::aggregate::stages(&model);
     let mut agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call);
     agg.assign(0, &[0]);
     let keys = StateKeys {

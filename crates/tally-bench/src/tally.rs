@@ -1,4 +1,4 @@
-//! Role `tally` (part 2): `tally::pipeline::Tally` in its own process; how the parent starts it
+//! Role `tally` (part 2): `tally::app::Tally` in its own process; how the parent starts it
 //! and reads its `/metrics`.
 
 use std::io::{Read, Write};
@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use tally::app::Tally;
 use tally::config::Config;
-use tally::pipeline::Tally;
 
 use crate::child::{wait_for_stdin_eof, ChildRole};
 use crate::config_toml;
@@ -23,7 +23,7 @@ pub fn role_tally(config: &Path, partitions: i64) -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let config = Config::load(Some(config), &serde_json::json!({}))?;
-    let tally = Tally::new(config);
+    let tally = Tally::new(tally::config::Model::compile(config)?);
     let metrics = tally.metrics.clone();
     // Tell the parent when every partition is assigned: measurement starts there.
     std::thread::Builder::new()

@@ -58,10 +58,10 @@ pub async fn run(redis: &LocalRedis, connections: usize, phase: Duration) -> any
         once_per_user: false,
         ttl: Duration::from_secs(3600),
     });
-    config.validate()?;
-    let config_for_batch = config.clone();
+    let model = tally::config::Model::compile(config)?;
+    let config_for_batch = model.config.clone();
     let stop = CancellationToken::new();
-    let server = tokio::spawn(tally::serve::run(config, stop.clone()));
+    let server = tokio::spawn(tally::app::serve::run(model, stop.clone()));
     wait_listening(port).await?;
     println!("| endpoint | requests/s | p50 ms | p99 ms | non-2xx |");
     println!("|---|---|---|---|---|");
@@ -113,7 +113,9 @@ pub async fn batch_on_cluster(
 /// `Query::range` for 1,000 dimension tuples at a time (what `POST /v1/counters/{name}/batch`
 /// runs): keys read per second.
 async fn batch_queries(config: &Config, phase: Duration) -> anyhow::Result<()> {
-    let query = std::sync::Arc::new(tally::query::Query::new(config)?);
+    let query = std::sync::Arc::new(tally::query::Query::new(tally::config::Model::compile(
+        config.clone(),
+    )?)?);
     let tuples: Vec<std::collections::BTreeMap<String, String>> = (0..1000)
         .map(|i| [("subject".to_string(), (i * 7 % 10_000).to_string())].into())
         .collect();

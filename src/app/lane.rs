@@ -15,13 +15,13 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::aggregate::Aggregator;
-use crate::config::Config;
+use crate::config::Model;
 use crate::consumer::{self, StateAccess, TallyContext, Worker};
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::sink::{FenceScope, Sink};
+use crate::sink::Sink;
 
-use super::{build_stages, kafka_client_config};
+use super::kafka_client_config;
 
 /// librdkafka's prefetch per process (`kafka_client_config`'s `queued.max.messages.kbytes`).
 pub(super) const QUEUED_KBYTES: usize = 16384;
@@ -79,13 +79,13 @@ impl CloseGate {
 
 /// What a lane needs from the process.
 pub(super) struct Shared<'a> {
-    pub(super) config: &'a Config,
+    pub(super) model: &'a Model,
     pub(super) lanes: usize,
     pub(super) metrics: &'a Metrics,
     pub(super) health: &'a Arc<Health>,
     pub(super) shutdown: &'a CancellationToken,
-    /// Stops every sink's retries when the process gives up waiting.
-    pub(super) abort: &'a CancellationToken,
+    /// Stops every sink's retries when the process gives up waiting (the supervisor's deadline).
+    pub(super) deadline: &'a CancellationToken,
     pub(super) close_gate: &'a Arc<CloseGate>,
 }
 
@@ -93,9 +93,10 @@ impl Lane {
     /// Build lane `index` and start its sink task and consumer thread. Lane 0 checks Redis
     /// first (an unsafe eviction policy refuses the start).
     pub(super) async fn start(shared: &Shared<'_>, index: usize) -> anyhow::Result<Lane> {
-        let config = shared.config;
-        let (decoder, counters) = build_stages(config)?;
-        let scope = FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic);
+        let model = shared.model;
+        let config = &model.config;
+        let (decoder, counters) = crate::aggregate::stages(model);
+        let scope = model.scope.clone();
         let agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call)
             .with_layout(scope.layout.clone());
         let mut flush = config.flush.clone();
@@ -163,7 +164,7 @@ impl Lane {
         let consumer: BaseConsumer<TallyContext> = client
             .create_with_context(ctx)
             .context("kafka configuration")?;
-        let sink = tokio::spawn(sink.run(sink_rx, shared.abort.clone()));
+        let sink = tokio::spawn(sink.run(sink_rx, shared.deadline.clone()));
         let grace = config.flush.shutdown_grace;
         let (done_tx, done) = oneshot::channel();
         // Thread names are cut at 15 bytes: `tally-consumer`, `tally-consumer1`, ...
@@ -190,11 +191,12 @@ impl Lane {
 
     /// Wait for the lane's consumer thread to end; if the sink stops before (a failure), cancel
     /// `shutdown` so every lane flushes what it can and stops. Then let the sink finish what it
-    /// has, within `grace`.
+    /// has, within `grace` (past `deadline`, the sink stops retrying). A consumer that ends
+    /// before `shutdown` is a failure, reported to the supervisor.
     pub(super) async fn supervise(
         mut self,
         shutdown: CancellationToken,
-        abort: CancellationToken,
+        deadline: CancellationToken,
         grace: Duration,
     ) -> anyhow::Result<()> {
         let mut failure: Option<anyhow::Error> = None;
@@ -203,9 +205,9 @@ impl Lane {
             tokio::select! {
                 joined = &mut self.done => {
                     if !shutdown.is_cancelled() {
-                        // A lane that stops on its own stops the process.
-                        tracing::error!(lane = self.index, "a consumer lane stopped; shutting down");
-                        shutdown.cancel();
+                        failure.get_or_insert_with(|| {
+                            anyhow::anyhow!("consumer lane {} stopped on its own", self.index)
+                        });
                     }
                     break joined;
                 }
@@ -222,15 +224,13 @@ impl Lane {
         };
         // The consumer (and with it the sink's sender) is gone: the sink finishes what it has.
         if sink_running && tokio::time::timeout(grace, &mut self.sink).await.is_err() {
-            abort.cancel();
-        }
-        if let Some(failure) = failure {
-            return Err(failure);
+            deadline.cancel();
         }
         match joined {
-            Ok(Ok(result)) => result.context("kafka consumer"),
+            Ok(Ok(result)) => result.context("kafka consumer")?,
             Ok(Err(_)) => anyhow::bail!("consumer thread panicked"),
             Err(_) => anyhow::bail!("consumer thread ended without a result"),
         }
+        failure.map_or(Ok(()), Err)
     }
 }

@@ -1,0 +1,69 @@
+//! `tally serve`: the request path (and queries, metrics, health) over HTTP, without consuming
+//! Kafka. Ready while Redis answers a PING (probed every second). The HTTP server, the jobs and
+//! the probe run under one [`Supervisor`]: the first that fails stops the others.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+
+use super::Supervisor;
+use crate::config::Model;
+use crate::health::Health;
+use crate::metrics::Metrics;
+use crate::request::Requests;
+
+/// Serve until `shutdown` (or until a task fails).
+pub async fn run(model: Arc<Model>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let metrics = Metrics::new(&model.counter_names());
+    let health = Arc::new(Health::without_kafka());
+    let requests = Arc::new(Requests::new(&model, metrics.clone())?);
+    let query = Arc::new(crate::query::Query::new(model.clone())?);
+    let mut tasks = Supervisor::new(shutdown.clone());
+    let (local, server) = crate::http::serve(
+        &model.config.http,
+        metrics.clone(),
+        health.clone(),
+        Some(query),
+        Some(requests.clone()),
+        shutdown.clone(),
+    )
+    .await
+    .context("http")?;
+    tracing::info!(%local, "serving the request path");
+    tasks.spawn("the http server", async move {
+        server.await.context("http server")
+    });
+    let jobs = crate::jobs::run(model.clone(), metrics, shutdown.clone());
+    tasks.spawn("the jobs", jobs);
+    tasks.spawn("the redis probe", probe(requests, health, shutdown));
+    tasks
+        .wait(model.config.flush.shutdown_grace + Duration::from_secs(10))
+        .await
+}
+
+/// Keep `health.redis` up to date until `stop`.
+async fn probe(
+    requests: Arc<Requests>,
+    health: Arc<Health>,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut every = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = every.tick() => {
+                let ok = requests
+                    .client()
+                    .query::<String>(&redis::cmd("PING"))
+                    .await
+                    .is_ok();
+                if health.redis.swap(ok, Ordering::Relaxed) != ok {
+                    tracing::info!(redis = ok, "redis reachability changed");
+                }
+            }
+        }
+    }
+}
