@@ -100,9 +100,9 @@ enum StateAction {
 struct KeyArgs {
     #[command(flatten)]
     common: Common,
-    /// Counter name, e.g. flow.
-    #[arg(long, default_value = "flow")]
-    counter: String,
+    /// Counter name, e.g. flow (may be left out when only one counter is configured).
+    #[arg(long)]
+    counter: Option<String>,
     /// A dimension value as name=value; repeat for each dimension.
     #[arg(long = "dim", value_parser = parse_dim)]
     dims: Vec<(String, String)>,
@@ -327,6 +327,7 @@ fn main() -> ExitCode {
 /// `tally key` (`fetch` false) and `tally query` (`fetch` true).
 async fn key(model: Arc<Model>, args: KeyArgs, fetch: bool) -> anyhow::Result<()> {
     let query = tally::query::Query::new(model)?;
+    let counter = query.counter_named(args.counter.clone())?;
     let at = tally::query::parse_time(args.at.as_deref())?;
     let dims: std::collections::BTreeMap<String, String> = args.dims.into_iter().collect();
     if fetch && (args.last.is_some() || args.from.is_some() || args.json) {
@@ -337,10 +338,7 @@ async fn key(model: Arc<Model>, args: KeyArgs, fetch: bool) -> anyhow::Result<()
             _ => Span::At(at),
         };
         let now = chrono::Utc::now().timestamp_millis();
-        let answer = query
-            .range(&args.counter, &[dims], span, now)
-            .await?
-            .remove(0);
+        let answer = query.range(&counter, &[dims], span, now).await?.remove(0);
         if args.json {
             println!("{}", serde_json::to_string_pretty(&answer)?);
             return Ok(());
@@ -361,7 +359,7 @@ async fn key(model: Arc<Model>, args: KeyArgs, fetch: bool) -> anyhow::Result<()
         return Ok(());
     }
     if fetch {
-        let answer = query.fetch(&args.counter, &dims, at).await?;
+        let answer = query.fetch(&counter, &dims, at).await?;
         let value = answer.value.map_or("(none)".to_string(), |v| v.to_string());
         let field = answer.field.map(|f| format!(" {f}")).unwrap_or_default();
         println!("{}{field}\t{value}", answer.key);
@@ -369,7 +367,7 @@ async fn key(model: Arc<Model>, args: KeyArgs, fetch: bool) -> anyhow::Result<()
             println!("  {member}\t{score}");
         }
     } else {
-        let answer = query.key(&args.counter, &dims, at)?;
+        let answer = query.key(&counter, &dims, at)?;
         let field = answer.field.map(|f| format!(" {f}")).unwrap_or_default();
         println!("{}{field}", answer.key);
     }

@@ -151,7 +151,8 @@ async fn ready_handler(State(state): State<AppState>) -> impl IntoResponse {
 }
 
 /// `GET /v1/count?counter=flow&app_id=..&device_id=..&ip=..[&at=RFC3339|epoch_ms]`: the key,
-/// value and window of one counter. Every parameter other than `counter` and `at` is a dimension.
+/// value and window of one counter (`counter` may be left out when only one is configured).
+/// Every parameter other than `counter` and `at` is a dimension.
 async fn count_handler(
     State(state): State<AppState>,
     axum::extract::Query(mut params): axum::extract::Query<
@@ -161,9 +162,10 @@ async fn count_handler(
     let Some(query) = state.query else {
         return (StatusCode::NOT_FOUND, "queries are not enabled\n").into_response();
     };
-    let counter = params
-        .remove("counter")
-        .unwrap_or_else(|| "flow".to_string());
+    let counter = match query.counter_named(params.remove("counter")) {
+        Ok(counter) => counter,
+        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    };
     let at = match parse_time(params.remove("at").as_deref()) {
         Ok(at) => at,
         Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),

@@ -13,22 +13,16 @@ pub use range::{RangeAnswer, Span, WindowValue, MAX_BATCH_READS, MAX_TOP, MAX_WI
 use std::sync::Arc;
 
 use crate::config::Model;
-use crate::model::{CounterSpec, Kind};
+use crate::model::{CounterSpec, Kind, LookupError};
 use crate::sink::conn::Conn;
 use tally_counters::request::Client;
 
 /// Why a query cannot be answered.
 #[derive(Debug, thiserror::Error)]
 pub enum QueryError {
-    /// No counter of that name in the configuration.
-    #[error("unknown counter `{0}`")]
-    UnknownCounter(String),
-    /// A dimension of the counter was not given.
-    #[error("missing dimension `{0}`")]
-    MissingDimension(String),
-    /// A given parameter is not a dimension of the counter.
-    #[error("`{0}` is not a dimension of this counter")]
-    UnknownDimension(String),
+    /// The counter, its dimension values or the time cannot address a key.
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
     /// The time could not be parsed.
     #[error("bad time `{0}`: use RFC 3339 or epoch milliseconds")]
     BadTime(String),
@@ -82,11 +76,22 @@ impl Query {
         })
     }
 
+    /// The counter a caller means: the one named, or the only one configured when none is.
+    pub fn counter_named(&self, given: Option<String>) -> Result<String, QueryError> {
+        match (given, self.model.counters.as_slice()) {
+            (Some(name), _) => Ok(name),
+            (None, [only]) => Ok(only.name.clone()),
+            (None, _) => Err(QueryError::BadRange(
+                "name the counter (`counter`): more than one is configured".into(),
+            )),
+        }
+    }
+
     /// The counter named `counter`.
     fn spec(&self, counter: &str) -> Result<&CounterSpec, QueryError> {
         self.model
             .counter(counter)
-            .ok_or_else(|| QueryError::UnknownCounter(counter.to_string()))
+            .ok_or_else(|| LookupError::UnknownCounter(counter.to_string()).into())
     }
 
     /// Run single-key reads in as few round trips as the deployment allows (one pipeline per
@@ -113,7 +118,7 @@ impl Query {
         at_ms: i64,
     ) -> Result<Answer, QueryError> {
         let c = self.spec(counter)?;
-        let values = c.values_of(dims)?;
+        let values = c.values_in_order(dims)?;
         let (key, field, window) = c.location_at(&values, at_ms, &self.model.layout);
         let key = String::from_utf8_lossy(&key).into_owned();
         Ok(Answer {
@@ -145,31 +150,6 @@ impl Query {
                 Err(e.into())
             }
         }
-    }
-}
-
-/// `dims` in the counter's dimension order: every dimension given, nothing else.
-trait ValuesOf {
-    fn values_of<'a>(&self, dims: &'a BTreeMap<String, String>)
-        -> Result<Vec<&'a str>, QueryError>;
-}
-
-impl ValuesOf for CounterSpec {
-    fn values_of<'a>(
-        &self,
-        dims: &'a BTreeMap<String, String>,
-    ) -> Result<Vec<&'a str>, QueryError> {
-        if let Some(extra) = dims.keys().find(|k| !self.dimensions.contains(k)) {
-            return Err(QueryError::UnknownDimension(extra.clone()));
-        }
-        self.dimensions
-            .iter()
-            .map(|d| {
-                dims.get(d)
-                    .map(String::as_str)
-                    .ok_or_else(|| QueryError::MissingDimension(d.clone()))
-            })
-            .collect()
     }
 }
 

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::{Query, QueryError, ValuesOf};
+use super::{Query, QueryError};
 use crate::model::{CounterSpec, Kind};
 use crate::window::Window;
 
@@ -153,7 +153,7 @@ impl Query {
         let mut answers = Vec::with_capacity(tuples.len());
         let mut cmds = Vec::with_capacity(tuples.len() * windows.len());
         for dims in tuples {
-            let values = spec.values_of(dims)?;
+            let values = spec.values_in_order(dims)?;
             let mut cells = Vec::with_capacity(windows.len());
             let mut union = redis::cmd("PFCOUNT");
             for w in &windows {

@@ -1,7 +1,5 @@
 //! Quotas, once, unique-in-window and pools behind the configuration, with their metrics.
 
-use std::time::Instant;
-
 use tally_counters::request::{Claim, QuotaReply, RequestError};
 
 use super::{expire_in, Action, Answer, Requests};
@@ -15,8 +13,7 @@ impl Requests {
         user: Option<&str>,
         action: Action,
     ) -> Result<Answer, RequestError> {
-        let started = Instant::now();
-        let result = async {
+        let call = async {
             let (quota, ttl) = self
                 .quotas
                 .get(name)
@@ -40,17 +37,16 @@ impl Requests {
                     ))
                 }
             })
-        }
-        .await;
-        self.observe(Primitive::Quota, name, started, &result, |a| match a {
+        };
+        self.instrument(Primitive::Quota, name, call, |a| match a {
             Answer::Quota(QuotaReply::Admitted { .. }) => Outcome::Allowed,
             Answer::Quota(QuotaReply::SoldOut { .. }) => Outcome::Denied,
             Answer::Quota(QuotaReply::AlreadyTaken { .. }) => Outcome::Duplicate,
             _ if action == Action::Peek => Outcome::Peek,
             _ if action == Action::Reset => Outcome::Reset,
             _ => Outcome::Allowed,
-        });
-        result
+        })
+        .await
     }
 
     /// Once family `name`: is this `subject`'s first call in the window holding `at_ms`?
@@ -61,8 +57,7 @@ impl Requests {
         at_ms: Option<i64>,
         action: Action,
     ) -> Result<Answer, RequestError> {
-        let started = Instant::now();
-        let result = async {
+        let call = async {
             let once = self
                 .once
                 .get(name)
@@ -81,17 +76,14 @@ impl Requests {
                 }
             };
             Ok(Answer::Flag { ok })
-        }
-        .await;
-        self.observe(Primitive::Once, name, started, &result, |a| {
-            match (action, a) {
-                (Action::Peek, _) => Outcome::Peek,
-                (Action::Reset, _) => Outcome::Reset,
-                (_, Answer::Flag { ok: true }) => Outcome::Allowed,
-                _ => Outcome::Denied,
-            }
-        });
-        result
+        };
+        self.instrument(Primitive::Once, name, call, |a| match (action, a) {
+            (Action::Peek, _) => Outcome::Peek,
+            (Action::Reset, _) => Outcome::Reset,
+            (_, Answer::Flag { ok: true }) => Outcome::Allowed,
+            _ => Outcome::Denied,
+        })
+        .await
     }
 
     /// Unique family `name`: record `item` (if given) and count `subject`'s distinct items.
@@ -102,8 +94,7 @@ impl Requests {
         item: Option<&str>,
         action: Action,
     ) -> Result<Answer, RequestError> {
-        let started = Instant::now();
-        let result = async {
+        let call = async {
             let unique = self
                 .unique
                 .get(name)
@@ -125,20 +116,13 @@ impl Requests {
                 }
             };
             Ok(Answer::Count { count })
-        }
-        .await;
-        self.observe(
-            Primitive::Unique,
-            name,
-            started,
-            &result,
-            |_| match action {
-                Action::Peek => Outcome::Peek,
-                Action::Reset => Outcome::Reset,
-                _ => Outcome::Allowed,
-            },
-        );
-        result
+        };
+        self.instrument(Primitive::Unique, name, call, |_| match action {
+            Action::Peek => Outcome::Peek,
+            Action::Reset => Outcome::Reset,
+            _ => Outcome::Allowed,
+        })
+        .await
     }
 
     /// Pool `name`: claim an item for `user`, fill it with `items`, read or clear it.
@@ -149,8 +133,7 @@ impl Requests {
         items: &[String],
         action: Action,
     ) -> Result<Answer, RequestError> {
-        let started = Instant::now();
-        let result = async {
+        let call = async {
             let (pool, ttl) = self
                 .pools
                 .get(name)
@@ -182,16 +165,15 @@ impl Requests {
                     ))
                 }
             })
-        }
-        .await;
-        self.observe(Primitive::Pool, name, started, &result, |a| match a {
+        };
+        self.instrument(Primitive::Pool, name, call, |a| match a {
             Answer::Claim(Claim::Given { .. }) => Outcome::Allowed,
             Answer::Claim(Claim::AlreadyGiven { .. }) => Outcome::Duplicate,
             Answer::Claim(Claim::Empty) => Outcome::Denied,
             _ if action == Action::Peek => Outcome::Peek,
             _ if action == Action::Reset => Outcome::Reset,
             _ => Outcome::Allowed,
-        });
-        result
+        })
+        .await
     }
 }

@@ -3,9 +3,11 @@
 //! the CLI (`tally hit`, `tally limit`, …) call these.
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::time::Instant;
 
 use serde::Serialize;
+use tally_counters::model::check_at;
 use tally_counters::request::{
     Claim, Client, Counters, Decision, Hit, HitReply, Once, Pool, Quota, QuotaReply, RateLimiter,
     RequestError, Unique,
@@ -158,20 +160,22 @@ impl Requests {
         &self.locks
     }
 
-    /// Count one call's duration, errors and outcome.
-    fn observe<T>(
+    /// Run one primitive call, counting its duration, Redis errors and outcome (the outcome of
+    /// an answer by `outcome`; an error is `Outcome::Error`).
+    async fn instrument<T>(
         &self,
         primitive: Primitive,
         name: &str,
-        started: Instant,
-        result: &Result<T, RequestError>,
+        call: impl Future<Output = Result<T, RequestError>>,
         outcome: impl FnOnce(&T) -> Outcome,
-    ) {
+    ) -> Result<T, RequestError> {
+        let started = Instant::now();
+        let result = call.await;
         let m = &self.metrics.request;
         m.duration
             .with_label_values(&[primitive.label()])
             .observe(started.elapsed().as_secs_f64());
-        let o = match result {
+        let o = match &result {
             Ok(v) => outcome(v),
             Err(e) => {
                 if e.is_unavailable() {
@@ -181,6 +185,7 @@ impl Requests {
             }
         };
         m.decided(primitive, name, o);
+        result
     }
 
     /// Add to counter `name` for dimension `values` (name → value) and return the total.
@@ -191,19 +196,12 @@ impl Requests {
         hit: &Hit,
         action: Action,
     ) -> Result<HitReply, RequestError> {
-        let started = Instant::now();
-        let result = async {
+        let call = async {
             let spec = self.counters.spec(name)?;
-            let ordered = dimension_values(&spec.dimensions, values)?;
+            let ordered = spec.values_in_order(values)?;
             if let Some(at) = hit.at_ms {
-                let latest = chrono::Utc::now()
-                    .timestamp_millis()
-                    .saturating_add(self.max_future_ms);
-                if !(tally_counters::window::MIN_TS_MS..=latest).contains(&at) {
-                    return Err(RequestError::Invalid(format!(
-                        "`at` {at} is before year 1 or more than decode.max_future ahead"
-                    )));
-                }
+                let now = chrono::Utc::now().timestamp_millis();
+                check_at(at, now, self.max_future_ms)?;
             }
             match action {
                 Action::Apply => self.counters.hit(name, &ordered, hit).await,
@@ -221,15 +219,14 @@ impl Requests {
                     "hits take apply, peek or reset".into(),
                 )),
             }
-        }
-        .await;
-        self.observe(Primitive::Hit, name, started, &result, |r| match action {
+        };
+        self.instrument(Primitive::Hit, name, call, |r| match action {
             Action::Peek => Outcome::Peek,
             Action::Reset => Outcome::Reset,
             _ if r.duplicate => Outcome::Duplicate,
             _ => Outcome::Allowed,
-        });
-        result
+        })
+        .await
     }
 
     /// Decide a request of `cost` by `subject` against `policies`.
@@ -240,33 +237,30 @@ impl Requests {
         cost: u64,
         action: Action,
     ) -> Result<Decision, RequestError> {
-        let started = Instant::now();
-        let result = match action {
-            Action::Apply => self.limiter.check(policies, subject, cost).await,
-            Action::Peek => self.limiter.peek(policies, subject, cost).await,
-            Action::Reset => match self.limiter.reset(policies, subject).await {
-                Ok(()) => self.limiter.peek(policies, subject, cost).await,
-                Err(e) => Err(e),
-            },
-            _ => Err(RequestError::Invalid(
-                "limits take apply, peek or reset".into(),
-            )),
+        let call = async {
+            match action {
+                Action::Apply => self.limiter.check(policies, subject, cost).await,
+                Action::Peek => self.limiter.peek(policies, subject, cost).await,
+                Action::Reset => {
+                    self.limiter.reset(policies, subject).await?;
+                    self.limiter.peek(policies, subject, cost).await
+                }
+                _ => Err(RequestError::Invalid(
+                    "limits take apply, peek or reset".into(),
+                )),
+            }
         };
-        let m = &self.metrics.request;
         let label = policies.join("+");
-        self.observe(
-            Primitive::Limit,
-            &label,
-            started,
-            &result,
-            |d| match action {
+        let result = self
+            .instrument(Primitive::Limit, &label, call, |d| match action {
                 Action::Peek => Outcome::Peek,
                 Action::Reset => Outcome::Reset,
                 _ if !d.admitted => Outcome::Denied,
                 _ if d.policies.iter().any(|v| !v.allowed) => Outcome::ShadowDenied,
                 _ => Outcome::Allowed,
-            },
-        );
+            })
+            .await;
+        let m = &self.metrics.request;
         if let Ok(d) = &result {
             for v in &d.policies {
                 if d.without_redis {
@@ -281,27 +275,6 @@ impl Requests {
         }
         result
     }
-}
-
-/// `values` in `dimensions` order; every dimension given, nothing else.
-fn dimension_values<'a>(
-    dimensions: &[String],
-    values: &'a BTreeMap<String, String>,
-) -> Result<Vec<&'a str>, RequestError> {
-    if let Some(extra) = values.keys().find(|k| !dimensions.contains(k)) {
-        return Err(RequestError::Invalid(format!(
-            "`{extra}` is not a dimension of this counter (dimensions: {dimensions:?})"
-        )));
-    }
-    dimensions
-        .iter()
-        .map(|d| {
-            values
-                .get(d)
-                .map(String::as_str)
-                .ok_or_else(|| RequestError::Invalid(format!("missing dimension `{d}`")))
-        })
-        .collect()
 }
 
 /// Unix ms `ttl` from now.

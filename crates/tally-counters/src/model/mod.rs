@@ -4,8 +4,11 @@
 //! once and computes keys and expiries the same way.
 
 pub mod layout;
+mod lookup;
 pub mod overlap;
 pub mod state_keys;
+
+pub use lookup::{check_at, LookupError};
 
 use crate::config::CounterConfig;
 use crate::key::{KeyTemplate, TemplateError};

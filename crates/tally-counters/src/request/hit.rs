@@ -80,7 +80,7 @@ impl Counters {
     pub fn spec(&self, name: &str) -> Result<&CounterSpec, RequestError> {
         self.specs
             .get(name)
-            .ok_or_else(|| RequestError::Invalid(format!("unknown counter `{name}`")))
+            .ok_or_else(|| crate::model::LookupError::UnknownCounter(name.to_string()).into())
     }
 
     /// Add `hit.delta` to counter `name` for `values` (in dimension order) and return the total.

@@ -46,9 +46,12 @@ pub enum RequestError {
         /// What came back.
         detail: String,
     },
-    /// The caller's input cannot be used (unknown counter, wrong dimensions, bad numbers).
+    /// The caller's input cannot be used (bad numbers, unknown names, wrong actions).
     #[error("{0}")]
     Invalid(String),
+    /// The counter, its dimension values or the time cannot address a key.
+    #[error(transparent)]
+    Lookup(#[from] crate::model::LookupError),
 }
 
 impl RequestError {
