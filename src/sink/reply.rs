@@ -266,3 +266,82 @@ impl FlushOutcome {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply(ints: &[i64]) -> Value {
+        Value::Array(ints.iter().map(|n| Value::Int(*n)).collect())
+    }
+
+    fn call(partitions: &[i32], merged: bool) -> UnitMeta {
+        UnitMeta {
+            partitions: partitions.iter().copied().collect(),
+            merged,
+            shard: 2,
+            keys: 10,
+        }
+    }
+
+    #[test]
+    fn every_reply_type_reads_the_fence_codes_alike() {
+        assert_eq!(ApplyReply::parse(&reply(&[-4])), Ok(ApplyReply::StateLost));
+        assert_eq!(
+            ApplyReply::parse(&reply(&[-2, -1])),
+            Ok(ApplyReply::FenceMissing { marker_copy: None })
+        );
+        assert!(
+            ApplyReply::parse(&reply(&[-1])).is_err(),
+            "a conflict names its offset"
+        );
+        assert_eq!(
+            MergedReply::parse(&reply(&[-9, 1, 5, -1, 9])),
+            Ok(MergedReply::Refused(vec![
+                ApplyReply::NotApplied,
+                ApplyReply::Conflict { applied: 9 }
+            ]))
+        );
+        assert_eq!(
+            FenceState::parse(&reply(&[-2, 4])),
+            Ok(FenceState::Missing {
+                marker_copy: Some(4)
+            })
+        );
+        assert!(FenceState::parse(&reply(&[-1, 4])).is_err());
+        assert!(MergedReply::parse(&reply(&[-9, 7, 0])).is_err());
+    }
+
+    #[test]
+    fn absorb_counts_applied_keys_and_names_each_refused_partition() {
+        let mut outcome = FlushOutcome::default();
+        outcome
+            .absorb(&call(&[0], false), &reply(&[1, 1, 2, 3]))
+            .unwrap();
+        assert_eq!(
+            (
+                outcome.keys_written,
+                outcome.late_keys,
+                outcome.overflow_keys
+            ),
+            (4, 1, 2)
+        );
+        outcome.absorb(&call(&[1, 2], true), &reply(&[0])).unwrap();
+        assert_eq!(outcome.already_applied, 2);
+        outcome
+            .absorb(&call(&[3, 4], true), &reply(&[-9, 0, 8, -1, 9]))
+            .unwrap();
+        assert_eq!(outcome.already_applied, 3);
+        assert_eq!(
+            outcome.refusals,
+            vec![Refusal {
+                partition: 4,
+                shard: 2,
+                reply: ApplyReply::Conflict { applied: 9 }
+            }]
+        );
+        assert!(outcome
+            .absorb(&call(&[5], true), &reply(&[-9, 1, 0, -4, 0]))
+            .is_err());
+    }
+}
