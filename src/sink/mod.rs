@@ -9,6 +9,7 @@ pub use tally_counters::conn;
 mod encode;
 mod fences;
 pub mod merge;
+mod reply;
 pub mod script;
 
 use std::sync::atomic::Ordering;
@@ -26,6 +27,8 @@ use crate::config::{FlushConfig, RedisConfig};
 use crate::health::Health;
 use crate::metrics::{Metrics, RedisErrorKind, RejectReason};
 pub use crate::model::state_keys::FenceScope;
+use reply::UnitMeta;
+pub use reply::{FlushOutcome, Refusal};
 pub use script::{ApplyReply, FenceState};
 
 /// Work for the sink task. Replies go over std channels so the consumer thread can wait
@@ -51,43 +54,6 @@ pub enum SinkRequest {
 
 /// The state of each shard's fence, per partition.
 pub type PartitionFences = Vec<(i32, Vec<FenceState>)>;
-
-/// A unit Redis refused, and why.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Refusal {
-    /// Kafka partition of the unit.
-    pub partition: i32,
-    /// Shard of the unit.
-    pub shard: u32,
-    /// What the script found instead of the expected applied offset.
-    pub reply: ApplyReply,
-}
-
-/// What happened to a flushed batch.
-#[derive(Debug, Default)]
-pub struct FlushOutcome {
-    /// Units refused: another range applied, or tally's state missing or corrupt.
-    pub refusals: Vec<Refusal>,
-    /// Units whose whole range Redis had already applied (nothing written).
-    pub already_applied: u64,
-    /// Keys written.
-    pub keys_written: u64,
-    /// Keys skipped by the script because their expiry had passed before it ran.
-    pub late_keys: u64,
-    /// Keys whose INCRBY would overflow a 64-bit integer (left unchanged).
-    pub overflow_keys: u64,
-    /// Keys whose Redis value was not an integer (left unchanged).
-    pub rejected_keys: u64,
-}
-
-/// What reading a unit's reply needs once its keys are encoded.
-struct UnitMeta {
-    /// The partitions of the call (one, unless merged).
-    partitions: smallvec::SmallVec<[i32; 1]>,
-    merged: bool,
-    shard: u32,
-    keys: u64,
-}
 
 /// Why one attempt failed; every variant is retried.
 #[derive(Debug, thiserror::Error)]
@@ -201,26 +167,7 @@ impl Sink {
                         }
                     };
                     let Some(outcome) = outcome else { continue };
-                    self.metrics
-                        .flush_duration
-                        .observe(started.elapsed().as_secs_f64());
-                    self.metrics.flush_keys.observe(keys as f64);
-                    self.metrics.keys_flushed.inc_by(outcome.keys_written);
-                    self.metrics.late_keys.inc_by(outcome.late_keys);
-                    self.metrics.fence_conflicts.inc_by(
-                        outcome
-                            .refusals
-                            .iter()
-                            .filter(|r| matches!(r.reply, ApplyReply::Conflict { .. }))
-                            .count() as u64,
-                    );
-                    self.metrics
-                        .keys_refused(RejectReason::Overflow, outcome.overflow_keys);
-                    self.metrics
-                        .keys_refused(RejectReason::NotInteger, outcome.rejected_keys);
-                    self.metrics
-                        .units_already_applied
-                        .inc_by(outcome.already_applied);
+                    self.observe_flush(&outcome, started, keys);
                     let _ = reply.send(outcome);
                 }
                 SinkRequest::InitFences { partitions, reply } => {
@@ -385,58 +332,8 @@ impl Sink {
                     metas.len()
                 )));
             }
-            for (call, reply) in metas.iter().zip(replies) {
-                let parsed = if call.merged {
-                    script::MergedReply::parse(&reply).map_err(AttemptError::Reply)?
-                } else {
-                    script::MergedReply::All(
-                        ApplyReply::parse(&reply).map_err(AttemptError::Reply)?,
-                    )
-                };
-                match parsed {
-                    script::MergedReply::All(ApplyReply::Applied {
-                        late,
-                        overflow,
-                        rejected,
-                    }) => {
-                        outcome.late_keys += late;
-                        outcome.overflow_keys += overflow;
-                        outcome.rejected_keys += rejected;
-                        outcome.keys_written +=
-                            call.keys.saturating_sub(late + overflow + rejected);
-                    }
-                    script::MergedReply::All(ApplyReply::AlreadyApplied) => {
-                        outcome.already_applied += call.partitions.len() as u64;
-                    }
-                    script::MergedReply::All(refused) => {
-                        for &partition in &call.partitions {
-                            outcome.refusals.push(Refusal {
-                                partition,
-                                shard: call.shard,
-                                reply: refused,
-                            });
-                        }
-                    }
-                    script::MergedReply::Refused(each) => {
-                        if each.len() != call.partitions.len() {
-                            return Err(AttemptError::Reply(format!(
-                                "{} fence states for {} partitions",
-                                each.len(),
-                                call.partitions.len()
-                            )));
-                        }
-                        for (&partition, reply) in call.partitions.iter().zip(each) {
-                            match reply {
-                                ApplyReply::AlreadyApplied => outcome.already_applied += 1,
-                                reply => outcome.refusals.push(Refusal {
-                                    partition,
-                                    shard: call.shard,
-                                    reply,
-                                }),
-                            }
-                        }
-                    }
-                }
+            for (call, reply) in metas.iter().zip(&replies) {
+                outcome.absorb(call, reply).map_err(AttemptError::Reply)?;
             }
         }
         // Any failure fails the attempt; the retry re-sends everything and the fences skip
@@ -449,6 +346,31 @@ impl Sink {
         if let Some(e) = first_error {
             return Err(AttemptError::Redis(e));
         }
+        Ok(outcome)
+    }
+
+    /// Count a landed flush (`keys`: entries sent, `started`: when it was received).
+    fn observe_flush(&self, outcome: &FlushOutcome, started: Instant, keys: usize) {
+        self.metrics
+            .flush_duration
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics.flush_keys.observe(keys as f64);
+        self.metrics.keys_flushed.inc_by(outcome.keys_written);
+        self.metrics.late_keys.inc_by(outcome.late_keys);
+        self.metrics.fence_conflicts.inc_by(
+            outcome
+                .refusals
+                .iter()
+                .filter(|r| matches!(r.reply, ApplyReply::Conflict { .. }))
+                .count() as u64,
+        );
+        self.metrics
+            .keys_refused(RejectReason::Overflow, outcome.overflow_keys);
+        self.metrics
+            .keys_refused(RejectReason::NotInteger, outcome.rejected_keys);
+        self.metrics
+            .units_already_applied
+            .inc_by(outcome.already_applied);
         if outcome.rejected_keys > 0 || outcome.overflow_keys > 0 {
             tracing::error!(
                 not_integer = outcome.rejected_keys,
@@ -456,6 +378,5 @@ impl Sink {
                 "redis refused increments: counter keys hold non-integer values or would overflow; left unchanged (tally_keys_rejected_total)"
             );
         }
-        Ok(outcome)
     }
 }

@@ -1,4 +1,5 @@
-//! The Lua scripts tally runs in Redis, the commands that call them, and their replies as types.
+//! The Lua scripts tally runs in Redis and the commands that call them; their replies are
+//! parsed into the types of `reply.rs` (re-exported here).
 //!
 //! One call of [`APPLY_LUA`] applies one [`Unit`]: it checks the partition's applied offset for
 //! the unit's shard (compare-and-set), adds every delta, sets each new key's absolute expiry, and
@@ -10,11 +11,15 @@
 //! copy of its applied offset. It lets tally tell apart "Redis lost everything" (no marker, no
 //! fences: rebuild from Kafka) from "one fence is gone but the rest of the state is here" (the
 //! marker still names the partition: replaying blindly would count twice, so the partition stops).
+//!
+//! Every script that reads a fence starts with `lua/prelude.lua`: `fence_status` (the fence
+//! check and its codes, read in Rust by [`FenceCode::from_pair`]), `now_ms` and `refused` (how a
+//! refused write is counted). The other fragments are joined after it with `concat!`.
 
-use redis::{Cmd, Value};
-use tally_counters::script::int_array;
+use redis::Cmd;
 
-use crate::aggregate::Unit;
+pub use super::reply::{ApplyReply, FenceCode, FenceState, MergedReply};
+use crate::aggregate::{Delta, Unit};
 pub use crate::model::state_keys::StateKeys;
 
 /// Applies a unit. KEYS: fence, marker, then the counter keys. ARGV: start, end, check (`1`: look
@@ -37,9 +42,12 @@ pub use crate::model::state_keys::StateKeys;
 /// also repairs existing keys that have none (made outside tally, or PERSISTed). The expiry is
 /// passed through as the caller's text, so Redis never formats a Lua number.
 ///
-/// An OOM error can only come from the first write (Redis lets a script that has written
-/// finish), so returning it leaves nothing half-applied.
+/// Every write script starts with `lua/prelude.lua`: the fence check (`fence_status`, also used
+/// by [`INIT_LUA`]), Redis' clock and the classification of refused writes. An OOM error can only
+/// come from the first write (Redis lets a script that has written finish), so returning it
+/// leaves nothing half-applied.
 pub const APPLY_LUA: &str = concat!(
+    include_str!("lua/prelude.lua"),
     include_str!("lua/fence.lua"),
     include_str!("lua/count_only.lua"),
     include_str!("lua/counts.lua"),
@@ -54,6 +62,7 @@ pub const APPLY_LUA: &str = concat!(
 /// score pairs); last, the number of counter keys. Late, overflowing and refused keys are
 /// counted as in [`APPLY_LUA`].
 pub const APPLY_KINDS_LUA: &str = concat!(
+    include_str!("lua/prelude.lua"),
     include_str!("lua/fence.lua"),
     include_str!("lua/kinds_head.lua"),
     include_str!("lua/counts.lua"),
@@ -71,139 +80,14 @@ pub const APPLY_KINDS_LUA: &str = concat!(
 /// * `{1, late, overflow, rejected}`: applied, as [`APPLY_LUA`];
 /// * `{0}`: every range was applied already (a retry);
 /// * `{-9, code, value, ...}`: nothing written; per fence a code of [`APPLY_LUA`] (`1`: this
-///   fence was as expected, `0`: already applied, `-1` … `-4`) and its value.
+///   fence was as expected, `0`: already applied, `-1` … `-4`) and its value (`0` where
+///   [`APPLY_LUA`] sends none).
 pub const APPLY_MERGED_LUA: &str = concat!(
+    include_str!("lua/prelude.lua"),
     include_str!("lua/merged.lua"),
     include_str!("lua/counts.lua"),
     include_str!("lua/merged_commit.lua"),
 );
-
-/// What Redis answered to one [`APPLY_MERGED_LUA`] call.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MergedReply {
-    /// Applied (every range), or already applied (every range).
-    All(ApplyReply),
-    /// Nothing written: each fence's state, in the order of the call's ranges.
-    Refused(Vec<ApplyReply>),
-}
-
-impl MergedReply {
-    /// Parse a reply of [`APPLY_MERGED_LUA`].
-    pub fn parse(value: &Value) -> Result<MergedReply, String> {
-        let ints = int_array(value)?;
-        if ints.first() != Some(&-9) {
-            return ApplyReply::parse(value).map(MergedReply::All);
-        }
-        ints[1..]
-            .chunks(2)
-            .map(|pair| match *pair {
-                [1, _] => Ok(ApplyReply::NotApplied),
-                [0, _] => Ok(ApplyReply::AlreadyApplied),
-                [-1, applied] => Ok(ApplyReply::Conflict { applied }),
-                [-2, copy] => Ok(ApplyReply::FenceMissing {
-                    marker_copy: Some(copy).filter(|n| *n >= 0),
-                }),
-                [-3, _] => Ok(ApplyReply::Corrupt),
-                [-4, _] => Ok(ApplyReply::StateLost),
-                _ => Err(format!("unknown merged apply status: {value:?}")),
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(MergedReply::Refused)
-    }
-}
-
-/// The [`APPLY_MERGED_LUA`] call for `merged`: `marker` is its shard's, `fences` its ranges'.
-pub fn apply_merged_cmd(
-    sha: &str,
-    marker: &str,
-    fences: &[String],
-    merged: &super::merge::Merged,
-    check_ttl: bool,
-) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha)
-        .arg(1 + fences.len() + merged.keys.len())
-        .arg(marker);
-    for f in fences {
-        cmd.arg(f);
-    }
-    for (key, _) in &merged.keys {
-        cmd.arg(&key[..]);
-    }
-    let earliest = merged
-        .keys
-        .iter()
-        .map(|(_, d)| d.expire_at_ms)
-        .min()
-        .unwrap_or(0);
-    cmd.arg(fences.len())
-        .arg(if check_ttl { "1" } else { "0" })
-        .arg(earliest);
-    for r in &merged.ranges {
-        cmd.arg(r.partition).arg(r.start).arg(r.end);
-    }
-    for (_, d) in &merged.keys {
-        cmd.arg(d.delta).arg(d.expire_at_ms);
-    }
-    cmd
-}
-
-/// What Redis answered to one [`APPLY_LUA`] call.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ApplyReply {
-    /// The unit was applied.
-    Applied {
-        /// Keys skipped because their expiry passed before the script ran.
-        late: u64,
-        /// Keys whose INCRBY would overflow a 64-bit integer (left unchanged).
-        overflow: u64,
-        /// Keys holding a value that is not an integer, or another type (left unchanged).
-        rejected: u64,
-    },
-    /// Redis had already applied the unit's whole range (a retry or a replay).
-    AlreadyApplied,
-    /// Redis applied a different range: the caller's view is stale (zombie, or lost writes).
-    Conflict {
-        /// The offset Redis has applied up to.
-        applied: i64,
-    },
-    /// The fence is gone but the marker still names the partition: part of the state was lost.
-    FenceMissing {
-        /// The marker's copy of the applied offset, if readable.
-        marker_copy: Option<i64>,
-    },
-    /// The fence or marker holds something that is not an offset.
-    Corrupt,
-    /// No fence and no marker entry: Redis lost this shard's state.
-    StateLost,
-    /// Not applied because another partition of the same merged call was refused: nothing of
-    /// the call was written.
-    NotApplied,
-}
-
-impl ApplyReply {
-    /// Parse a reply of [`APPLY_LUA`].
-    pub fn parse(value: &Value) -> Result<ApplyReply, String> {
-        let ints = int_array(value)?;
-        let at = |i: usize| ints.get(i).copied().ok_or_else(|| format!("{value:?}"));
-        let count = |i: usize| at(i).map(|n| n.max(0) as u64);
-        Ok(match at(0)? {
-            1 => ApplyReply::Applied {
-                late: count(1)?,
-                overflow: count(2)?,
-                rejected: count(3)?,
-            },
-            0 => ApplyReply::AlreadyApplied,
-            -1 => ApplyReply::Conflict { applied: at(1)? },
-            -2 => ApplyReply::FenceMissing {
-                marker_copy: Some(at(1)?).filter(|n| *n >= 0),
-            },
-            -3 => ApplyReply::Corrupt,
-            -4 => ApplyReply::StateLost,
-            _ => return Err(format!("unknown apply status: {value:?}")),
-        })
-    }
-}
 
 /// Reads (and where allowed creates) the fences of some partitions of one shard.
 /// KEYS: marker, then one fence per partition. ARGV: now (ms), then per partition: its number and
@@ -214,78 +98,42 @@ impl ApplyReply {
 /// * `{-2, copy}`: the fence is missing but the marker names the partition (`copy`, or -1);
 /// * `{-3, 0}`: the fence or marker holds something that is not an offset;
 /// * `{-4, 0}`: no state and told not to create it.
-pub const INIT_LUA: &str = include_str!("lua/init.lua");
-
-/// What [`INIT_LUA`] found for one (partition, shard).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FenceState {
-    /// The fence exists: Redis has applied up to here.
-    Existing(i64),
-    /// The state had nothing for the partition; its fence was created here.
-    Created(i64),
-    /// The fence is gone but the marker names the partition.
-    Missing {
-        /// The marker's copy of the applied offset, if readable.
-        marker_copy: Option<i64>,
-    },
-    /// The fence or marker holds something that is not an offset.
-    Corrupt,
-    /// No state, and the caller asked not to create it.
-    Absent,
-}
-
-impl FenceState {
-    /// Parse one `{code, value}` item of an [`INIT_LUA`] reply.
-    pub fn parse(value: &Value) -> Result<FenceState, String> {
-        let ints = int_array(value)?;
-        let (code, n) = match ints.as_slice() {
-            [code, n] => (*code, *n),
-            _ => return Err(format!("fence state: {value:?}")),
-        };
-        Ok(match code {
-            1 => FenceState::Existing(n),
-            2 => FenceState::Created(n),
-            -2 => FenceState::Missing {
-                marker_copy: Some(n).filter(|n| *n >= 0),
-            },
-            -3 => FenceState::Corrupt,
-            -4 => FenceState::Absent,
-            _ => return Err(format!("unknown fence state: {value:?}")),
-        })
-    }
-}
+pub const INIT_LUA: &str = concat!(
+    include_str!("lua/prelude.lua"),
+    include_str!("lua/init.lua")
+);
 
 /// Sets the fence of one (partition, shard) and its copy in the marker (operator repair); a
 /// marker of another type (it then holds no copies) is replaced.
 /// KEYS: fence, marker. ARGV: partition, offset, now (ms).
 pub const SET_FENCE_LUA: &str = include_str!("lua/set_fence.lua");
 
+/// The EVALSHA command applying `unit` with [`APPLY_LUA`] (`sha`); `check_ttl` says whether
+/// existing keys are checked for a missing expiry.
+pub fn apply_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool) -> Cmd {
+    let mut cmd = evalsha(
+        sha,
+        unit.keys.len() + 2,
+        [&*keys.fence, &*keys.marker],
+        &unit.keys,
+    );
+    push_unit_args(&mut cmd, unit, check_ttl);
+    cmd
+}
+
 /// The EVALSHA command applying `unit` with [`APPLY_KINDS_LUA`] (`sha`): for units holding
 /// other kinds than counts.
 pub fn apply_kinds_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool) -> Cmd {
     use crate::aggregate::Op;
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha)
-        .arg(unit.keys.len() + unit.other.len() + 2)
-        .arg(&keys.fence)
-        .arg(&keys.marker);
-    for (key, _) in &unit.keys {
-        cmd.arg(&key[..]);
-    }
+    let numkeys = unit.keys.len() + unit.other.len() + 2;
+    let mut cmd = evalsha(sha, numkeys, [&*keys.fence, &*keys.marker], &unit.keys);
     for (key, other) in &unit.other {
         match other.op {
             Op::HashAdd { split, .. } => cmd.arg(&key[..split as usize]),
             _ => cmd.arg(&key[..]),
         };
     }
-    cmd.arg(unit.start)
-        .arg(unit.end)
-        .arg(if check_ttl { "1" } else { "0" })
-        .arg(unit.partition)
-        .arg(earliest_expiry(unit));
-    for (_, d) in &unit.keys {
-        cmd.arg(d.delta).arg(d.expire_at_ms);
-    }
+    push_unit_args(&mut cmd, unit, check_ttl);
     for (key, other) in &unit.other {
         match &other.op {
             Op::HashAdd { split, delta } => {
@@ -312,34 +160,82 @@ pub fn apply_kinds_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool
     cmd
 }
 
-/// The EVALSHA command applying `unit`; `check_ttl` says whether existing keys are checked for
-/// a missing expiry.
-/// The earliest expiry among a unit's counter keys (0 without any): while it is ahead, the
-/// script skips the per-key lateness check.
-fn earliest_expiry(unit: &Unit) -> i64 {
-    unit.keys
+/// The [`APPLY_MERGED_LUA`] call for `merged`: `marker` is its shard's, `fences` its ranges'.
+pub fn apply_merged_cmd(
+    sha: &str,
+    marker: &str,
+    fences: &[String],
+    merged: &super::merge::Merged,
+    check_ttl: bool,
+) -> Cmd {
+    let state = std::iter::once(marker).chain(fences.iter().map(String::as_str));
+    let mut cmd = evalsha(
+        sha,
+        1 + fences.len() + merged.keys.len(),
+        state,
+        &merged.keys,
+    );
+    cmd.arg(fences.len())
+        .arg(check_arg(check_ttl))
+        .arg(earliest_expiry(&merged.keys));
+    for r in &merged.ranges {
+        cmd.arg(r.partition).arg(r.start).arg(r.end);
+    }
+    push_deltas(&mut cmd, &merged.keys);
+    cmd
+}
+
+/// `EVALSHA sha numkeys`, tally's own keys (`state`: fences, marker), then the counter keys.
+fn evalsha<'a>(
+    sha: &str,
+    numkeys: usize,
+    state: impl IntoIterator<Item = &'a str>,
+    counters: &[(Box<[u8]>, Delta)],
+) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha).arg(numkeys);
+    for key in state {
+        cmd.arg(key);
+    }
+    for (key, _) in counters {
+        cmd.arg(&key[..]);
+    }
+    cmd
+}
+
+/// A unit's ARGV for [`APPLY_LUA`] and [`APPLY_KINDS_LUA`]: its range, the check flag, its
+/// partition, the earliest expiry, then its counter keys' (delta, expire-at) pairs.
+fn push_unit_args(cmd: &mut Cmd, unit: &Unit, check_ttl: bool) {
+    cmd.arg(unit.start)
+        .arg(unit.end)
+        .arg(check_arg(check_ttl))
+        .arg(unit.partition)
+        .arg(earliest_expiry(&unit.keys));
+    push_deltas(cmd, &unit.keys);
+}
+
+/// Every counter key's (delta, expire-at), in the order of its KEYS.
+fn push_deltas(cmd: &mut Cmd, counters: &[(Box<[u8]>, Delta)]) {
+    for (_, d) in counters {
+        cmd.arg(d.delta).arg(d.expire_at_ms);
+    }
+}
+
+/// `1`: the script also repairs existing keys that have no expiry.
+fn check_arg(check_ttl: bool) -> &'static str {
+    if check_ttl {
+        "1"
+    } else {
+        "0"
+    }
+}
+
+/// The earliest expiry among the counter keys (0 without any): while it is ahead, the script
+/// skips the per-key lateness check.
+fn earliest_expiry(counters: &[(Box<[u8]>, Delta)]) -> i64 {
+    counters
         .iter()
         .map(|(_, d)| d.expire_at_ms)
         .min()
         .unwrap_or(0)
-}
-
-pub fn apply_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha)
-        .arg(unit.keys.len() + 2)
-        .arg(&keys.fence)
-        .arg(&keys.marker);
-    for (key, _) in &unit.keys {
-        cmd.arg(&key[..]);
-    }
-    cmd.arg(unit.start)
-        .arg(unit.end)
-        .arg(if check_ttl { "1" } else { "0" })
-        .arg(unit.partition)
-        .arg(earliest_expiry(unit));
-    for (_, d) in &unit.keys {
-        cmd.arg(d.delta).arg(d.expire_at_ms);
-    }
-    cmd
 }

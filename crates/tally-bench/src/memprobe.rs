@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use tally::sink::script::apply_cmd;
 use tally_testkit::gen::EventGen;
 
-use crate::pipeline_loop::{load_bench_config, new_aggregator, state_keys};
+use crate::pipeline_loop::{fence_scope, load_bench_config, new_aggregator};
 use crate::proc_stats::{proc_status_mb, unix_ms};
 
 #[derive(Debug, Default, Clone, Serialize, Deserialize)]
@@ -51,9 +51,15 @@ pub fn role_memprobe(keys: u64, partitions: i32, capped: bool) -> anyhow::Result
     let batch = agg.seal_up_to(None, max_keys);
     let flush_keys = batch.keys as u64;
     let sha = "0".repeat(40);
+    let scope = fence_scope(&config);
     let mut pipe = redis::pipe();
     for u in batch.units {
-        pipe.add_command(apply_cmd(&sha, &state_keys(u.partition), &u, false));
+        pipe.add_command(apply_cmd(
+            &sha,
+            &scope.keys(u.partition, u.shard),
+            &u,
+            false,
+        ));
     }
     let packed = pipe.get_packed_pipeline();
     let write_buffer = packed.clone();

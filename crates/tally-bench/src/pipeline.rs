@@ -10,8 +10,8 @@ use tally::config::{Config, RedisMode};
 use tally::sink::script::APPLY_LUA;
 
 use crate::pipeline_loop::{
-    apply_units, fence_key, load_bench_config, new_aggregator, run_loop, Flusher, LoopResult,
-    Messages,
+    apply_units, fence_scope, load_bench_config, new_aggregator, reset_fences, run_loop, Flusher,
+    LoopResult, Messages,
 };
 use crate::proc_stats::{cpu_self, median, unix_ms};
 use crate::raw::RawEvent;
@@ -128,7 +128,7 @@ pub fn role_pipeline(a: &PipelineArgs) -> anyhow::Result<()> {
     // 3b: with the flush to Redis.
     let mut conn = redis_conn(&a.redis_url)?;
     flushall(&mut conn)?;
-    let flusher = Flusher::start(&a.redis_url, a.partitions, config.flush.ttl_check_every)?;
+    let flusher = Flusher::start(&a.redis_url, &config, a.partitions)?;
     let snap0 = redis_snapshot(&mut conn)?;
     res.flush = run_loop(&config, &msgs, a.partitions, Some(&flusher))?;
     let snap1 = redis_snapshot(&mut conn)?;
@@ -161,28 +161,20 @@ pub fn role_pipeline(a: &PipelineArgs) -> anyhow::Result<()> {
         let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(src).query(&mut conn)?;
         scripts.push((sha, check, Vec::new(), Vec::new()));
     }
-    let reset_fences = |conn: &mut redis::Connection| -> anyhow::Result<()> {
-        for p in 0..a.partitions {
-            redis::cmd("SET")
-                .arg(fence_key(p))
-                .arg(0)
-                .query::<()>(conn)?;
-        }
-        Ok(())
-    };
+    let scope = fence_scope(&config);
     // Interleaved repetitions, each from the same state: an empty database and fresh fences
     // (every key new), then the same units again with the fences reset (every key existing).
     for _ in 0..7 {
         for (sha, check, new, existing) in &mut scripts {
             flushall(&mut conn)?;
-            reset_fences(&mut conn)?;
+            reset_fences(&mut conn, &scope, a.partitions)?;
             let started = Instant::now();
             // No TTL check of existing keys: the common case (and every key here is new).
-            res.fence_keys = apply_units(&mut conn, sha, &units, *check, false)?;
+            res.fence_keys = apply_units(&mut conn, &scope, sha, &units, *check, false)?;
             new.push(started.elapsed().as_secs_f64());
-            reset_fences(&mut conn)?;
+            reset_fences(&mut conn, &scope, a.partitions)?;
             let started = Instant::now();
-            apply_units(&mut conn, sha, &units, *check, false)?;
+            apply_units(&mut conn, &scope, sha, &units, *check, false)?;
             existing.push(started.elapsed().as_secs_f64());
         }
     }

@@ -11,7 +11,8 @@ use tally::aggregate::{Aggregator, Unit};
 use tally::config::{Config, RedisMode};
 use tally::consumer::policy::{FlushPolicy, Pending};
 use tally::model::layout::Layout;
-use tally::sink::script::{apply_cmd, StateKeys, APPLY_LUA};
+use tally::sink::script::{apply_cmd, ApplyReply, APPLY_LUA};
+use tally::sink::FenceScope;
 use tally_testkit::gen::EventGen;
 
 use crate::config_toml;
@@ -111,37 +112,45 @@ pub struct Flusher {
     pub thread: std::thread::JoinHandle<()>,
 }
 
-pub fn fence_key(p: i32) -> String {
-    format!("tally:applied:bench-pipe:events:{p}:0")
+/// Where the bench's consumer (`config`'s group and topic) keeps its fences, as tally names them.
+pub fn fence_scope(config: &Config) -> FenceScope {
+    FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic)
 }
 
-pub fn state_keys(p: i32) -> StateKeys {
-    StateKeys {
-        fence: fence_key(p),
-        marker: "tally:state:bench-pipe:events:0".to_string(),
+/// Set the fence of every shard of `partitions` to 0: every unit of a fresh aggregator applies.
+pub fn reset_fences(
+    conn: &mut redis::Connection,
+    scope: &FenceScope,
+    partitions: i32,
+) -> anyhow::Result<()> {
+    for p in 0..partitions {
+        for shard in 0..scope.layout.shards() {
+            redis::cmd("SET")
+                .arg(scope.key(p, shard))
+                .arg(0)
+                .query::<()>(conn)?;
+        }
     }
+    Ok(())
 }
 
 impl Flusher {
-    pub fn start(url: &str, partitions: i32, ttl_check_every: u32) -> anyhow::Result<Flusher> {
+    pub fn start(url: &str, config: &Config, partitions: i32) -> anyhow::Result<Flusher> {
         let mut conn = redis_conn(url)?;
         let sha: String = redis::cmd("SCRIPT")
             .arg("LOAD")
             .arg(APPLY_LUA)
             .query(&mut conn)?;
-        for p in 0..partitions {
-            redis::cmd("SET")
-                .arg(fence_key(p))
-                .arg(0)
-                .query::<()>(&mut conn)?;
-        }
+        let scope = fence_scope(config);
+        reset_fences(&mut conn, &scope, partitions)?;
+        let ttl_check_every = config.flush.ttl_check_every;
         let (tx, rx) = mpsc::channel::<Vec<Unit>>();
         let (done_tx, done) = mpsc::channel();
         let thread = std::thread::spawn(move || {
             for (flushes, units) in (0u64..).zip(rx) {
                 let check_ttl = flushes.is_multiple_of(u64::from(ttl_check_every.max(1)));
                 let started = Instant::now();
-                let r = apply_units(&mut conn, &sha, &units, true, check_ttl)
+                let r = apply_units(&mut conn, &scope, &sha, &units, true, check_ttl)
                     .map(|keys| (started.elapsed().as_secs_f64(), keys));
                 if done_tx.send(r).is_err() {
                     return;
@@ -152,10 +161,12 @@ impl Flusher {
     }
 }
 
-/// Apply `units` in one pipeline; with `fenced`, check every unit was applied (status 1).
+/// Apply `units` in one pipeline with the script `sha` (which takes `APPLY_LUA`'s arguments);
+/// with `fenced`, check every unit was applied ([`ApplyReply::Applied`]).
 /// `check_ttl`: whether the script also looks for existing keys without an expiry.
 pub fn apply_units(
     conn: &mut redis::Connection,
+    scope: &FenceScope,
     sha: &str,
     units: &[Unit],
     fenced: bool,
@@ -163,13 +174,18 @@ pub fn apply_units(
 ) -> anyhow::Result<u64> {
     let mut pipe = redis::pipe();
     for u in units {
-        pipe.add_command(apply_cmd(sha, &state_keys(u.partition), u, check_ttl));
+        pipe.add_command(apply_cmd(
+            sha,
+            &scope.keys(u.partition, u.shard),
+            u,
+            check_ttl,
+        ));
     }
     let replies: Vec<redis::Value> = pipe.query(conn)?;
     if fenced {
         for r in &replies {
-            match r {
-                redis::Value::Array(items) if items.first() == Some(&redis::Value::Int(1)) => {}
+            match ApplyReply::parse(r).map_err(anyhow::Error::msg)? {
+                ApplyReply::Applied { .. } => {}
                 other => bail!("unit not applied: {other:?}"),
             }
         }

@@ -2,7 +2,6 @@
 -- ARGV[abase + 2j + 1] (j from 0). `earliest` is the earliest of those expiries: while it is
 -- still ahead, no key is late and the per-key lateness check is skipped (the common case; it
 -- costs a tonumber per key).
-local late, overflow, rejected = 0, 0, 0
 local any_late = ncount > 0 and tonumber(earliest) <= now
 for j = 0, ncount - 1 do
   local key, at = KEYS[kbase + j], ARGV[abase + 2 * j + 1]
@@ -15,12 +14,7 @@ for j = 0, ncount - 1 do
       -- This increment created the key.
       redis.call('PEXPIREAT', key, at)
     elseif type(r) == 'table' and r.err then
-      if string.sub(r.err, 1, 3) == 'OOM' then return redis.error_reply(r.err) end
-      if string.find(r.err, 'overflow', 1, true) then
-        overflow = overflow + 1
-      else
-        rejected = rejected + 1
-      end
+      if refused(r.err) then return redis.error_reply(r.err) end
     elseif check and redis.call('PTTL', key) == -1 then
       redis.call('PEXPIREAT', key, at)
     end

@@ -26,12 +26,7 @@ for i = ncount + 3, #KEYS do
       end
     end
     if type(r) == 'table' and r.err then
-      if string.sub(r.err, 1, 3) == 'OOM' then return redis.error_reply(r.err) end
-      if string.find(r.err, 'overflow', 1, true) then
-        overflow = overflow + 1
-      else
-        rejected = rejected + 1
-      end
+      if refused(r.err) then return redis.error_reply(r.err) end
     elseif redis.call('PTTL', key) == -1 then
       redis.call('PEXPIREAT', key, at)
     end
