@@ -28,6 +28,7 @@ use rdkafka::{ClientContext, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 use crate::health::Health;
+use crate::log_limit::LogLimiter;
 use crate::metrics::{Metrics, RebalanceKind, ResetReason};
 
 pub use dead_letter::DeadLetters;
@@ -100,39 +101,6 @@ impl ClientContext for TallyContext {
         } else if let Some(suppressed) = self.kafka_log.allow() {
             tracing::warn!(fac, message, suppressed, "librdkafka");
         }
-    }
-}
-
-/// At most one log line per interval; counts what it held back. A broker that is down makes
-/// librdkafka report every reconnect attempt.
-pub(crate) struct LogLimiter {
-    last_ms: std::sync::atomic::AtomicI64,
-    suppressed: std::sync::atomic::AtomicU64,
-}
-
-impl LogLimiter {
-    pub(crate) fn new() -> LogLimiter {
-        LogLimiter {
-            last_ms: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
-            suppressed: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    /// `Some(suppressed since the last line)` when a line may be logged now.
-    pub(crate) fn allow(&self) -> Option<u64> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let now = unix_ms();
-        let last = self.last_ms.load(Relaxed);
-        if now - last >= 10_000
-            && self
-                .last_ms
-                .compare_exchange(last, now, Relaxed, Relaxed)
-                .is_ok()
-        {
-            return Some(self.suppressed.swap(0, Relaxed));
-        }
-        self.suppressed.fetch_add(1, Relaxed);
-        None
     }
 }
 
