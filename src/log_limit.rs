@@ -27,6 +27,15 @@ impl LogLimiter {
         }
     }
 
+    /// A limiter whose first line comes one interval from now (periodic progress reports,
+    /// where a line at once would repeat what the start already said).
+    pub(crate) fn after_interval() -> LogLimiter {
+        LogLimiter {
+            last_ms: AtomicI64::new(unix_ms()),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
     /// `Some(suppressed since the last line)` when a line may be logged now.
     pub(crate) fn allow(&self) -> Option<u64> {
         let now = unix_ms();
@@ -65,5 +74,13 @@ mod tests {
         log.last_ms.fetch_sub(EVERY_MS, Relaxed);
         assert_eq!(log.allow(), Some(2));
         assert_eq!(log.allow(), None);
+    }
+
+    #[test]
+    fn after_interval_holds_the_first_line_back() {
+        let log = LogLimiter::after_interval();
+        assert_eq!(log.allow(), None);
+        log.last_ms.fetch_sub(EVERY_MS, Relaxed);
+        assert_eq!(log.allow(), Some(1));
     }
 }
