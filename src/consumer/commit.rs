@@ -14,6 +14,7 @@ use super::TallyContext;
 
 /// The commit side of the worker.
 pub(super) struct Committer {
+    /// The topic consumed, for the partition lists committed.
     topic: String,
     /// The last offset committed (asynchronously) per partition: committed again, and waited
     /// for, on shutdown, so a commit in flight is not lost when the consumer closes.

@@ -20,7 +20,9 @@ struct InFlight {
     reply: std_mpsc::Receiver<FlushOutcome>,
     /// Offset each partition is complete up to once the flush lands.
     ends: Vec<(i32, i64)>,
+    /// Keys sent: they still count as pending for backpressure.
     keys: usize,
+    /// When it was sent, to learn how long flushes take.
     started: Instant,
 }
 
@@ -42,6 +44,7 @@ pub(super) enum Wait {
 
 /// Flushes to the sink, one at a time, and the backpressure they cause.
 pub(super) struct Flusher {
+    /// The sink task's inbox: flushes and fence reads.
     sink: mpsc::UnboundedSender<SinkRequest>,
     /// One flush at a time keeps each partition's units in order.
     in_flight: Option<InFlight>,

@@ -80,7 +80,9 @@ pub(super) fn kafka_offsets(
 struct Rebuild {
     /// End of the partition when the rebuild began: done once the position passes it.
     end: i64,
+    /// Where it began (the earliest retained offset), for progress.
     from: i64,
+    /// When it began, for the rate and the estimate of what is left.
     started: Instant,
 }
 
@@ -90,6 +92,7 @@ pub(super) struct PartitionStates {
     access: StateAccess,
     /// Assigned partitions not consumed until their state allows it, and why.
     parked: BTreeMap<i32, Halt>,
+    /// Parked partitions are retried every [`RETRY_PARKED`], not at every tick.
     last_parked_retry: Instant,
     /// Partitions being recounted after Redis lost their state.
     rebuilding: HashMap<i32, Rebuild>,

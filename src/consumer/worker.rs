@@ -31,6 +31,7 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(200);
 pub struct Worker {
     /// Counts events into units, per partition and shard.
     agg: Aggregator,
+    /// Turns payloads into events for the counters.
     decoder: Decoder,
     /// Input counts and bad messages.
     tally: DecodeTally,
@@ -40,10 +41,13 @@ pub struct Worker {
     commits: Committer,
     /// Parked, rebuilding and revoking partitions.
     parts: PartitionStates,
+    /// Per-batch counts are published here every [`PUBLISH_EVERY`].
     metrics: Metrics,
     /// This lane's parts of the process-wide gauges.
     gauges: LaneGauges,
+    /// The topic consumed: every partition list the worker builds names it.
     topic: String,
+    /// When counts were last published to `metrics`.
     last_publish: Instant,
 }
 
