@@ -73,6 +73,7 @@ pub mod decode;
 pub mod health;
 pub mod http;
 pub mod jobs;
+mod log_limit;
 pub mod metrics;
 pub mod query;
 pub mod request;

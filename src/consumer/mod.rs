@@ -6,8 +6,19 @@
 //! Offsets: on assignment a partition starts at the offset Redis says it has applied (the
 //! minimum over its shards), not at Kafka's committed offset; Kafka commits follow each landed
 //! flush so that lag monitoring works. Redis is the source of truth.
+//!
+//! The files, one owner each: `worker.rs` (the [`Worker`], which routes each event between the
+//! others), `flush.rs` (the sink channel, the flush in flight, backpressure), `commit.rs`
+//! (Kafka commits), `partitions.rs` (parked, rebuilding and revoking partitions, and reading
+//! Kafka's offsets), `recovery.rs` (the pure decision where a partition starts, with its
+//! table), `decode_tally.rs` (input counts and bad messages), `rebalance.rs` (the rebalance
+//! callback), `policy.rs` (when to flush and pause) and `dead_letter.rs`.
 
+mod commit;
 mod dead_letter;
+mod decode_tally;
+mod flush;
+mod partitions;
 pub mod policy;
 mod rebalance;
 mod recovery;
@@ -19,20 +30,21 @@ use std::sync::Arc;
 use parking_lot::{ReentrantMutex, ReentrantMutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::statistics::Statistics;
-use rdkafka::types::RDKafkaRespErr;
-use rdkafka::{ClientContext, TopicPartitionList};
+use rdkafka::ClientContext;
 use tokio_util::sync::CancellationToken;
 
 use crate::health::Health;
-use crate::metrics::{Metrics, RebalanceKind, ResetReason};
+use crate::log_limit::LogLimiter;
+use crate::metrics::{Metrics, ResetReason};
 
 pub use dead_letter::DeadLetters;
+pub use partitions::StateAccess;
 pub use policy::FlushPolicy;
-pub use worker::{StateAccess, Worker};
+pub use worker::Worker;
 
 const KAFKA_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -53,8 +65,8 @@ impl TallyContext {
     /// Context for a consumer of `topic`.
     pub fn new(worker: Worker, health: Arc<Health>, shutdown: CancellationToken) -> TallyContext {
         TallyContext {
-            metrics: worker.metrics.clone(),
-            topic: worker.topic.clone(),
+            metrics: worker.metrics().clone(),
+            topic: worker.topic().to_string(),
             worker: ReentrantMutex::new(RefCell::new(worker)),
             health,
             shutdown,
@@ -103,101 +115,6 @@ impl ClientContext for TallyContext {
     }
 }
 
-/// At most one log line per interval; counts what it held back. A broker that is down makes
-/// librdkafka report every reconnect attempt.
-pub(crate) struct LogLimiter {
-    last_ms: std::sync::atomic::AtomicI64,
-    suppressed: std::sync::atomic::AtomicU64,
-}
-
-impl LogLimiter {
-    pub(crate) fn new() -> LogLimiter {
-        LogLimiter {
-            last_ms: std::sync::atomic::AtomicI64::new(i64::MIN / 2),
-            suppressed: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    /// `Some(suppressed since the last line)` when a line may be logged now.
-    pub(crate) fn allow(&self) -> Option<u64> {
-        use std::sync::atomic::Ordering::Relaxed;
-        let now = unix_ms();
-        let last = self.last_ms.load(Relaxed);
-        if now - last >= 10_000
-            && self
-                .last_ms
-                .compare_exchange(last, now, Relaxed, Relaxed)
-                .is_ok()
-        {
-            return Some(self.suppressed.swap(0, Relaxed));
-        }
-        self.suppressed.fetch_add(1, Relaxed);
-        None
-    }
-}
-
-impl ConsumerContext for TallyContext {
-    fn rebalance(
-        &self,
-        consumer: &BaseConsumer<Self>,
-        err: RDKafkaRespErr,
-        tpl: &mut TopicPartitionList,
-    ) {
-        let cooperative = matches!(
-            consumer.rebalance_protocol(),
-            RebalanceProtocol::Cooperative
-        );
-        let guard = self.lock();
-        let mut worker = guard.borrow_mut();
-        let result = match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                self.metrics.rebalanced(RebalanceKind::Assign);
-                if !self.shutdown.is_cancelled() {
-                    worker.on_assign(consumer, tpl);
-                }
-                let r = if cooperative {
-                    consumer.incremental_assign(tpl)
-                } else {
-                    consumer.assign(tpl)
-                };
-                if worker.paused {
-                    let _ = consumer.pause(tpl);
-                }
-                worker.pause_parked(consumer);
-                r
-            }
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                self.metrics.rebalanced(RebalanceKind::Revoke);
-                worker.on_revoke(consumer, tpl);
-                if cooperative {
-                    consumer.incremental_unassign(tpl)
-                } else {
-                    consumer.unassign()
-                }
-            }
-            other => {
-                tracing::error!(error = ?other, "rebalance error; releasing all partitions");
-                for e in tpl.elements_for_topic(&self.topic) {
-                    worker.agg.revoke(e.partition());
-                }
-                consumer.unassign()
-            }
-        };
-        if let Err(e) = result {
-            tracing::error!(error = %e, "applying the new assignment failed");
-        }
-        self.health.kafka.joined();
-        // While the consumer closes, librdkafka's main thread may be waiting for this callback:
-        // asking it for the assignment then blocks forever.
-        let assigned = if self.shutdown.is_cancelled() {
-            0
-        } else {
-            consumer.assignment().map_or(0, |a| a.count())
-        };
-        worker.gauges.assigned.set(assigned as i64);
-    }
-}
-
 /// The consumer thread: poll, decode, aggregate, flush; until `shutdown`, then a final flush.
 /// `before_close` runs after the final flush and commit, before the consumer leaves the group:
 /// lanes of one process wait there for each other, so that one lane leaving (a rebalance) does
@@ -239,7 +156,7 @@ pub fn run(
                     ctx.health.kafka.seen();
                 }
                 let mut worker = guard.borrow_mut();
-                worker.caught_up = true;
+                worker.caught_up();
                 worker.tick(&consumer);
             }
             Some(Err(e)) => {

@@ -1,101 +1,68 @@
 //! Rebalances: a partition starts at the offset Redis has applied, and a revoked partition is
-//! flushed and committed before it is released.
+//! flushed and committed before it is released. librdkafka calls this inside `poll`, on the
+//! consumer thread, which already holds the worker's (re-entrant) lock.
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::TopicPartitionList;
 
-use super::recovery::Halt;
-use super::worker::Worker;
-use super::{TallyContext, KAFKA_TIMEOUT};
+use crate::metrics::RebalanceKind;
 
-impl Worker {
-    /// Drop what is pending for `partition` and restart it from Redis' state (after a refused
-    /// unit); park it if the state does not allow a safe start.
-    pub(super) fn resync(&mut self, consumer: &BaseConsumer<TallyContext>, partition: i32) {
-        self.agg.revoke(partition);
-        for (p, result) in self.open_partitions(consumer, &[partition]) {
-            match result {
-                Ok(start) => {
-                    if let Err(e) =
-                        consumer.seek(&self.topic, p, Offset::Offset(start), KAFKA_TIMEOUT)
-                    {
-                        tracing::warn!(partition = p, error = %e, "cannot seek; retrying shortly");
-                        self.park(Some(consumer), p, Halt::KafkaUnavailable(e.to_string()));
-                    }
-                }
-                Err(halt) => self.park(Some(consumer), p, halt),
-            }
-        }
-    }
+use super::TallyContext;
 
-    pub(super) fn on_assign(
-        &mut self,
-        consumer: &BaseConsumer<TallyContext>,
+impl ConsumerContext for TallyContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
         tpl: &mut TopicPartitionList,
     ) {
-        let parts: Vec<i32> = tpl
-            .elements_for_topic(&self.topic)
-            .iter()
-            .map(|e| e.partition())
-            .collect();
-        if parts.is_empty() {
-            return;
-        }
-        for (p, result) in self.open_partitions(consumer, &parts) {
-            match result {
-                Ok(start) => {
-                    tracing::info!(
-                        partition = p,
-                        start,
-                        lane = self.states.access.lane,
-                        "partition assigned"
-                    );
-                    if let Err(e) = tpl.set_partition_offset(&self.topic, p, Offset::Offset(start))
-                    {
-                        tracing::error!(partition = p, error = %e, "cannot set start offset");
-                    }
-                    // Kafka's commit follows Redis even if no flush lands before the partition
-                    // moves on (the previous owner's last commit may have failed in the
-                    // rebalance): committed at the next tick and again on shutdown.
-                    self.landed.insert(p, start);
-                    self.commit_landed = true;
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        let guard = self.lock();
+        let mut worker = guard.borrow_mut();
+        let result = match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.metrics.rebalanced(RebalanceKind::Assign);
+                if !self.shutdown.is_cancelled() {
+                    worker.on_assign(consumer, tpl);
                 }
-                // Paused by the caller right after the assignment takes effect.
-                Err(halt) => self.park(None, p, halt),
+                let r = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                worker.pause_assigned(consumer, tpl);
+                r
             }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                self.metrics.rebalanced(RebalanceKind::Revoke);
+                worker.on_revoke(consumer, tpl);
+                if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                }
+            }
+            other => {
+                tracing::error!(error = ?other, "rebalance error; releasing all partitions");
+                worker.release(tpl);
+                consumer.unassign()
+            }
+        };
+        if let Err(e) = result {
+            tracing::error!(error = %e, "applying the new assignment failed");
         }
-    }
-
-    pub(super) fn on_revoke(
-        &mut self,
-        consumer: &BaseConsumer<TallyContext>,
-        tpl: &TopicPartitionList,
-    ) {
-        let parts: Vec<i32> = tpl
-            .elements_for_topic(&self.topic)
-            .iter()
-            .map(|e| e.partition())
-            .collect();
-        self.revoking = parts.clone();
-        let grace = self.flush.shutdown_grace;
-        self.drain(consumer, grace, CommitMode::Sync);
-        let (units, keys) = self.start_flush(Some(&parts), usize::MAX);
-        let landed = self.drain(consumer, grace, CommitMode::Sync);
-        tracing::info!(partitions = ?parts, units, keys, landed, "flushed partitions being revoked");
-        for &p in &parts {
-            self.agg.revoke(p);
-            self.landed.remove(&p);
-            self.unpark(p);
-            self.states.rebuilding.remove(&p);
-            let _ = self
-                .metrics
-                .committed_offset
-                .remove_label_values(&[&p.to_string()]);
-            let _ = self
-                .metrics
-                .consumer_lag
-                .remove_label_values(&[&p.to_string()]);
-        }
-        self.revoking.clear();
+        self.health.kafka.joined();
+        // While the consumer closes, librdkafka's main thread may be waiting for this callback:
+        // asking it for the assignment then blocks forever.
+        let assigned = if self.shutdown.is_cancelled() {
+            0
+        } else {
+            consumer.assignment().map_or(0, |a| a.count())
+        };
+        worker.set_assigned(assigned);
     }
 }

@@ -1,9 +1,10 @@
-//! The worker: everything the consumer thread owns besides the consumer itself — decoding,
-//! aggregation, the flush in flight, backpressure and Kafka commits.
+//! The worker: everything the consumer thread owns besides the consumer itself. It routes each
+//! event between its owners: the aggregator counts, [`Flusher`] sends to the sink and applies
+//! backpressure, [`Committer`] commits to Kafka, [`PartitionStates`] tracks parked and
+//! rebuilding partitions, [`DecodeTally`] counts the input; [`recovery`] decides where a
+//! partition starts.
 
 use std::collections::HashSet;
-use std::sync::mpsc as std_mpsc;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
@@ -11,78 +12,43 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use crate::aggregate::{Added, Aggregator};
-use crate::config::{FlushConfig, RecoveryConfig, StartFrom};
+use crate::config::FlushConfig;
 use crate::decode::{DecodeError, Decoder};
-use crate::health::Health;
-use crate::metrics::{LaneGauges, Metrics};
-use crate::sink::{ApplyReply, FlushOutcome, SinkRequest};
+use crate::metrics::{LaneGauges, Metrics, ResetReason};
+use crate::sink::{ApplyReply, SinkRequest};
 
-use super::policy::{FlushPolicy, Pending};
-use super::recovery::{Halt, PartitionStates};
+use super::commit::Committer;
+use super::decode_tally::DecodeTally;
+use super::flush::{worst_refusals, Flusher, Landed, Wait};
+use super::partitions::{kafka_offsets, PartitionStates, StateAccess};
+use super::recovery::{self, Halt, Start};
+use super::{DeadLetters, TallyContext, KAFKA_TIMEOUT};
 
-use super::TallyContext;
-
-const LOG_EVERY: Duration = Duration::from_secs(10);
-
-/// A flush sent to the sink and not yet answered.
-pub(super) struct InFlight {
-    pub(super) reply: std_mpsc::Receiver<FlushOutcome>,
-    /// Offset each partition is complete up to once the flush lands.
-    pub(super) ends: Vec<(i32, i64)>,
-    pub(super) keys: usize,
-    pub(super) started: Instant,
-}
+/// How often per-batch counts reach the metrics.
+const PUBLISH_EVERY: Duration = Duration::from_millis(200);
 
 /// Everything the consumer thread owns besides the consumer itself.
 pub struct Worker {
-    pub(super) agg: Aggregator,
-    pub(super) decoder: Decoder,
-    pub(super) sink: mpsc::UnboundedSender<SinkRequest>,
-    pub(super) in_flight: Option<InFlight>,
-    pub(super) metrics: Metrics,
+    /// Counts events into units, per partition and shard.
+    agg: Aggregator,
+    /// Turns payloads into events for the counters.
+    decoder: Decoder,
+    /// Input counts and bad messages.
+    tally: DecodeTally,
+    /// The sink channel, the flush in flight, backpressure.
+    flusher: Flusher,
+    /// Kafka commits, which follow landed flushes.
+    commits: Committer,
+    /// Parked, rebuilding and revoking partitions.
+    parts: PartitionStates,
+    /// Per-batch counts are published here every [`PUBLISH_EVERY`].
+    metrics: Metrics,
     /// This lane's parts of the process-wide gauges.
-    pub(super) gauges: LaneGauges,
-    pub(super) topic: String,
-    pub(super) flush: FlushConfig,
-    /// When to flush and when to pause.
-    pub(super) policy: FlushPolicy,
-    /// When the oldest unflushed message was processed.
-    pub(super) batch_started: Option<Instant>,
-    /// The last poll found nothing to read: what is pending can be flushed at once.
-    pub(super) caught_up: bool,
-    pub(super) paused: bool,
-    /// Partitions being revoked right now: never seek or recover them.
-    pub(super) revoking: Vec<i32>,
-    pub(super) consumed: u64,
-    pub(super) decode_errors: [u64; DecodeError::ALL.len()],
-    pub(super) last_publish: Instant,
-    pub(super) last_error_log: Instant,
-    pub(super) errors_since_log: u64,
-    /// Where undecodable messages are copied, if configured.
-    pub(super) dead_letters: Option<super::DeadLetters>,
-    /// How partitions start and recover; which are halted or being rebuilt.
-    pub(super) states: PartitionStates,
-    /// The last offset committed (asynchronously) per partition: committed again, and waited
-    /// for, on shutdown, so a commit in flight is not lost when the consumer closes.
-    pub(super) landed: std::collections::BTreeMap<i32, i64>,
-    /// Partitions were assigned: commit `landed` at the next tick.
-    pub(super) commit_landed: bool,
-    /// How long the last flush took to land (flushes start that much before the interval).
-    pub(super) flush_takes: Duration,
-}
-
-/// How the worker reaches and recovers tally's state in Redis.
-pub struct StateAccess {
-    /// Where a partition tally never counted starts.
-    pub start_from: StartFrom,
-    /// What to do when Redis lost tally's state.
-    pub recovery: RecoveryConfig,
-    /// Readiness, which lists halted partitions.
-    pub health: Arc<Health>,
-    /// Longest wait for Redis' answer about fences.
-    pub init_timeout: Duration,
-    /// Which consumer lane of the process this is (0 for the first).
-    pub lane: usize,
+    gauges: LaneGauges,
+    /// The topic consumed: every partition list the worker builds names it.
+    topic: String,
+    /// When counts were last published to `metrics`.
+    last_publish: Instant,
 }
 
 impl Worker {
@@ -99,34 +65,29 @@ impl Worker {
         Worker {
             agg,
             decoder,
-            sink,
-            in_flight: None,
+            tally: DecodeTally::new(),
+            flusher: Flusher::new(sink, &flush),
+            commits: Committer::new(topic.clone(), metrics.committed_offset.clone()),
+            parts: PartitionStates::new(state),
             gauges: LaneGauges::new(&metrics),
             metrics,
             topic,
-            policy: FlushPolicy::new(&flush),
-            flush,
-            batch_started: None,
-            caught_up: false,
-            paused: false,
-            revoking: Vec::new(),
-            consumed: 0,
-            decode_errors: [0; DecodeError::ALL.len()],
             last_publish: Instant::now(),
-            last_error_log: Instant::now() - LOG_EVERY,
-            errors_since_log: 0,
-            dead_letters: None,
-            states: PartitionStates::new(state),
-            landed: std::collections::BTreeMap::new(),
-            commit_landed: false,
-            flush_takes: Duration::ZERO,
         }
     }
 
     /// Copy undecodable messages to a dead-letter topic.
-    pub fn with_dead_letters(mut self, dead_letters: super::DeadLetters) -> Worker {
-        self.dead_letters = Some(dead_letters);
+    pub fn with_dead_letters(mut self, dead_letters: DeadLetters) -> Worker {
+        self.tally.set_dead_letters(dead_letters);
         self
+    }
+
+    pub(super) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    pub(super) fn topic(&self) -> &str {
+        &self.topic
     }
 
     pub(super) fn handle(
@@ -138,8 +99,8 @@ impl Worker {
         kafka_ts: Option<i64>,
         now_ms: i64,
     ) {
-        self.consumed += 1;
-        self.caught_up = false;
+        self.tally.consumed();
+        self.flusher.reading();
         if !self.agg.owns(partition) {
             return;
         }
@@ -156,95 +117,42 @@ impl Worker {
             }
         };
         if let Some(e) = error {
-            self.bad_message(partition, offset, key, payload, e);
+            self.tally.bad_message(partition, offset, key, payload, e);
         }
-        self.batch_started.get_or_insert_with(Instant::now);
+        self.flusher.processed();
     }
 
-    /// Count, dead-letter and (rate-limited) log a message skipped as bad input.
-    fn bad_message(
-        &mut self,
-        partition: i32,
-        offset: i64,
-        key: Option<&[u8]>,
-        payload: Option<&[u8]>,
-        e: DecodeError,
-    ) {
-        if let Some(dlq) = &self.dead_letters {
-            dlq.send(partition, offset, key, payload, e.reason());
-        }
-        self.decode_errors[e.index()] += 1;
-        self.errors_since_log += 1;
-        if self.last_error_log.elapsed() >= LOG_EVERY {
-            tracing::warn!(
-                partition,
-                offset,
-                reason = e.reason(),
-                skipped = self.errors_since_log,
-                "skipping undecodable messages"
-            );
-            self.last_error_log = Instant::now();
-            self.errors_since_log = 0;
-        }
-    }
-
-    /// What waits for Redis now, for the flush policy.
-    fn pending(&self) -> Pending {
-        Pending {
-            oldest: self.batch_started.map(|t| t.elapsed()),
-            keys: self.agg.pending_keys(),
-            in_flight: self.in_flight.as_ref().map(|f| f.keys),
-            caught_up: self.caught_up,
-            flush_takes: self.flush_takes,
-        }
+    /// The last poll found nothing to read.
+    pub(super) fn caught_up(&mut self) {
+        self.flusher.caught_up();
     }
 
     /// Periodic work between messages: collect a finished flush, start one, apply backpressure.
     pub(super) fn tick(&mut self, consumer: &BaseConsumer<TallyContext>) {
-        if let Some(f) = &self.in_flight {
-            match f.reply.try_recv() {
-                Ok(outcome) => self.complete(consumer, outcome, CommitMode::Async),
-                Err(std_mpsc::TryRecvError::Empty) => {}
-                Err(std_mpsc::TryRecvError::Disconnected) => self.in_flight = None,
-            }
+        if let Some(landed) = self.flusher.poll() {
+            self.complete(consumer, landed, CommitMode::Async);
         }
-        if std::mem::take(&mut self.commit_landed) {
-            self.commit_landed_offsets(consumer, CommitMode::Async);
+        self.commits.tick(consumer, &self.agg);
+        if let Some(max_keys) = self.flusher.due(&self.agg) {
+            self.start_flush(None, max_keys);
         }
-        let mut load = self.pending();
-        if self.policy.flush_due(&load) {
-            self.start_flush(None, self.policy.batch_keys());
-            load = self.pending();
-        }
-        let pause = self.policy.pause(&load);
-        if pause != self.paused {
+        let pause = self.flusher.pause_due(&self.agg);
+        if pause != self.flusher.paused() {
             self.set_paused(consumer, pause);
         }
-        if self.last_publish.elapsed() >= Duration::from_millis(200) {
+        if self.last_publish.elapsed() >= PUBLISH_EVERY {
             self.publish();
-            self.report_rebuilds();
+            self.parts.report_rebuilds(&self.agg, &mut self.gauges);
         }
         self.retry_parked(consumer);
     }
 
-    pub(super) fn set_paused(&mut self, consumer: &BaseConsumer<TallyContext>, paused: bool) {
-        let Ok(assignment) = consumer.assignment() else {
-            return;
-        };
-        let result = if paused {
-            consumer.pause(&assignment)
-        } else {
-            // Parked partitions stay paused until their state allows counting them.
-            let mut active = TopicPartitionList::new();
-            for e in assignment.elements() {
-                if !self.states.parked.contains_key(&e.partition()) {
-                    active.add_partition(e.topic(), e.partition());
-                }
-            }
-            consumer.resume(&active)
-        };
-        if let Err(e) = result {
-            tracing::warn!(error = %e, paused, "cannot change consumption state");
+    fn set_paused(&mut self, consumer: &BaseConsumer<TallyContext>, paused: bool) {
+        let parts = &self.parts;
+        if !self
+            .flusher
+            .set_paused(consumer, paused, |p| parts.is_parked(p))
+        {
             return;
         }
         if paused {
@@ -253,22 +161,13 @@ impl Worker {
                 "backpressure: pausing consumption until the flush lands"
             );
         }
-        self.paused = paused;
         self.gauges.paused.set(i64::from(paused));
     }
 
     /// Publish per-batch counts to metrics.
-    pub(super) fn publish(&mut self) {
+    fn publish(&mut self) {
         self.last_publish = Instant::now();
-        self.metrics
-            .messages_consumed
-            .inc_by(std::mem::take(&mut self.consumed));
-        for (i, n) in self.decode_errors.iter_mut().enumerate() {
-            if *n > 0 {
-                self.metrics
-                    .decode_failed(DecodeError::ALL[i], std::mem::take(n));
-            }
-        }
+        self.tally.publish(&self.metrics);
         let stats = self.agg.take_stats();
         for (i, counter) in self.agg.counters().iter().enumerate() {
             if stats.counted[i] > 0 {
@@ -287,170 +186,77 @@ impl Worker {
         self.metrics
             .replayed_events_skipped
             .inc_by(stats.replay_skipped);
-        let in_flight = self.in_flight.as_ref().map_or(0, |f| f.keys);
-        self.gauges
-            .pending_keys
-            .set((self.agg.pending_keys() + in_flight) as i64);
+        let pending = self.agg.pending_keys() + self.flusher.in_flight_keys();
+        self.gauges.pending_keys.set(pending as i64);
     }
 
     /// Seal pending units (of `only` partitions, or all) and send them to the sink.
     /// Returns the number of units and keys sent.
-    /// `max_keys` caps the batch (regular flushes); revoke and shutdown flush everything.
-    pub(super) fn start_flush(&mut self, only: Option<&[i32]>, max_keys: usize) -> (usize, usize) {
-        debug_assert!(
-            self.in_flight.is_none(),
-            "one flush at a time keeps units in order"
-        );
-        let batch = self.agg.seal_up_to(only, max_keys);
-        // A capped flush leaves the rest due: the next one starts as soon as this one lands.
-        if only.is_none() && batch.complete {
-            self.batch_started = None;
+    fn start_flush(&mut self, only: Option<&[i32]>, max_keys: usize) -> (usize, usize) {
+        match self.flusher.start(&mut self.agg, only, max_keys) {
+            Some(sent) => {
+                self.publish();
+                sent
+            }
+            None => (0, 0),
         }
-        if batch.units.is_empty() {
-            return (0, 0);
-        }
-        let (tx, rx) = std_mpsc::channel();
-        let keys = batch.keys;
-        let units = batch.units.len();
-        if self
-            .sink
-            .send(SinkRequest::Flush {
-                units: batch.units,
-                reply: tx,
-            })
-            .is_err()
-        {
-            tracing::error!("redis sink has stopped; pending data will be replayed on restart");
-            return (0, 0);
-        }
-        self.in_flight = Some(InFlight {
-            reply: rx,
-            ends: batch.ends,
-            keys,
-            started: Instant::now(),
-        });
-        self.publish();
-        (units, keys)
     }
 
-    /// Wait up to `timeout` for the flush in flight and process its outcome.
-    pub(super) fn drain(
+    /// Wait up to `timeout` for the flush in flight and process its outcome; false if it did
+    /// not land in time.
+    fn drain(
         &mut self,
         consumer: &BaseConsumer<TallyContext>,
         timeout: Duration,
         mode: CommitMode,
     ) -> bool {
-        let Some(f) = &self.in_flight else {
-            return true;
-        };
-        match f.reply.recv_timeout(timeout) {
-            Ok(outcome) => {
-                self.complete(consumer, outcome, mode);
+        match self.flusher.wait(timeout) {
+            Wait::Idle => true,
+            Wait::Landed(landed) => {
+                self.complete(consumer, landed, mode);
                 true
             }
-            Err(_) => {
-                // Not lost: Redis has not recorded these offsets, so they are consumed again.
-                tracing::warn!("flush did not land in time; its events will be replayed from the applied offsets");
-                self.in_flight = None;
-                false
-            }
+            Wait::TimedOut => false,
         }
     }
 
     /// A flush landed: commit what it covered, and resynchronise partitions whose units Redis refused.
-    pub(super) fn complete(
+    fn complete(
         &mut self,
         consumer: &BaseConsumer<TallyContext>,
-        outcome: FlushOutcome,
+        landed: Landed,
         mode: CommitMode,
     ) {
-        let Some(f) = self.in_flight.take() else {
-            return;
-        };
-        self.flush_takes = f.started.elapsed();
+        let outcome = landed.outcome;
         let refused: HashSet<i32> = outcome.refusals.iter().map(|r| r.partition).collect();
-        let mut tpl = TopicPartitionList::new();
-        for &(p, end) in &f.ends {
-            if refused.contains(&p) {
+        self.commits
+            .flush_landed(consumer, &landed.ends, &refused, mode);
+        for worst in worst_refusals(&outcome) {
+            let (p, shard) = (worst.partition, worst.shard);
+            if !self.agg.owns(p) || self.parts.is_revoking(p) {
                 continue;
             }
-            // Kafka's committed offset is the next message to read, like our `end`.
-            if tpl
-                .add_partition_offset(&self.topic, p, Offset::Offset(end))
-                .is_ok()
-            {
-                self.metrics
-                    .committed_offset
-                    .with_label_values(&[&p.to_string()])
-                    .set(end);
-                self.landed.insert(p, end);
-            }
-        }
-        if tpl.count() > 0 {
-            if let Err(e) = consumer.commit(&tpl, mode) {
-                // Harmless for exactness (Redis holds the applied offsets); lag may read high.
-                tracing::warn!(error = %e, "kafka offset commit failed");
-            }
-        }
-        let mut handled: Vec<i32> = Vec::new();
-        for refusal in &outcome.refusals {
-            let p = refusal.partition;
-            if handled.contains(&p) {
-                continue;
-            }
-            handled.push(p);
-            if !self.agg.owns(p) || self.revoking.contains(&p) {
-                continue;
-            }
-            // The most serious refusal of the partition decides.
-            let worst = outcome
-                .refusals
-                .iter()
-                .filter(|r| r.partition == p)
-                .max_by_key(|r| severity(&r.reply))
-                .expect("the partition has a refusal");
             match worst.reply {
-                ApplyReply::FenceMissing { marker_copy } => self.park(
-                    Some(consumer),
-                    p,
-                    Halt::FenceMissing {
-                        shard: worst.shard,
-                        marker_copy,
-                    },
-                ),
-                ApplyReply::Corrupt => {
-                    self.park(Some(consumer), p, Halt::FenceCorrupt { shard: worst.shard })
+                ApplyReply::FenceMissing { marker_copy } => {
+                    let halt = Halt::FenceMissing { shard, marker_copy };
+                    self.park(Some(consumer), p, halt)
                 }
+                ApplyReply::Corrupt => self.park(Some(consumer), p, Halt::FenceCorrupt { shard }),
                 ApplyReply::StateLost => {
-                    tracing::error!(partition = p, shard = worst.shard, "redis holds no state for this partition any more (lost or flushed); reopening it");
+                    tracing::error!(partition = p, shard, "redis holds no state for this partition any more (lost or flushed); reopening it");
                     self.resync(consumer, p);
                 }
                 ApplyReply::NotApplied => {
-                    tracing::info!(partition = p, shard = worst.shard, "not applied: merged with a partition redis refused; replaying from the applied offset");
+                    tracing::info!(partition = p, shard, "not applied: merged with a partition redis refused; replaying from the applied offset");
                     self.resync(consumer, p);
                 }
                 reply => {
-                    tracing::warn!(partition = p, shard = worst.shard, ?reply, "redis applied a different offset range (another replica, or lost writes); resynchronising");
+                    tracing::warn!(partition = p, shard, ?reply, "redis applied a different offset range (another replica, or lost writes); resynchronising");
                     self.resync(consumer, p);
                 }
             }
         }
         self.publish();
-    }
-
-    /// Commit the last landed offset (or assigned start) of every owned partition.
-    fn commit_landed_offsets(&self, consumer: &BaseConsumer<TallyContext>, mode: CommitMode) {
-        let mut tpl = TopicPartitionList::new();
-        for (&p, &end) in &self.landed {
-            if self.agg.owns(p) {
-                let _ = tpl.add_partition_offset(&self.topic, p, Offset::Offset(end));
-            }
-        }
-        if tpl.count() > 0 {
-            if let Err(e) = consumer.commit(&tpl, mode) {
-                tracing::warn!(error = %e, "kafka offset commit failed");
-            }
-        }
     }
 
     /// Final flush and commit on shutdown, within `grace`.
@@ -464,20 +270,216 @@ impl Worker {
         }
         // Earlier commits were asynchronous: make sure the last of each partition reached Kafka
         // before the consumer closes (lag monitoring reads them; Redis holds the truth anyway).
-        self.commit_landed_offsets(consumer, CommitMode::Sync);
-        if let Some(dlq) = &self.dead_letters {
-            dlq.flush(deadline.saturating_duration_since(Instant::now()));
-        }
+        self.commits
+            .commit_landed_offsets(consumer, &self.agg, CommitMode::Sync);
+        self.tally
+            .flush_dead_letters(deadline.saturating_duration_since(Instant::now()));
         self.publish();
     }
-}
 
-/// Which refusal of a partition decides what happens to it: a partial loss or corruption halts
-/// it, even if another shard only reported a conflict.
-fn severity(reply: &ApplyReply) -> u8 {
-    match reply {
-        ApplyReply::FenceMissing { .. } | ApplyReply::Corrupt => 2,
-        ApplyReply::StateLost => 1,
-        _ => 0,
+    /// Decide where each of `parts` starts, from Redis' fences and Kafka's offsets (see
+    /// [`recovery`]). `Ok(start)`: the partition is tracked and must be consumed from `start`;
+    /// `Err`: it must not be.
+    fn open_partitions(
+        &mut self,
+        consumer: &BaseConsumer<TallyContext>,
+        parts: &[i32],
+    ) -> Vec<(i32, Result<i64, Halt>)> {
+        let mut out = Vec::with_capacity(parts.len());
+        let mut ready = Vec::with_capacity(parts.len());
+        for (p, kafka) in kafka_offsets(consumer, &self.topic, parts) {
+            match kafka {
+                Ok(kafka) => ready.push((p, kafka)),
+                Err(halt) => out.push((p, Err(halt))),
+            }
+        }
+        if ready.is_empty() {
+            return out;
+        }
+        let request = ready
+            .iter()
+            .map(|(p, kafka)| (*p, self.parts.fresh_start(kafka)))
+            .collect();
+        match self.flusher.init_fences(request, self.parts.init_timeout()) {
+            Ok(fences) => {
+                for ((p, states), (_, kafka)) in fences.into_iter().zip(&ready) {
+                    let decision =
+                        recovery::decide(&states, kafka.has_commit, kafka.low, kafka.high);
+                    out.push((p, self.open(p, decision)));
+                }
+            }
+            Err(e) => out.extend(
+                ready
+                    .iter()
+                    .map(|(p, _)| (*p, Err(Halt::RedisUnavailable(e.clone())))),
+            ),
+        }
+        out
+    }
+
+    /// Act on the recovery decision for `partition`.
+    fn open(&mut self, partition: i32, decision: Result<Start, Halt>) -> Result<i64, Halt> {
+        let start = decision.inspect_err(|halt| {
+            if let Halt::BeyondEnd { .. } = halt {
+                self.metrics.offset_reset(ResetReason::BeyondEnd);
+            }
+        })?;
+        self.parts.opened(partition, &start, &self.metrics);
+        self.agg.assign(partition, &start.applied);
+        Ok(start.offset)
+    }
+
+    /// Stop counting `partition` until it can be opened again. Pauses it when `consumer` is
+    /// given (after a rebalance assigns it, the caller pauses parked partitions itself).
+    fn park(&mut self, consumer: Option<&BaseConsumer<TallyContext>>, partition: i32, halt: Halt) {
+        self.agg.revoke(partition);
+        if let Some(consumer) = consumer {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&self.topic, partition);
+            if let Err(e) = consumer.pause(&tpl) {
+                tracing::warn!(partition, error = %e, "cannot pause partition");
+            }
+        }
+        self.parts.park(partition, halt, &mut self.gauges);
+    }
+
+    /// Try parked partitions again (every few seconds); resume those that open.
+    fn retry_parked(&mut self, consumer: &BaseConsumer<TallyContext>) {
+        let parts = self.parts.retry_due();
+        if parts.is_empty() {
+            return;
+        }
+        for (p, result) in self.open_partitions(consumer, &parts) {
+            let start = match result {
+                Ok(start) => start,
+                Err(halt) => {
+                    self.park(None, p, halt);
+                    continue;
+                }
+            };
+            if let Err(e) = consumer.seek(&self.topic, p, Offset::Offset(start), KAFKA_TIMEOUT) {
+                tracing::warn!(partition = p, error = %e, "cannot seek; will retry");
+                self.agg.revoke(p);
+                continue;
+            }
+            self.parts.unpark(p, &mut self.gauges);
+            if !self.flusher.paused() {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition(&self.topic, p);
+                let _ = consumer.resume(&tpl);
+            }
+            tracing::info!(partition = p, start, "partition resumed");
+        }
+    }
+
+    /// Drop what is pending for `partition` and restart it from Redis' state (after a refused
+    /// unit); park it if the state does not allow a safe start.
+    fn resync(&mut self, consumer: &BaseConsumer<TallyContext>, partition: i32) {
+        self.agg.revoke(partition);
+        for (p, result) in self.open_partitions(consumer, &[partition]) {
+            match result {
+                Ok(start) => {
+                    if let Err(e) =
+                        consumer.seek(&self.topic, p, Offset::Offset(start), KAFKA_TIMEOUT)
+                    {
+                        tracing::warn!(partition = p, error = %e, "cannot seek; retrying shortly");
+                        self.park(Some(consumer), p, Halt::KafkaUnavailable(e.to_string()));
+                    }
+                }
+                Err(halt) => self.park(Some(consumer), p, halt),
+            }
+        }
+    }
+
+    /// Partitions were assigned: each starts where Redis says (its offset is set in `tpl`), or
+    /// is parked. The caller pauses what is parked once the assignment takes effect.
+    pub(super) fn on_assign(
+        &mut self,
+        consumer: &BaseConsumer<TallyContext>,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let parts = self.partitions_of(tpl);
+        if parts.is_empty() {
+            return;
+        }
+        for (p, result) in self.open_partitions(consumer, &parts) {
+            match result {
+                Ok(start) => {
+                    let lane = self.parts.lane();
+                    tracing::info!(partition = p, start, lane, "partition assigned");
+                    if let Err(e) = tpl.set_partition_offset(&self.topic, p, Offset::Offset(start))
+                    {
+                        tracing::error!(partition = p, error = %e, "cannot set start offset");
+                    }
+                    self.commits.assigned(p, start);
+                }
+                Err(halt) => self.park(None, p, halt),
+            }
+        }
+    }
+
+    /// Partitions are being revoked: flush and commit what they hold before they are released.
+    pub(super) fn on_revoke(
+        &mut self,
+        consumer: &BaseConsumer<TallyContext>,
+        tpl: &TopicPartitionList,
+    ) {
+        let parts = self.partitions_of(tpl);
+        self.parts.revoking(&parts);
+        let grace = self.flusher.grace();
+        self.drain(consumer, grace, CommitMode::Sync);
+        let (units, keys) = self.start_flush(Some(&parts), usize::MAX);
+        let landed = self.drain(consumer, grace, CommitMode::Sync);
+        tracing::info!(partitions = ?parts, units, keys, landed, "flushed partitions being revoked");
+        for &p in &parts {
+            self.agg.revoke(p);
+            self.commits.revoked(p);
+            self.parts.revoked(p, &mut self.gauges);
+            let _ = self
+                .metrics
+                .consumer_lag
+                .remove_label_values(&[&p.to_string()]);
+        }
+        self.parts.revoke_done();
+    }
+
+    /// After a rebalance error: stop counting the partitions of `tpl`.
+    pub(super) fn release(&mut self, tpl: &TopicPartitionList) {
+        for p in self.partitions_of(tpl) {
+            self.agg.revoke(p);
+        }
+    }
+
+    /// Pause what must not be read once an assignment takes effect: everything while
+    /// backpressure holds, and every parked partition.
+    pub(super) fn pause_assigned(
+        &self,
+        consumer: &BaseConsumer<TallyContext>,
+        tpl: &TopicPartitionList,
+    ) {
+        if self.flusher.paused() {
+            let _ = consumer.pause(tpl);
+        }
+        let mut parked = TopicPartitionList::new();
+        for p in self.parts.parked() {
+            parked.add_partition(&self.topic, p);
+        }
+        if parked.count() > 0 {
+            if let Err(e) = consumer.pause(&parked) {
+                tracing::warn!(error = %e, "cannot pause parked partitions");
+            }
+        }
+    }
+
+    /// The number of partitions assigned to this lane, for its gauge.
+    pub(super) fn set_assigned(&mut self, partitions: usize) {
+        self.gauges.assigned.set(partitions as i64);
+    }
+
+    fn partitions_of(&self, tpl: &TopicPartitionList) -> Vec<i32> {
+        tpl.elements_for_topic(&self.topic)
+            .iter()
+            .map(|e| e.partition())
+            .collect()
     }
 }

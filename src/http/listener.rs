@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::consumer::LogLimiter;
+use crate::log_limit::LogLimiter;
 
 /// How much a client may take; from `http.*`.
 pub(super) struct Limits {
