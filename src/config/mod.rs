@@ -4,26 +4,36 @@
 //! Environment variables use `__` between nesting levels: `TALLY_KAFKA__BROKERS`,
 //! `TALLY_REDIS__URL`, `TALLY_FLUSH__INTERVAL=250ms`.
 
-use std::collections::BTreeMap;
+//!
+//! Each section lives in its own file with its `validate()`; [`Config::validate`] runs them in
+//! file order and then checks the counters, the one section whose rules span the others.
+
 use std::path::Path;
-use std::time::Duration;
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+mod decode;
+mod flush;
+mod http;
 mod jobs;
+mod kafka;
 mod model;
 mod redact;
 mod request;
+mod validate;
 
+pub use decode::{DecodeConfig, TimeFormat};
+pub use flush::FlushConfig;
+pub use http::HttpConfig;
 pub use jobs::{JobsConfig, ReconcileConfig, TtlAuditConfig};
+pub use kafka::{AutoWord, Consumers, KafkaConfig, StartFrom};
 pub use model::Model;
 pub use request::{OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use tally_counters::config::{
-    CounterConfig, CounterKind, DistinctMode, RedisConfig, RedisMode, Storage,
+    CounterConfig, CounterKind, DistinctMode, RedisConfig, RedisConfigError, RedisMode, Storage,
 };
-mod validate;
 
 use validate::invalid;
 
@@ -54,102 +64,6 @@ pub struct Config {
     pub jobs: JobsConfig,
 }
 
-/// Kafka consumer settings.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct KafkaConfig {
-    /// `bootstrap.servers`: comma-separated host:port list.
-    pub brokers: String,
-    /// The topic to count.
-    pub topic: String,
-    /// Consumer group; replicas with the same group share the partitions.
-    pub group_id: String,
-    /// Where a partition with no applied offset in Redis and no committed offset starts.
-    pub start_from: StartFrom,
-    /// Extra librdkafka properties (SASL, SSL, tuning), passed through verbatim.
-    pub properties: BTreeMap<String, String>,
-    /// Not ready (`/health/ready` 503) once no broker has been reachable for this long, so an
-    /// orchestrator sees a replica cut off from Kafka.
-    #[serde(with = "humantime_serde")]
-    pub unreachable_after: Duration,
-    /// Consumer lanes in this process: each is a member of the group with its own thread,
-    /// decoder, aggregator and Redis connection, and owns the partitions Kafka assigns it
-    /// (like Kafka Streams' `num.stream.threads`). More lanes use more cores for decoding and
-    /// aggregation; `"auto"` is one per core. `flush.max_pending_keys` bounds the lanes
-    /// together.
-    pub consumers: Consumers,
-}
-
-/// How many consumer lanes a process runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(untagged)]
-pub enum Consumers {
-    /// This many (1 to 64).
-    Count(u16),
-    /// `"auto"`: one per core the process may use.
-    Auto(AutoWord),
-}
-
-/// The word `auto`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AutoWord {
-    /// `"auto"`.
-    Auto,
-}
-
-impl<'de> Deserialize<'de> for Consumers {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Consumers, D::Error> {
-        struct V;
-        impl serde::de::Visitor<'_> for V {
-            type Value = Consumers;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a number of consumer lanes (1 to 64) or \"auto\"")
-            }
-            fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<Consumers, E> {
-                u16::try_from(n)
-                    .map(Consumers::Count)
-                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(n), &self))
-            }
-            fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<Consumers, E> {
-                u64::try_from(n)
-                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(n), &self))
-                    .and_then(|n| self.visit_u64(n))
-            }
-            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<Consumers, E> {
-                match s {
-                    "auto" => Ok(Consumers::Auto(AutoWord::Auto)),
-                    _ => s
-                        .parse::<u64>()
-                        .map_err(|_| E::invalid_value(serde::de::Unexpected::Str(s), &self))
-                        .and_then(|n| self.visit_u64(n)),
-                }
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-impl Consumers {
-    /// The number of lanes on this machine.
-    pub fn resolve(self) -> usize {
-        match self {
-            Consumers::Count(n) => usize::from(n),
-            Consumers::Auto(_) => std::thread::available_parallelism().map_or(1, |n| n.get()),
-        }
-    }
-}
-
-/// Starting point for a partition tally has never counted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum StartFrom {
-    /// Count everything still retained in the topic.
-    Earliest,
-    /// Count only events produced from now on.
-    Latest,
-}
-
 /// What to do when tally's own state in Redis is missing or does not fit the topic.
 ///
 /// A partition whose applied offset is gone while the rest of tally's state is there (deleted,
@@ -174,94 +88,6 @@ pub enum OnStateLost {
     Halt,
 }
 
-/// Decoding of message payloads.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct DecodeConfig {
-    /// Field holding the event time; absent → the Kafka message timestamp is used.
-    pub time_field: Option<String>,
-    /// How `time_field` is written.
-    pub time_format: TimeFormat,
-    /// Larger payloads are rejected as `too_large`.
-    pub max_message_bytes: usize,
-    /// Longer dimension values are rejected as `too_large` (they would make huge keys).
-    pub max_value_bytes: usize,
-    /// Kafka topic that receives a copy of every undecodable message (with reason headers).
-    pub dead_letter_topic: Option<String>,
-    /// Events timed further than this after the current time are rejected as `future_time`
-    /// (a wrong clock or unit would otherwise create keys that live for centuries).
-    #[serde(with = "humantime_serde")]
-    pub max_future: Duration,
-}
-
-/// Encodings accepted for the event-time field.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TimeFormat {
-    /// Integer milliseconds since the Unix epoch.
-    EpochMs,
-    /// Integer (or fractional) seconds since the Unix epoch.
-    EpochS,
-    /// An RFC 3339 string such as `2025-08-01T17:03:00Z`.
-    Rfc3339,
-}
-
-/// Batching, flushing and backpressure.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct FlushConfig {
-    /// Flush when this many distinct keys are pending.
-    pub max_keys: usize,
-    /// Flush at least this often while events arrive.
-    #[serde(with = "humantime_serde")]
-    pub interval: Duration,
-    /// Pause consumption while more keys than this are pending (a flush is stuck or slow).
-    pub max_pending_keys: usize,
-    /// Keys per Lua script call; bounds how long one call blocks Redis.
-    pub max_keys_per_call: usize,
-    /// Units of several partitions that write to the same shard are merged into one script
-    /// call of at most this many keys, their deltas added up: a key popular in every partition
-    /// is written once per flush instead of once per partition. 0: no merging.
-    pub max_keys_per_merged_call: usize,
-    /// First retry delay after a failed flush; doubles up to `retry_max`, with jitter.
-    #[serde(with = "humantime_serde")]
-    pub retry_initial: Duration,
-    /// Longest delay between flush retries.
-    #[serde(with = "humantime_serde")]
-    pub retry_max: Duration,
-    /// Every this many flushes, existing keys are also checked for a missing expiry (and repaired).
-    /// New keys always get theirs; 1 = check on every flush (slower: one more call per key).
-    pub ttl_check_every: u32,
-    /// Time allowed for the final flush and commit on shutdown or partition revoke.
-    #[serde(with = "humantime_serde")]
-    pub shutdown_grace: Duration,
-}
-
-/// The HTTP endpoint.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HttpConfig {
-    /// Address for `/metrics`, `/health/*` and `/v1/count`; empty disables the server. Loopback
-    /// by default: nothing is exposed unless asked for.
-    pub listen: String,
-    /// Time a client has to send a request's headers, counted from connecting or from the
-    /// previous answer; slow and idle connections are closed after it, so they cannot pile up.
-    #[serde(with = "humantime_serde")]
-    pub header_timeout: Duration,
-    /// Time allowed to answer one request (a `/v1/count` waiting on Redis); past it the answer
-    /// is 503.
-    #[serde(with = "humantime_serde")]
-    pub request_timeout: Duration,
-    /// Connections served at once; one more is answered 503 and closed. Bounds the memory and
-    /// file descriptors clients can take.
-    pub max_connections: usize,
-    /// Bearer token required for `/v1/*` (`Authorization: Bearer <token>`); `/metrics` and
-    /// `/health/*` stay open for scrapers and probes. None: no token.
-    pub token: Option<String>,
-    /// File holding the token (surrounding whitespace ignored), to keep it out of the config.
-    pub token_file: Option<std::path::PathBuf>,
-}
-
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -278,86 +104,11 @@ impl Default for Config {
     }
 }
 
-impl Default for KafkaConfig {
-    fn default() -> Self {
-        KafkaConfig {
-            brokers: "localhost:9092".into(),
-            topic: "events".into(),
-            group_id: "tally".into(),
-            start_from: StartFrom::Earliest,
-            properties: BTreeMap::new(),
-            unreachable_after: Duration::from_secs(15),
-            consumers: Consumers::Auto(AutoWord::Auto),
-        }
-    }
-}
-
 impl Default for RecoveryConfig {
     fn default() -> Self {
         RecoveryConfig {
             on_state_lost: OnStateLost::Rebuild,
         }
-    }
-}
-
-impl Default for DecodeConfig {
-    fn default() -> Self {
-        DecodeConfig {
-            time_field: None,
-            time_format: TimeFormat::EpochMs,
-            max_message_bytes: 1 << 20,
-            max_value_bytes: 256,
-            dead_letter_topic: None,
-            max_future: Duration::from_secs(86_400),
-        }
-    }
-}
-
-impl Default for FlushConfig {
-    fn default() -> Self {
-        FlushConfig {
-            max_keys: 100_000,
-            interval: Duration::from_secs(1),
-            max_pending_keys: 1_000_000,
-            max_keys_per_call: 1_000,
-            max_keys_per_merged_call: 4_000,
-            retry_initial: Duration::from_millis(100),
-            retry_max: Duration::from_secs(10),
-            ttl_check_every: 10,
-            shutdown_grace: Duration::from_secs(30),
-        }
-    }
-}
-
-impl Default for HttpConfig {
-    fn default() -> Self {
-        HttpConfig {
-            listen: "127.0.0.1:9100".into(),
-            header_timeout: Duration::from_secs(5),
-            request_timeout: Duration::from_secs(10),
-            max_connections: 128,
-            token: None,
-            token_file: None,
-        }
-    }
-}
-
-impl HttpConfig {
-    /// The bearer token for `/v1/*`, from `token` or `token_file`.
-    pub fn bearer_token(&self) -> Result<Option<String>, ConfigError> {
-        let Some(path) = &self.token_file else {
-            return Ok(self.token.clone());
-        };
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| invalid("http.token_file", format!("{}: {e}", path.display())))?;
-        let token = text.trim();
-        if token.is_empty() {
-            return Err(invalid(
-                "http.token_file",
-                format!("{} is empty", path.display()),
-            ));
-        }
-        Ok(Some(token.to_string()))
     }
 }
 

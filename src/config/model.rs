@@ -27,10 +27,7 @@ pub struct Model {
 impl Model {
     /// Validate `config` and compile it; the errors are those of [`Config::validate`].
     pub fn compile(config: Config) -> Result<Arc<Model>, ConfigError> {
-        config.validate()?;
-        // Validation compiled every counter already; it cannot fail here.
-        let counters = tally_counters::model::compile_all(&config.counters)
-            .map_err(|e| super::validate::invalid("counters", e.to_string()))?;
+        let counters = config.validate()?;
         Ok(Arc::new(Model {
             layout: Layout::for_config(&config.redis),
             scope: FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic),

@@ -7,8 +7,8 @@ use figment::error::{Actual, Kind};
 
 use super::Config;
 
-/// What a secret is replaced with.
-pub const MASK: &str = "***";
+use tally_counters::config::is_secret_word;
+pub use tally_counters::config::{redact_url, MASK};
 
 /// Whether a librdkafka property holds a secret (`sasl.password`, `ssl.key.password`,
 /// `ssl.keystore.password`, `sasl.oauthbearer.client.secret`, an inline private key, …).
@@ -20,53 +20,6 @@ pub fn is_secret_property(key: &str) -> bool {
             key.as_str(),
             "ssl.key.pem" | "sasl.oauthbearer.config" | "sasl.jaas.config"
         )
-}
-
-/// `url` with the password of its user info (`redis://user:***@host`) and secret query
-/// parameters (`?pass=***`) masked. Text that is not a URL is returned as it is.
-pub fn redact_url(url: &str) -> String {
-    let start = url.find("://").map_or(0, |i| i + 3);
-    let rest = &url[start..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let mut out = url[..start].to_string();
-    match authority.rfind('@') {
-        Some(at) => {
-            let user = authority[..at].split(':').next().unwrap_or_default();
-            if authority[..at].contains(':') {
-                out.push_str(user);
-                out.push(':');
-                out.push_str(MASK);
-            } else {
-                out.push_str(user);
-            }
-            out.push_str(&authority[at..]);
-        }
-        None => out.push_str(authority),
-    }
-    let tail = &rest[authority_end..];
-    match tail.split_once('?') {
-        Some((path, query)) => {
-            out.push_str(path);
-            out.push('?');
-            let params: Vec<String> = query
-                .split('&')
-                .map(|param| match param.split_once('=') {
-                    Some((name, _)) if is_secret_word(name) => format!("{name}={MASK}"),
-                    _ => param.to_string(),
-                })
-                .collect();
-            out.push_str(&params.join("&"));
-        }
-        None => out.push_str(tail),
-    }
-    out
-}
-
-/// Names of fields and parameters whose values are secret.
-fn is_secret_word(name: &str) -> bool {
-    let name = name.to_ascii_lowercase();
-    ["pass", "secret", "token"].iter().any(|w| name.contains(w))
 }
 
 /// Free text (a parser's message, which may quote the offending line): URL credentials masked,
@@ -185,26 +138,6 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn url_passwords_are_masked_and_users_and_hosts_kept() {
-        assert_eq!(
-            redact_url("redis://tally:s3cret@redis:6379/0"),
-            "redis://tally:***@redis:6379/0"
-        );
-        assert_eq!(redact_url("rediss://:pw@h:1"), "rediss://:***@h:1");
-        assert_eq!(redact_url("redis://p:a:ss@w@h"), "redis://p:***@h");
-        assert_eq!(redact_url("redis://user@h:1"), "redis://user@h:1");
-        assert_eq!(
-            redact_url("redis://127.0.0.1:6379"),
-            "redis://127.0.0.1:6379"
-        );
-        assert_eq!(
-            redact_url("unix:///run/redis.sock?db=1&pass=pw"),
-            "unix:///run/redis.sock?db=1&pass=***"
-        );
-        assert_eq!(redact_url("u:pw@host:1"), "u:***@host:1");
-    }
 
     #[test]
     fn text_keeps_everything_but_secrets() {

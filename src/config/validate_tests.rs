@@ -189,3 +189,33 @@ fn consumer_lanes_are_a_count_from_1_to_64_or_auto() {
     let e = config.validate().unwrap_err().to_string();
     assert!(e.contains("kafka.consumers"), "{e}");
 }
+
+#[test]
+fn the_counters_come_back_compiled_in_config_order() {
+    let config = Config {
+        counters: vec![
+            counter("minute", "minute:{app_id}:{yyyyMMddHHmm}", 60),
+            CounterConfig::reference(),
+        ],
+        ..Config::default()
+    };
+    let specs = config.validate().expect("valid");
+    let names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["minute", "flow"]);
+}
+
+#[test]
+fn redis_refusals_name_the_key_under_redis_and_hide_the_password() {
+    let mut config = Config::default();
+    config.redis.nodes = vec!["tcp://u:hunter2@h:1".into()];
+    match config.validate() {
+        Err(ConfigError::Invalid { key, reason }) => {
+            assert_eq!(key, "redis.nodes[0]");
+            assert_eq!(
+                reason,
+                "`tcp://u:***@h:1` must start with redis:// or rediss://"
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}

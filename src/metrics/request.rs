@@ -3,7 +3,43 @@
 
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry};
 
-use super::labels::{Outcome, Primitive};
+super::labels::labels!(
+    /// A request-path primitive (`tally_request_*{primitive}`).
+    Primitive {
+        /// `POST /v1/hit`.
+        Hit => "hit",
+        /// `POST /v1/limit`.
+        Limit => "limit",
+        /// `POST /v1/quota`.
+        Quota => "quota",
+        /// `POST /v1/once`.
+        Once => "once",
+        /// `POST /v1/unique`.
+        Unique => "unique",
+        /// `POST /v1/pool`.
+        Pool => "pool",
+    }
+);
+
+super::labels::labels!(
+    /// What a request-path call decided (`tally_request_decisions_total{outcome}`).
+    Outcome {
+        /// Admitted, counted, first, given.
+        Allowed => "allowed",
+        /// Denied by a limit, sold out, not first, pool empty.
+        Denied => "denied",
+        /// Admitted although a shadow policy denied it.
+        ShadowDenied => "shadow_denied",
+        /// A retried hit (idempotency key seen) or a user served before.
+        Duplicate => "duplicate",
+        /// Read without changing anything.
+        Peek => "peek",
+        /// State cleared.
+        Reset => "reset",
+        /// No answer: Redis failed or the input was refused.
+        Error => "error",
+    }
+);
 
 /// Metrics of `/v1/hit`, `/v1/limit`, `/v1/quota`, `/v1/once`, `/v1/unique`, `/v1/pool`.
 #[derive(Clone)]

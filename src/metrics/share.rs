@@ -84,14 +84,22 @@ impl LaneGauges {
     /// A lane's parts of `metrics`' gauges, all zero.
     pub fn new(metrics: &Metrics) -> LaneGauges {
         LaneGauges {
-            pending_keys: GaugeShare::new(&metrics.pending_keys),
-            paused: GaugeShare::any(&metrics.backpressure_paused, &metrics.lanes_paused),
-            assigned: GaugeShare::new(&metrics.assigned_partitions),
-            rebuild_remaining: GaugeShare::new(&metrics.rebuild_remaining),
+            pending_keys: GaugeShare::new(&metrics.aggregate.pending_keys),
+            paused: GaugeShare::any(
+                &metrics.consumer.backpressure_paused,
+                &metrics.consumer.lanes_paused,
+            ),
+            assigned: GaugeShare::new(&metrics.consumer.assigned_partitions),
+            rebuild_remaining: GaugeShare::new(&metrics.recovery.rebuild_remaining),
             halted: HaltReason::ALL
                 .iter()
                 .map(|r| {
-                    GaugeShare::new(&metrics.partitions_halted.with_label_values(&[r.label()]))
+                    GaugeShare::new(
+                        &metrics
+                            .recovery
+                            .partitions_halted
+                            .with_label_values(&[r.label()]),
+                    )
                 })
                 .collect(),
         }
@@ -118,26 +126,35 @@ mod tests {
         let mut b = LaneGauges::new(&metrics);
         a.pending_keys.set(10);
         b.pending_keys.set(5);
-        assert_eq!(metrics.pending_keys.get(), 15);
+        assert_eq!(metrics.aggregate.pending_keys.get(), 15);
         a.pending_keys.set(3);
-        assert_eq!(metrics.pending_keys.get(), 8);
+        assert_eq!(metrics.aggregate.pending_keys.get(), 8);
         a.paused.set(1);
         b.paused.set(1);
-        assert_eq!(metrics.backpressure_paused.get(), 1);
+        assert_eq!(metrics.consumer.backpressure_paused.get(), 1);
         a.paused.set(0);
-        assert_eq!(metrics.backpressure_paused.get(), 1, "b is still paused");
+        assert_eq!(
+            metrics.consumer.backpressure_paused.get(),
+            1,
+            "b is still paused"
+        );
         a.set_halted(HaltReason::ALL[0], 2);
         b.set_halted(HaltReason::ALL[0], 1);
         let halted = || {
             metrics
+                .recovery
                 .partitions_halted
                 .with_label_values(&[HaltReason::ALL[0].label()])
                 .get()
         };
         assert_eq!(halted(), 3);
         drop(b);
-        assert_eq!(metrics.backpressure_paused.get(), 0, "no lane is paused");
-        assert_eq!(metrics.pending_keys.get(), 3);
+        assert_eq!(
+            metrics.consumer.backpressure_paused.get(),
+            0,
+            "no lane is paused"
+        );
+        assert_eq!(metrics.aggregate.pending_keys.get(), 3);
         assert_eq!(halted(), 2);
     }
 }

@@ -1,5 +1,7 @@
 //! The configuration of counters and of the Redis connection: plain serde data, shared by the
-//! service's config file and by programs that embed this library.
+//! service's config file and by programs that embed this library. [`RedisConfig::validate`]
+//! checks the connection settings before anything connects; its messages never show a password
+//! ([`redact_url`]).
 
 use std::time::Duration;
 
@@ -171,5 +173,250 @@ impl CounterConfig {
             storage: Storage::String,
             hash_key: None,
         }
+    }
+}
+
+/// Why a [`RedisConfig`] was refused: the field to change and what is expected. The reason
+/// shows URLs only through [`redact_url`], so it can be printed and logged as it is.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{field}`: {reason}")]
+pub struct RedisConfigError {
+    /// The field inside the Redis settings, e.g. `tls_key_file` or `nodes[2]`.
+    pub field: String,
+    /// What is wrong and what is expected.
+    pub reason: String,
+}
+
+/// `Ok` if `holds`, else a refusal of `field`.
+fn ensure(
+    holds: bool,
+    field: impl Into<String>,
+    reason: impl Into<String>,
+) -> Result<(), RedisConfigError> {
+    match holds {
+        true => Ok(()),
+        false => Err(RedisConfigError {
+            field: field.into(),
+            reason: reason.into(),
+        }),
+    }
+}
+
+impl RedisConfig {
+    /// Rules serde cannot check: readable TLS files that fit the mode, a shard count in range,
+    /// URLs that Redis can parse (one seed at least in cluster mode), and a state prefix that
+    /// cannot collide with a hash tag.
+    pub fn validate(&self) -> Result<(), RedisConfigError> {
+        self.validate_tls()?;
+        ensure(
+            (1..=1024).contains(&self.cluster_shards),
+            "cluster_shards",
+            "must be between 1 and 1024",
+        )?;
+        ensure(
+            !(self.mode == RedisMode::Cluster && self.nodes.is_empty() && self.url.is_empty()),
+            "nodes",
+            "cluster mode needs at least one seed node",
+        )?;
+        for (i, url) in self.nodes.iter().enumerate() {
+            let schemes = ["redis://", "rediss://"];
+            check_url(
+                &format!("nodes[{i}]"),
+                url,
+                &schemes,
+                "redis:// or rediss://",
+            )?;
+        }
+        if !self.url.is_empty() {
+            let schemes = ["redis://", "rediss://", "unix://"];
+            check_url("url", &self.url, &schemes, "redis://, rediss:// or unix://")?;
+        }
+        ensure(
+            !self.state_prefix.is_empty() && !self.state_prefix.contains(['{', '}']),
+            "state_prefix",
+            "must be non-empty and contain no braces",
+        )
+    }
+
+    /// The certificate files exist, come as a pair, and are not asked of a cluster.
+    fn validate_tls(&self) -> Result<(), RedisConfigError> {
+        for (field, file) in [
+            ("tls_ca_file", &self.tls_ca_file),
+            ("tls_cert_file", &self.tls_cert_file),
+            ("tls_key_file", &self.tls_key_file),
+        ] {
+            if let Some(f) = file {
+                let reason = format!("{} is not a readable file", f.display());
+                ensure(f.is_file(), field, reason)?;
+            }
+        }
+        ensure(
+            !(self.mode == RedisMode::Cluster
+                && (self.tls_ca_file.is_some() || self.tls_cert_file.is_some())),
+            "tls_ca_file",
+            "custom certificate files work in standalone mode; in cluster mode add the CA to the system trust store",
+        )?;
+        ensure(
+            self.tls_cert_file.is_some() == self.tls_key_file.is_some(),
+            "tls_key_file",
+            "tls_cert_file and tls_key_file go together",
+        )
+    }
+}
+
+/// `url` starts with one of `schemes` (listed in words by `named`) and parses; the message
+/// shows it with its password masked.
+fn check_url(
+    field: &str,
+    url: &str,
+    schemes: &[&str],
+    named: &str,
+) -> Result<(), RedisConfigError> {
+    let shown = redact_url(url);
+    ensure(
+        schemes.iter().any(|s| url.starts_with(s)),
+        field,
+        format!("`{shown}` must start with {named}"),
+    )?;
+    ensure(
+        redis::parse_redis_url(url).is_some(),
+        field,
+        format!("`{shown}` is not a valid Redis URL"),
+    )
+}
+
+/// What a secret is replaced with.
+pub const MASK: &str = "***";
+
+/// Whether a field or query parameter of this name holds a secret (`password`, `pass`,
+/// `client_secret`, `token`, …).
+pub fn is_secret_word(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    ["pass", "secret", "token"].iter().any(|w| name.contains(w))
+}
+
+/// `url` with the password of its user info (`redis://user:***@host`) and secret query
+/// parameters (`?pass=***`) masked. Text that is not a URL is returned as it is.
+pub fn redact_url(url: &str) -> String {
+    let start = url.find("://").map_or(0, |i| i + 3);
+    let rest = &url[start..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let mut out = url[..start].to_string();
+    match authority.rfind('@') {
+        Some(at) => {
+            let user = authority[..at].split(':').next().unwrap_or_default();
+            if authority[..at].contains(':') {
+                out.push_str(user);
+                out.push(':');
+                out.push_str(MASK);
+            } else {
+                out.push_str(user);
+            }
+            out.push_str(&authority[at..]);
+        }
+        None => out.push_str(authority),
+    }
+    let tail = &rest[authority_end..];
+    match tail.split_once('?') {
+        Some((path, query)) => {
+            out.push_str(path);
+            out.push('?');
+            let params: Vec<String> = query
+                .split('&')
+                .map(|param| match param.split_once('=') {
+                    Some((name, _)) if is_secret_word(name) => format!("{name}={MASK}"),
+                    _ => param.to_string(),
+                })
+                .collect();
+            out.push_str(&params.join("&"));
+        }
+        None => out.push_str(tail),
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_passwords_are_masked_and_users_and_hosts_kept() {
+        assert_eq!(
+            redact_url("redis://tally:s3cret@redis:6379/0"),
+            "redis://tally:***@redis:6379/0"
+        );
+        assert_eq!(redact_url("rediss://:pw@h:1"), "rediss://:***@h:1");
+        assert_eq!(redact_url("redis://p:a:ss@w@h"), "redis://p:***@h");
+        assert_eq!(redact_url("redis://user@h:1"), "redis://user@h:1");
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+        assert_eq!(
+            redact_url("unix:///run/redis.sock?db=1&pass=pw"),
+            "unix:///run/redis.sock?db=1&pass=***"
+        );
+        assert_eq!(redact_url("u:pw@host:1"), "u:***@host:1");
+    }
+
+    fn refusal(change: impl FnOnce(&mut RedisConfig)) -> RedisConfigError {
+        let mut config = RedisConfig::default();
+        change(&mut config);
+        config.validate().expect_err("refused")
+    }
+
+    #[test]
+    fn the_default_is_valid_and_each_rule_names_its_field() {
+        RedisConfig::default().validate().expect("the default");
+        let e = refusal(|c| c.url = "http://u:hunter2@h:1".into());
+        assert_eq!(e.field, "url");
+        assert_eq!(
+            e.reason,
+            "`http://u:***@h:1` must start with redis://, rediss:// or unix://"
+        );
+        let e = refusal(|c| c.nodes = vec!["redis://h:1".into(), "tcp://:pw@h".into()]);
+        assert_eq!(e.field, "nodes[1]");
+        assert_eq!(
+            e.reason,
+            "`tcp://:***@h` must start with redis:// or rediss://"
+        );
+        let e = refusal(|c| c.url = "redis://:pw@h:notaport".into());
+        assert_eq!(
+            e.reason,
+            "`redis://:***@h:notaport` is not a valid Redis URL"
+        );
+        assert_eq!(refusal(|c| c.cluster_shards = 0).field, "cluster_shards");
+        assert_eq!(refusal(|c| c.cluster_shards = 1025).field, "cluster_shards");
+        assert_eq!(
+            refusal(|c| c.state_prefix = "{t}".into()).field,
+            "state_prefix"
+        );
+        let e = refusal(|c| {
+            c.mode = RedisMode::Cluster;
+            c.url.clear();
+        });
+        assert_eq!(e.field, "nodes");
+    }
+
+    #[test]
+    fn tls_files_exist_and_come_in_pairs() {
+        let here = std::path::PathBuf::from(file!());
+        let file = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+        let e = refusal(|c| c.tls_ca_file = Some(here.join("missing.pem")));
+        assert_eq!(e.field, "tls_ca_file");
+        assert!(e.reason.ends_with("is not a readable file"), "{e}");
+        assert_eq!(
+            refusal(|c| c.tls_cert_file = Some(file.clone())).field,
+            "tls_key_file"
+        );
+        let e = refusal(|c| {
+            c.mode = RedisMode::Cluster;
+            c.tls_ca_file = Some(file.clone());
+        });
+        assert_eq!(e.field, "tls_ca_file");
+        assert!(e
+            .to_string()
+            .starts_with("`tls_ca_file`: custom certificate"));
     }
 }

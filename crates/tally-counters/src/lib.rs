@@ -4,7 +4,8 @@
 //! connection, and the scripts that change counters atomically. The `tally` service builds its
 //! stream path on it; programs embed it for the request path.
 //!
-//! * [`config`]: counter and Redis settings (serde data, validated by the caller).
+//! * [`config`]: counter and Redis settings (serde data; [`config::RedisConfig::validate`] checks
+//!   the connection settings, the counters are checked as they compile into the model).
 //! * [`window`]: tumbling windows aligned in a time zone, DST-safe.
 //! * [`key`]: key templates whose rendering is injective (values escaped).
 //! * [`model`]: a counter compiled once ([`model::CounterSpec`]), the key layout on a cluster

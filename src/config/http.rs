@@ -1,0 +1,106 @@
+//! `[http]`: the metrics, health and request endpoint.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::validate::{ensure, invalid};
+use super::ConfigError;
+
+/// The HTTP endpoint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Address for `/metrics`, `/health/*` and `/v1/count`; empty disables the server. Loopback
+    /// by default: nothing is exposed unless asked for.
+    pub listen: String,
+    /// Time a client has to send a request's headers, counted from connecting or from the
+    /// previous answer; slow and idle connections are closed after it, so they cannot pile up.
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// Time allowed to answer one request (a `/v1/count` waiting on Redis); past it the answer
+    /// is 503.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Connections served at once; one more is answered 503 and closed. Bounds the memory and
+    /// file descriptors clients can take.
+    pub max_connections: usize,
+    /// Bearer token required for `/v1/*` (`Authorization: Bearer <token>`); `/metrics` and
+    /// `/health/*` stay open for scrapers and probes. None: no token.
+    pub token: Option<String>,
+    /// File holding the token (surrounding whitespace ignored), to keep it out of the config.
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            listen: "127.0.0.1:9100".into(),
+            header_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            max_connections: 128,
+            token: None,
+            token_file: None,
+        }
+    }
+}
+
+impl HttpConfig {
+    /// An address to listen on, positive limits, and one readable token source at most.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        ensure(
+            self.listen.is_empty() || self.listen.parse::<SocketAddr>().is_ok(),
+            "http.listen",
+            format!("`{}` is not an ip:port address", self.listen),
+        )?;
+        ensure(
+            !self.header_timeout.is_zero(),
+            "http.header_timeout",
+            "must be positive",
+        )?;
+        ensure(
+            !self.request_timeout.is_zero(),
+            "http.request_timeout",
+            "must be positive",
+        )?;
+        ensure(
+            self.max_connections > 0,
+            "http.max_connections",
+            "must be at least 1",
+        )?;
+        ensure(
+            !(self.token.is_some() && self.token_file.is_some()),
+            "http.token_file",
+            "set http.token or http.token_file, not both",
+        )?;
+        ensure(
+            !self
+                .token
+                .as_ref()
+                .is_some_and(|t| t.trim().is_empty() || t.trim() != t),
+            "http.token",
+            "must be non-empty, without surrounding whitespace",
+        )?;
+        // Read it now, so a missing or empty file fails before anything connects.
+        self.bearer_token()?;
+        Ok(())
+    }
+
+    /// The bearer token for `/v1/*`, from `token` or `token_file`.
+    pub fn bearer_token(&self) -> Result<Option<String>, ConfigError> {
+        let Some(path) = &self.token_file else {
+            return Ok(self.token.clone());
+        };
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| invalid("http.token_file", format!("{}: {e}", path.display())))?;
+        let token = text.trim();
+        if token.is_empty() {
+            return Err(invalid(
+                "http.token_file",
+                format!("{} is empty", path.display()),
+            ));
+        }
+        Ok(Some(token.to_string()))
+    }
+}

@@ -1,0 +1,88 @@
+//! The Kafka side: messages read, offsets committed, lag, rebalances, assignment and
+//! backpressure.
+
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+
+use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+
+use super::{counter, counter_vec, gauge, gauge_vec};
+
+super::labels::labels!(
+    /// A consumer group rebalance (`tally_rebalances_total{kind}`).
+    RebalanceKind {
+        /// Partitions assigned to this process.
+        Assign => "assign",
+        /// Partitions taken away.
+        Revoke => "revoke",
+    }
+);
+
+/// What the consumer lanes read and commit.
+#[derive(Clone)]
+pub struct ConsumerMetrics {
+    /// Messages read from Kafka (before decoding).
+    pub messages_consumed: IntCounter,
+    /// Last offset committed to Kafka, by partition.
+    pub committed_offset: IntGaugeVec,
+    /// Consumer lag reported by librdkafka, by partition.
+    pub consumer_lag: IntGaugeVec,
+    /// Partition assignments and revocations.
+    pub rebalances: IntCounterVec,
+    /// Partitions currently assigned to this process.
+    pub assigned_partitions: IntGauge,
+    /// 1 while consumption is paused for backpressure.
+    pub backpressure_paused: IntGauge,
+    /// Consumer lanes paused right now (behind `backpressure_paused`).
+    pub lanes_paused: Arc<AtomicI64>,
+}
+
+impl ConsumerMetrics {
+    pub(super) fn new(registry: &Registry) -> ConsumerMetrics {
+        let m = ConsumerMetrics {
+            messages_consumed: counter(
+                registry,
+                "tally_messages_consumed_total",
+                "Messages read from Kafka.",
+            ),
+            committed_offset: gauge_vec(
+                registry,
+                "tally_committed_offset",
+                "Last offset committed to Kafka.",
+                &["partition"],
+            ),
+            consumer_lag: gauge_vec(
+                registry,
+                "tally_consumer_lag_messages",
+                "Messages between the committed offset and the end of the partition.",
+                &["partition"],
+            ),
+            rebalances: counter_vec(
+                registry,
+                "tally_rebalances_total",
+                "Consumer group rebalances seen, by kind (assign, revoke).",
+                &["kind"],
+            ),
+            assigned_partitions: gauge(
+                registry,
+                "tally_assigned_partitions",
+                "Partitions currently assigned to this process.",
+            ),
+            backpressure_paused: gauge(
+                registry,
+                "tally_backpressure_paused",
+                "1 while consumption (of any consumer lane) is paused because too many keys are pending.",
+            ),
+            lanes_paused: Default::default(),
+        };
+        for k in RebalanceKind::ALL {
+            m.rebalances.with_label_values(&[k.label()]);
+        }
+        m
+    }
+
+    /// Count a rebalance.
+    pub fn rebalanced(&self, kind: RebalanceKind) {
+        self.rebalances.with_label_values(&[kind.label()]).inc();
+    }
+}
