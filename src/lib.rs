@@ -3,14 +3,23 @@
 //! The counter model, the Redis connection, the script registry and the request path (hit,
 //! rate limits, quotas, once, unique, pools) live in the `tally_counters` library crate
 //! (`crates/tally-counters`), which needs no Kafka; this crate re-exports its model modules
-//! ([`key`], [`model`], [`window`]) and builds the stream path and the service on it. [`request`]
-//! puts the library's request path behind the configuration and metrics; [`serve`] is
-//! `tally serve`, the request path without Kafka.
+//! ([`key`], [`model`], [`window`]) and builds the stream path and the service on it.
+//!
+//! A configuration is loaded, validated and compiled once into a [`config::Model`] (the counters'
+//! specs, the key layout, the fence scope), shared behind an `Arc` by every path below. [`app`]
+//! wires the processes from it: `tally run` ([`app::Tally`]: `kafka.consumers` consumer *lanes*,
+//! HTTP, jobs) and `tally serve` ([`app::serve`]: HTTP and jobs, no Kafka), every long-lived
+//! task under one [`app::Supervisor`] (the first that fails stops the others; a signal drains
+//! them all). [`request`] puts the library's request path behind the configuration and metrics;
+//! [`jobs`] are led by one replica at a time (the TTL auditor, the reconciler).
 //!
 //! Data flows through these stages, one module each:
 //!
-//! 1. [`consumer`]: one thread owns the Kafka consumer (a consumer group; replicas share
-//!    partitions). Rebalance callbacks run on it, so revoked partitions are flushed first.
+//! 1. [`consumer`]: in each lane, one thread owns a Kafka consumer (a member of the group; lanes
+//!    and replicas share partitions). Rebalance callbacks run on it, so revoked partitions are
+//!    flushed first. Its worker routes between small owners: the flush in flight
+//!    (`consumer::flush`), commits (`consumer::commit`), partition states and recovery (a pure
+//!    decision from what Redis and Kafka hold, `consumer::recovery`).
 //! 2. [`decode`]: a JSON payload becomes an [`decode::Event`]: dimension values (borrowed from
 //!    the message), integer values and an event time. Bad messages are counted by reason and
 //!    skipped; they never stop the stream.
@@ -25,7 +34,8 @@
 //!    the contributions of one partition's offsets `[start, end)` to one shard.
 //! 5. [`sink`]: one task owns the Redis connection (standalone or cluster, [`sink::conn`]) and
 //!    applies units with a pipelined Lua script (INCRBY + absolute expiry), retrying until they
-//!    land. The scripts live in `src/sink/lua/`; [`sink::script`] parses their replies into types.
+//!    land. The scripts live in `src/sink/lua/` (one prelude holds the fence check every write
+//!    script uses); [`sink::script`] builds the calls and parses their replies into types.
 //! 6. Offsets are committed to Kafka after the flush that contains them has landed.
 //!
 //! [`consumer`]'s recovery decides where a partition starts from what Redis holds (see "What

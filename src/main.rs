@@ -1,4 +1,5 @@
-//! The `tally` command line: run, demo, check, mock-broker, produce.
+//! The `tally` command line: run, serve, check, key, query, state, the request-path calls (hit,
+//! limit, quota, once, unique, pool, lock) and the local tooling (demo, mock-broker, produce).
 
 use std::path::PathBuf;
 use std::process::ExitCode;

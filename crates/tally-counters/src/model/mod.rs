@@ -1,6 +1,6 @@
 //! The counter model: what a counter is, where its keys live, and the names of tally's own state
 //! keys. Pure — no I/O, no async runtime, no Kafka or Redis client — so every path (the stream
-//! pipeline, validation, queries, `tally state`, the coming request path) compiles a counter here
+//! pipeline, validation, queries, `tally state`, the request path) compiles a counter here
 //! once and computes keys and expiries the same way.
 
 pub mod layout;
