@@ -56,9 +56,23 @@ lease = "600ms"
     )
 }
 
+/// Whether process `pid` catches SIGTERM (its handler is installed): bit 15 of `SigCgt` in
+/// `/proc/<pid>/status`.
+fn catches_sigterm(pid: i32) -> bool {
+    let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .is_some_and(|mask| mask & (1 << (libc::SIGTERM - 1)) != 0)
+}
+
 /// Start `SIGNALS` processes of `command`, `AT_ONCE` at a time, and SIGTERM each at a random
-/// moment 20 ms to 1.5 s after it was spawned (20 ms: exec and dynamic linking, before `main`
-/// can install a handler). Every exit status, with the log of any that failed.
+/// moment up to 1.5 s after it can hear the signal (its handler is installed: the first thing
+/// `main` does; before that, exec and dynamic linking, no program can catch one). Every exit
+/// status, with the log of any that failed.
 fn signal_loop(command: &'static str, config: String, seed: u64) -> Vec<String> {
     let threads: Vec<_> = (0..AT_ONCE)
         .map(|t| {
@@ -69,12 +83,21 @@ fn signal_loop(command: &'static str, config: String, seed: u64) -> Vec<String> 
                 for i in 0..SIGNALS / AT_ONCE {
                     let mut p =
                         TallyProcess::start_command(command, &config, &format!("sig{t}-{i}"));
-                    let after = Duration::from_millis(rng.gen_range(20..1500));
+                    let spawned = Instant::now();
+                    while !catches_sigterm(p.pid()) {
+                        assert!(
+                            spawned.elapsed() < Duration::from_secs(20),
+                            "{command} never installed a SIGTERM handler:\n{}",
+                            p.log()
+                        );
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                    let after = Duration::from_millis(rng.gen_range(0..1500));
                     std::thread::sleep(after);
                     let status = p.terminate(Duration::from_secs(40));
                     if !status.success() {
                         failed.push(format!(
-                            "{command} signalled {after:?} after start exited {status:?}:\n{}",
+                            "{command} signalled {after:?} after its handler exited {status:?}:\n{}",
                             p.log()
                         ));
                     }
