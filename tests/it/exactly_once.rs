@@ -2,13 +2,13 @@
 //! tally runs as a separate process against a separate broker process; every Redis key is
 //! compared with the ground truth at the end.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::process::{BrokerProcess, TallyProcess};
-use common::stream::{self, Stream, COUNTERS};
+use crate::common::process::{BrokerProcess, TallyProcess};
+use crate::common::stream::{self, Stream, COUNTERS};
 use rand::{Rng, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};

@@ -1,6 +1,5 @@
 //! Test harness: a real Kafka-protocol broker (librdkafka's mock cluster, in-process), a real
 //! `redis-server` on a free loopback port, and tally running in-process.
-#![allow(dead_code)]
 
 pub mod cluster;
 pub mod dead_letters;
@@ -193,7 +192,6 @@ impl Harness {
 
     /// Wait until Kafka holds `group`'s commit of everything produced so far (commits follow
     /// each landed flush asynchronously).
-    #[allow(dead_code)]
     pub async fn wait_committed(&self, group: &str, timeout: Duration) {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         let c: BaseConsumer = ClientConfig::new()

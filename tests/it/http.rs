@@ -2,8 +2,6 @@
 //! health keeps answering, connections beyond the limit are refused, `/v1/*` needs the bearer
 //! token when one is set, and a request stuck on Redis is answered at the request timeout.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
-use common::{counter, http_get, http_request, wait_for, Harness};
+use crate::common::{counter, http_get, http_request, wait_for, Harness};
 use tally::config::HttpConfig;
 use tally::metrics::Metrics;
 

@@ -1,14 +1,12 @@
 //! The request path over HTTP: several `tally serve` processes on one real redis-server, 200
 //! concurrent clients, checked against what each answer says and what Redis holds.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::process::TallyProcess;
-use common::{http_get, http_post, wait_for};
+use crate::common::process::TallyProcess;
+use crate::common::{http_get, http_post, wait_for};
 use serde_json::Value;
 use tally_testkit::local_redis::LocalRedis;
 

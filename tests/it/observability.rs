@@ -24,13 +24,9 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use serde_yaml::Value as Yaml;
 
-#[path = "observability/checks.rs"]
 mod checks;
-#[path = "observability/compose.rs"]
 mod compose;
-#[path = "observability/promql.rs"]
 mod promql;
-#[path = "observability/support.rs"]
 mod support;
 
 use checks::*;

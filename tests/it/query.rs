@@ -1,11 +1,9 @@
 //! Reading counters back: `tally key`, `tally query` and `GET /v1/count` agree with Redis.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::{counter, http_get, Harness};
+use crate::common::{counter, http_get, Harness};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_query_and_http_count_agree_with_redis() {

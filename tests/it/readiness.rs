@@ -1,11 +1,9 @@
 //! Readiness follows Kafka: `/health/ready` turns 503 once no broker has been reachable for
 //! `kafka.unreachable_after`, says why, and turns 200 again when the broker is back.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{counter, http_get, wait_for, Harness};
+use crate::common::{counter, http_get, wait_for, Harness};
 
 /// `/health/ready` off the blocking pool: status and body.
 async fn ready(port: u16) -> Option<(u16, String)> {

@@ -1,11 +1,11 @@
 //! Restarts, Redis outages, NOSCRIPT and bad input: nothing accepted is lost or counted twice.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
+use crate::common::{hourly, http_get, produce_batch, total, wait_for, Harness};
 use chrono::Utc;
-use common::{hourly, http_get, produce_batch, total, wait_for, Harness};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 

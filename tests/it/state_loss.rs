@@ -2,11 +2,11 @@
 //! nothing is counted twice, nothing retained is lost, and what needs an operator halts only the
 //! partition concerned, visibly (metric, readiness), until `tally state repair`.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
-use common::{hourly, produce_batch, total, wait_for, Harness, Running};
+use crate::common::{hourly, produce_batch, total, wait_for, Harness, Running};
 use tally::config::OnStateLost;
 
 const WAIT: Duration = Duration::from_secs(60);

@@ -1,15 +1,13 @@
 //! Range queries (sliding windows over tumbling buckets) checked against a truth computed from
 //! the produced events, over many bucket boundaries; the batch form; the HTTP errors.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::stream::{Stream, COUNTERS};
+use crate::common::{http_get, Harness};
 use chrono::{TimeZone, Utc};
-use common::stream::{Stream, COUNTERS};
-use common::{http_get, Harness};
 use tally::query::{Query, Span};
 
 const MINUTE: i64 = 60_000;

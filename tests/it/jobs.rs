@@ -2,12 +2,10 @@
 //! time, leadership moves when the leader is killed, and counter keys made without expiry get
 //! the expiry of their window (and only counter keys).
 
-mod common;
-
 use std::time::Duration;
 
-use common::process::TallyProcess;
-use common::{http_get, wait_for};
+use crate::common::process::TallyProcess;
+use crate::common::{http_get, wait_for};
 use tally_testkit::local_redis::LocalRedis;
 
 fn config(redis: &LocalRedis) -> String {

@@ -1,11 +1,9 @@
 //! A hit that Redis cannot take, deferred by its caller, becomes an event on the topic and is
 //! counted exactly once by the stream path when Redis is back.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{hourly, http_post, produce_batch, total, wait_for, Harness};
+use crate::common::{hourly, http_post, produce_batch, total, wait_for, Harness};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deferred_hits_are_counted_once_when_redis_returns() {

@@ -1,13 +1,13 @@
 //! Redis Cluster: 3 primaries with replicas on loopback. Exact counts with keys spread over all
 //! primaries, through resharding, a primary failover and crash loops of tally itself.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::process::{BrokerProcess, TallyProcess};
-use common::stream::{Stream, COUNTERS};
+use crate::common::process::{BrokerProcess, TallyProcess};
+use crate::common::stream::{Stream, COUNTERS};
 use rand::Rng;
 use tally_testkit::local_redis::LocalCluster;
 
