@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use crate::common::process::TallyProcess;
-use crate::common::{http_get, wait_for};
+use crate::common::wait_for;
+use tally_testkit::http;
 use tally_testkit::local_redis::LocalRedis;
 
 fn config(redis: &LocalRedis) -> String {
@@ -45,7 +46,7 @@ async fn one_replica_audits_and_leadership_moves_when_it_dies() {
         .collect();
     for p in &procs {
         wait_for("tally serve ready", Duration::from_secs(20), || {
-            http_get(p.port, "/health/ready").is_some_and(|(code, _)| code == 200)
+            http::get(p.port, "/health/ready").is_some_and(|(code, _)| code == 200)
         })
         .await;
     }
