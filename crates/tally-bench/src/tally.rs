@@ -1,7 +1,7 @@
 //! Role `tally` (part 2): `tally::app::Tally` in its own process; how the parent starts it
 //! and reads its `/metrics`.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -9,6 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use tally::app::Tally;
 use tally::config::Config;
+use tally_testkit::http::Client;
 
 use crate::child::{wait_for_stdin_eof, ChildRole};
 use crate::config_toml;
@@ -52,12 +53,9 @@ pub struct Scrape(String);
 
 impl Scrape {
     pub fn get(port: u16) -> anyhow::Result<Scrape> {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
-        let mut body = String::new();
-        s.read_to_string(&mut body)?;
-        Ok(Scrape(body))
+        let answer = Client::new(Duration::from_secs(5)).get(port, "/metrics", &[])?;
+        anyhow::ensure!(answer.status == 200, "/metrics: HTTP {}", answer.status);
+        Ok(Scrape(answer.body))
     }
 
     /// The scrapes of several processes, as one: every sample line's value summed by name.

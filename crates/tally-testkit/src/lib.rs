@@ -5,7 +5,13 @@
 //! - [`gen`]: a deterministic synthetic event generator (Zipf-distributed keys).
 //! - [`produce`]: a load producer and an in-process Kafka-protocol broker (librdkafka's mock
 //!   cluster).
+//! - [`http`]: a blocking HTTP client for loopback servers (tally, Prometheus).
+//! - [`scrape`]: Prometheus' text format read into samples, one scrape of `/metrics`.
+//! - [`wait`]: polling a condition up to a deadline, instead of sleeping.
 
 pub mod gen;
+pub mod http;
 pub mod local_redis;
 pub mod produce;
+pub mod scrape;
+pub mod wait;

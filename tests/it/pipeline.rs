@@ -1,12 +1,10 @@
 //! End-to-end: Kafka (mock cluster) → tally → Redis, exact counts and expiry times.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use crate::common::{counter, wait_for, Harness};
 use chrono::{DateTime, Datelike, TimeZone, Timelike, Utc};
-use common::{counter, wait_for, Harness};
 
 const HOUR: i64 = 3_600_000;
 

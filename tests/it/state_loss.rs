@@ -2,11 +2,11 @@
 //! nothing is counted twice, nothing retained is lost, and what needs an operator halts only the
 //! partition concerned, visibly (metric, readiness), until `tally state repair`.
 
-mod common;
+use tally_testkit::http;
 
 use std::time::Duration;
 
-use common::{hourly, produce_batch, total, wait_for, Harness, Running};
+use crate::common::{hourly, produce_batch, total, wait_for, Harness, Running};
 use tally::config::OnStateLost;
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -96,7 +96,7 @@ async fn a_deleted_fence_halts_its_partition_instead_of_counting_twice() {
     // change it replayed from offset 0 and counted its 1,000 old events again).
     assert_eq!(total(&h, "fd:*"), 2_500);
     assert!(!running.health.ready(), "readiness reports the halt");
-    let (status, body) = common::http_get(port, "/health/ready").expect("http answers");
+    let (status, body) = http::get(port, "/health/ready").expect("http answers");
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("halted: partition 0:"), "{body}");
     let reasons = running.health.halted_list().join("; ");
@@ -124,7 +124,7 @@ async fn a_deleted_fence_halts_its_partition_instead_of_counting_twice() {
     })
     .await;
     assert!(running.health.ready());
-    let (status, body) = common::http_get(port, "/health/ready").expect("http answers");
+    let (status, body) = http::get(port, "/health/ready").expect("http answers");
     assert_eq!(status, 200, "{body}");
     running.stop().await;
     assert_eq!(total(&h, "fd:*"), 3_000, "every event counted exactly once");

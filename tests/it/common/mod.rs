@@ -1,6 +1,5 @@
 //! Test harness: a real Kafka-protocol broker (librdkafka's mock cluster, in-process), a real
 //! `redis-server` on a free loopback port, and tally running in-process.
-#![allow(dead_code)]
 
 pub mod cluster;
 pub mod dead_letters;
@@ -194,7 +193,6 @@ impl Harness {
 
     /// Wait until Kafka holds `group`'s commit of everything produced so far (commits follow
     /// each landed flush asynchronously).
-    #[allow(dead_code)]
     pub async fn wait_committed(&self, group: &str, timeout: Duration) {
         use rdkafka::consumer::{BaseConsumer, Consumer};
         let c: BaseConsumer = ClientConfig::new()
@@ -246,67 +244,12 @@ impl Harness {
     }
 }
 
-/// `GET path` on 127.0.0.1:`port` (HTTP/1.0): status and body, None if nothing answers.
-pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    http_request(port, path, &[]).map(|a| (a.status, a.body))
-}
-
-/// An HTTP answer, as read off the socket.
-pub struct HttpAnswer {
-    pub status: u16,
-    /// Status line and headers.
-    pub head: String,
-    pub body: String,
-}
-
-/// `GET path` with extra header lines (`"Authorization: Bearer x"`); None if nothing answers.
-pub fn http_request(port: u16, path: &str, headers: &[&str]) -> Option<HttpAnswer> {
-    let mut head = String::new();
-    for h in headers {
-        head.push_str(h);
-        head.push_str("\r\n");
-    }
-    exchange(
-        port,
-        &format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n{head}\r\n"),
-    )
-}
-
-/// `POST path` with a JSON body (HTTP/1.0); None if nothing answers.
-pub fn http_post(port: u16, path: &str, json: &str) -> Option<HttpAnswer> {
-    exchange(
-        port,
-        &format!(
-            "POST {path} HTTP/1.0\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{json}",
-            json.len()
-        ),
-    )
-}
-
-/// Send `request` on a new connection and read the whole answer.
-fn exchange(port: u16, request: &str) -> Option<HttpAnswer> {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    s.write_all(request.as_bytes()).ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    Some(HttpAnswer {
-        status,
-        head: head.to_string(),
-        body: body.to_string(),
-    })
-}
-
 /// Wait until `cond` holds, polling; panics with `what` after `timeout`.
 pub async fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    assert!(
+        tally_testkit::wait::wait_until_async(timeout, &mut cond).await,
+        "timed out waiting for {what}"
+    );
 }
 
 pub fn counter(

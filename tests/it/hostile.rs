@@ -2,12 +2,12 @@
 //! input — skipped, counted by reason, dead-lettered — never a key pinned at i64::MAX, a dropped
 //! increment counted as counted, or a key that lives for centuries.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
+use crate::common::{counter, wait_for, Harness};
 use chrono::{TimeZone, Utc};
-use common::{counter, wait_for, Harness};
 
 const WAIT: Duration = Duration::from_secs(60);
 

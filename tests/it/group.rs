@@ -1,11 +1,9 @@
 //! Two replicas in one consumer group split the partitions and together count everything once.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{counter, wait_for, Harness};
 use chrono::Utc;
-use common::{counter, wait_for, Harness};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_consumers_split_partitions_and_count_everything() {

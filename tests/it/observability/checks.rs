@@ -153,10 +153,10 @@ pub(crate) fn alert_checks() -> Vec<Check> {
             expr: expr.clone(),
             must_have_series: false,
         });
-        for (i, part) in set_operands(&expr).iter().enumerate() {
+        for (i, part) in set_operands(&parse(&expr)).iter().enumerate() {
             checks.push(Check {
                 source: format!("alert {name} operand {} without threshold", i + 1),
-                expr: strip_comparison(part),
+                expr: strip_comparison(part).to_string(),
                 must_have_series: true,
             });
         }
@@ -168,7 +168,7 @@ pub(crate) fn alert_checks() -> Vec<Check> {
 pub(crate) fn metric_checks(checks: &[Check]) -> Vec<Check> {
     let mut names = BTreeSet::new();
     for c in checks {
-        names.extend(metric_names(&c.expr));
+        names.extend(metric_names(&parse(&c.expr)));
     }
     names
         .into_iter()

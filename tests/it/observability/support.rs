@@ -2,6 +2,7 @@
 #![allow(unused_imports)]
 
 use super::*;
+use tally_testkit::http::{self, Answer, Client};
 
 /// The repository root.
 pub(crate) fn repo() -> PathBuf {
@@ -111,44 +112,12 @@ impl Drop for TempDir {
     }
 }
 
-/// HTTP/1.0 GET on loopback: (status, body).
-pub(crate) fn http_get(port: u16, target: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(15)))?;
-    write!(s, "GET {target} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw)?;
-    let (head, body) = raw
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| std::io::Error::other("no HTTP header"))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other("no HTTP status"))?;
-    Ok((status, body.to_string()))
-}
-
-/// Percent-encode a query-string value.
-pub(crate) fn urlencode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
-/// Poll `cond` every 250 ms until it holds; panic with `what` after `timeout`.
-pub(crate) fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
+/// Poll `cond` until it holds; panic with `what` after `timeout`.
+pub(crate) fn wait_until(what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
+    assert!(
+        tally_testkit::wait::wait_until(timeout, cond),
+        "timed out waiting for {what}"
+    );
 }
 
 /// A Prometheus HTTP API client on a loopback port.
@@ -177,13 +146,18 @@ impl QueryError {
 }
 
 impl Prom {
+    /// Prometheus answers a query within seconds; 15 s is for a loaded machine.
+    fn client(&self) -> Client {
+        Client::new(Duration::from_secs(15))
+    }
+
     /// Evaluate `expr` now; the number of series (or scalar) it returned.
     pub(crate) fn query(&self, expr: &str) -> Result<usize, QueryError> {
-        let (status, body) = http_get(
-            self.port,
-            &format!("/api/v1/query?query={}", urlencode(expr)),
-        )
-        .map_err(|e| QueryError::Unreachable(e.to_string()))?;
+        let target = http::with_query("/api/v1/query", &[("query", expr)]);
+        let Answer { status, body, .. } = self
+            .client()
+            .get(self.port, &target, &[])
+            .map_err(|e| QueryError::Unreachable(e.to_string()))?;
         let v: Value = serde_json::from_str(&body)
             .map_err(|e| QueryError::Unreachable(format!("HTTP {status}: {e}: {body}")))?;
         if v["status"] != "success" {
@@ -209,7 +183,10 @@ impl Prom {
 
     /// GET an API path and return `data`.
     pub(crate) fn api(&self, path: &str) -> Value {
-        let (status, body) = http_get(self.port, path).expect("prometheus answers");
+        let Answer { status, body, .. } = self
+            .client()
+            .get(self.port, path, &[])
+            .expect("prometheus answers");
         assert_eq!(status, 200, "GET {path}: {body}");
         let v: Value = serde_json::from_str(&body).expect("JSON");
         v["data"].clone()

@@ -1,15 +1,14 @@
 //! The request path over HTTP: several `tally serve` processes on one real redis-server, 200
 //! concurrent clients, checked against what each answer says and what Redis holds.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::process::TallyProcess;
-use common::{http_get, http_post, wait_for};
+use crate::common::process::TallyProcess;
+use crate::common::wait_for;
 use serde_json::Value;
+use tally_testkit::http;
 use tally_testkit::local_redis::LocalRedis;
 
 fn config(redis: &LocalRedis) -> String {
@@ -68,16 +67,16 @@ fn serve(redis: &LocalRedis, n: usize) -> Vec<TallyProcess> {
 async fn wait_ready(procs: &[TallyProcess]) {
     for p in procs {
         wait_for("tally serve ready", Duration::from_secs(20), || {
-            http_get(p.port, "/health/ready").is_some_and(|(code, _)| code == 200)
+            http::get(p.port, "/health/ready").is_some_and(|(code, _)| code == 200)
         })
         .await;
     }
 }
 
 fn post(port: u16, path: &str, body: &str) -> (u16, Value, String) {
-    let a = http_post(port, path, body).expect("tally answers");
+    let a = http::post_json(port, path, body).expect("tally answers");
     let json = serde_json::from_str(&a.body).unwrap_or(Value::Null);
-    (a.status, json, a.head)
+    (a.status, json, a.head())
 }
 
 /// Run `f(i)` on 200 threads at once, spread over the processes' ports.
@@ -249,8 +248,16 @@ async fn hits_share_the_stream_keys_and_bad_input_is_refused() {
         r#"{{"policy":"fixed","subject":"{}"}}"#,
         "x".repeat(100_000)
     );
-    assert_eq!(http_post(port, "/v1/limit", &big).unwrap().status, 413);
-    assert!(http_post(port, "/v1/limit", "{not json").unwrap().status >= 400);
+    assert_eq!(
+        http::post_json(port, "/v1/limit", &big).unwrap().status,
+        413
+    );
+    assert!(
+        http::post_json(port, "/v1/limit", "{not json")
+            .unwrap()
+            .status
+            >= 400
+    );
 
     // Locks over HTTP: one holder at a time, released only with its token.
     let (code, first, _) = post(port, "/v1/locks/nightly/acquire", r#"{"ttl_ms":60000}"#);
@@ -307,7 +314,7 @@ async fn hits_share_the_stream_keys_and_bad_input_is_refused() {
     };
     assert_eq!(m("allowed"), 2.0);
     wait_for("not ready without redis", Duration::from_secs(10), || {
-        http_get(port, "/health/ready").is_some_and(|(code, _)| code == 503)
+        http::get(port, "/health/ready").is_some_and(|(code, _)| code == 503)
     })
     .await;
 }

@@ -14,8 +14,6 @@
 //! metric name it references must return series.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -23,14 +21,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use serde_yaml::Value as Yaml;
+use tally_testkit::http;
+use tally_testkit::scrape::Scrape;
 
-#[path = "observability/checks.rs"]
 mod checks;
-#[path = "observability/compose.rs"]
 mod compose;
-#[path = "observability/promql.rs"]
 mod promql;
-#[path = "observability/support.rs"]
 mod support;
 
 use checks::*;
@@ -79,7 +75,7 @@ fn dashboards_and_alerts_query_real_prometheus() {
         Duration::from_secs(30),
         || {
             demo.assert_running();
-            matches!(http_get(tally_port, "/metrics"), Ok((200, body)) if body.contains("tally_messages_consumed_total"))
+            matches!(http::get(tally_port, "/metrics"), Some((200, body)) if body.contains("tally_messages_consumed_total"))
         },
     );
 
@@ -116,7 +112,7 @@ fn dashboards_and_alerts_query_real_prometheus() {
     let prom = Prom { port: prom_port };
     wait_until("prometheus to be ready", Duration::from_secs(30), || {
         prometheus.assert_running();
-        matches!(http_get(prom_port, "/-/ready"), Ok((200, _)))
+        matches!(http::get(prom_port, "/-/ready"), Some((200, _)))
     });
     wait_until(
         "three successful scrapes of tally",
@@ -222,16 +218,16 @@ fn dashboards_and_alerts_query_real_prometheus() {
 
     // Every tally metric family is shown on some dashboard. (A family appears in the
     // exposition once it has a series; by now the demo has them all.)
-    let (_, exposition) = http_get(tally_port, "/metrics").expect("/metrics");
+    let exposition = Scrape::get(tally_port, Duration::from_secs(15)).expect("/metrics");
     let all_dashboard_text: String = dashboard_checks()
         .iter()
         .map(|c| c.expr.clone())
         .collect::<Vec<_>>()
         .join("\n");
     let families: BTreeSet<&str> = exposition
-        .lines()
-        .filter_map(|l| l.strip_prefix("# TYPE "))
-        .filter_map(|l| l.split_whitespace().next())
+        .families
+        .keys()
+        .map(String::as_str)
         .filter(|n| n.starts_with("tally_"))
         .collect();
     let unshown: Vec<&&str> = families

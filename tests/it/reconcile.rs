@@ -1,11 +1,9 @@
 //! The reconciler recounts a closed window from Kafka, finds Redis equal to it, and reports a
 //! wrong count injected into Redis (naming nothing it cannot prove, fixing nothing).
 
-mod common;
-
 use std::time::Duration;
 
-use common::{hourly, wait_for, Harness};
+use crate::common::{hourly, wait_for, Harness};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_injected_wrong_count_is_reported_and_left_alone() {

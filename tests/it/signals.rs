@@ -4,12 +4,10 @@
 //! the `run` loop, a last replica catches up and every key is compared with the truth: the
 //! drains lost and doubled nothing.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::process::{BrokerProcess, TallyProcess};
-use common::stream::{self, Stream, COUNTERS};
+use crate::common::process::{BrokerProcess, TallyProcess};
+use crate::common::stream::{self, Stream, COUNTERS};
 use rand::{Rng, SeedableRng};
 use tally_testkit::local_redis::LocalRedis;
 

@@ -2,12 +2,11 @@
 //! time, leadership moves when the leader is killed, and counter keys made without expiry get
 //! the expiry of their window (and only counter keys).
 
-mod common;
-
 use std::time::Duration;
 
-use common::process::TallyProcess;
-use common::{http_get, wait_for};
+use crate::common::process::TallyProcess;
+use crate::common::wait_for;
+use tally_testkit::http;
 use tally_testkit::local_redis::LocalRedis;
 
 fn config(redis: &LocalRedis) -> String {
@@ -47,7 +46,7 @@ async fn one_replica_audits_and_leadership_moves_when_it_dies() {
         .collect();
     for p in &procs {
         wait_for("tally serve ready", Duration::from_secs(20), || {
-            http_get(p.port, "/health/ready").is_some_and(|(code, _)| code == 200)
+            http::get(p.port, "/health/ready").is_some_and(|(code, _)| code == 200)
         })
         .await;
     }

@@ -1,11 +1,10 @@
 //! A hit that Redis cannot take, deferred by its caller, becomes an event on the topic and is
 //! counted exactly once by the stream path when Redis is back.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{hourly, http_post, produce_batch, total, wait_for, Harness};
+use crate::common::{hourly, produce_batch, total, wait_for, Harness};
+use tally_testkit::http;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deferred_hits_are_counted_once_when_redis_returns() {
@@ -24,10 +23,10 @@ async fn deferred_hits_are_counted_once_when_redis_returns() {
 
     let hit = r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"on_redis_error":"defer"}"#;
     // With Redis up, a hit is counted in Redis at once.
-    let a = http_post(port, "/v1/hit", hit).unwrap();
+    let a = http::post_json(port, "/v1/hit", hit).unwrap();
     assert_eq!(a.status, 200, "{}", a.body);
     h.redis.stop();
-    let refused = http_post(
+    let refused = http::post_json(
         port,
         "/v1/hit",
         r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"}}"#,
@@ -39,7 +38,7 @@ async fn deferred_hits_are_counted_once_when_redis_returns() {
         refused.body
     );
     for _ in 0..10 {
-        let a = http_post(port, "/v1/hit", hit).unwrap();
+        let a = http::post_json(port, "/v1/hit", hit).unwrap();
         assert_eq!(a.status, 202, "{}", a.body);
         assert!(a.body.contains("\"deferred\":true"), "{}", a.body);
     }

@@ -2,13 +2,11 @@
 //! against a real broker and redis-server, compared with a truth computed from the events; and
 //! their configuration errors. The kill -9 crash loop in `exactly_once.rs` runs them too.
 
-mod common;
-
 use std::time::Duration;
 
-use common::kinds::{self, Kinds};
-use common::stream::{self, Stream, COUNTERS};
-use common::Harness;
+use crate::common::kinds::{self, Kinds};
+use crate::common::stream::{self, Stream, COUNTERS};
+use crate::common::Harness;
 use tally::config::Config;
 
 /// `COUNTERS` (counts and kinds) on this harness.

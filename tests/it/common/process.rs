@@ -1,9 +1,11 @@
 //! Separate processes for crash tests: a stand-alone mock Kafka broker and `tally run`.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+use tally_testkit::scrape::Scrape;
+use tally_testkit::wait::{wait_for_value, wait_until};
 
 /// `tally mock-broker` in its own process, so tally can be SIGKILLed without killing Kafka.
 pub struct BrokerProcess {
@@ -118,33 +120,38 @@ impl TallyProcess {
         }
     }
 
-    /// The value of metric line `name` (exact name with labels), if served.
+    /// The value of sample `name` (`name` or `name{label="value"}`, exactly those labels), if
+    /// served within 2 s (a stopped process answers nothing).
     pub fn metric(&self, name: &str) -> Option<f64> {
-        let mut s = TcpStream::connect_timeout(
-            &([127, 0, 0, 1], self.port).into(),
-            Duration::from_millis(500),
-        )
-        .ok()?;
-        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-        s.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
-            .ok()?;
-        let mut body = String::new();
-        s.read_to_string(&mut body).ok()?;
-        body.lines()
-            .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')))
-            .and_then(|v| v.trim().parse().ok())
+        Scrape::get(self.port, Duration::from_secs(2))?.value(name)
     }
 
     /// Wait until metric `name` is at least `min`; false on timeout.
     pub fn wait_metric(&self, name: &str, min: f64, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if self.metric(name).is_some_and(|v| v >= min) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        wait_until(timeout, || self.metric(name).is_some_and(|v| v >= min))
+    }
+
+    /// The end of a crash test: let this replica run until `applied()` (the applied offsets
+    /// Redis holds) equals `produced` (panics with the log after `timeout`), then SIGTERM it
+    /// once it owns partitions (so SIGTERM means "drain") and assert that it exits 0.
+    pub fn finish(
+        &mut self,
+        produced: &[i64],
+        timeout: Duration,
+        applied: impl FnMut() -> Vec<i64>,
+    ) {
+        if let Err(applied) = wait_for_value(timeout, Duration::from_millis(100), applied, |a| {
+            a == produced
+        }) {
+            panic!(
+                "final run did not catch up: applied {applied:?} produced {produced:?}\n{}",
+                self.log()
+            );
         }
-        false
+        // It must be up (signal handlers installed, partitions owned) before SIGTERM.
+        assert!(self.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
+        let status = self.terminate(Duration::from_secs(30));
+        assert!(status.success(), "SIGTERM exits 0, got {status:?}");
     }
 
     /// Wait until it owns partitions (panics after 60 s), then until it has consumed something

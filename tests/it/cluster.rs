@@ -1,15 +1,16 @@
 //! Redis Cluster: 3 primaries with replicas on loopback. Exact counts with keys spread over all
 //! primaries, through resharding, a primary failover and crash loops of tally itself.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::process::{BrokerProcess, TallyProcess};
-use common::stream::{Stream, COUNTERS};
+use crate::common::process::{BrokerProcess, TallyProcess};
+use crate::common::stream::{Stream, COUNTERS};
 use rand::Rng;
 use tally_testkit::local_redis::LocalCluster;
+use tally_testkit::wait::wait_for_value;
 
 const PARTITIONS: i32 = 8;
 const SHARDS: u32 = 64;
@@ -52,21 +53,9 @@ fn finish(
     stream: &Stream,
 ) -> (usize, usize, Vec<usize>) {
     let mut t = TallyProcess::start(cfg, "final");
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        let applied = common::cluster::applied(cluster, SHARDS, group, topic, PARTITIONS);
-        if applied == produced {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "did not catch up: applied {applied:?} produced {produced:?}\n{}",
-            t.log()
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    assert!(t.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(30)));
-    assert!(t.terminate(Duration::from_secs(30)).success());
+    t.finish(produced, Duration::from_secs(180), || {
+        common::cluster::applied(cluster, SHARDS, group, topic, PARTITIONS)
+    });
     let (keys, mismatches, spread) = common::cluster::compare(cluster, SHARDS, &stream.truth());
     // The other kinds (distinct, leaderboard, hash storage), merged over the primaries.
     let mut kinds = common::kinds::Kinds::default();
@@ -83,21 +72,22 @@ fn finish(
 
 /// Wait until every node agrees on the slot configuration (`redis-cli --cluster check`).
 fn wait_agreement(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let check = || {
         let out = Command::new("redis-cli")
             .args(["--cluster", "check", &format!("127.0.0.1:{port}")])
             .output()
             .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        if out.status.success() && !text.contains("[ERR]") && !text.contains("[WARNING]") {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "cluster nodes never agreed: {text}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let agreed = out.status.success() && !text.contains("[ERR]") && !text.contains("[WARNING]");
+        (agreed, text)
+    };
+    if let Err((_, text)) = wait_for_value(
+        Duration::from_secs(60),
+        Duration::from_millis(200),
+        check,
+        |c| c.0,
+    ) {
+        panic!("cluster nodes never agreed: {text}");
     }
 }
 

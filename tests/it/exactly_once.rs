@@ -2,17 +2,18 @@
 //! tally runs as a separate process against a separate broker process; every Redis key is
 //! compared with the ground truth at the end.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::process::{BrokerProcess, TallyProcess};
-use common::stream::{self, Stream, COUNTERS};
+use crate::common::process::{BrokerProcess, TallyProcess};
+use crate::common::stream::{self, Stream, COUNTERS};
 use rand::{Rng, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tally_testkit::local_redis::LocalRedis;
+use tally_testkit::wait::wait_until;
 
 const PARTITIONS: i32 = 8;
 
@@ -78,23 +79,9 @@ fn finish_and_compare(
 ) -> (usize, usize) {
     let mut last = TallyProcess::start(cfg, "final");
     let mut conn = redis_conn(redis_url);
-    let deadline = Instant::now() + Duration::from_secs(180);
-    loop {
-        let applied = stream::applied(&mut conn, group, topic, PARTITIONS);
-        if applied == produced {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "final run did not catch up: applied {applied:?} produced {produced:?}\n{}",
-            last.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // It must be up (signal handlers installed, partitions owned) before SIGTERM means "drain".
-    assert!(last.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
-    let status = last.terminate(Duration::from_secs(30));
-    assert!(status.success(), "SIGTERM exits 0, got {status:?}");
+    last.finish(produced, Duration::from_secs(180), || {
+        stream::applied(&mut conn, group, topic, PARTITIONS)
+    });
     let (keys, mismatches) = stream::compare(&mut conn, &stream.truth());
     let mut kinds = common::kinds::Kinds::default();
     common::kinds::dump(&mut conn, &mut kinds);
@@ -266,18 +253,15 @@ fn zombie_replica_cannot_double_count() {
     // Wait until the new owner has applied past the zombie's last flush on every partition.
     let mut conn = redis_conn(&redis.url());
     let frozen = stream::applied(&mut conn, "g-zombie", topic, PARTITIONS);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while stream::applied(&mut conn, "g-zombie", topic, PARTITIONS)
-        .iter()
-        .zip(&frozen)
-        .any(|(now, then)| now <= then)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the new owner did not advance every partition"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    assert!(
+        wait_until(Duration::from_secs(60), || {
+            stream::applied(&mut conn, "g-zombie", topic, PARTITIONS)
+                .iter()
+                .zip(&frozen)
+                .all(|(now, then)| now > then)
+        }),
+        "the new owner did not advance every partition"
+    );
     assert!(
         sent.load(Ordering::Relaxed) > before,
         "events were produced while the zombie slept"
@@ -292,10 +276,7 @@ fn zombie_replica_cannot_double_count() {
                 .metric("tally_units_already_applied_total")
                 .unwrap_or(0.0)
     };
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while refused_now() < 1.0 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_until(Duration::from_secs(30), || refused_now() >= 1.0);
     let refused = refused_now();
     zombie.terminate(Duration::from_secs(30));
     other.kill9();

@@ -2,8 +2,6 @@
 //! lock, is told so when it resumes, and its release deletes nothing; one killed with SIGKILL
 //! leaves a lock that expires.
 
-mod common;
-
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;

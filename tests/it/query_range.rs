@@ -1,16 +1,15 @@
 //! Range queries (sliding windows over tumbling buckets) checked against a truth computed from
 //! the produced events, over many bucket boundaries; the batch form; the HTTP errors.
 
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::stream::{Stream, COUNTERS};
+use crate::common::Harness;
 use chrono::{TimeZone, Utc};
-use common::stream::{Stream, COUNTERS};
-use common::{http_get, Harness};
 use tally::query::{Query, Span};
+use tally_testkit::http;
 
 const MINUTE: i64 = 60_000;
 const HOUR: i64 = 3_600_000;
@@ -162,7 +161,7 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
     )
     .await
     .unwrap();
-    let (code, body) = http_get(port, &format!("/v1/counters/minute?ip={ip}&last=90")).unwrap();
+    let (code, body) = http::get(port, &format!("/v1/counters/minute?ip={ip}&last=90")).unwrap();
     assert_eq!(code, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["windows"].as_array().unwrap().len(), 90);
@@ -184,13 +183,13 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
         ("/v1/counters/top?app_id=app0&top=0", "top must be"),
         ("/v1/counters/top?app_id=app0&top=x", "top must be"),
     ] {
-        let (code, body) = http_get(port, path).unwrap();
+        let (code, body) = http::get(port, path).unwrap();
         assert_eq!(code, 400, "{path}: {body}");
         assert!(body.contains(why), "{path}: {body}");
     }
     // Leaderboards list the best `top` members over the range, scores summed.
     let (code, body) =
-        http_get(port, &format!("/v1/counters/top?app_id={app}&last=3&top=3")).unwrap();
+        http::get(port, &format!("/v1/counters/top?app_id={app}&last=3&top=3")).unwrap();
     assert_eq!(code, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     let since = now.div_euclid(HOUR) * HOUR - 2 * HOUR;
@@ -219,7 +218,7 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
         "/v1/counters/minute?ip=1&from=-9223372036854775808&to=9223372036854775807",
         "/v1/counters/minute?ip=1&last=18446744073709551616",
     ] {
-        let (code, body) = http_get(port, path).unwrap();
+        let (code, body) = http::get(port, path).unwrap();
         assert!(code == 200 || code == 400, "{path}: {code} {body}");
     }
     stop.cancel();

@@ -1,11 +1,10 @@
 //! Reading counters back: `tally key`, `tally query` and `GET /v1/count` agree with Redis.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::{counter, http_get, Harness};
+use crate::common::{counter, Harness};
+use tally_testkit::http;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_query_and_http_count_agree_with_redis() {
@@ -47,7 +46,7 @@ async fn key_query_and_http_count_agree_with_redis() {
     assert_eq!(h.dump("flow:count:a1:*").get(&want_key), Some(&7));
 
     // HTTP.
-    let (status, body) = http_get(
+    let (status, body) = http::get(
         port,
         &format!("/v1/count?counter=flow&app_id=a1&device_id=d%3A1&ip=%3A%3A1&at={at}"),
     )
@@ -56,10 +55,10 @@ async fn key_query_and_http_count_agree_with_redis() {
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(json["key"], want_key.as_str());
     assert_eq!(json["value"], 7);
-    let (status, body) = http_get(port, "/v1/count?counter=flow&app_id=a1").expect("http answer");
+    let (status, body) = http::get(port, "/v1/count?counter=flow&app_id=a1").expect("http answer");
     assert_eq!(status, 400, "missing dimensions are a client error: {body}");
     assert!(body.contains("device_id"), "{body}");
-    let (status, _) = http_get(port, "/v1/count?counter=nope&app_id=a1").expect("http answer");
+    let (status, _) = http::get(port, "/v1/count?counter=nope&app_id=a1").expect("http answer");
     assert_eq!(status, 400);
     running.stop().await;
 

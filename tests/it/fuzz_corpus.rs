@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-#[path = "../fuzz/src/lib.rs"]
+#[path = "../../fuzz/src/lib.rs"]
 mod targets;
 
 /// Feeds every file under `fuzz/{seeds,corpus}/<target>/` to `run`; returns how many.

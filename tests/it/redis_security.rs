@@ -1,12 +1,10 @@
 //! Redis with AUTH (an ACL user) and over TLS with a private CA: tally connects and counts
 //! exactly.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{hourly, wait_for, Harness};
 use chrono::Utc;
-use common::{hourly, wait_for, Harness};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_auth_with_acl_user_and_password() {

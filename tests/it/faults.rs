@@ -1,11 +1,12 @@
 //! Restarts, Redis outages, NOSCRIPT and bad input: nothing accepted is lost or counted twice.
 
-mod common;
+use crate::common;
+use tally_testkit::http;
 
 use std::time::Duration;
 
+use crate::common::{hourly, produce_batch, total, wait_for, Harness};
 use chrono::Utc;
-use common::{hourly, http_get, produce_batch, total, wait_for, Harness};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 
@@ -188,10 +189,10 @@ async fn backpressure_pauses_while_redis_is_down_and_readiness_follows() {
     let running = h.start(config);
     let m = running.metrics.clone();
     wait_for("ready", Duration::from_secs(30), || {
-        http_get(port, "/health/ready").is_some_and(|r| r.0 == 200)
+        http::get(port, "/health/ready").is_some_and(|r| r.0 == 200)
     })
     .await;
-    assert_eq!(http_get(port, "/health/live").map(|r| r.0), Some(200));
+    assert_eq!(http::get(port, "/health/live").map(|r| r.0), Some(200));
 
     h.redis.stop();
     let now = Utc::now().timestamp_millis();
@@ -211,7 +212,7 @@ async fn backpressure_pauses_while_redis_is_down_and_readiness_follows() {
     wait_for(
         "not ready while redis is down",
         Duration::from_secs(30),
-        || http_get(port, "/health/ready").is_some_and(|r| r.0 == 503),
+        || http::get(port, "/health/ready").is_some_and(|r| r.0 == 503),
     )
     .await;
     // Paused: consumption stops well short of the 5,000 messages produced.
@@ -230,7 +231,7 @@ async fn backpressure_pauses_while_redis_is_down_and_readiness_follows() {
     })
     .await;
     wait_for("ready again", Duration::from_secs(30), || {
-        http_get(port, "/health/ready").is_some_and(|r| r.0 == 200)
+        http::get(port, "/health/ready").is_some_and(|r| r.0 == 200)
     })
     .await;
     running.stop().await;

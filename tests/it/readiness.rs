@@ -1,15 +1,14 @@
 //! Readiness follows Kafka: `/health/ready` turns 503 once no broker has been reachable for
 //! `kafka.unreachable_after`, says why, and turns 200 again when the broker is back.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{counter, http_get, wait_for, Harness};
+use crate::common::{counter, wait_for, Harness};
+use tally_testkit::http;
 
 /// `/health/ready` off the blocking pool: status and body.
 async fn ready(port: u16) -> Option<(u16, String)> {
-    tokio::task::spawn_blocking(move || http_get(port, "/health/ready"))
+    tokio::task::spawn_blocking(move || http::get(port, "/health/ready"))
         .await
         .unwrap()
 }
@@ -80,7 +79,7 @@ async fn not_ready_while_the_only_broker_is_down() {
     h.mock.broker_up(1).expect("broker up");
     let up = Instant::now();
     wait_for("ready again", Duration::from_secs(30), || {
-        http_get(port, "/health/ready").is_some_and(|r| r.0 == 200)
+        http::get(port, "/health/ready").is_some_and(|r| r.0 == 200)
     })
     .await;
     eprintln!("ready {:?} after the broker came back", up.elapsed());

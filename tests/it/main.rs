@@ -1,0 +1,32 @@
+//! The service's integration tests, one binary: each module was once a test binary of its own,
+//! and each linked librdkafka and the whole service again. `common` is the in-process harness
+//! (a mock Kafka broker, a real `redis-server`, tally in-process or as a process); the parts that
+//! the benchmark also uses (HTTP, Prometheus scrapes, waiting) are in `tally_testkit`.
+//!
+//! Filter by module: `cargo nextest run -E 'test(/^exactly_once::/)'`.
+
+mod common;
+
+mod cluster;
+mod config_cli;
+mod defer;
+mod exactly_once;
+mod faults;
+mod fuzz_corpus;
+mod group;
+mod hostile;
+mod http;
+mod jobs;
+mod kinds;
+mod locks;
+mod observability;
+mod pipeline;
+mod query;
+mod query_range;
+mod readiness;
+mod reconcile;
+mod redis_security;
+mod request_path;
+mod scripts;
+mod signals;
+mod state_loss;
