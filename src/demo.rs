@@ -85,10 +85,10 @@ pub async fn run(
         if opts.duration.is_some_and(|d| started.elapsed() >= d) {
             break;
         }
-        let consumed = metrics.messages_consumed.get();
+        let consumed = metrics.consumer.messages_consumed.get();
         let prod = produced.load(Ordering::Relaxed);
         let secs = last.0.elapsed().as_secs_f64();
-        let flush = &metrics.flush_duration;
+        let flush = &metrics.sink.flush_duration;
         let mean_ms = if flush.get_sample_count() > 0 {
             flush.get_sample_sum() / flush.get_sample_count() as f64 * 1000.0
         } else {
@@ -101,10 +101,10 @@ pub async fn run(
             (prod - last.1) as f64 / secs,
             consumed,
             (consumed - last.2) as f64 / secs,
-            metrics.keys_flushed.get(),
+            metrics.sink.keys_flushed.get(),
             flush.get_sample_count(),
             mean_ms,
-            metrics.pending_keys.get(),
+            metrics.aggregate.pending_keys.get(),
         );
         last = (Instant::now(), prod, consumed);
         if let Ok(top) = top_counters(&mut conn, "flow:count:*", 10).await {
@@ -119,9 +119,9 @@ pub async fn run(
     task.await??;
     println!(
         "done: consumed {} messages, flushed {} keys in {} flushes",
-        metrics.messages_consumed.get(),
-        metrics.keys_flushed.get(),
-        metrics.flush_duration.get_sample_count()
+        metrics.consumer.messages_consumed.get(),
+        metrics.sink.keys_flushed.get(),
+        metrics.sink.flush_duration.get_sample_count()
     );
     Ok(())
 }

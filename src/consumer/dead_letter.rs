@@ -22,9 +22,9 @@ impl ProducerContext for DeliveryCounter {
     type DeliveryOpaque = ();
     fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
         match result {
-            Ok(_) => self.metrics.dead_letters.inc(),
+            Ok(_) => self.metrics.decode.dead_letters.inc(),
             Err((e, _)) => {
-                self.metrics.dead_letter_errors.inc();
+                self.metrics.decode.dead_letter_errors.inc();
                 tracing::warn!(error = %e, "dead-letter delivery failed");
             }
         }
@@ -122,7 +122,7 @@ impl DeadLetters {
             record = record.payload(p);
         }
         if let Err((e, _)) = self.producer.send(record) {
-            self.metrics.dead_letter_errors.inc();
+            self.metrics.decode.dead_letter_errors.inc();
             tracing::warn!(error = %e, "cannot queue a dead letter");
         }
     }

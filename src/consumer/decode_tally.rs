@@ -66,11 +66,14 @@ impl DecodeTally {
     /// Add the counts to the metrics and start again from zero.
     pub(super) fn publish(&mut self, metrics: &Metrics) {
         metrics
+            .consumer
             .messages_consumed
             .inc_by(std::mem::take(&mut self.consumed));
         for (i, n) in self.decode_errors.iter_mut().enumerate() {
             if *n > 0 {
-                metrics.decode_failed(DecodeError::ALL[i], std::mem::take(n));
+                metrics
+                    .decode
+                    .decode_failed(DecodeError::ALL[i], std::mem::take(n));
             }
         }
     }

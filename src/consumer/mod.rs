@@ -88,6 +88,7 @@ impl ClientContext for TallyContext {
         for (p, part) in &topic.partitions {
             if *p >= 0 && part.consumer_lag >= 0 {
                 self.metrics
+                    .consumer
                     .consumer_lag
                     .with_label_values(&[&p.to_string()])
                     .set(part.consumer_lag);
@@ -163,7 +164,7 @@ pub fn run(
                 if is_offset_reset(&e) {
                     // librdkafka moved a partition to the start of the log because the
                     // position it was reading had been deleted: what lay between is lost.
-                    ctx.metrics.offset_reset(ResetReason::AutoReset);
+                    ctx.metrics.recovery.offset_reset(ResetReason::AutoReset);
                     tracing::error!(error = %e, "kafka reset a partition's position: offsets deleted by retention before tally read them are lost");
                 } else if let Some(suppressed) = ctx.kafka_log.allow() {
                     tracing::warn!(error = %e, suppressed, "kafka consume error");

@@ -140,7 +140,7 @@ impl PartitionStates {
     pub(super) fn opened(&mut self, partition: i32, start: &Start, metrics: &Metrics) {
         match start.origin {
             Origin::Rebuild { from, end } => {
-                metrics.state_rebuilds.inc();
+                metrics.recovery.state_rebuilds.inc();
                 tracing::error!(
                     partition,
                     from,
@@ -161,7 +161,7 @@ impl PartitionStates {
             Origin::Fence => {}
         }
         if let Some(applied) = start.gap_from {
-            metrics.offset_reset(ResetReason::BeforeLogStart);
+            metrics.recovery.offset_reset(ResetReason::BeforeLogStart);
             tracing::error!(
                 partition,
                 applied,

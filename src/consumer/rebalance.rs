@@ -25,7 +25,7 @@ impl ConsumerContext for TallyContext {
         let mut worker = guard.borrow_mut();
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                self.metrics.rebalanced(RebalanceKind::Assign);
+                self.metrics.consumer.rebalanced(RebalanceKind::Assign);
                 if !self.shutdown.is_cancelled() {
                     worker.on_assign(consumer, tpl);
                 }
@@ -38,7 +38,7 @@ impl ConsumerContext for TallyContext {
                 r
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                self.metrics.rebalanced(RebalanceKind::Revoke);
+                self.metrics.consumer.rebalanced(RebalanceKind::Revoke);
                 worker.on_revoke(consumer, tpl);
                 if cooperative {
                     consumer.incremental_unassign(tpl)

@@ -67,7 +67,7 @@ impl Worker {
             decoder,
             tally: DecodeTally::new(),
             flusher: Flusher::new(sink, &flush),
-            commits: Committer::new(topic.clone(), metrics.committed_offset.clone()),
+            commits: Committer::new(topic.clone(), metrics.consumer.committed_offset.clone()),
             parts: PartitionStates::new(state),
             gauges: LaneGauges::new(&metrics),
             metrics,
@@ -172,18 +172,21 @@ impl Worker {
         for (i, counter) in self.agg.counters().iter().enumerate() {
             if stats.counted[i] > 0 {
                 self.metrics
+                    .aggregate
                     .events_counted
                     .with_label_values(&[&counter.name])
                     .inc_by(stats.counted[i]);
             }
             if stats.late[i] > 0 {
                 self.metrics
+                    .aggregate
                     .late_events
                     .with_label_values(&[&counter.name])
                     .inc_by(stats.late[i]);
             }
         }
         self.metrics
+            .aggregate
             .replayed_events_skipped
             .inc_by(stats.replay_skipped);
         let pending = self.agg.pending_keys() + self.flusher.in_flight_keys();
@@ -321,7 +324,7 @@ impl Worker {
     fn open(&mut self, partition: i32, decision: Result<Start, Halt>) -> Result<i64, Halt> {
         let start = decision.inspect_err(|halt| {
             if let Halt::BeyondEnd { .. } = halt {
-                self.metrics.offset_reset(ResetReason::BeyondEnd);
+                self.metrics.recovery.offset_reset(ResetReason::BeyondEnd);
             }
         })?;
         self.parts.opened(partition, &start, &self.metrics);
@@ -437,6 +440,7 @@ impl Worker {
             self.parts.revoked(p, &mut self.gauges);
             let _ = self
                 .metrics
+                .consumer
                 .consumer_lag
                 .remove_label_values(&[&p.to_string()]);
         }

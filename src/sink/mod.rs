@@ -230,12 +230,12 @@ impl Sink {
         }
         if let AttemptError::NoScript = error {
             // Reloaded already; retry at once: units that did apply are skipped by their fence.
-            self.metrics.noscript_reloads.inc();
+            self.metrics.redis.noscript_reloads.inc();
             tracing::info!("flush script was missing in redis and has been loaded again");
             return true;
         }
         self.note_failure(&error);
-        self.metrics.redis_retries.inc();
+        self.metrics.redis.redis_retries.inc();
         let jittered = delay.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
         tracing::warn!(error = %error, retry_in = ?jittered, "redis request failed, will retry");
         *delay = (*delay * 2).min(self.flush.retry_max);
@@ -257,7 +257,7 @@ impl Sink {
             AttemptError::UnsafeEviction(_) => RedisErrorKind::EvictionPolicy,
             _ => RedisErrorKind::Response,
         };
-        self.metrics.redis_error(kind);
+        self.metrics.redis.redis_error(kind);
         self.health.redis.store(false, Ordering::Relaxed);
         self.conn = None;
     }
@@ -268,6 +268,7 @@ impl Sink {
         let policies = conn.eviction_policies().await?;
         let unsafe_policy = policies.into_iter().find(|p| p != "noeviction");
         self.metrics
+            .redis
             .eviction_policy_unsafe
             .set(i64::from(unsafe_policy.is_some()));
         match unsafe_policy {
@@ -352,12 +353,13 @@ impl Sink {
     /// Count a landed flush (`keys`: entries sent, `started`: when it was received).
     fn observe_flush(&self, outcome: &FlushOutcome, started: Instant, keys: usize) {
         self.metrics
+            .sink
             .flush_duration
             .observe(started.elapsed().as_secs_f64());
-        self.metrics.flush_keys.observe(keys as f64);
-        self.metrics.keys_flushed.inc_by(outcome.keys_written);
-        self.metrics.late_keys.inc_by(outcome.late_keys);
-        self.metrics.fence_conflicts.inc_by(
+        self.metrics.sink.flush_keys.observe(keys as f64);
+        self.metrics.sink.keys_flushed.inc_by(outcome.keys_written);
+        self.metrics.sink.late_keys.inc_by(outcome.late_keys);
+        self.metrics.sink.fence_conflicts.inc_by(
             outcome
                 .refusals
                 .iter()
@@ -365,10 +367,13 @@ impl Sink {
                 .count() as u64,
         );
         self.metrics
+            .sink
             .keys_refused(RejectReason::Overflow, outcome.overflow_keys);
         self.metrics
+            .sink
             .keys_refused(RejectReason::NotInteger, outcome.rejected_keys);
         self.metrics
+            .sink
             .units_already_applied
             .inc_by(outcome.already_applied);
         if outcome.rejected_keys > 0 || outcome.overflow_keys > 0 {

@@ -50,7 +50,7 @@ async fn restarted_consumer_resumes_and_loses_nothing() {
     produce_batch(&mut h, 3_000, 2_000);
     let second = h.start(config);
     h.wait_applied("g-restart", Duration::from_secs(60)).await;
-    let consumed = second.metrics.messages_consumed.clone();
+    let consumed = second.metrics.consumer.messages_consumed.clone();
     second.stop().await;
     assert_eq!(total(&h, "rs:*"), 5_000, "every event counted exactly once");
     assert_eq!(
@@ -78,7 +78,7 @@ async fn redis_outage_loses_nothing_and_commits_nothing_unlanded() {
     produce_batch(&mut h, 2_000, 3_000);
     let m = running.metrics.clone();
     wait_for("redis errors", Duration::from_secs(20), || {
-        m.redis_retries.get() >= 2
+        m.redis.redis_retries.get() >= 2
     })
     .await;
     // While Redis is down, nothing past what landed may be committed.
@@ -107,7 +107,7 @@ async fn script_flush_during_a_run_recovers() {
         .unwrap();
     produce_batch(&mut h, 1_000, 1_000);
     h.wait_applied("g-noscript", Duration::from_secs(60)).await;
-    let reloads = running.metrics.noscript_reloads.get();
+    let reloads = running.metrics.redis.noscript_reloads.get();
     running.stop().await;
     assert!(reloads >= 1, "NOSCRIPT was seen and the script reloaded");
     assert_eq!(total(&h, "ns:*"), 2_000);
@@ -163,7 +163,7 @@ async fn bad_messages_are_counted_by_reason_and_the_stream_continues() {
     ] {
         let want = 3 * bad.iter().filter(|(r, _)| *r == reason).count() as u64;
         assert_eq!(
-            m.decode_errors.with_label_values(&[reason]).get(),
+            m.decode.decode_errors.with_label_values(&[reason]).get(),
             want,
             "reason {reason}"
         );
@@ -206,7 +206,7 @@ async fn backpressure_pauses_while_redis_is_down_and_readiness_follows() {
     }
     h.flush_producer();
     wait_for("backpressure engaged", Duration::from_secs(30), || {
-        m.backpressure_paused.get() == 1
+        m.consumer.backpressure_paused.get() == 1
     })
     .await;
     wait_for(
@@ -216,8 +216,8 @@ async fn backpressure_pauses_while_redis_is_down_and_readiness_follows() {
     )
     .await;
     // Paused: consumption stops well short of the 5,000 messages produced.
-    let consumed = m.messages_consumed.get();
-    let pending = m.pending_keys.get();
+    let consumed = m.consumer.messages_consumed.get();
+    let pending = m.aggregate.pending_keys.get();
     assert!(consumed < 5_000, "consumed {consumed} while paused");
     assert!(
         pending as usize <= 200 + 50 + 2,
@@ -227,7 +227,7 @@ async fn backpressure_pauses_while_redis_is_down_and_readiness_follows() {
     h.redis.restart().unwrap();
     h.wait_applied("g-bp", Duration::from_secs(60)).await;
     wait_for("resumed", Duration::from_secs(30), || {
-        m.backpressure_paused.get() == 0
+        m.consumer.backpressure_paused.get() == 0
     })
     .await;
     wait_for("ready again", Duration::from_secs(30), || {
@@ -261,7 +261,7 @@ async fn undecodable_messages_go_to_the_dead_letter_topic_with_reasons() {
     h.wait_applied("g-dlq", Duration::from_secs(60)).await;
     let m = running.metrics.clone();
     wait_for("dead letters delivered", Duration::from_secs(30), || {
-        m.dead_letters.get() == 3
+        m.decode.dead_letters.get() == 3
     })
     .await;
     running.stop().await;

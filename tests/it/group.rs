@@ -24,9 +24,10 @@ async fn two_consumers_split_partitions_and_count_everything() {
         "both replicas own partitions",
         Duration::from_secs(60),
         || {
-            ma.assigned_partitions.get() > 0
-                && mb.assigned_partitions.get() > 0
-                && ma.assigned_partitions.get() + mb.assigned_partitions.get() == 6
+            ma.consumer.assigned_partitions.get() > 0
+                && mb.consumer.assigned_partitions.get() > 0
+                && ma.consumer.assigned_partitions.get() + mb.consumer.assigned_partitions.get()
+                    == 6
         },
     )
     .await;
@@ -41,7 +42,10 @@ async fn two_consumers_split_partitions_and_count_everything() {
     }
     h.flush_producer();
     h.wait_applied("g-group", Duration::from_secs(60)).await;
-    let (ca, cb) = (ma.messages_consumed.get(), mb.messages_consumed.get());
+    let (ca, cb) = (
+        ma.consumer.messages_consumed.get(),
+        mb.consumer.messages_consumed.get(),
+    );
     a.stop().await;
     b.stop().await;
     assert!(ca > 0 && cb > 0, "both consumed: {ca} + {cb}");

@@ -114,7 +114,7 @@ async fn exact_counts_and_expiry_across_windows_partitions_and_counters() {
     h.wait_applied("g-exact", Duration::from_secs(60)).await;
     let m = running.metrics.clone();
     wait_for("consumed metric", Duration::from_secs(10), || {
-        m.messages_consumed.get() == n
+        m.consumer.messages_consumed.get() == n
     })
     .await;
     running.stop().await;
@@ -141,9 +141,15 @@ async fn exact_counts_and_expiry_across_windows_partitions_and_counters() {
     for (k, w) in &want {
         assert_eq!(got.get(k), Some(w), "key {k}");
     }
-    assert_eq!(m.events_counted.with_label_values(&["flow"]).get(), n);
     assert_eq!(
-        m.late_events.with_label_values(&["daily"]).get(),
+        m.aggregate
+            .events_counted
+            .with_label_values(&["flow"])
+            .get(),
+        n
+    );
+    assert_eq!(
+        m.aggregate.late_events.with_label_values(&["daily"]).get(),
         daily_late
     );
 }
@@ -179,7 +185,7 @@ async fn late_events_are_counted_as_late_and_not_written() {
     h.wait_applied("g-late", Duration::from_secs(60)).await;
     let m = running.metrics.clone();
     wait_for("late metric", Duration::from_secs(10), || {
-        m.late_events.with_label_values(&["flow"]).get() == 10
+        m.aggregate.late_events.with_label_values(&["flow"]).get() == 10
     })
     .await;
     running.stop().await;

@@ -25,6 +25,7 @@ fn halted(running: &Running, partition: i32, reason: &str) -> i64 {
         .any(|h| h.starts_with(&format!("partition {partition}:")));
     let count = running
         .metrics
+        .recovery
         .partitions_halted
         .with_label_values(&[reason])
         .get();
@@ -144,7 +145,7 @@ async fn redis_emptied_while_stopped_is_rebuilt_from_the_retained_log() {
     produce_batch(&mut h, 2_000, 100);
     let second = h.start(config);
     h.wait_applied(g, WAIT).await;
-    let rebuilds = second.metrics.state_rebuilds.get();
+    let rebuilds = second.metrics.recovery.state_rebuilds.get();
     second.stop().await;
     // Before this change: 100 (the partitions resumed at Kafka's committed offset).
     assert_eq!(total(&h, "ls:*"), 2_100, "live windows recounted exactly");
@@ -192,7 +193,7 @@ async fn redis_emptied_while_running_is_rebuilt() {
     let _: () = redis::cmd("FLUSHALL").query(&mut h.conn()).unwrap();
     produce_batch(&mut h, 1_500, 300);
     h.wait_applied(g, WAIT).await;
-    let rebuilds = running.metrics.state_rebuilds.get();
+    let rebuilds = running.metrics.recovery.state_rebuilds.get();
     running.stop().await;
     assert_eq!(total(&h, "lr:*"), 1_800);
     assert_eq!(rebuilds, 3);
@@ -273,6 +274,7 @@ async fn an_applied_offset_beyond_the_topic_halts_instead_of_dropping() {
     wait_partition(&h, g, 1).await;
     let resets = running
         .metrics
+        .recovery
         .offset_resets
         .with_label_values(&["beyond_end"])
         .get();
@@ -317,7 +319,7 @@ async fn an_evicting_redis_is_refused_at_start_and_at_runtime() {
     set_eviction_policy(&h, "volatile-lru");
     let m = running.metrics.clone();
     wait_for("eviction detected", WAIT, || {
-        m.eviction_policy_unsafe.get() == 1
+        m.redis.eviction_policy_unsafe.get() == 1
     })
     .await;
     produce_batch(&mut h, 200, 100);

@@ -30,7 +30,7 @@ pub fn role_tally(config: &Path, partitions: i64) -> anyhow::Result<()> {
     std::thread::Builder::new()
         .name("bench-watch".into())
         .spawn(move || loop {
-            if metrics.assigned_partitions.get() >= partitions {
+            if metrics.consumer.assigned_partitions.get() >= partitions {
                 println!("{}", serde_json::json!({ "assigned_at": unix_secs_f64() }));
                 let _ = std::io::stdout().flush();
                 return;
