@@ -7,12 +7,12 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Path, Query as Params, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
 
+use super::problem::{Body, Problem};
 use crate::query::{parse_time, Query, QueryError, Span};
 
 /// Largest batch body, bytes.
@@ -28,11 +28,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>(query: Arc<Query>) -> Router<S> 
 }
 
 fn error(e: QueryError) -> Response {
-    let code = match e {
-        QueryError::Redis(_) => StatusCode::SERVICE_UNAVAILABLE,
-        _ => StatusCode::BAD_REQUEST,
-    };
-    (code, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
+    Problem::from_query(e).into_response()
 }
 
 /// The span named by `window`, `last`, or `from` + `to` (at most one of the three).
@@ -122,7 +118,7 @@ fn ten() -> usize {
 async fn batch(
     State(q): State<Arc<Query>>,
     Path(name): Path<String>,
-    Json(b): Json<BatchBody>,
+    Body(b): Body<BatchBody>,
 ) -> Response {
     let last = b.last.map(|n| n.to_string());
     let span = match span(

@@ -5,11 +5,15 @@
 //! `http.header_timeout`, a request is answered within `http.request_timeout`, and at most
 //! `http.max_connections` are served at once. With `http.token` (or `http.token_file`) set,
 //! `/v1/*` needs `Authorization: Bearer <token>`; metrics and health stay open for scrapers and
-//! probes.
+//! probes. Every error answer is a problem detail (RFC 9457, [`Problem`]).
 
 mod counters;
 mod listener;
+mod problem;
 mod request;
+
+pub use problem::{Body, Kind, Problem};
+pub use request::{MAX_COST, MAX_LOCK_TTL_MS, MAX_LOCK_WAIT_MS, MAX_POLICIES};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::HttpConfig;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::query::{parse_time, Query, QueryError};
+use crate::query::{parse_time, Query};
 
 #[derive(Clone)]
 struct AppState {
@@ -72,6 +76,13 @@ pub async fn serve(
         .route("/health/live", get(|| async { "ok\n" }))
         .route("/health/ready", get(ready_handler))
         .merge(v1)
+        .fallback(|| async { Problem::new(Kind::NotFound, "no such route") })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(
+                Kind::MethodNotAllowed,
+                "this route does not take that method",
+            )
+        })
         .layer(middleware::from_fn_with_state(
             config.request_timeout,
             limit_time,
@@ -94,7 +105,11 @@ pub async fn serve(
 async fn limit_time(State(limit): State<Duration>, request: Request, next: Next) -> Response {
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
-        Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "request timed out\n").into_response(),
+        Err(_) => Problem::new(
+            Kind::Timeout,
+            format!("no answer within http.request_timeout ({limit:?})"),
+        )
+        .into_response(),
     }
 }
 
@@ -110,12 +125,13 @@ async fn require_token(State(token): State<Arc<str>>, request: Request, next: Ne
     if given.is_some_and(|t| same_secret(t.as_bytes(), token.as_bytes())) {
         return next.run(request).await;
     }
-    (
-        StatusCode::UNAUTHORIZED,
-        [(header::WWW_AUTHENTICATE, "Bearer")],
-        "missing or wrong bearer token\n",
-    )
-        .into_response()
+    let mut response =
+        Problem::new(Kind::Unauthorized, "missing or wrong bearer token").into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    response
 }
 
 /// Equality whose time does not depend on where the inputs differ, so the token cannot be
@@ -160,22 +176,19 @@ async fn count_handler(
     >,
 ) -> Response {
     let Some(query) = state.query else {
-        return (StatusCode::NOT_FOUND, "queries are not enabled\n").into_response();
+        return Problem::new(Kind::NotFound, "queries are not enabled").into_response();
     };
     let counter = match query.counter_named(params.remove("counter")) {
         Ok(counter) => counter,
-        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+        Err(e) => return Problem::from_query(e).field("counter").into_response(),
     };
     let at = match parse_time(params.remove("at").as_deref()) {
         Ok(at) => at,
-        Err(e) => return (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+        Err(e) => return Problem::from_query(e).into_response(),
     };
     match query.fetch(&counter, &params, at).await {
         Ok(answer) => axum::Json(answer).into_response(),
-        Err(e @ QueryError::Redis(_)) => {
-            (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
-        }
-        Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+        Err(e) => Problem::from_query(e).into_response(),
     }
 }
 

@@ -1,5 +1,6 @@
-//! `POST /v1/hit`, `/v1/limit`, `/v1/quota`, `/v1/once`, `/v1/unique`, `/v1/pool`: JSON in,
-//! JSON out. Bad input is 400 with a message, Redis unavailable 503; rate-limit answers carry
+//! `POST /v1/hit`, `/v1/limit`, `/v1/quota`, `/v1/once`, `/v1/unique`, `/v1/pool`, `/v1/locks`:
+//! JSON in, JSON out. Errors are problem details (`problem.rs`): bad input a 400 naming the field
+//! and the allowed range, Redis unavailable a 503; rate-limit answers carry
 //! `RateLimit-Policy`, `RateLimit` and (when denied) `Retry-After`, and are 429 when denied if
 //! the request asks for it (`"reject": true`).
 
@@ -14,6 +15,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use tally_counters::request::{Hit, RequestError};
 
+use super::problem::{Body, Problem};
 use crate::query::parse_time;
 use crate::request::{Action, Requests};
 
@@ -35,12 +37,26 @@ pub fn routes<S: Clone + Send + Sync + 'static>(requests: Arc<Requests>) -> Rout
 }
 
 fn error(e: RequestError) -> Response {
-    let code = match &e {
-        RequestError::Invalid(_) | RequestError::Lookup(_) => StatusCode::BAD_REQUEST,
-        RequestError::Redis(_) => StatusCode::SERVICE_UNAVAILABLE,
-        RequestError::Reply { .. } => StatusCode::BAD_GATEWAY,
-    };
-    (code, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
+    Problem::from_request(e).into_response()
+}
+
+/// Most policies one limit call may name (each is a key and a script step).
+pub const MAX_POLICIES: usize = 16;
+/// Largest cost of one limit call.
+pub const MAX_COST: u64 = 1_000_000_000;
+/// Longest lease an HTTP acquire or extend may ask for (a day): a crashed holder's lease must
+/// run out in reasonable time.
+pub const MAX_LOCK_TTL_MS: u64 = 86_400_000;
+
+/// Refuse an empty name.
+fn named(field: &str, name: &str) -> Result<(), Problem> {
+    if name.is_empty() {
+        return Err(Problem::invalid(
+            field,
+            format!("`{field}` must not be empty"),
+        ));
+    }
+    Ok(())
 }
 
 fn reply<T: serde::Serialize>(result: Result<T, RequestError>) -> Response {
@@ -92,7 +108,10 @@ fn one() -> i64 {
     1
 }
 
-async fn hit(State(r): State<Arc<Requests>>, Json(b): Json<HitBody>) -> Response {
+async fn hit(State(r): State<Arc<Requests>>, Body(b): Body<HitBody>) -> Response {
+    if let Err(p) = named("counter", &b.counter) {
+        return p.into_response();
+    }
     let at_ms = match time(b.at.as_deref()) {
         Ok(at) => at,
         Err(e) => return error(e),
@@ -136,9 +155,40 @@ fn one_unit() -> u64 {
     1
 }
 
-async fn limit(State(r): State<Arc<Requests>>, Json(b): Json<LimitBody>) -> Response {
+/// The policies a limit call names, checked: 1 to `MAX_POLICIES`, none empty, none twice, and
+/// a cost of at most `MAX_COST`.
+fn policies(b: &LimitBody) -> Result<Vec<&str>, Problem> {
     let mut names: Vec<&str> = b.policies.iter().map(String::as_str).collect();
     names.extend(b.policy.as_deref());
+    if names.is_empty() || names.len() > MAX_POLICIES {
+        return Err(Problem::invalid(
+            "policies",
+            format!("name 1 to {MAX_POLICIES} policies (got {})", names.len()),
+        ));
+    }
+    for (i, name) in names.iter().enumerate() {
+        named("policies", name)?;
+        if names[..i].contains(name) {
+            return Err(Problem::invalid(
+                "policies",
+                format!("policy `{name}` is named twice"),
+            ));
+        }
+    }
+    if b.cost > MAX_COST {
+        return Err(Problem::invalid(
+            "cost",
+            format!("cost must be at most {MAX_COST} (got {})", b.cost),
+        ));
+    }
+    Ok(names)
+}
+
+async fn limit(State(r): State<Arc<Requests>>, Body(b): Body<LimitBody>) -> Response {
+    let names = match policies(&b) {
+        Ok(names) => names,
+        Err(p) => return p.into_response(),
+    };
     let d = match r.limit(&names, &b.subject, b.cost, b.action).await {
         Ok(d) => d,
         Err(e) => return error(e),
@@ -177,7 +227,10 @@ struct QuotaBody {
     action: Action,
 }
 
-async fn quota(State(r): State<Arc<Requests>>, Json(b): Json<QuotaBody>) -> Response {
+async fn quota(State(r): State<Arc<Requests>>, Body(b): Body<QuotaBody>) -> Response {
+    if let Err(p) = named("quota", &b.quota) {
+        return p.into_response();
+    }
     reply(r.quota(&b.quota, b.user.as_deref(), b.action).await)
 }
 
@@ -191,7 +244,10 @@ struct OnceBody {
     action: Action,
 }
 
-async fn once(State(r): State<Arc<Requests>>, Json(b): Json<OnceBody>) -> Response {
+async fn once(State(r): State<Arc<Requests>>, Body(b): Body<OnceBody>) -> Response {
+    if let Err(p) = named("name", &b.name) {
+        return p.into_response();
+    }
     let at_ms = match time(b.at.as_deref()) {
         Ok(at) => at,
         Err(e) => return error(e),
@@ -209,7 +265,10 @@ struct UniqueBody {
     action: Action,
 }
 
-async fn unique(State(r): State<Arc<Requests>>, Json(b): Json<UniqueBody>) -> Response {
+async fn unique(State(r): State<Arc<Requests>>, Body(b): Body<UniqueBody>) -> Response {
+    if let Err(p) = named("name", &b.name) {
+        return p.into_response();
+    }
     reply(
         r.unique(&b.name, &b.subject, b.item.as_deref(), b.action)
             .await,
@@ -227,7 +286,10 @@ struct PoolBody {
     action: Action,
 }
 
-async fn pool(State(r): State<Arc<Requests>>, Json(b): Json<PoolBody>) -> Response {
+async fn pool(State(r): State<Arc<Requests>>, Body(b): Body<PoolBody>) -> Response {
+    if let Err(p) = named("pool", &b.pool) {
+        return p.into_response();
+    }
     reply(r.pool(&b.pool, b.user.as_deref(), &b.items, b.action).await)
 }
 
@@ -249,16 +311,47 @@ fn ten_seconds() -> u64 {
 }
 
 /// Longest wait an HTTP acquire may ask for: it must answer within `http.request_timeout`.
-const MAX_LOCK_WAIT_MS: u64 = 5_000;
+pub const MAX_LOCK_WAIT_MS: u64 = 5_000;
+
+/// A lock call's name and numbers, checked: a name that is not empty and not one of tally's own
+/// jobs' (`job:…`), a lease of 1 ms to `MAX_LOCK_TTL_MS`, a wait of at most `MAX_LOCK_WAIT_MS`.
+fn lock_input(name: &str, b: &LockBody) -> Result<(), Problem> {
+    named("name", name)?;
+    if name.starts_with("job:") {
+        return Err(Problem::invalid(
+            "name",
+            "lock names starting with `job:` are reserved for tally's jobs",
+        ));
+    }
+    if !(1..=MAX_LOCK_TTL_MS).contains(&b.ttl_ms) {
+        return Err(Problem::invalid(
+            "ttl_ms",
+            format!("ttl_ms must be 1 to {MAX_LOCK_TTL_MS} (got {})", b.ttl_ms),
+        ));
+    }
+    if b.wait_ms > MAX_LOCK_WAIT_MS {
+        return Err(Problem::invalid(
+            "wait_ms",
+            format!(
+                "wait_ms must be at most {MAX_LOCK_WAIT_MS} (got {})",
+                b.wait_ms
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// `POST /v1/locks/{name}/acquire|release|extend`.
 async fn lock(
     State(r): State<Arc<Requests>>,
     axum::extract::Path((name, action)): axum::extract::Path<(String, String)>,
-    Json(b): Json<LockBody>,
+    Body(b): Body<LockBody>,
 ) -> Response {
     use std::time::Duration;
     use tally_counters::lock::Lease;
+    if let Err(p) = lock_input(&name, &b) {
+        return p.into_response();
+    }
     let locks = r.locks();
     let ttl = Duration::from_millis(b.ttl_ms);
     let token = || {
@@ -268,7 +361,7 @@ async fn lock(
     };
     let result = match action.as_str() {
         "acquire" => {
-            let wait = Duration::from_millis(b.wait_ms.min(MAX_LOCK_WAIT_MS));
+            let wait = Duration::from_millis(b.wait_ms);
             match locks.acquire(&name, ttl, wait).await {
                 Ok(Ok(lease)) => Ok(serde_json::json!({ "acquired": true, "lease": lease })),
                 Ok(Err(busy)) => {

@@ -219,7 +219,13 @@ async fn v1_needs_the_bearer_token_and_answers_within_the_request_timeout() {
         .unwrap();
     let took = asked.elapsed();
     assert_eq!(stuck.status, 503, "{}", stuck.body);
-    assert_eq!(stuck.body, "request timed out\n");
+    let problem: serde_json::Value = serde_json::from_str(&stuck.body).expect("problem+json");
+    assert_eq!(problem["status"], 503, "{}", stuck.body);
+    assert!(
+        problem["type"].as_str().unwrap().ends_with("/timeout"),
+        "{}",
+        stuck.body
+    );
     assert!(
         took < Duration::from_millis(2500),
         "answered after {took:?}"

@@ -9,6 +9,7 @@ mod common;
 
 mod cluster;
 mod config_cli;
+mod contract;
 mod defer;
 mod exactly_once;
 mod faults;

@@ -240,7 +240,8 @@ async fn hits_share_the_stream_keys_and_bad_input_is_refused() {
     ] {
         let (code, answer, _) = post(port, "/v1/hit", body);
         assert_eq!(code, 400, "{answer}");
-        assert!(answer["error"].as_str().unwrap().contains(why), "{answer}");
+        assert_eq!(answer["status"], 400, "{answer}");
+        assert!(answer["detail"].as_str().unwrap().contains(why), "{answer}");
     }
     let (code, answer, _) = post(port, "/v1/limit", r#"{"policy":"nope","subject":"s"}"#);
     assert_eq!(code, 400, "{answer}");

@@ -74,6 +74,21 @@ impl Client {
         read(request.call()?)
     }
 
+    /// `POST target` with `body` as is, under `content_type` (None: no Content-Type header).
+    pub fn post(
+        &self,
+        port: u16,
+        target: &str,
+        content_type: Option<&str>,
+        body: &str,
+    ) -> Result<Answer, ureq::Error> {
+        let mut request = self.agent.post(url(port, target));
+        if let Some(t) = content_type {
+            request = request.content_type(t);
+        }
+        read(request.send(body)?)
+    }
+
     /// `POST target` with a JSON body.
     pub fn post_json(&self, port: u16, target: &str, json: &str) -> Result<Answer, ureq::Error> {
         let answer = self
