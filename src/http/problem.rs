@@ -271,7 +271,7 @@ mod tests {
         assert!(!p.detail.contains("u64"), "{}", p.detail);
         let p = parse::<Sample>(br#"{"cost": 1, "policies": ["a", 5]}"#).unwrap_err();
         assert_eq!(p.field.as_deref(), Some("policies[1]"));
-        let p = parse::<Sample>(br#"[1]"#).unwrap_err();
+        let p = parse::<Sample>(br#""text""#).unwrap_err();
         assert!(p.detail.contains("a JSON object"), "{}", p.detail);
         assert!(!p.detail.contains("Sample"), "{}", p.detail);
         assert!(parse::<Sample>(br#"{"cost": 1} x"#).is_err());
