@@ -18,6 +18,7 @@ mod hostile;
 mod http;
 mod jobs;
 mod kinds;
+mod lock_cli;
 mod locks;
 mod observability;
 mod pipeline;
