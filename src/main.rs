@@ -287,7 +287,7 @@ impl Prepared {
             Prepared::Query(model, args) => key(model, args, true).await,
             Prepared::State(config, args) => state(config, args).await,
             Prepared::Serve(model) => tally::app::serve::run(model, shutdown).await,
-            Prepared::Request(model, command) => request_cli::run(model, command).await,
+            Prepared::Request(model, command) => request_cli::run(model, command, shutdown).await,
         }
     }
 }
@@ -320,7 +320,10 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("tally: {e:#}");
-            ExitCode::FAILURE
+            match e.downcast_ref::<request_cli::LockError>() {
+                Some(lock) => lock.exit_code(),
+                None => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -1,8 +1,14 @@
 //! `tally serve`, `tally hit`, `tally limit`, `tally quota`, `tally once`: the request path from
 //! the command line, for scripts and debugging. Each prints the answer as JSON.
+//!
+//! Exit codes: 0 done, 1 error (Redis unreachable, a refused request), 2 bad command line,
+//! 64 bad configuration; `tally lock` adds [`LockError`]'s codes so that a script can tell "someone
+//! else has it" and "I lost it" from a failure.
 
 use clap::{Args, Subcommand};
+use std::process::ExitCode;
 use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
 
 use tally::config::{Config, Model};
 use tally::metrics::Metrics;
@@ -23,6 +29,7 @@ pub enum RequestCommand {
     /// Is this the subject's first call in the window?
     Once(OnceArgs),
     /// Take a lock, hold it (renewed by a watchdog) and release it; or release / extend one.
+    #[command(after_help = LOCK_HELP)]
     Lock(LockArgs),
 }
 
@@ -124,7 +131,8 @@ pub struct LockArgs {
     /// How long to wait for the lock.
     #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     wait: std::time::Duration,
-    /// How long to hold it once taken (until Ctrl-C or the lease is lost otherwise).
+    /// How long to hold it once taken, renewed, then release it (ends early on Ctrl-C or
+    /// SIGTERM, which release it too, or when the lease is lost).
     #[arg(long, value_parser = humantime::parse_duration)]
     hold: Option<std::time::Duration>,
     /// Release the lease with this token instead of acquiring.
@@ -135,8 +143,53 @@ pub struct LockArgs {
     extend_token: Option<String>,
 }
 
+/// Shown under `tally lock --help`.
+const LOCK_HELP: &str = "\
+Examples:
+  # Run a job only if no one else runs it; the lease ends after --ttl (or release its token):
+  tally lock --config tally.toml --name nightly --ttl 10m && ./nightly-job
+  # Hold the lock, renewed every ttl/3, for up to 10m or until Ctrl-C / SIGTERM, then release:
+  tally lock --config tally.toml --name nightly --ttl 30s --wait 2s --hold 10m
+
+Exit codes:
+  0   done: acquired (with --hold: held, then released at its end or on SIGINT/SIGTERM),
+      released, or extended
+  1   error (Redis unreachable, an invalid ttl)
+  2   bad command line
+  64  bad configuration
+  69  lost: the lease ran out or was taken over while held (--hold), or --extend-token found
+      it no longer held
+  75  not acquired: another holder has the lock (until --wait ran out); try again later";
+
+/// The answers of `tally lock` that are not errors of tally but that a script must act on;
+/// each has its own exit code (sysexits.h), listed under `tally lock --help`.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// Someone else holds the lock (or a signal ended the wait): the job must not run.
+    #[error("lock `{0}` not acquired: another holder has it")]
+    NotAcquired(String),
+    /// The lease ended while held: another process may hold the lock and act now.
+    #[error("lock `{0}` lost while held")]
+    Lost(String),
+}
+
+impl LockError {
+    /// EX_TEMPFAIL: a later try may succeed.
+    pub const NOT_ACQUIRED: u8 = 75;
+    /// EX_UNAVAILABLE: the lock this process relied on is gone.
+    pub const LOST: u8 = 69;
+
+    /// The process exit code for this answer.
+    pub fn exit_code(&self) -> ExitCode {
+        ExitCode::from(match self {
+            LockError::NotAcquired(_) => Self::NOT_ACQUIRED,
+            LockError::Lost(_) => Self::LOST,
+        })
+    }
+}
+
 /// `tally lock`: each step is printed as one JSON line as it happens.
-async fn lock(config: &Config, a: LockArgs) -> anyhow::Result<()> {
+async fn lock(config: &Config, a: LockArgs, shutdown: &CancellationToken) -> anyhow::Result<()> {
     use tally_counters::lock::{Lease, Locks};
     let locks = Locks::new(tally_counters::request::Client::new(&config.redis)?);
     if let Some(token) = &a.release_token {
@@ -149,16 +202,28 @@ async fn lock(config: &Config, a: LockArgs) -> anyhow::Result<()> {
             .extend(&Lease::known(&locks, &a.name, token), a.ttl)
             .await?;
         println!("{}", serde_json::json!({ "extended": extended }));
-        return Ok(());
+        return match extended {
+            true => Ok(()),
+            false => Err(LockError::Lost(a.name).into()),
+        };
     }
-    let lease = match locks.acquire(&a.name, a.ttl, a.wait).await? {
+    // A signal ends the wait. An attempt cut off in flight may still have taken the lock;
+    // nobody knows its token then, and it runs out after --ttl.
+    let acquired = tokio::select! {
+        acquired = locks.acquire(&a.name, a.ttl, a.wait) => acquired?,
+        _ = shutdown.cancelled() => {
+            println!("{}", serde_json::json!({ "acquired": false }));
+            return Err(LockError::NotAcquired(a.name).into());
+        }
+    };
+    let lease = match acquired {
         Ok(lease) => lease,
         Err(busy) => {
             println!(
                 "{}",
                 serde_json::json!({ "acquired": false, "held_for_ms": busy.held_for_ms })
             );
-            return Ok(());
+            return Err(LockError::NotAcquired(a.name).into());
         }
     };
     println!(
@@ -167,12 +232,19 @@ async fn lock(config: &Config, a: LockArgs) -> anyhow::Result<()> {
     );
     let Some(hold) = a.hold else { return Ok(()) };
     let mut guard = locks.guard(lease, None);
+    // --hold running out and a signal are both the normal end of a hold.
     let lost = tokio::select! {
         _ = tokio::time::sleep(hold) => false,
+        _ = shutdown.cancelled() => false,
         _ = guard.lost() => true,
     };
     if lost {
         println!("{}", serde_json::json!({ "lost": true }));
+        // Best effort: the lease is gone, and its release deletes nothing of a new holder's.
+        if let Ok(released) = guard.release().await {
+            println!("{}", serde_json::json!({ "released": released }));
+        }
+        return Err(LockError::Lost(a.name).into());
     }
     let released = guard.release().await?;
     println!("{}", serde_json::json!({ "released": released }));
@@ -184,8 +256,13 @@ fn parse_action(s: &str) -> Result<Action, String> {
         .map_err(|_| format!("`{s}`: use apply, peek, reset, release or fill"))
 }
 
-/// Run one request-path command with a validated configuration.
-pub async fn run(model: Arc<Model>, command: RequestCommand) -> anyhow::Result<()> {
+/// Run one request-path command with a validated configuration; `shutdown` (SIGINT, SIGTERM)
+/// ends `tally lock`'s wait and hold.
+pub async fn run(
+    model: Arc<Model>,
+    command: RequestCommand,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let requests = Requests::new(&model, Metrics::new(&[]))?;
     let answer = match command {
         RequestCommand::Hit(a) => {
@@ -214,7 +291,7 @@ pub async fn run(model: Arc<Model>, command: RequestCommand) -> anyhow::Result<(
         RequestCommand::Once(a) => {
             serde_json::to_value(requests.once(&a.name, &a.subject, None, a.action).await?)?
         }
-        RequestCommand::Lock(a) => return lock(&model.config, a).await,
+        RequestCommand::Lock(a) => return lock(&model.config, a, &shutdown).await,
     };
     println!("{answer}");
     Ok(())

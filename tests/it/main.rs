@@ -19,6 +19,7 @@ mod hostile;
 mod http;
 mod jobs;
 mod kinds;
+mod lock_cli;
 mod locks;
 mod observability;
 mod pipeline;
