@@ -1,5 +1,6 @@
 //! The `tally` command line: run, serve, check, key, query, state, the request-path calls (hit,
-//! limit, quota, once, unique, pool, lock) and the local tooling (demo, mock-broker, produce).
+//! limit, quota, once, unique, pool, lock) and, with the `dev` feature (default; the product is
+//! built without it), the local tooling on the test kit (demo, mock-broker, produce).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 
 use tally::config::{Config, Model, EXIT_CONFIG};
 
+#[cfg(feature = "dev")]
 mod demo;
 mod request_cli;
 
@@ -32,6 +34,7 @@ enum Command {
     /// Consume the configured topic and maintain the counters (the service).
     Run(Common),
     /// Everything on local parts: in-process Kafka broker, synthetic events, local redis-server.
+    #[cfg(feature = "dev")]
     Demo {
         #[command(flatten)]
         common: Common,
@@ -51,12 +54,14 @@ enum Command {
     /// Validate the configuration and print it with defaults filled in.
     Check(Common),
     /// Run an in-process Kafka-protocol broker (librdkafka mock cluster) for tests and benchmarks.
+    #[cfg(feature = "dev")]
     MockBroker {
         /// Topics to create, as name:partitions.
         #[arg(long = "topic", default_value = "events:8")]
         topics: Vec<String>,
     },
     /// Produce synthetic JSON events to a topic at a target rate (load generator).
+    #[cfg(feature = "dev")]
     Produce(tally_testkit::produce::ProduceArgs),
     /// Print the Redis key of a counter for given dimension values (and time).
     Key(KeyArgs),
@@ -222,8 +227,11 @@ fn on_signals(token: CancellationToken) -> std::io::Result<()> {
 enum Prepared {
     Run(Arc<Model>),
     Check(Config),
+    #[cfg(feature = "dev")]
     Demo(Config, demo::DemoOptions),
+    #[cfg(feature = "dev")]
     MockBroker(Vec<String>),
+    #[cfg(feature = "dev")]
     Produce(tally_testkit::produce::ProduceArgs),
     Key(Arc<Model>, KeyArgs),
     Query(Arc<Model>, KeyArgs),
@@ -238,6 +246,7 @@ impl Prepared {
         Ok(match command {
             Command::Run(c) => Prepared::Run(c.model()?),
             Command::Check(c) => Prepared::Check(c.load()?),
+            #[cfg(feature = "dev")]
             Command::Demo {
                 common,
                 rate,
@@ -261,7 +270,9 @@ impl Prepared {
                 };
                 Prepared::Demo(config, opts)
             }
+            #[cfg(feature = "dev")]
             Command::MockBroker { topics } => Prepared::MockBroker(topics),
+            #[cfg(feature = "dev")]
             Command::Produce(args) => Prepared::Produce(args),
             Command::Key(args) => Prepared::Key(args.common.model()?, args),
             Command::Query(args) => Prepared::Query(args.common.model()?, args),
@@ -278,10 +289,13 @@ impl Prepared {
                 print!("{}", config.to_toml());
                 Ok(())
             }
+            #[cfg(feature = "dev")]
             Prepared::Demo(config, opts) => demo::run(config, opts, shutdown).await,
+            #[cfg(feature = "dev")]
             Prepared::MockBroker(topics) => {
                 tally_testkit::produce::mock_broker(&topics, shutdown).await
             }
+            #[cfg(feature = "dev")]
             Prepared::Produce(args) => tally_testkit::produce::run(args, shutdown).await,
             Prepared::Key(model, args) => key(model, args, false).await,
             Prepared::Query(model, args) => key(model, args, true).await,

@@ -276,6 +276,28 @@ pub(crate) fn compose_stack_is_well_formed() {
     for pkg in ["cmake", "libssl-dev", "pkg-config"] {
         assert!(dockerfile.contains(pkg), "builder installs {pkg}");
     }
+    // The product image has no dev tooling (no test kit); only the load generator's image, which
+    // runs `tally produce`, is built with the `dev` feature.
+    assert!(
+        dockerfile.contains("cargo build --release --locked --no-default-features"),
+        "the Dockerfile builds the product without the default (dev) features"
+    );
+    let features = |name: &str| service(name)["build"]["args"]["TALLY_FEATURES"].as_str();
+    assert_eq!(
+        features("tally"),
+        None,
+        "the service's image is the product"
+    );
+    assert_eq!(
+        features("loadgen"),
+        Some("dev"),
+        "`tally produce` needs the dev feature"
+    );
+    assert_ne!(
+        service("tally")["image"].as_str(),
+        service("loadgen")["image"].as_str(),
+        "two builds, two image names"
+    );
 
     // A real compose parser, where one is installed (Debian's docker-compose, or the plugin).
     let parsers: [&[&str]; 2] = [&["docker-compose"], &["docker", "compose"]];
