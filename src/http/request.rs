@@ -36,7 +36,9 @@ pub fn routes<S: Clone + Send + Sync + 'static>(requests: Arc<Requests>) -> Rout
 
 fn error(e: RequestError) -> Response {
     let code = match &e {
-        RequestError::Invalid(_) | RequestError::Lookup(_) => StatusCode::BAD_REQUEST,
+        RequestError::Invalid(_) | RequestError::Lookup(_) | RequestError::Overflow { .. } => {
+            StatusCode::BAD_REQUEST
+        }
         RequestError::Redis(_) => StatusCode::SERVICE_UNAVAILABLE,
         RequestError::Reply { .. } => StatusCode::BAD_GATEWAY,
     };
