@@ -29,7 +29,7 @@ pub use hit::{Counters, Hit, HitReply};
 pub use limit::{Algorithm, Decision, FailureMode, LimitPolicy, PolicyVerdict, RateLimiter};
 pub use once::Once;
 pub use pool::{Claim, Pool};
-pub use quota::{Quota, QuotaReply};
+pub use quota::{Quota, QuotaReply, MAX_QUOTA_SIZE};
 pub use unique::Unique;
 
 /// Why a request-path call has no answer.

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tally_counters::request::{Client, Counters, Hit, RequestError};
+use tally_counters::request::{Client, Counters, Hit, Quota, QuotaReply, RequestError};
 
 use crate::support::{self, clients, Deployment};
 
@@ -71,6 +71,30 @@ pub async fn hits_are_exact_across_the_64_bit_range(dep: &Deployment) {
     );
     // The directly set keys were given their window's expiry by the hits.
     counters.hit("big", &["c"], &hit(1, "")).await.unwrap();
+}
+
+/// A quota's count above 2^53 (set outside tally) is reported exactly, and a size above 2^53
+/// (which the script could not compare exactly) is refused.
+pub async fn quota_counts_are_exact(dep: &Deployment) {
+    let client = clients(dep, 1).remove(0);
+    let q = Quota::new(client.clone(), "huge", 1 << 53, false, crate::in_an_hour());
+    assert_eq!(
+        q.take(None).await.unwrap(),
+        QuotaReply::Admitted { taken: 1 }
+    );
+    let key = support::keys_matching(dep, "*quota:huge:taken:*").await;
+    set(&client, &key, TWO_POW_53 + 1).await;
+    assert_eq!(
+        q.take(None).await.unwrap(),
+        QuotaReply::SoldOut {
+            taken: (1 << 53) + 1
+        }
+    );
+    let too_big = Quota::new(client, "huger", (1 << 53) + 1, false, crate::in_an_hour());
+    assert!(matches!(
+        too_big.take(None).await,
+        Err(RequestError::Invalid(_))
+    ));
 }
 
 /// `SET key value KEEPTTL` through the request-path client (routed to the key's node).

@@ -197,6 +197,7 @@ async fn run_all(dep: Arc<Deployment>) {
     limits::approximate_limiters_stay_within_their_bounds(&dep).await;
     limits::several_policies_decide_together(&dep).await;
     exact::hits_are_exact_across_the_64_bit_range(&dep).await;
+    exact::quota_counts_are_exact(&dep).await;
     assert_every_key_expires(&dep).await;
 }
 
