@@ -122,6 +122,7 @@ impl Problem {
         use tally_counters::model::LookupError;
         match e {
             RequestError::Invalid(detail) => Problem::new(Kind::InvalidInput, detail),
+            e @ RequestError::Overflow { .. } => Problem::invalid("value", e.to_string()),
             RequestError::Lookup(l) => {
                 let field = match &l {
                     LookupError::UnknownCounter(_) => "counter",

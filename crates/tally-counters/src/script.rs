@@ -78,16 +78,53 @@ pub fn is_noscript(e: &redis::RedisError) -> bool {
     e.code() == Some("NOSCRIPT")
 }
 
-/// Parse a reply that must be an array of integers.
+/// Parse a reply that must be an array of integers. An integer may come as a bulk string of
+/// decimal digits: Lua numbers are doubles, so a script passes on a 64-bit value Redis stores
+/// (a counter, a fencing token) as the string `GET` returned, and it is parsed exactly here.
 pub fn int_array(value: &redis::Value) -> Result<Vec<i64>, String> {
     match value {
-        redis::Value::Array(items) => items
-            .iter()
-            .map(|v| match v {
-                redis::Value::Int(n) => Ok(*n),
-                other => Err(format!("expected an integer, got {other:?}")),
-            })
-            .collect(),
+        redis::Value::Array(items) => items.iter().map(int).collect(),
         other => Err(format!("expected an array, got {other:?}")),
+    }
+}
+
+/// One integer: an integer reply, or a bulk string holding one (see [`int_array`]).
+fn int(value: &redis::Value) -> Result<i64, String> {
+    match value {
+        redis::Value::Int(n) => Ok(*n),
+        redis::Value::BulkString(bytes) => std::str::from_utf8(bytes)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("expected an integer, got {value:?}")),
+        other => Err(format!("expected an integer, got {other:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use redis::Value;
+
+    #[test]
+    fn integers_come_as_integer_replies_or_exact_strings() {
+        let reply = Value::Array(vec![
+            Value::Int(1),
+            Value::BulkString(b"9223372036854775806".to_vec()),
+            Value::BulkString(b"-9007199254740993".to_vec()),
+        ]);
+        assert_eq!(
+            int_array(&reply).unwrap(),
+            [1, i64::MAX - 1, -9_007_199_254_740_993]
+        );
+        for bad in [
+            &b"9.007199254741e+15"[..],
+            b"9223372036854775808",
+            b"",
+            b" 1",
+        ] {
+            let reply = Value::Array(vec![Value::BulkString(bad.to_vec())]);
+            assert!(int_array(&reply).is_err(), "{bad:?}");
+        }
+        assert!(int_array(&Value::Int(1)).is_err());
     }
 }

@@ -147,6 +147,36 @@ async fn scripts_flushed(config: &RedisConfig, urls: &[String]) {
     assert!(l.release(&lease).await.unwrap());
 }
 
+/// Fencing tokens above 2^53 come back exactly (a Lua number, a double, would round them): the
+/// fencing counter is set to 2^53, then to i64::MAX - 1, directly on its node.
+async fn fencing_tokens_are_exact_near_the_64_bit_limits(config: &RedisConfig, urls: &[String]) {
+    let l = locks(config, 1).remove(0);
+    let ttl = Duration::from_secs(5);
+    let lease = l.try_acquire("exact", ttl).await.unwrap().unwrap();
+    assert!(l.release(&lease).await.unwrap());
+    for start in [1i64 << 53, i64::MAX - 1] {
+        let mut set = 0;
+        for url in urls {
+            let mut c = redis::Client::open(url.as_str())
+                .unwrap()
+                .get_connection()
+                .unwrap();
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("*lock:exact:fence:*")
+                .query(&mut c)
+                .unwrap();
+            for key in keys {
+                let _: () = redis::cmd("SET").arg(key).arg(start).query(&mut c).unwrap();
+                set += 1;
+            }
+        }
+        assert_eq!(set, 1, "one fencing counter");
+        let lease = l.try_acquire("exact", ttl).await.unwrap().unwrap();
+        assert_eq!(lease.fence, start as u64 + 1);
+        assert!(l.release(&lease).await.unwrap());
+    }
+}
+
 /// Redis restarted (no persistence) under a held guard: the lease is gone, the guard says so, and
 /// the next acquire works on the new server (connection re-made, scripts reloaded after NOSCRIPT).
 /// The fencing counter was lost with the data: tokens start again (the README's failover limit).
@@ -248,6 +278,7 @@ async fn standalone() {
     stale_holder_cannot_touch_the_next_lease(&config).await;
     watchdog_keeps_a_long_job(&config).await;
     scripts_flushed(&config, &[redis.url()]).await;
+    fencing_tokens_are_exact_near_the_64_bit_limits(&config, &[redis.url()]).await;
     stalled_server_loses_the_lease(&redis, &config).await;
     restart_loses_the_lease(&mut redis, &config).await;
 }
@@ -264,6 +295,7 @@ async fn cluster() {
     stale_holder_cannot_touch_the_next_lease(&config).await;
     watchdog_keeps_a_long_job(&config).await;
     scripts_flushed(&config, &cluster.urls()).await;
+    fencing_tokens_are_exact_near_the_64_bit_limits(&config, &cluster.urls()).await;
 }
 
 /// The whole process paused past the ttl (here: the runtime's only thread blocked, as in a long

@@ -111,10 +111,17 @@ impl Counters {
                     window.end_ms
                 )))
             }
-            [-2] => return Err(RequestError::Invalid(
-                "the counter's key holds a value that is not an integer, or the sum would overflow"
-                    .into(),
-            )),
+            [-2] => {
+                return Err(RequestError::Invalid(
+                    "the counter's key holds a value that is not an integer".into(),
+                ))
+            }
+            [-3] => {
+                return Err(RequestError::Overflow {
+                    counter: name.to_string(),
+                    delta: hit.delta,
+                })
+            }
             _ => {
                 return Err(RequestError::Reply {
                     script: "hit",

@@ -29,7 +29,7 @@ pub use hit::{Counters, Hit, HitReply};
 pub use limit::{Algorithm, Decision, FailureMode, LimitPolicy, PolicyVerdict, RateLimiter};
 pub use once::Once;
 pub use pool::{Claim, Pool};
-pub use quota::{Quota, QuotaReply};
+pub use quota::{Quota, QuotaReply, MAX_QUOTA_SIZE};
 pub use unique::Unique;
 
 /// Why a request-path call has no answer.
@@ -49,6 +49,19 @@ pub enum RequestError {
     /// The caller's input cannot be used (bad numbers, unknown names, wrong actions).
     #[error("{0}")]
     Invalid(String),
+    /// A hit's `delta` would take the counter out of the signed 64-bit range Redis counts in;
+    /// nothing was added. Bad input (like [`RequestError::Invalid`]), typed so that callers can
+    /// tell it apart.
+    #[error(
+        "delta: adding {delta} to counter `{counter}` would leave the range \
+         -9223372036854775808..=9223372036854775807 (signed 64-bit); nothing was added"
+    )]
+    Overflow {
+        /// The counter.
+        counter: String,
+        /// The refused delta.
+        delta: i64,
+    },
     /// The counter, its dimension values or the time cannot address a key.
     #[error(transparent)]
     Lookup(#[from] crate::model::LookupError),

@@ -40,6 +40,10 @@ pub enum QuotaReply {
     },
 }
 
+/// The largest quota size: [`QUOTA_LUA`] compares sizes as Lua numbers (doubles), exact up to
+/// 2^53.
+pub const MAX_QUOTA_SIZE: u64 = 1 << 53;
+
 /// One quota of `size` units.
 #[derive(Clone)]
 pub struct Quota {
@@ -99,6 +103,12 @@ impl Quota {
     /// Take one unit (for `user` when once per user).
     pub async fn take(&self, user: Option<&str>) -> Result<QuotaReply, RequestError> {
         let user = self.user(user)?;
+        if self.size > MAX_QUOTA_SIZE {
+            return Err(RequestError::Invalid(format!(
+                "quota `{}`: size {} is above the largest size, {MAX_QUOTA_SIZE} (2^53)",
+                self.name, self.size
+            )));
+        }
         let mut cmd = TAKE.cmd(&self.keys());
         cmd.arg(self.size).arg(user).arg(self.expire_at_ms);
         let reply: redis::Value = self.client.run(&TAKE, &cmd).await?;

@@ -1,6 +1,7 @@
 //! The request path against real redis-server processes (standalone and a 3-primary cluster):
 //! concurrency, forced timeouts, script flushes and restarts, with every key's expiry checked.
 
+mod exact;
 mod limits;
 mod support;
 
@@ -195,6 +196,8 @@ async fn run_all(dep: Arc<Deployment>) {
     limits::fixed_and_sliding_log_admit_exactly_the_limit(&dep).await;
     limits::approximate_limiters_stay_within_their_bounds(&dep).await;
     limits::several_policies_decide_together(&dep).await;
+    exact::hits_are_exact_across_the_64_bit_range(&dep).await;
+    exact::quota_counts_are_exact(&dep).await;
     assert_every_key_expires(&dep).await;
 }
 

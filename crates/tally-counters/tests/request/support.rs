@@ -169,3 +169,18 @@ pub async fn assert_every_key_expires(dep: &Deployment) {
     }
     assert!(seen > 0);
 }
+
+/// The one key on any node that matches `pattern` (a KEYS glob).
+pub async fn keys_matching(dep: &Deployment, pattern: &str) -> String {
+    let mut found = Vec::new();
+    for url in dep.urls() {
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(pattern)
+            .query_async(&mut node(&url).await)
+            .await
+            .unwrap();
+        found.extend(keys);
+    }
+    assert_eq!(found.len(), 1, "{pattern}: {found:?}");
+    found.remove(0)
+}

@@ -2,22 +2,28 @@
 -- return the new value. KEYS[2], if given, is the idempotency key of this hit: a retried hit
 -- finds it and returns the value it recorded instead of adding again. Values arrive as ARGV.
 -- Reply: {1, value} added; {0, value} a duplicate (nothing added); {-1} the window has expired;
--- {-2} the counter holds something that is not an integer, or the sum would overflow.
+-- {-2} the counter holds something that is not an integer; {-3} the sum would leave the signed
+-- 64-bit range (nothing added).
+-- `value` is the counter as Redis stores it, a bulk string: a Lua number is a double, so an
+-- integer reply above 2^53 would be rounded on its way in and truncated on its way out. The
+-- value is read back with GET and passed on (and recorded) as that string, never as a number.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if tonumber(ARGV[2]) <= now then return {-1} end
 if KEYS[2] then
   local seen = redis.call('GET', KEYS[2])
-  if seen then return {0, tonumber(seen)} end
+  if seen then return {0, seen} end
 end
 local v = redis.pcall('INCRBY', KEYS[1], ARGV[1])
 if type(v) == 'table' and v.err then
   if string.sub(v.err, 1, 3) == 'OOM' then return redis.error_reply(v.err) end
+  if string.find(v.err, 'would overflow', 1, true) then return {-3} end
   return {-2}
 end
 -- A new key has no expiry yet, and one made or PERSISTed outside tally is repaired: both get it.
 if redis.call('PTTL', KEYS[1]) == -1 then
   redis.call('PEXPIREAT', KEYS[1], ARGV[2])
 end
-if KEYS[2] then redis.call('SET', KEYS[2], v, 'PXAT', ARGV[2]) end
-return {1, v}
+local exact = redis.call('GET', KEYS[1])
+if KEYS[2] then redis.call('SET', KEYS[2], exact, 'PXAT', ARGV[2]) end
+return {1, exact}
