@@ -122,7 +122,15 @@ impl Problem {
         use tally_counters::model::LookupError;
         match e {
             RequestError::Invalid(detail) => Problem::new(Kind::InvalidInput, detail),
-            e @ RequestError::Overflow { .. } => Problem::invalid("value", e.to_string()),
+            RequestError::Overflow { counter, delta } => Problem::invalid(
+                "value",
+                format!(
+                    "adding {delta} to counter `{counter}` would leave the signed 64-bit range \
+                     ({}..={}); nothing was added",
+                    i64::MIN,
+                    i64::MAX
+                ),
+            ),
             RequestError::Lookup(l) => {
                 let field = match &l {
                     LookupError::UnknownCounter(_) => "counter",
