@@ -184,8 +184,26 @@ impl Requests {
                 Outcome::Error
             }
         };
-        m.decided(primitive, name, o);
+        m.decided(primitive, self.label(primitive, name), o);
         result
+    }
+
+    /// The metric label of a call on `name`: the name when it is configured, else `unknown`, so
+    /// what a client sends cannot grow `/metrics` (a limit's label is its policies, sorted).
+    fn label<'a>(&self, primitive: Primitive, name: &'a str) -> &'a str {
+        let known = match primitive {
+            Primitive::Hit => self.counters.spec(name).is_ok(),
+            Primitive::Limit => name.split('+').all(|p| self.limiter.policy(p).is_ok()),
+            Primitive::Quota => self.quotas.contains_key(name),
+            Primitive::Once => self.once.contains_key(name),
+            Primitive::Unique => self.unique.contains_key(name),
+            Primitive::Pool => self.pools.contains_key(name),
+        };
+        if known {
+            name
+        } else {
+            "unknown"
+        }
     }
 
     /// Add to counter `name` for dimension `values` (name → value) and return the total.
@@ -250,7 +268,11 @@ impl Requests {
                 )),
             }
         };
-        let label = policies.join("+");
+        // Sorted: the order a caller names policies in does not make a new series.
+        let mut sorted = policies.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let label = sorted.join("+");
         let result = self
             .instrument(Primitive::Limit, &label, call, |d| match action {
                 Action::Peek => Outcome::Peek,
