@@ -32,9 +32,11 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Consume the configured topic and maintain the counters (the service).
+    #[command(after_help = "Example:\n  tally run --config tally.toml")]
     Run(Common),
     /// Everything on local parts: in-process Kafka broker, synthetic events, local redis-server.
     #[cfg(feature = "dev")]
+    #[command(after_help = "Example:\n  tally demo --duration 30s --rate 20000")]
     Demo {
         #[command(flatten)]
         common: Common,
@@ -52,9 +54,11 @@ enum Command {
         duration: Option<Duration>,
     },
     /// Validate the configuration and print it with defaults filled in.
+    #[command(after_help = "Example:\n  tally check --config tally.toml")]
     Check(Common),
     /// Run an in-process Kafka-protocol broker (librdkafka mock cluster) for tests and benchmarks.
     #[cfg(feature = "dev")]
+    #[command(after_help = "Example:\n  tally mock-broker --topic events:8")]
     MockBroker {
         /// Topics to create, as name:partitions.
         #[arg(long = "topic", default_value = "events:8")]
@@ -62,14 +66,27 @@ enum Command {
     },
     /// Produce synthetic JSON events to a topic at a target rate (load generator).
     #[cfg(feature = "dev")]
+    #[command(
+        after_help = "Example:\n  tally produce --brokers 127.0.0.1:9092 --topic events --rate 10000"
+    )]
     Produce(tally_testkit::produce::ProduceArgs),
     /// Print the Redis key of a counter for given dimension values (and time).
+    #[command(
+        after_help = "Example:\n  tally key --config tally.toml --counter flow --dim app_id=a1 --dim device_id=d1 --dim ip=10.0.0.1"
+    )]
     Key(KeyArgs),
     /// Print a counter's key and current value, read from Redis.
+    #[command(
+        after_help = "Example:\n  tally query --config tally.toml --counter minute --dim ip=10.0.0.1 --last 60"
+    )]
     Query(KeyArgs),
     /// Inspect (and with `repair`, fix) tally's own state in Redis: applied offsets per partition.
+    #[command(
+        after_help = "Example:\n  tally state --config tally.toml; tally state --config tally.toml repair --partition 3"
+    )]
     State(StateArgs),
     /// Serve the request path (hit, limit, quota, once, unique, pool) over HTTP, without Kafka.
+    #[command(after_help = "Example:\n  tally serve --config tally.toml")]
     Serve(Common),
     #[command(flatten)]
     Request(request_cli::RequestCommand),
@@ -321,7 +338,15 @@ fn main() -> ExitCode {
         eprintln!("tally: cannot listen for signals: {e}");
         return ExitCode::FAILURE;
     }
-    let cli = Cli::parse();
+    // A usage error exits 64 (EX_USAGE), like a bad configuration; --help and --version exit 0.
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            let code = if e.use_stderr() { EXIT_CONFIG as u8 } else { 0 };
+            return ExitCode::from(code);
+        }
+    };
     init_logging();
     let prepared = match Prepared::new(cli.command) {
         Ok(p) => p,

@@ -1,8 +1,8 @@
 //! `tally serve`, `tally hit`, `tally limit`, `tally quota`, `tally once`: the request path from
 //! the command line, for scripts and debugging. Each prints the answer as JSON.
 //!
-//! Exit codes: 0 done, 1 error (Redis unreachable, a refused request), 2 bad command line,
-//! 64 bad configuration; `tally lock` adds [`LockError`]'s codes so that a script can tell "someone
+//! Exit codes: 0 done, 1 error (Redis unreachable, a refused request), 64 bad command line or
+//! configuration (EX_USAGE); `tally lock` adds [`LockError`]'s codes so that a script can tell "someone
 //! else has it" and "I lost it" from a failure.
 
 use clap::{Args, Subcommand};
@@ -21,12 +21,24 @@ use super::{parse_dim, Common};
 #[derive(Subcommand)]
 pub enum RequestCommand {
     /// Add to a counter now (or at --at) and print the total.
+    #[command(
+        after_help = "Example:\n  tally hit --config tally.toml --counter plays --dim video=v1 --idempotency-key req-1"
+    )]
     Hit(HitArgs),
     /// Decide a request against rate-limit policies.
+    #[command(
+        after_help = "Example:\n  tally limit --config tally.toml --policy per_second --policy daily --subject ip:1.2.3.4"
+    )]
     Limit(LimitArgs),
     /// Take from (or release, peek, reset) a quota.
+    #[command(
+        after_help = "Example:\n  tally quota --config tally.toml --quota flash --user u42 --action release"
+    )]
     Quota(QuotaArgs),
     /// Is this the subject's first call in the window?
+    #[command(
+        after_help = "Example:\n  tally once --config tally.toml --name welcome --subject user:42"
+    )]
     Once(OnceArgs),
     /// Take a lock, hold it (renewed by a watchdog) and release it; or release / extend one.
     #[command(after_help = LOCK_HELP)]
@@ -155,8 +167,7 @@ Exit codes:
   0   done: acquired (with --hold: held, then released at its end or on SIGINT/SIGTERM),
       released, or extended
   1   error (Redis unreachable, an invalid ttl)
-  2   bad command line
-  64  bad configuration
+  64  bad command line or configuration
   69  lost: the lease ran out or was taken over while held (--hold), or --extend-token found
       it no longer held
   75  not acquired: another holder has the lock (until --wait ran out); try again later";

@@ -7,6 +7,7 @@
 
 mod common;
 
+mod cli_help;
 mod cluster;
 mod config_cli;
 mod contract;
