@@ -132,6 +132,40 @@ pub async fn approximate_limiters_stay_within_their_bounds(dep: &Deployment) {
     assert!(times.len() >= 150, "admits at its rate: {}", times.len());
 }
 
+/// A peek changes nothing, so it reports what is left now: applying the same cost right after
+/// leaves `cost` fewer (GCRA: at least; time passes between the calls and refills it).
+pub async fn a_peek_reports_what_is_left_now(dep: &Deployment) {
+    let client = clients(dep, 1).remove(0);
+    for (i, algorithm) in [
+        Algorithm::Fixed,
+        Algorithm::SlidingLog,
+        Algorithm::SlidingCounter,
+        Algorithm::Gcra,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let name = format!("peek{i}");
+        let limiter =
+            RateLimiter::new(client.clone(), vec![policy(&name, algorithm, 10, 60_000)]).unwrap();
+        let subject = format!("peeker{i}");
+        limiter.check(&[&name], &subject, 3).await.unwrap();
+        let peeked = limiter.peek(&[&name], &subject, 2).await.unwrap();
+        let applied = limiter.check(&[&name], &subject, 2).await.unwrap();
+        assert!(peeked.admitted && applied.admitted, "{algorithm:?}");
+        let (p, a) = (peeked.policies[0].remaining, applied.policies[0].remaining);
+        if algorithm == Algorithm::Gcra {
+            assert!(
+                (a + 2..=a + 3).contains(&p),
+                "{algorithm:?}: peek {p}, then apply {a}"
+            );
+        } else {
+            assert_eq!(p, 7, "{algorithm:?}: 10 - 3 left before the apply");
+            assert_eq!(a, 5, "{algorithm:?}");
+        }
+    }
+}
+
 pub async fn several_policies_decide_together(dep: &Deployment) {
     let client = clients(dep, 1).remove(0);
     let mut shadow = policy("shadow", Algorithm::Fixed, 1, 60_000);
@@ -160,7 +194,11 @@ pub async fn several_policies_decide_together(dep: &Deployment) {
     assert_eq!(admitted, 5, "the tighter policy decides");
     // Denied requests cost nothing: the daily log holds only the 5 admitted.
     let daily = limiter.peek(&["daily"], "user", 3).await.unwrap();
-    assert!(daily.admitted && daily.policies[0].remaining == 0);
+    assert!(daily.admitted, "3 more fit");
+    assert_eq!(
+        daily.policies[0].remaining, 3,
+        "a peek reports what is left now"
+    );
     let d = limiter.check(&["daily"], "user", 4).await.unwrap();
     assert!(!d.admitted, "5 + 4 > 8");
     assert!(d.retry_after_ms().unwrap() > 0);

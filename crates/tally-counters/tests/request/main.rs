@@ -196,6 +196,7 @@ async fn run_all(dep: Arc<Deployment>) {
     limits::fixed_and_sliding_log_admit_exactly_the_limit(&dep).await;
     limits::approximate_limiters_stay_within_their_bounds(&dep).await;
     limits::several_policies_decide_together(&dep).await;
+    limits::a_peek_reports_what_is_left_now(&dep).await;
     exact::hits_are_exact_across_the_64_bit_range(&dep).await;
     exact::quota_counts_are_exact(&dep).await;
     assert_every_key_expires(&dep).await;

@@ -5,7 +5,8 @@
 -- mode ('apply' or 'peek'), then per policy 5 values: algorithm (1 fixed window, 2 sliding log,
 -- 3 sliding window counter, 4 GCRA), limit, window ms, burst (GCRA), shadow (1: never denies).
 -- Reply: {admitted, now_ms, then per policy: allowed, remaining, reset_ms, retry_after_ms}
--- (retry_after_ms -1: this cost can never pass this policy).
+-- (retry_after_ms -1: this cost can never pass this policy). `remaining` is what is left after
+-- this request when it is applied; a peek changes nothing, so it reports what is left now.
 -- Written as one loop without per-call closures or tables per policy: the script runs on every
 -- request, and Lua allocations are most of its cost.
 local tonumber, floor, call = tonumber, math.floor, redis.call
@@ -17,6 +18,7 @@ local n = #KEYS
 local reply = {1, now}
 local wa = {}
 local admitted = 1
+local peek = ARGV[3] == 'peek'
 for i = 1, n do
   local b = 3 + (i - 1) * 5
   local algo, limit, window = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
@@ -92,11 +94,12 @@ for i = 1, n do
     end
   end
   if allowed == 0 and ARGV[b + 5] ~= '1' then admitted = 0 end
+  if peek and allowed == 1 then remaining = remaining + cost end
   local r = #reply
   reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = allowed, remaining, reset, retry
 end
 reply[1] = admitted
-if admitted == 0 or ARGV[3] == 'peek' then return reply end
+if admitted == 0 or peek then return reply end
 for i = 1, n do
   local w = wa[i]
   if w then
