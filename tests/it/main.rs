@@ -9,6 +9,7 @@ mod common;
 
 mod cluster;
 mod config_cli;
+mod config_reference;
 mod contract;
 mod defer;
 mod exactly_once;
