@@ -10,6 +10,7 @@ mod common;
 mod cli_help;
 mod cluster;
 mod config_cli;
+mod config_reference;
 mod contract;
 mod defer;
 mod exactly_once;
