@@ -16,6 +16,8 @@ command -v promtool >/dev/null || need+=(prometheus)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 # HTTP load generator of the request-path benchmark (tally-request-bench).
 command -v wrk >/dev/null || need+=(wrk)
+# Runs the README's examples in the tests (tests/it/readme.rs), as a reader would.
+command -v curl >/dev/null || need+=(curl)
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || need+=(zlib1g-dev)
 

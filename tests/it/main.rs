@@ -28,6 +28,7 @@ mod pipeline;
 mod query;
 mod query_range;
 mod readiness;
+mod readme;
 mod reconcile;
 mod redis_security;
 mod request_path;

@@ -1,0 +1,366 @@
+//! Executable documentation: every shell example of README.md runs here, in README order,
+//! against one `tally serve` and one real `redis-server`, and its answer is checked against the
+//! one the README shows. `curl` examples run with the real `curl` (only the address is
+//! rewritten to the test's port); `tally` examples run with the built binary (only
+//! `--config tally.toml` is rewritten to the test's configuration). An example that cannot run
+//! here is in [`EXCLUDED`] with the reason; one that is neither run nor excluded fails the test,
+//! so an example cannot be added to the README without being run.
+
+mod answer;
+mod extract;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::common::process::TallyProcess;
+use answer::Answer;
+use extract::Example;
+use tally_testkit::http;
+use tally_testkit::local_redis::LocalRedis;
+use tally_testkit::wait::wait_until;
+
+/// Examples that do not run here, by a substring of the command, and why.
+const EXCLUDED: &[(&str, &str)] = &[
+    (
+        "scripts/demo.sh",
+        "the demo: builds, then runs until Ctrl-C",
+    ),
+    (
+        "scripts/test.sh",
+        "the whole test suite, this test included",
+    ),
+    ("cargo build --release", "a release build (minutes)"),
+    ("tally run", "consumes the user's Kafka, until stopped"),
+    (
+        "docker compose",
+        "needs a Docker engine and builds an image",
+    ),
+    ("-p tally-bench", "the benchmark: minutes of load"),
+];
+
+/// Examples whose answer shown is not their first: run again, [`ROUND`] calls at once, until
+/// it comes (at most [`ROUNDS`] rounds; every other answer must be a 2xx).
+const REPEATED: &[(&str, &str)] = &[(
+    "/v1/limit",
+    "the answer shown is a subject past its burst: the calls before are admitted",
+)];
+
+const ROUND: usize = 25;
+const ROUNDS: usize = 8;
+
+/// What the test adds to a curl example: the status line and headers, and a time limit.
+const CURL_ARGS: &[&str] = &["-i", "--max-time", "10"];
+
+/// Examples that run until stopped: once they printed their first line they get SIGTERM, and
+/// must then exit 0 (the README says they release what they hold and exit 0).
+const HELD: &[(&str, &str)] = &[("--hold", "holds the lock for ten minutes")];
+
+/// Where the README's examples send their requests; rewritten to the test's server.
+const README_ADDRESSES: &[&str] = &["localhost:9100", "127.0.0.1:9100"];
+
+/// The configuration the examples use: counters and request-path names as the README names
+/// them. The rate limits are the README's own `[[request.limits]]` block, so the policies its
+/// answers show come from the configuration it shows.
+fn config(redis: &LocalRedis, readme: &str) -> String {
+    let limits = extract::blocks(readme)
+        .into_iter()
+        .find(|b| b.lang == "toml" && b.lines.iter().any(|l| l == "[[request.limits]]"))
+        .expect("README shows [[request.limits]]")
+        .lines
+        .join("\n");
+    format!(
+        r#"
+[redis]
+url = "{url}"
+
+[[counters]]
+name = "flow"
+dimensions = ["app_id", "device_id", "ip"]
+key = "flow:count:{{app_id}}:{{device_id}}:{{ip}}:{{yyyyMMddHH}}"
+window = "1h"
+
+[[counters]]
+name = "minute"
+dimensions = ["ip"]
+key = "minute:{{ip}}:{{yyyyMMddHHmm}}"
+window = "1m"
+
+[[counters]]
+name = "daily"
+dimensions = ["app_id"]
+key = "daily:{{app_id}}:{{yyyyMMdd}}"
+window = "1d"
+
+{limits}
+
+[[request.quotas]]
+name = "flash"
+size = 100
+once_per_user = true
+ttl = "1h"
+"#,
+        url = redis.url()
+    )
+}
+
+/// How an example is run, chosen by the first word of its command.
+enum Kind {
+    Excluded(&'static str),
+    Curl,
+    Tally,
+}
+
+fn kind(command: &str) -> Option<Kind> {
+    if let Some((_, why)) = EXCLUDED.iter().find(|(s, _)| command.contains(s)) {
+        return Some(Kind::Excluded(why));
+    }
+    match command.split_whitespace().next()? {
+        "curl" => Some(Kind::Curl),
+        "tally" => Some(Kind::Tally),
+        _ => None,
+    }
+}
+
+/// The test's side of the examples: where tally listens, the configuration file for the CLI,
+/// and the placeholders earlier answers bound to real values.
+struct Bench {
+    port: u16,
+    config_path: PathBuf,
+    bindings: BTreeMap<String, String>,
+}
+
+impl Bench {
+    /// The command with the README's placeholders replaced by what earlier answers held.
+    fn bind(&self, command: &str) -> String {
+        self.bindings
+            .iter()
+            .fold(command.to_string(), |c, (shown, real)| {
+                c.replace(shown, real)
+            })
+    }
+
+    fn run(&mut self, example: &Example, kind: &Kind) -> Result<(), String> {
+        let command = self.bind(&example.command);
+        match kind {
+            Kind::Excluded(_) => Ok(()),
+            Kind::Curl => self.curl(&command, &example.answers),
+            Kind::Tally if HELD.iter().any(|(s, _)| command.contains(s)) => {
+                self.tally_held(&command)
+            }
+            Kind::Tally => self.tally(&command, &example.answers),
+        }
+    }
+
+    /// Run a curl example with the real `curl`, `-i` added to see the status and headers.
+    fn curl(&mut self, command: &str, shown: &[String]) -> Result<(), String> {
+        let address = format!("127.0.0.1:{}", self.port);
+        let command = README_ADDRESSES
+            .iter()
+            .fold(command.to_string(), |c, a| c.replace(a, &address));
+        let want = Answer::shown_status(shown);
+        if !REPEATED.iter().any(|(s, _)| command.contains(s)) {
+            return Answer::from_curl(&shell(&command, CURL_ARGS)?)?
+                .check(shown, &mut self.bindings);
+        }
+        // Rounds of calls at once, so that even on a slow machine they come faster than the
+        // limit refills; an answer with the status shown is checked.
+        for _ in 0..ROUNDS {
+            let answers: Vec<Result<Answer, String>> = std::thread::scope(|scope| {
+                let calls: Vec<_> = (0..ROUND)
+                    .map(|_| scope.spawn(|| Answer::from_curl(&shell(&command, CURL_ARGS)?)))
+                    .collect();
+                calls
+                    .into_iter()
+                    .map(|c| c.join().expect("curl thread"))
+                    .collect()
+            });
+            let mut shown_one = None;
+            for answer in answers {
+                let answer = answer?;
+                if answer.status == want {
+                    shown_one = Some(answer);
+                } else if !answer.status.is_some_and(|s| (200..300).contains(&s)) {
+                    return answer.check(shown, &mut self.bindings);
+                }
+            }
+            if let Some(answer) = shown_one {
+                return answer.check(shown, &mut self.bindings);
+            }
+        }
+        Err(format!(
+            "never answered {want:?} in {ROUNDS} rounds of {ROUND} calls"
+        ))
+    }
+
+    /// The tally example's command line for the built binary and the test's configuration.
+    fn tally_command(&self, command: &str) -> Result<String, String> {
+        let rest = command.strip_prefix("tally ").expect("a tally command");
+        if !rest.contains("--config tally.toml") {
+            return Err(
+                "a tally example needs `--config tally.toml` to reach the test's Redis: \
+                        add it, or exclude the example"
+                    .into(),
+            );
+        }
+        let config = format!("--config {}", self.config_path.display());
+        let rest = rest.replace("--config tally.toml", &config);
+        Ok(format!("{} {rest}", env!("CARGO_BIN_EXE_tally")))
+    }
+
+    /// Run a tally example; it must exit 0 and print what the README shows, if anything.
+    fn tally(&mut self, command: &str, shown: &[String]) -> Result<(), String> {
+        let stdout = shell(&self.tally_command(command)?, &[])?;
+        let answer = Answer {
+            status: None,
+            headers: Vec::new(),
+            body: stdout,
+        };
+        answer.check(shown, &mut self.bindings)
+    }
+
+    /// Run a [`HELD`] example: it must print a line, then exit 0 on SIGTERM.
+    fn tally_held(&mut self, command: &str) -> Result<(), String> {
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec {}", self.tally_command(command)?))
+            .stdout(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("spawn: {e}"))?;
+        // Kept open until it exits: what it prints on the way out must not hit a closed pipe.
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped"));
+        let mut printed = String::new();
+        stdout
+            .read_line(&mut printed)
+            .map_err(|e| format!("read: {e}"))?;
+        unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+        let mut status = None;
+        wait_until(Duration::from_secs(15), || {
+            status = child.try_wait().ok().flatten();
+            status.is_some()
+        });
+        let _ = stdout.read_to_string(&mut printed);
+        match status {
+            Some(s) if s.success() => Ok(()),
+            Some(s) => Err(format!("{s} after SIGTERM; printed {printed:?}")),
+            None => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err(format!(
+                    "still running 15 s after SIGTERM; printed {printed:?}"
+                ))
+            }
+        }
+    }
+}
+
+/// Run `command` (plus `extra` arguments) with `sh -c`, as a reader pasting it would; its
+/// stdout if it exits 0.
+fn shell(command: &str, extra: &[&str]) -> Result<String, String> {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!("{command} \"$@\""))
+        .arg("sh")
+        .args(extra)
+        .output()
+        .map_err(|e| format!("sh: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{}; stdout {:?}; stderr {:?}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// curl is what a reader runs the examples with; the test uses the same binary.
+fn require_curl() {
+    let found = Command::new("curl")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        found,
+        "curl is not installed: the README's examples run with it (scripts/setup.sh installs it)"
+    );
+}
+
+#[test]
+fn every_readme_example_runs_and_answers_as_shown() {
+    require_curl();
+    let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
+    let readme = std::fs::read_to_string(&readme_path).expect("README.md");
+    let examples = extract::examples(&readme);
+
+    let redis = LocalRedis::start(&[]).expect("redis-server");
+    let config = config(&redis, &readme);
+    let server = TallyProcess::start_command("serve", &config, "readme");
+    let ready = wait_until(Duration::from_secs(20), || {
+        http::get(server.port, "/health/ready").is_some_and(|(code, _)| code == 200)
+    });
+    assert!(ready, "tally serve not ready:\n{}", server.log());
+    let config_path = std::env::temp_dir().join(format!(
+        "tally-readme-cli-{}-{}.toml",
+        std::process::id(),
+        server.port
+    ));
+    std::fs::write(&config_path, &config).expect("write config");
+
+    let mut bench = Bench {
+        port: server.port,
+        config_path: config_path.clone(),
+        bindings: BTreeMap::new(),
+    };
+    let (mut failures, mut ran, mut excluded) = (Vec::new(), 0, 0);
+    for example in &examples {
+        let Some(kind) = kind(&example.command) else {
+            failures.push(format!(
+                "README.md:{}: `{}` is neither run by this test nor in EXCLUDED",
+                example.line, example.command
+            ));
+            continue;
+        };
+        if let Kind::Excluded(why) = kind {
+            eprintln!(
+                "excluded README.md:{} ({why}): {}",
+                example.line, example.command
+            );
+            excluded += 1;
+            continue;
+        }
+        eprintln!("running README.md:{}: {}", example.line, example.command);
+        ran += 1;
+        if let Err(e) = bench.run(example, &kind) {
+            failures.push(format!(
+                "README.md:{}: `{}`: {e}",
+                example.line, example.command
+            ));
+        }
+    }
+    let _ = std::fs::remove_file(&config_path);
+
+    // A rule that matches no example is stale: the README changed under it.
+    for (s, why) in EXCLUDED.iter().chain(REPEATED).chain(HELD) {
+        if !examples.iter().any(|e| e.command.contains(s)) {
+            failures.push(format!(
+                "no README example contains {s:?} ({why}): remove the rule"
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {ran} examples run failed ({excluded} excluded):\n{}\ntally serve log:\n{}",
+        failures.len(),
+        failures.join("\n"),
+        server.log()
+    );
+    assert!(
+        ran >= 10,
+        "only {ran} examples found: is the README read right?"
+    );
+}
