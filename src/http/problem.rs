@@ -221,7 +221,7 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
         let path = e.path().to_string();
         let detail = plain(&e.into_inner().to_string());
         let problem = Problem::new(Kind::InvalidInput, format!("body: {detail}"));
-        if path == "." {
+        if path == "." || path == "?" {
             problem
         } else {
             problem.field(path)
