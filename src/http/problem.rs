@@ -31,6 +31,8 @@ pub enum Kind {
     MethodNotAllowed,
     /// The body is larger than the route takes (413).
     PayloadTooLarge,
+    /// The request contradicts one made before (409).
+    Conflict,
     /// Redis could not be reached or answered with an error (503).
     RedisUnavailable,
     /// Redis answered something its script's contract does not allow (502).
@@ -52,6 +54,7 @@ impl Kind {
                 "Method not allowed",
             ),
             Kind::PayloadTooLarge => (S::PAYLOAD_TOO_LARGE, "payload-too-large", "Body too large"),
+            Kind::Conflict => (S::CONFLICT, "conflict", "Conflict"),
             Kind::RedisUnavailable => (
                 S::SERVICE_UNAVAILABLE,
                 "redis-unavailable",
@@ -122,6 +125,9 @@ impl Problem {
         use tally_counters::model::LookupError;
         match e {
             RequestError::Invalid(detail) => Problem::new(Kind::InvalidInput, detail),
+            RequestError::Conflict(detail) => {
+                Problem::new(Kind::Conflict, detail).field("idempotency_key")
+            }
             RequestError::Overflow { counter, delta } => Problem::invalid(
                 "value",
                 format!(

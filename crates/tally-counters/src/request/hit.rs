@@ -122,6 +122,13 @@ impl Counters {
                     delta: hit.delta,
                 })
             }
+            [-4] => {
+                return Err(RequestError::Conflict(format!(
+                    "idempotency key `{}` was used for another key of counter `{name}` (other \
+                     dimension values or another window); nothing was added",
+                    hit.idempotency_key.as_deref().unwrap_or_default()
+                )))
+            }
             _ => {
                 return Err(RequestError::Reply {
                     script: "hit",

@@ -62,6 +62,9 @@ pub enum RequestError {
         /// The refused delta.
         delta: i64,
     },
+    /// The request contradicts one made before (an idempotency key reused for another key).
+    #[error("{0}")]
+    Conflict(String),
     /// The counter, its dimension values or the time cannot address a key.
     #[error(transparent)]
     Lookup(#[from] crate::model::LookupError),

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use support::{assert_every_key_expires, clients, Deployment};
-use tally_counters::request::{Claim, Counters, Hit, Once, Pool, Quota, QuotaReply, Unique};
+use tally_counters::request::{
+    Claim, Counters, Hit, Once, Pool, Quota, QuotaReply, RequestError, Unique,
+};
 use tally_counters::window::WindowSpec;
 
 /// 200 concurrent callers over four connections (as four processes would) try a quota of 100,
@@ -116,6 +118,28 @@ async fn hits_retried_after_timeouts_count_once(dep: &Deployment) {
     let fresh = patient.hit("plays", &["v1"], &Hit::one()).await.unwrap();
     assert_eq!((fresh.value, fresh.duplicate), (101, false));
     assert!(fresh.expire_at_ms == fresh.window_end_ms);
+    // An id is scoped to the counter key: reused for other dimension values it is refused, and
+    // neither key changes (it was once answered "duplicate" with the other subject's value).
+    let reused = Hit {
+        delta: 2,
+        idempotency_key: Some("req-0".into()),
+        ..Hit::one()
+    };
+    let other = patient.hit("plays", &["v2"], &reused).await;
+    match dep {
+        Deployment::Standalone(_) => {
+            assert!(matches!(other, Err(RequestError::Conflict(_))), "{other:?}");
+            assert_eq!(patient.peek("plays", &["v2"], None).await.unwrap(), 0);
+        }
+        // In a cluster the id is checked in the counter key's slot: across slots, it is a new
+        // id of the other key (counted, and answered with that key's own value).
+        Deployment::Cluster(_) => match other {
+            Err(RequestError::Conflict(_)) => {}
+            Ok(r) => assert_eq!((r.value, r.duplicate), (2, false)),
+            Err(e) => panic!("{e}"),
+        },
+    }
+    assert_eq!(patient.peek("plays", &["v1"], None).await.unwrap(), 101);
 }
 
 /// Scripts vanish (SCRIPT FLUSH on every node) between calls: the next call reloads them.

@@ -1,9 +1,11 @@
 -- Hit: add ARGV[1] to the counter KEYS[1], whose window's keys expire at ARGV[2] (Unix ms), and
--- return the new value. KEYS[2], if given, is the idempotency key of this hit: a retried hit
--- finds it and returns the value it recorded instead of adding again. Values arrive as ARGV.
+-- return the new value. KEYS[2], if given, is the idempotency key of this hit: a hash of the
+-- counter key it was used for (`k`) and the value recorded (`v`). A retried hit finds it and
+-- returns the value recorded instead of adding again; the same id used for another counter key
+-- (other dimension values, another window) is refused. Values arrive as ARGV.
 -- Reply: {1, value} added; {0, value} a duplicate (nothing added); {-1} the window has expired;
 -- {-2} the counter holds something that is not an integer; {-3} the sum would leave the signed
--- 64-bit range (nothing added).
+-- 64-bit range (nothing added); {-4} the id was used for another counter key (nothing added).
 -- `value` is the counter as Redis stores it, a bulk string: a Lua number is a double, so an
 -- integer reply above 2^53 would be rounded on its way in and truncated on its way out. The
 -- value is read back with GET and passed on (and recorded) as that string, never as a number.
@@ -11,8 +13,15 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 if tonumber(ARGV[2]) <= now then return {-1} end
 if KEYS[2] then
-  local seen = redis.call('GET', KEYS[2])
-  if seen then return {0, seen} end
+  local seen = redis.pcall('HMGET', KEYS[2], 'k', 'v')
+  if seen.err then
+    -- Recorded by an earlier version as a plain value (it expires with its window).
+    local old = redis.call('GET', KEYS[2])
+    if old then return {0, old} end
+  elseif seen[2] then
+    if seen[1] ~= KEYS[1] then return {-4} end
+    return {0, seen[2]}
+  end
 end
 local v = redis.pcall('INCRBY', KEYS[1], ARGV[1])
 if type(v) == 'table' and v.err then
@@ -25,5 +34,9 @@ if redis.call('PTTL', KEYS[1]) == -1 then
   redis.call('PEXPIREAT', KEYS[1], ARGV[2])
 end
 local exact = redis.call('GET', KEYS[1])
-if KEYS[2] then redis.call('SET', KEYS[2], exact, 'PXAT', ARGV[2]) end
+if KEYS[2] then
+  redis.call('DEL', KEYS[2])
+  redis.call('HSET', KEYS[2], 'k', KEYS[1], 'v', exact)
+  redis.call('PEXPIREAT', KEYS[2], ARGV[2])
+end
 return {1, exact}
