@@ -62,6 +62,11 @@ impl Requests {
                 .once
                 .get(name)
                 .ok_or_else(|| RequestError::Invalid(format!("unknown once `{name}`")))?;
+            // As for hits: a marker cannot be written for a time far ahead (it would live on).
+            if let Some(at) = at_ms {
+                let now = chrono::Utc::now().timestamp_millis();
+                tally_counters::model::check_at(at, now, self.max_future_ms)?;
+            }
             let ok = match action {
                 Action::Apply => once.first(subject, at_ms).await?,
                 Action::Peek => once.peek(subject, at_ms).await?,
