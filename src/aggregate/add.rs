@@ -39,7 +39,9 @@ impl Trail {
     ) -> Result<usize, Overflow> {
         if counter.is_count() {
             let created = add_count(open, key, target)?;
-            self.created[ci] = created;
+            if created {
+                self.created[ci] = true;
+            }
             return Ok(usize::from(created));
         }
         let c = kinds::contribution(counter, target);
@@ -95,9 +97,11 @@ impl Aggregator {
                 overflow_at = Some(ci);
                 break;
             };
-            self.pending_keys += items;
-            if items > 0 && state.open.items() == self.max_keys_per_call {
-                trail.full.push(target.shard);
+            if items > 0 {
+                self.pending_keys += items;
+                if state.open.items() == self.max_keys_per_call {
+                    trail.full.push(target.shard);
+                }
             }
             self.stats.counted[ci] += 1;
         }
