@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use tally::app::Tally;
 use tally::config::Config;
+use tally::metrics::Metrics;
 use tally_testkit::gen::EventGen;
 use tally_testkit::local_redis::LocalRedis;
 
@@ -35,24 +36,8 @@ pub async fn run(
     opts: DemoOptions,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let _redis = if config.redis.url.is_empty() {
-        let redis = LocalRedis::start(&[])?;
-        config.redis.url = redis.url();
-        println!("started redis-server on {}", config.redis.url);
-        Some(redis)
-    } else {
-        None
-    };
-    let mock = MockCluster::new(1).context("starting the in-process Kafka broker")?;
-    mock.create_topic(&config.kafka.topic, opts.partitions, 1)?;
-    config.kafka.brokers = mock.bootstrap_servers();
-    println!(
-        "in-process Kafka broker at {} (topic `{}`, {} partitions)",
-        config.kafka.brokers, config.kafka.topic, opts.partitions
-    );
-    if !config.http.listen.is_empty() {
-        println!("metrics: http://{}/metrics", config.http.listen);
-    }
+    let _redis = start_local_redis(&mut config)?;
+    let _mock = start_broker(&mut config, &opts)?;
 
     let produced = Arc::new(AtomicU64::new(0));
     let stop_producer = shutdown.child_token();
@@ -75,44 +60,7 @@ pub async fn run(
 
     let client = tally::sink::client(&config.redis)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
-    let started = Instant::now();
-    let mut last = (Instant::now(), 0u64, 0u64);
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-        }
-        if opts.duration.is_some_and(|d| started.elapsed() >= d) {
-            break;
-        }
-        let consumed = metrics.consumer.messages_consumed.get();
-        let prod = produced.load(Ordering::Relaxed);
-        let secs = last.0.elapsed().as_secs_f64();
-        let flush = &metrics.sink.flush_duration;
-        let mean_ms = if flush.get_sample_count() > 0 {
-            flush.get_sample_sum() / flush.get_sample_count() as f64 * 1000.0
-        } else {
-            0.0
-        };
-        println!(
-            "\n[{:>4}s] produced {:>9} ({:>7.0}/s)  consumed {:>9} ({:>7.0}/s)  keys flushed {:>8}  flushes {:>5}  mean flush {:>6.1} ms  pending {}",
-            started.elapsed().as_secs(),
-            prod,
-            (prod - last.1) as f64 / secs,
-            consumed,
-            (consumed - last.2) as f64 / secs,
-            metrics.sink.keys_flushed.get(),
-            flush.get_sample_count(),
-            mean_ms,
-            metrics.aggregate.pending_keys.get(),
-        );
-        last = (Instant::now(), prod, consumed);
-        if let Ok(top) = top_counters(&mut conn, "flow:count:*", 10).await {
-            for (key, count) in top {
-                println!("  {count:>8}  {key}");
-            }
-        }
-    }
+    live_view(&mut conn, &metrics, &produced, &opts, &shutdown).await;
     stop_producer.cancel();
     let _ = producer.join();
     run_token.cancel();
@@ -124,6 +72,97 @@ pub async fn run(
         metrics.sink.flush_duration.get_sample_count()
     );
     Ok(())
+}
+
+/// A local `redis-server` if the config names no Redis (its URL goes into `config`); None
+/// when it names one. The server stops when the returned value is dropped.
+fn start_local_redis(config: &mut Config) -> anyhow::Result<Option<LocalRedis>> {
+    if !config.redis.url.is_empty() {
+        return Ok(None);
+    }
+    let redis = LocalRedis::start(&[])?;
+    config.redis.url = redis.url();
+    println!("started redis-server on {}", config.redis.url);
+    Ok(Some(redis))
+}
+
+/// The in-process Kafka broker with the demo topic (its address goes into `config`); it stops
+/// when the returned value is dropped.
+fn start_broker(
+    config: &mut Config,
+    opts: &DemoOptions,
+) -> anyhow::Result<MockCluster<'static, DefaultProducerContext>> {
+    let mock = MockCluster::new(1).context("starting the in-process Kafka broker")?;
+    mock.create_topic(&config.kafka.topic, opts.partitions, 1)?;
+    config.kafka.brokers = mock.bootstrap_servers();
+    println!(
+        "in-process Kafka broker at {} (topic `{}`, {} partitions)",
+        config.kafka.brokers, config.kafka.topic, opts.partitions
+    );
+    if !config.http.listen.is_empty() {
+        println!("metrics: http://{}/metrics", config.http.listen);
+    }
+    Ok(mock)
+}
+
+/// The live view: every 2 s until `shutdown` or the demo's duration, the rates, the flushes
+/// and the ten largest counters.
+async fn live_view(
+    conn: &mut redis::aio::MultiplexedConnection,
+    metrics: &Metrics,
+    produced: &AtomicU64,
+    opts: &DemoOptions,
+    shutdown: &CancellationToken,
+) {
+    let started = Instant::now();
+    let mut last = (Instant::now(), 0u64, 0u64);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+        }
+        if opts.duration.is_some_and(|d| started.elapsed() >= d) {
+            break;
+        }
+        last = print_progress(metrics, produced, started, last);
+        if let Ok(top) = top_counters(conn, "flow:count:*", 10).await {
+            for (key, count) in top {
+                println!("  {count:>8}  {key}");
+            }
+        }
+    }
+}
+
+/// One line of the live view; `last` is (when, produced, consumed) of the previous line, and
+/// the same of this one is returned.
+fn print_progress(
+    metrics: &Metrics,
+    produced: &AtomicU64,
+    started: Instant,
+    last: (Instant, u64, u64),
+) -> (Instant, u64, u64) {
+    let consumed = metrics.consumer.messages_consumed.get();
+    let prod = produced.load(Ordering::Relaxed);
+    let secs = last.0.elapsed().as_secs_f64();
+    let flush = &metrics.sink.flush_duration;
+    let mean_ms = if flush.get_sample_count() > 0 {
+        flush.get_sample_sum() / flush.get_sample_count() as f64 * 1000.0
+    } else {
+        0.0
+    };
+    println!(
+        "\n[{:>4}s] produced {:>9} ({:>7.0}/s)  consumed {:>9} ({:>7.0}/s)  keys flushed {:>8}  flushes {:>5}  mean flush {:>6.1} ms  pending {}",
+        started.elapsed().as_secs(),
+        prod,
+        (prod - last.1) as f64 / secs,
+        consumed,
+        (consumed - last.2) as f64 / secs,
+        metrics.sink.keys_flushed.get(),
+        flush.get_sample_count(),
+        mean_ms,
+        metrics.aggregate.pending_keys.get(),
+    );
+    (Instant::now(), prod, consumed)
 }
 
 /// The demo's rate limit: 20 requests per second per subject, bursts of 5.

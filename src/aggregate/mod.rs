@@ -10,10 +10,11 @@ use std::collections::HashMap;
 
 use ahash::RandomState;
 
-use crate::decode::{Decoder, Event};
+use crate::decode::Decoder;
 use crate::key::KeyTemplate;
 use crate::model::layout::Layout;
 
+mod add;
 mod kinds;
 mod seal;
 mod target;
@@ -26,7 +27,6 @@ pub use kinds::{Op, Other};
 
 use crate::model::{CounterSpec, Kind};
 use crate::window::WindowCache;
-use target::target;
 
 /// One counter, compiled for the hot path.
 pub struct Counter {
@@ -309,114 +309,6 @@ impl Aggregator {
                 p.position = offset + 1;
             }
         }
-    }
-
-    /// Add one event at `offset` of `partition`. `now_ms` decides lateness.
-    ///
-    /// The event is added to every counter or to none: if one counter's pending sum would
-    /// overflow i64, what the event added to the counters before it is taken back and the
-    /// caller treats the message as bad input.
-    pub fn add(&mut self, partition: i32, offset: i64, event: &Event<'_>, now_ms: i64) -> Added {
-        let Some(part) = self.partitions.get_mut(&partition) else {
-            return Added::Ignored;
-        };
-        if offset < part.position {
-            return Added::Ignored;
-        }
-        part.position = offset + 1;
-        let mut full: smallvec::SmallVec<[u32; 4]> = smallvec::SmallVec::new();
-        // Whether counter i created its key for this event (undone on overflow).
-        let mut created: smallvec::SmallVec<[bool; 8]> = smallvec::SmallVec::new();
-        let mut overflow_at = None;
-        // How to take back what the non-count kinds added, should a later counter overflow.
-        let mut undo_log: smallvec::SmallVec<[kinds::Undo; 2]> = smallvec::SmallVec::new();
-        for (ci, counter) in self.counters.iter_mut().enumerate() {
-            created.push(false);
-            let Some(target) = target(
-                counter,
-                event,
-                now_ms,
-                &mut self.key_buf,
-                self.shards,
-                self.layout.as_ref(),
-            ) else {
-                self.stats.late[ci] += 1;
-                continue;
-            };
-            let state = &mut part.shards[target.shard as usize];
-            if offset < state.open.start {
-                self.stats.replay_skipped += 1;
-                continue;
-            }
-            if !counter.is_count() {
-                let c = kinds::contribution(counter, &target);
-                match kinds::apply(
-                    &mut state.open.other,
-                    &self.key_buf,
-                    &c,
-                    target.expire_at_ms,
-                    &self.hasher,
-                ) {
-                    Ok((items, created_key, step)) => {
-                        state.open.other_items += items;
-                        self.pending_keys += items;
-                        undo_log.push(kinds::Undo {
-                            shard: target.shard,
-                            key: self.key_buf.as_slice().into(),
-                            created_key,
-                            step,
-                        });
-                        if items > 0 && state.open.items() == self.max_keys_per_call {
-                            full.push(target.shard);
-                        }
-                    }
-                    Err(()) => {
-                        overflow_at = Some(ci);
-                        break;
-                    }
-                }
-                self.stats.counted[ci] += 1;
-                continue;
-            }
-            if let Some(d) = state.open.keys.get_mut(self.key_buf.as_slice()) {
-                let Some(sum) = d.delta.checked_add(target.delta) else {
-                    overflow_at = Some(ci);
-                    break;
-                };
-                d.delta = sum;
-                d.expire_at_ms = d.expire_at_ms.max(target.expire_at_ms);
-            } else {
-                state.open.keys.insert(
-                    self.key_buf.as_slice().into(),
-                    Delta {
-                        delta: target.delta,
-                        expire_at_ms: target.expire_at_ms,
-                    },
-                );
-                created[ci] = true;
-                self.pending_keys += 1;
-                if state.open.items() == self.max_keys_per_call {
-                    full.push(target.shard);
-                }
-            }
-            self.stats.counted[ci] += 1;
-        }
-        if let Some(stop) = overflow_at {
-            self.undo(partition, offset, event, now_ms, &created[..stop]);
-            self.undo_other(partition, &undo_log);
-            return Added::Overflow;
-        }
-        let part = self
-            .partitions
-            .get_mut(&partition)
-            .expect("partition checked above");
-        // Cut full units after the whole message: a unit always ends on a message boundary.
-        for shard in full {
-            let state = &mut part.shards[shard as usize];
-            let unit = seal::seal_unit(partition, shard, state, offset + 1, &self.hasher);
-            state.sealed.push(unit);
-        }
-        Added::Counted
     }
 
     /// Take the statistics gathered since the last call.

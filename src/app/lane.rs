@@ -10,16 +10,18 @@ use std::time::Duration;
 use anyhow::Context as _;
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::error::KafkaError;
-use tokio::sync::oneshot;
+use rdkafka::ClientConfig;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::aggregate::Aggregator;
-use crate::config::Model;
+use crate::config::{FlushConfig, KafkaConfig, Model};
 use crate::consumer::{self, StateAccess, TallyContext, Worker};
+use crate::decode::Decoder;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::sink::Sink;
+use crate::sink::{Sink, SinkRequest};
 
 use super::kafka_client_config;
 
@@ -99,11 +101,7 @@ impl Lane {
         let scope = model.scope.clone();
         let agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call)
             .with_layout(scope.layout.clone());
-        let mut flush = config.flush.clone();
-        // The bounds on keys held in memory and sent in one flush are the process', shared
-        // evenly by the lanes.
-        flush.max_keys = (flush.max_keys / shared.lanes).max(1);
-        flush.max_pending_keys = (flush.max_pending_keys / shared.lanes).max(flush.max_keys);
+        let flush = lane_flush(&config.flush, shared.lanes);
         let mut sink = Sink::new(
             &config.redis,
             flush.clone(),
@@ -115,77 +113,16 @@ impl Lane {
         if index == 0 {
             sink.preflight().await.map_err(|e| anyhow::anyhow!(e))?;
         }
-        let (sink_tx, sink_rx) = tokio::sync::mpsc::unbounded_channel();
-        let mut worker = Worker::new(
-            agg,
-            decoder,
-            sink_tx,
-            shared.metrics.clone(),
-            config.kafka.topic.clone(),
-            flush,
-            StateAccess {
-                start_from: config.kafka.start_from,
-                recovery: config.recovery.clone(),
-                health: shared.health.clone(),
-                init_timeout: config.redis.connect_timeout + config.redis.response_timeout,
-                lane: index,
-            },
-        );
-        if let Some(topic) = &config.decode.dead_letter_topic {
-            let dlq =
-                crate::consumer::DeadLetters::new(&config.kafka, topic, shared.metrics.clone())
-                    .context("dead-letter producer")?;
-            worker = worker.with_dead_letters(dlq);
-        }
+        let (sink_tx, sink_rx) = mpsc::unbounded_channel();
+        let worker = lane_worker(shared, index, agg, decoder, sink_tx, flush)?;
         let ctx = TallyContext::new(worker, shared.health.clone(), shared.shutdown.clone());
-        let mut client = kafka_client_config(&config.kafka);
-        if shared.lanes > 1 {
-            // Each lane is its own group member: distinct client ids in broker logs, and
-            // distinct static member ids if the user configured one.
-            let base = config
-                .kafka
-                .properties
-                .get("client.id")
-                .map_or("tally", String::as_str);
-            client.set("client.id", format!("{base}-{index}"));
-            if let Some(id) = config.kafka.properties.get("group.instance.id") {
-                client.set("group.instance.id", format!("{id}-{index}"));
-            }
-            // The prefetch budget is the process', like the pending keys.
-            if !config
-                .kafka
-                .properties
-                .contains_key("queued.max.messages.kbytes")
-            {
-                let kbytes = (QUEUED_KBYTES / shared.lanes).max(4096);
-                client.set("queued.max.messages.kbytes", kbytes.to_string());
-            }
-        }
-        let consumer: BaseConsumer<TallyContext> = client
-            .create_with_context(ctx)
-            .context("kafka configuration")?;
+        let consumer: BaseConsumer<TallyContext> =
+            lane_client_config(&config.kafka, shared.lanes, index)
+                .create_with_context(ctx)
+                .context("kafka configuration")?;
         let sink = tokio::spawn(sink.run(sink_rx, shared.deadline.clone()));
         let grace = config.flush.shutdown_grace;
-        let (done_tx, done) = oneshot::channel();
-        // Thread names are cut at 15 bytes: `tally-consumer`, `tally-consumer1`, ...
-        let name = match index {
-            0 => "tally-consumer".to_string(),
-            i => format!("tally-consumer{i}"),
-        };
-        let gate = shared.close_gate.clone();
-        std::thread::Builder::new().name(name).spawn(move || {
-            let mut waited = false;
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                consumer::run(consumer, grace, || {
-                    waited = true;
-                    gate.arrive_and_wait(grace);
-                })
-            }));
-            if !waited {
-                gate.arrive();
-            }
-            let _ = done_tx.send(result);
-        })?;
+        let done = spawn_consumer(consumer, index, grace, shared.close_gate.clone())?;
         Ok(Lane { index, done, sink })
     }
 
@@ -233,4 +170,100 @@ impl Lane {
         }
         failure.map_or(Ok(()), Err)
     }
+}
+
+/// A lane's flush settings: the bounds on keys held in memory and sent in one flush are the
+/// process', shared evenly by the lanes.
+fn lane_flush(process: &FlushConfig, lanes: usize) -> FlushConfig {
+    let mut flush = process.clone();
+    flush.max_keys = (flush.max_keys / lanes).max(1);
+    flush.max_pending_keys = (flush.max_pending_keys / lanes).max(flush.max_keys);
+    flush
+}
+
+/// The consumer's worker of lane `index`: its aggregator and decoder, the sender to its sink,
+/// and a dead-letter producer if the config names a topic.
+fn lane_worker(
+    shared: &Shared<'_>,
+    index: usize,
+    agg: Aggregator,
+    decoder: Decoder,
+    sink_tx: mpsc::UnboundedSender<SinkRequest>,
+    flush: FlushConfig,
+) -> anyhow::Result<Worker> {
+    let config = &shared.model.config;
+    let mut worker = Worker::new(
+        agg,
+        decoder,
+        sink_tx,
+        shared.metrics.clone(),
+        config.kafka.topic.clone(),
+        flush,
+        StateAccess {
+            start_from: config.kafka.start_from,
+            recovery: config.recovery.clone(),
+            health: shared.health.clone(),
+            init_timeout: config.redis.connect_timeout + config.redis.response_timeout,
+            lane: index,
+        },
+    );
+    if let Some(topic) = &config.decode.dead_letter_topic {
+        let dlq = crate::consumer::DeadLetters::new(&config.kafka, topic, shared.metrics.clone())
+            .context("dead-letter producer")?;
+        worker = worker.with_dead_letters(dlq);
+    }
+    Ok(worker)
+}
+
+/// The Kafka client settings of lane `index` of `lanes`.
+fn lane_client_config(kafka: &KafkaConfig, lanes: usize, index: usize) -> ClientConfig {
+    let mut client = kafka_client_config(kafka);
+    if lanes > 1 {
+        // Each lane is its own group member: distinct client ids in broker logs, and
+        // distinct static member ids if the user configured one.
+        let base = kafka
+            .properties
+            .get("client.id")
+            .map_or("tally", String::as_str);
+        client.set("client.id", format!("{base}-{index}"));
+        if let Some(id) = kafka.properties.get("group.instance.id") {
+            client.set("group.instance.id", format!("{id}-{index}"));
+        }
+        // The prefetch budget is the process', like the pending keys.
+        if !kafka.properties.contains_key("queued.max.messages.kbytes") {
+            let kbytes = (QUEUED_KBYTES / lanes).max(4096);
+            client.set("queued.max.messages.kbytes", kbytes.to_string());
+        }
+    }
+    client
+}
+
+/// Run `consumer` on thread `tally-consumer{index}`; its result arrives on the returned
+/// channel. After its final commit the lane waits (at most `grace`) at `gate` for the others.
+fn spawn_consumer(
+    consumer: BaseConsumer<TallyContext>,
+    index: usize,
+    grace: Duration,
+    gate: Arc<CloseGate>,
+) -> std::io::Result<oneshot::Receiver<ThreadEnd>> {
+    let (done_tx, done) = oneshot::channel();
+    // Thread names are cut at 15 bytes: `tally-consumer`, `tally-consumer1`, ...
+    let name = match index {
+        0 => "tally-consumer".to_string(),
+        i => format!("tally-consumer{i}"),
+    };
+    std::thread::Builder::new().name(name).spawn(move || {
+        let mut waited = false;
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            consumer::run(consumer, grace, || {
+                waited = true;
+                gate.arrive_and_wait(grace);
+            })
+        }));
+        if !waited {
+            gate.arrive();
+        }
+        let _ = done_tx.send(result);
+    })?;
+    Ok(done)
 }

@@ -153,55 +153,7 @@ impl Query {
         let mut answers = Vec::with_capacity(tuples.len());
         let mut cmds = Vec::with_capacity(tuples.len() * windows.len());
         for dims in tuples {
-            let values = spec.values_in_order(dims)?;
-            let mut cells = Vec::with_capacity(windows.len());
-            let mut union = redis::cmd("PFCOUNT");
-            for w in &windows {
-                let (key, field, _) = spec.location_at(&values, w.start_ms, &self.model.layout);
-                let cmd = match (&spec.kind, &field) {
-                    (Kind::HashCount { .. }, Some(f)) => {
-                        redis::cmd("HGET").arg(&key).arg(f).clone()
-                    }
-                    (Kind::Distinct { exact: true, .. }, _) => {
-                        redis::cmd("SMEMBERS").arg(&key).clone()
-                    }
-                    (Kind::Distinct { exact: false, .. }, _) => {
-                        redis::cmd("PFCOUNT").arg(&key).clone()
-                    }
-                    (Kind::Leaderboard { .. }, _) => redis::cmd("ZRANGE")
-                        .arg(&key)
-                        .arg(0)
-                        .arg(-1)
-                        .arg("WITHSCORES")
-                        .clone(),
-                    _ => redis::cmd("GET").arg(&key).clone(),
-                };
-                union.arg(&key);
-                cmds.push((key.clone(), cmd));
-                cells.push(WindowValue {
-                    start_ms: w.start_ms,
-                    end_ms: w.end_ms,
-                    key: String::from_utf8_lossy(&key).into_owned(),
-                    field: field.map(|f| String::from_utf8_lossy(&f).into_owned()),
-                    value: None,
-                    expired: spec.expire_at(w.end_ms) <= now_ms,
-                });
-            }
-            if merges_hll(spec, windows.len()) {
-                // Every window of a series lives in one slot: one PFCOUNT merges them.
-                let first = spec
-                    .location_at(&values, windows[0].start_ms, &self.model.layout)
-                    .0;
-                cmds.push((first, union));
-            }
-            answers.push(RangeAnswer {
-                counter: spec.name.clone(),
-                dimensions: dims.clone(),
-                value: None,
-                top: None,
-                windows: cells,
-                notes: Vec::new(),
-            });
+            answers.push(self.tuple_reads(spec, dims, &windows, now_ms, &mut cmds)?);
         }
         let replies = self.pipe_keyed(cmds).await?;
         let mut replies = replies.into_iter();
@@ -209,6 +161,66 @@ impl Query {
             combine(spec, answer, &mut replies, top)?;
         }
         Ok(answers)
+    }
+
+    /// The answer for the tuple `dims` before any value is known: one cell per window, and its
+    /// reads appended to `cmds` (one per window, plus the merged count of a HyperLogLog range).
+    fn tuple_reads(
+        &self,
+        spec: &CounterSpec,
+        dims: &BTreeMap<String, String>,
+        windows: &[Window],
+        now_ms: i64,
+        cmds: &mut Vec<(Vec<u8>, redis::Cmd)>,
+    ) -> Result<RangeAnswer, QueryError> {
+        let values = spec.values_in_order(dims)?;
+        let mut cells = Vec::with_capacity(windows.len());
+        let mut union = redis::cmd("PFCOUNT");
+        for w in windows {
+            let (key, field, _) = spec.location_at(&values, w.start_ms, &self.model.layout);
+            let cmd = read_cmd(&spec.kind, &key, field.as_deref());
+            union.arg(&key);
+            cmds.push((key.clone(), cmd));
+            cells.push(WindowValue {
+                start_ms: w.start_ms,
+                end_ms: w.end_ms,
+                key: String::from_utf8_lossy(&key).into_owned(),
+                field: field.map(|f| String::from_utf8_lossy(&f).into_owned()),
+                value: None,
+                expired: spec.expire_at(w.end_ms) <= now_ms,
+            });
+        }
+        if merges_hll(spec, windows.len()) {
+            // Every window of a series lives in one slot: one PFCOUNT merges them.
+            let first = spec
+                .location_at(&values, windows[0].start_ms, &self.model.layout)
+                .0;
+            cmds.push((first, union));
+        }
+        Ok(RangeAnswer {
+            counter: spec.name.clone(),
+            dimensions: dims.clone(),
+            value: None,
+            top: None,
+            windows: cells,
+            notes: Vec::new(),
+        })
+    }
+}
+
+/// The read of one window's `key` (and hash `field`) of a counter of `kind`.
+fn read_cmd(kind: &Kind, key: &[u8], field: Option<&[u8]>) -> redis::Cmd {
+    match (kind, field) {
+        (Kind::HashCount { .. }, Some(f)) => redis::cmd("HGET").arg(key).arg(f).clone(),
+        (Kind::Distinct { exact: true, .. }, _) => redis::cmd("SMEMBERS").arg(key).clone(),
+        (Kind::Distinct { exact: false, .. }, _) => redis::cmd("PFCOUNT").arg(key).clone(),
+        (Kind::Leaderboard { .. }, _) => redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .clone(),
+        _ => redis::cmd("GET").arg(key).clone(),
     }
 }
 

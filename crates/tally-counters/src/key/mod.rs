@@ -14,9 +14,13 @@
 
 use chrono::{Datelike, NaiveDateTime, Timelike};
 
-use crate::window::{format_secs, WindowSpec};
+use crate::window::WindowSpec;
+
+use scan::{check_distinct_names, next_placeholder, TemplateParser};
 
 mod parse;
+
+mod scan;
 
 mod error;
 
@@ -133,156 +137,14 @@ impl KeyTemplate {
         dimensions: &[String],
         window: &WindowSpec,
     ) -> Result<Self, TemplateError> {
-        let t = || template.to_owned();
-        for (i, name) in dimensions.iter().enumerate() {
-            if dimensions[..i].contains(name) {
-                return Err(TemplateError::DuplicateDimensionName {
-                    template: t(),
-                    dimension: name.clone(),
-                });
-            }
+        check_distinct_names(template, dimensions)?;
+        let mut parser = TemplateParser::new(template, dimensions);
+        let mut from = 0;
+        while let Some((open, close)) = next_placeholder(template, from)? {
+            parser.placeholder(open, close)?;
+            from = close + 1;
         }
-
-        let bytes = template.as_bytes();
-        let mut parts = Vec::new();
-        let mut seen = vec![false; dimensions.len()];
-        // The time placeholder's text and fields, once found.
-        let mut time: Option<(&str, Vec<TimeField>)> = None;
-        // Text of the previous placeholder, for the separator check.
-        let mut previous: Option<&str> = None;
-        let mut literal_start = 0;
-        let mut i = 0;
-        while i < bytes.len() {
-            match bytes[i] {
-                b'}' => {
-                    return Err(TemplateError::StrayCloseBrace {
-                        template: t(),
-                        position: i,
-                    })
-                }
-                b'{' => {}
-                _ => {
-                    i += 1;
-                    continue;
-                }
-            }
-            let open = i;
-            let close = match bytes[open + 1..]
-                .iter()
-                .position(|&b| b == b'{' || b == b'}')
-            {
-                Some(off) if bytes[open + 1 + off] == b'}' => open + 1 + off,
-                Some(off) => {
-                    return Err(TemplateError::NestedBrace {
-                        template: t(),
-                        position: open + 1 + off,
-                    })
-                }
-                None => {
-                    return Err(TemplateError::UnclosedBrace {
-                        template: t(),
-                        position: open,
-                    })
-                }
-            };
-            // Both ends are ASCII braces, so these are char boundaries.
-            let name = &template[open + 1..close];
-            if name.is_empty() {
-                return Err(TemplateError::EmptyPlaceholder {
-                    template: t(),
-                    position: open,
-                });
-            }
-
-            let part = if let Some(index) = dimensions.iter().position(|d| d == name) {
-                if seen[index] {
-                    return Err(TemplateError::RepeatedDimension {
-                        template: t(),
-                        dimension: name.to_owned(),
-                    });
-                }
-                seen[index] = true;
-                Part::Dimension(index)
-            } else if name.bytes().all(|b| TimeField::from_letter(b).is_some()) {
-                let fields = parse_time_pattern(name).map_err(|reason| {
-                    TemplateError::InvalidTimePattern {
-                        template: t(),
-                        placeholder: name.to_owned(),
-                        reason,
-                    }
-                })?;
-                if let Some((first, _)) = time {
-                    return Err(TemplateError::MultipleTime {
-                        template: t(),
-                        first: first.to_owned(),
-                        second: name.to_owned(),
-                    });
-                }
-                time = Some((name, fields));
-                Part::Time
-            } else {
-                return Err(TemplateError::UnknownPlaceholder {
-                    template: t(),
-                    placeholder: name.to_owned(),
-                    dimensions: if dimensions.is_empty() {
-                        "none configured".to_owned()
-                    } else {
-                        dimensions.join(", ")
-                    },
-                });
-            };
-
-            let literal = &template[literal_start..open];
-            if let Some(first) = previous {
-                if !literal.contains(':') {
-                    return Err(TemplateError::AdjacentPlaceholders {
-                        template: t(),
-                        first: first.to_owned(),
-                        second: name.to_owned(),
-                    });
-                }
-            }
-            if !literal.is_empty() {
-                parts.push(Part::Literal(literal.as_bytes().into()));
-            }
-            parts.push(part);
-            previous = Some(name);
-            literal_start = close + 1;
-            i = close + 1;
-        }
-        if literal_start < bytes.len() {
-            parts.push(Part::Literal(bytes[literal_start..].into()));
-        }
-
-        if let Some(index) = seen.iter().position(|&s| !s) {
-            return Err(TemplateError::MissingDimension {
-                template: t(),
-                dimension: dimensions[index].clone(),
-            });
-        }
-        let Some((placeholder, fields)) = time else {
-            return Err(TemplateError::MissingTime { template: t() });
-        };
-        let size = window.size_secs();
-        let missing: Vec<String> = TimeField::ALL
-            .into_iter()
-            .filter(|f| f.required_for(size) && !fields.contains(f))
-            .map(|f| format!("{} ({})", f.token(), f.meaning()))
-            .collect();
-        if !missing.is_empty() {
-            return Err(TemplateError::TimeTooCoarse {
-                template: t(),
-                placeholder: placeholder.to_owned(),
-                missing: missing.join(", "),
-                window: format_secs(u64::from(size)),
-            });
-        }
-
-        Ok(Self {
-            parts: parts.into(),
-            time: fields.into(),
-            dimensions: dimensions.len(),
-        })
+        parser.finish(window)
     }
 
     /// Number of dimension values [`KeyTemplate::render`] expects.
@@ -366,37 +228,6 @@ pub fn escape_into(out: &mut Vec<u8>, value: &str) {
 /// to read in logs and redis-cli (ASCII control characters).
 pub(crate) const fn needs_escape(b: u8) -> bool {
     matches!(b, b'%' | b':' | b'{' | b'}' | 0x7F) || b < 0x20
-}
-
-/// Splits a pattern made only of the letters y M d H m s into fields; the error says why.
-fn parse_time_pattern(pattern: &str) -> Result<Vec<TimeField>, String> {
-    let bytes = pattern.as_bytes();
-    let mut fields = Vec::new();
-    let mut i = 0;
-    while i < bytes.len() {
-        let letter = bytes[i];
-        let run = bytes[i..].iter().take_while(|&&b| b == letter).count();
-        let run_text = &pattern[i..i + run];
-        let Some(field) = TimeField::from_letter(letter) else {
-            return Err(format!("`{run_text}` is not a time token"));
-        };
-        if run != field.token().len() {
-            return Err(format!(
-                "`{run_text}` is not a time token; use yyyy (year), MM (month), dd (day), \
-                 HH (hour), mm (minute), ss (second)"
-            ));
-        }
-        if fields.contains(&field) {
-            return Err(format!(
-                "{} ({}) appears more than once",
-                field.token(),
-                field.meaning()
-            ));
-        }
-        fields.push(field);
-        i += run;
-    }
-    Ok(fields)
 }
 
 /// Appends `value` in decimal, zero padded to `width` digits (a sign does not count).
