@@ -1,7 +1,8 @@
 //! The OpenAPI description as a contract: `GET /openapi.json` is OpenAPI 3.1, names every route
 //! the server has, and the real answers of every route (a success and errors: 400, 401, 413,
-//! 429, 503) match the schema the description gives for that route, status and content type.
-//! One `tally serve` with a bearer token on a real redis-server, stopped for the 503s.
+//! 429, 503, and a deferred hit's 202) match the schema the description gives for that route,
+//! status and content type. One `tally serve` with a bearer token on a real redis-server, stopped
+//! for the 503s; the 202 from `tally run` on a mock broker.
 
 use std::collections::BTreeSet;
 use std::process::{Child, Command, Stdio};
@@ -403,5 +404,23 @@ async fn the_limits_in_the_description_are_the_servers() {
         );
     }
     let wrong = run(&spec, tally.port, &cases);
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// A deferred hit (202) matches the description too: `tally run` on a mock broker, Redis
+/// stopped, the hit asks to be deferred.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_hit_matches_the_description() {
+    let mut h = crate::common::Harness::with_redis("openapi-defer", 1, &[]);
+    let port = free_port().unwrap();
+    let mut config = h.config("g-openapi-defer", crate::common::hourly("oad"));
+    config.http.listen = format!("127.0.0.1:{port}");
+    let running = h.start(config);
+    ready(port).await;
+    let spec = fetch_spec(port);
+    h.redis.stop();
+    let hit = r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"on_redis_error":"defer"}"#;
+    let wrong = run(&spec, port, &[post("/v1/hit", "/v1/hit", hit, 202)]);
+    running.stop().await;
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
