@@ -10,13 +10,14 @@ use axum::extract::{DefaultBodyLimit, Path, Query as Params, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 use super::problem::{Body, Problem};
 use crate::query::{parse_time, Query, QueryError, Span};
 
 /// Largest batch body, bytes.
-const MAX_BODY: usize = 1024 * 1024;
+pub(super) const MAX_BODY: usize = 1024 * 1024;
 
 /// The range-query routes over `query`.
 pub fn routes<S: Clone + Send + Sync + 'static>(query: Arc<Query>) -> Router<S> {
@@ -99,16 +100,33 @@ async fn one(
     }
 }
 
-#[derive(Deserialize)]
+/// `POST /v1/counters/{name}/batch`: one range over many dimension tuples. Give at most one of
+/// `window`, `last`, or `from` and `to` (default: the current window).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct BatchBody {
+pub(super) struct BatchBody {
+    /// One answer per tuple, in this order.
     dimensions: Vec<BTreeMap<String, String>>,
+    /// The window holding this time (RFC 3339, epoch ms, or `current`).
     window: Option<String>,
+    /// The last N windows up to the current one.
     last: Option<usize>,
+    /// First window: the one holding this time.
     from: Option<String>,
+    /// Last window: the one holding this time.
     to: Option<String>,
+    /// Leaderboards: how many members to answer.
     #[serde(default = "ten")]
+    #[schema(default = 10)]
     top: usize,
+}
+
+/// The answer of a batch: one range answer per tuple asked for.
+#[derive(Serialize, ToSchema)]
+pub(super) struct BatchAnswer {
+    /// In the order of `dimensions`.
+    #[schema(value_type = Vec<super::openapi::RangeAnswerSchema>)]
+    results: Vec<crate::query::RangeAnswer>,
 }
 
 fn ten() -> usize {
@@ -132,7 +150,7 @@ async fn batch(
     };
     let now = chrono::Utc::now().timestamp_millis();
     match q.range_top(&name, &b.dimensions, span, now, b.top).await {
-        Ok(answers) => Json(serde_json::json!({ "results": answers })).into_response(),
+        Ok(results) => Json(BatchAnswer { results }).into_response(),
         Err(e) => error(e),
     }
 }

@@ -4,11 +4,12 @@
 //! The server defends itself (`listener.rs`): a connection must send its request headers within
 //! `http.header_timeout`, a request is answered within `http.request_timeout`, and at most
 //! `http.max_connections` are served at once. With `http.token` (or `http.token_file`) set,
-//! `/v1/*` needs `Authorization: Bearer <token>`; metrics and health stay open for scrapers and
-//! probes. Every error answer is a problem detail (RFC 9457, [`Problem`]).
+//! `/v1/*` needs `Authorization: Bearer <token>`; metrics, health and `/openapi.json` (the
+//! description of every route, `openapi/`) stay open for scrapers, probes and clients. Every error answer is a problem detail (RFC 9457, [`Problem`]).
 
 mod counters;
 mod listener;
+mod openapi;
 mod problem;
 mod request;
 
@@ -75,6 +76,7 @@ pub async fn serve(
         .route("/metrics", get(metrics_handler))
         .route("/health/live", get(|| async { "ok\n" }))
         .route("/health/ready", get(ready_handler))
+        .route("/openapi.json", get(openapi::handler))
         .merge(v1)
         .fallback(|| async { Problem::new(Kind::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {

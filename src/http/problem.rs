@@ -14,7 +14,9 @@ use axum::extract::{FromRequest, Request};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tally_counters::request::RequestError;
+use utoipa::ToSchema;
 
 use crate::query::QueryError;
 
@@ -179,23 +181,41 @@ impl IntoResponse for Problem {
         if let Some(internal) = &self.internal {
             tracing::warn!(request_id = %id, status = status.as_u16(), error = %internal, "request failed");
         }
-        let mut body = serde_json::json!({
-            "type": format!("https://tally.dev/problems/{slug}"),
-            "title": title,
-            "status": status.as_u16(),
-            "detail": self.detail,
-            "request_id": id,
-        });
-        if let Some(field) = self.field {
-            body["field"] = field.into();
-        }
-        let mut response = (status, body.to_string()).into_response();
+        let body = ProblemBody {
+            r#type: format!("https://tally.dev/problems/{slug}"),
+            title,
+            status: status.as_u16(),
+            detail: self.detail,
+            field: self.field,
+            request_id: id,
+        };
+        let body = serde_json::to_string(&body).unwrap_or_default();
+        let mut response = (status, body).into_response();
         response.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
         );
         response
     }
+}
+
+/// The body of every error answer (RFC 9457), as `/openapi.json` describes it.
+#[derive(Serialize, ToSchema)]
+#[schema(as = Problem)]
+pub struct ProblemBody {
+    /// What went wrong, a URI per kind (`…/problems/invalid-input`, `…/redis-unavailable`).
+    r#type: String,
+    /// The kind in words, the same for every problem of one type.
+    title: &'static str,
+    /// The HTTP status, repeated.
+    status: u16,
+    /// For the caller: what to change (it quotes only the caller's input).
+    detail: String,
+    /// The body field (a JSON path such as `policies[1]`) or parameter the problem is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<String>,
+    /// Names this answer in tally's log, where what happened inside is written.
+    request_id: String,
 }
 
 /// A JSON body of type `T`, read whatever the content type; errors are problems naming the

@@ -12,15 +12,17 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use tally_counters::lock::Lease;
 use tally_counters::request::{Hit, RequestError};
+use utoipa::ToSchema;
 
 use super::problem::{Body, Problem};
 use crate::query::parse_time;
 use crate::request::{Action, Requests};
 
 /// Largest request body, bytes.
-const MAX_BODY: usize = 64 * 1024;
+pub(super) const MAX_BODY: usize = 64 * 1024;
 
 /// The request-path routes over `requests`.
 pub fn routes<S: Clone + Send + Sync + 'static>(requests: Arc<Requests>) -> Router<S> {
@@ -75,16 +77,25 @@ fn time(at: Option<&str>) -> Result<Option<i64>, RequestError> {
     }
 }
 
-#[derive(Deserialize)]
+/// `POST /v1/hit`: add to one windowed counter.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct HitBody {
+pub(super) struct HitBody {
+    /// A configured counter.
+    #[schema(min_length = 1)]
     counter: String,
+    /// The counter's dimension values, all of them.
     #[serde(default)]
     dimensions: BTreeMap<String, String>,
+    /// What to add (negative subtracts); the sum must stay in the signed 64-bit range.
     #[serde(default = "one")]
+    #[schema(default = 1)]
     value: i64,
+    /// The hit's time: RFC 3339 or epoch milliseconds (default: now).
     at: Option<String>,
+    /// A hit with a key seen before (within the window) adds nothing and answers `duplicate`.
     idempotency_key: Option<String>,
+    /// `apply` (add), `peek` (read), or `reset` (delete the window's value).
     #[serde(default)]
     action: Action,
     /// `error` (default): a hit Redis cannot take is a 503. `defer`: write it to the topic the
@@ -93,12 +104,14 @@ struct HitBody {
     on_redis_error: OnRedisError,
     /// Defer: more fields for the event (those the topic's other counters need).
     #[serde(default)]
+    #[schema(value_type = Object)]
     event: serde_json::Map<String, serde_json::Value>,
 }
 
-#[derive(Deserialize, Default, PartialEq, Eq)]
+/// What a hit does when Redis cannot take it.
+#[derive(Deserialize, Default, PartialEq, Eq, ToSchema)]
 #[serde(rename_all = "snake_case")]
-enum OnRedisError {
+pub(super) enum OnRedisError {
     #[default]
     Error,
     Defer,
@@ -135,21 +148,36 @@ async fn hit(State(r): State<Arc<Requests>>, Body(b): Body<HitBody>) -> Response
     reply(r.hit(&b.counter, &b.dimensions, &hit, b.action).await)
 }
 
-#[derive(Deserialize)]
+/// `POST /v1/limit`: ask configured rate-limit policies (all must admit).
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct LimitBody {
+pub(super) struct LimitBody {
+    /// Configured policies, each at most once; with `policy`, 1 to 16 (`MAX_POLICIES`) in all.
     #[serde(default)]
-    policies: Vec<String>,
+    #[schema(max_items = 16, inline)]
+    policies: Vec<PolicyName>,
+    /// One more policy (shorthand for a single one).
+    #[schema(min_length = 1)]
     policy: Option<String>,
+    /// Whom the limit counts (a user, an IP, an API key).
     subject: String,
+    /// Units this call takes.
     #[serde(default = "one_unit")]
+    #[schema(default = 1, maximum = 1000000000)]
     cost: u64,
+    /// `apply` (decide and record), `peek` (decide only), or `reset`.
     #[serde(default)]
     action: Action,
     /// Answer 429 when denied (default: 200 with `"admitted": false`).
     #[serde(default)]
     reject: bool,
 }
+
+/// A policy's name in a limit call: not empty (the pattern matches any one character).
+#[derive(Deserialize, ToSchema)]
+#[serde(transparent)]
+#[schema(pattern = "[\\s\\S]")]
+pub(super) struct PolicyName(String);
 
 fn one_unit() -> u64 {
     1
@@ -158,7 +186,7 @@ fn one_unit() -> u64 {
 /// The policies a limit call names, checked: 1 to `MAX_POLICIES`, none empty, none twice, and
 /// a cost of at most `MAX_COST`.
 fn policies(b: &LimitBody) -> Result<Vec<&str>, Problem> {
-    let mut names: Vec<&str> = b.policies.iter().map(String::as_str).collect();
+    let mut names: Vec<&str> = b.policies.iter().map(|p| p.0.as_str()).collect();
     names.extend(b.policy.as_deref());
     if names.is_empty() || names.len() > MAX_POLICIES {
         return Err(Problem::invalid(
@@ -218,11 +246,16 @@ async fn limit(State(r): State<Arc<Requests>>, Body(b): Body<LimitBody>) -> Resp
     response
 }
 
-#[derive(Deserialize)]
+/// `POST /v1/quota`: take one unit of a fixed-size quota.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct QuotaBody {
+pub(super) struct QuotaBody {
+    /// A configured quota.
+    #[schema(min_length = 1)]
     quota: String,
+    /// The user taking (needed by quotas that admit each user once).
     user: Option<String>,
+    /// `apply` (take), `peek` (count taken), `release` (give back), or `reset`.
     #[serde(default)]
     action: Action,
 }
@@ -234,12 +267,18 @@ async fn quota(State(r): State<Arc<Requests>>, Body(b): Body<QuotaBody>) -> Resp
     reply(r.quota(&b.quota, b.user.as_deref(), b.action).await)
 }
 
-#[derive(Deserialize)]
+/// `POST /v1/once`: is this the subject's first time in the window?
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct OnceBody {
+pub(super) struct OnceBody {
+    /// A configured once-per-window flag.
+    #[schema(min_length = 1)]
     name: String,
+    /// Who or what happens once.
     subject: String,
+    /// The time: RFC 3339 or epoch milliseconds (default: now).
     at: Option<String>,
+    /// `apply` (mark), `peek`, or `reset`.
     #[serde(default)]
     action: Action,
 }
@@ -255,12 +294,18 @@ async fn once(State(r): State<Arc<Requests>>, Body(b): Body<OnceBody>) -> Respon
     reply(r.once(&b.name, &b.subject, at_ms, b.action).await)
 }
 
-#[derive(Deserialize)]
+/// `POST /v1/unique`: count the distinct items a subject has shown.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct UniqueBody {
+pub(super) struct UniqueBody {
+    /// A configured distinct set.
+    #[schema(min_length = 1)]
     name: String,
+    /// Whose items.
     subject: String,
+    /// The item to add (`apply`).
     item: Option<String>,
+    /// `apply` (add the item), `peek` (count), or `reset`.
     #[serde(default)]
     action: Action,
 }
@@ -275,13 +320,19 @@ async fn unique(State(r): State<Arc<Requests>>, Body(b): Body<UniqueBody>) -> Re
     )
 }
 
-#[derive(Deserialize)]
+/// `POST /v1/pool`: give a user one item of a pool, once.
+#[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct PoolBody {
+pub(super) struct PoolBody {
+    /// A configured pool.
+    #[schema(min_length = 1)]
     pool: String,
+    /// The user claiming (`apply`).
     user: Option<String>,
+    /// Items to add (`fill`).
     #[serde(default)]
     items: Vec<String>,
+    /// `apply` (claim), `fill`, `peek` (items left), or `reset`.
     #[serde(default)]
     action: Action,
 }
@@ -293,14 +344,18 @@ async fn pool(State(r): State<Arc<Requests>>, Body(b): Body<PoolBody>) -> Respon
     reply(r.pool(&b.pool, b.user.as_deref(), &b.items, b.action).await)
 }
 
-#[derive(Deserialize, Default)]
+/// `POST /v1/locks/{name}/{action}`: the lease's numbers and token.
+#[derive(Deserialize, Default, ToSchema)]
 #[serde(deny_unknown_fields)]
-struct LockBody {
-    /// Lease length, ms (acquire, extend).
+pub(super) struct LockBody {
+    /// Lease length, ms (acquire, extend): 1 ms to a day (`MAX_LOCK_TTL_MS`).
     #[serde(default = "ten_seconds")]
+    #[schema(default = 10000, minimum = 1, maximum = 86400000)]
     ttl_ms: u64,
-    /// How long to wait for the lock, ms (acquire).
+    /// How long to wait for the lock, ms (acquire): at most 5 s (`MAX_LOCK_WAIT_MS`), so the
+    /// answer comes within `http.request_timeout`.
     #[serde(default)]
+    #[schema(default = 0, maximum = 5000)]
     wait_ms: u64,
     /// The holder's token (release, extend).
     token: Option<String>,
@@ -341,6 +396,36 @@ fn lock_input(name: &str, b: &LockBody) -> Result<(), Problem> {
     Ok(())
 }
 
+/// The answer of a lock call.
+#[derive(Serialize, ToSchema)]
+#[serde(untagged)]
+pub(super) enum LockAnswer {
+    /// Acquire: the lock is this caller's.
+    Acquired {
+        /// Always true.
+        acquired: bool,
+        /// The lease: its token releases and extends it, its fence guards the resource.
+        lease: Lease,
+    },
+    /// Acquire: another holder has it.
+    Busy {
+        /// Always false.
+        acquired: bool,
+        /// How long the holder's lease still runs, ms.
+        held_for_ms: i64,
+    },
+    /// Release: whether this token held the lock (false: it had expired or was another's).
+    Released {
+        /// The lease was released.
+        released: bool,
+    },
+    /// Extend: whether this token still held the lock.
+    Extended {
+        /// The lease was extended.
+        extended: bool,
+    },
+}
+
 /// `POST /v1/locks/{name}/acquire|release|extend`.
 async fn lock(
     State(r): State<Arc<Requests>>,
@@ -348,7 +433,6 @@ async fn lock(
     Body(b): Body<LockBody>,
 ) -> Response {
     use std::time::Duration;
-    use tally_counters::lock::Lease;
     if let Err(p) = lock_input(&name, &b) {
         return p.into_response();
     }
@@ -363,10 +447,14 @@ async fn lock(
         "acquire" => {
             let wait = Duration::from_millis(b.wait_ms);
             match locks.acquire(&name, ttl, wait).await {
-                Ok(Ok(lease)) => Ok(serde_json::json!({ "acquired": true, "lease": lease })),
-                Ok(Err(busy)) => {
-                    Ok(serde_json::json!({ "acquired": false, "held_for_ms": busy.held_for_ms }))
-                }
+                Ok(Ok(lease)) => Ok(LockAnswer::Acquired {
+                    acquired: true,
+                    lease,
+                }),
+                Ok(Err(busy)) => Ok(LockAnswer::Busy {
+                    acquired: false,
+                    held_for_ms: busy.held_for_ms,
+                }),
                 Err(e) => Err(e),
             }
         }
@@ -374,14 +462,14 @@ async fn lock(
             Ok(t) => locks
                 .release(&Lease::known(locks, &name, t))
                 .await
-                .map(|ok| serde_json::json!({ "released": ok })),
+                .map(|released| LockAnswer::Released { released }),
             Err(e) => Err(e),
         },
         "extend" => match token() {
             Ok(t) => locks
                 .extend(&Lease::known(locks, &name, t), ttl)
                 .await
-                .map(|ok| serde_json::json!({ "extended": ok })),
+                .map(|extended| LockAnswer::Extended { extended }),
             Err(e) => Err(e),
         },
         other => Err(RequestError::Invalid(format!(

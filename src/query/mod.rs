@@ -35,7 +35,8 @@ pub enum QueryError {
 }
 
 /// The answer to a query.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = CountAnswer)]
 pub struct Answer {
     /// Counter name.
     pub counter: String,

@@ -35,7 +35,7 @@ pub struct Deferral {
 }
 
 /// What became of a hit.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(untagged)]
 pub enum HitOutcome {
     /// Counted in Redis.

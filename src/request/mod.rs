@@ -22,7 +22,7 @@ use crate::config::Model;
 use crate::metrics::{Metrics, Outcome, Primitive};
 
 /// What to do with a primitive's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
     /// Decide and record (the default).
@@ -39,7 +39,8 @@ pub enum Action {
 }
 
 /// The answer of a quota, once, unique or pool call.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[schema(as = RequestAnswer)]
 #[serde(untagged)]
 pub enum Answer {
     /// A quota's take.

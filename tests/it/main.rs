@@ -24,6 +24,7 @@ mod kinds;
 mod lock_cli;
 mod locks;
 mod observability;
+mod openapi;
 mod pipeline;
 mod query;
 mod query_range;

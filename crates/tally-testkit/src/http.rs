@@ -90,6 +90,21 @@ impl Client {
     }
 
     /// `POST target` with a JSON body.
+    /// `POST target` with `headers` (a bearer token, a content type) and `body`.
+    pub fn post_with(
+        &self,
+        port: u16,
+        target: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Result<Answer, ureq::Error> {
+        let mut request = self.agent.post(url(port, target));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        read(request.send(body)?)
+    }
+
     pub fn post_json(&self, port: u16, target: &str, json: &str) -> Result<Answer, ureq::Error> {
         let answer = self
             .agent

@@ -78,6 +78,7 @@ impl AcquireReply {
 
 /// A held lease.
 #[derive(Debug, Clone, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Lease {
     /// The lock's name.
     pub name: String,
@@ -114,6 +115,7 @@ impl Lease {
 
 /// The answer to an acquire that did not get the lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Busy {
     /// How long the current holder's lease still runs, ms (at the last attempt).
     pub held_for_ms: i64,

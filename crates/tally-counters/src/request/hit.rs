@@ -42,6 +42,7 @@ impl Hit {
 
 /// What a hit did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HitReply {
     /// The counter's value after the hit.
     pub value: i64,

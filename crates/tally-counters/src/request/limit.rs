@@ -126,6 +126,7 @@ impl LimitPolicy {
 
 /// One policy's answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PolicyVerdict {
     /// Policy name.
     pub policy: String,
@@ -148,6 +149,7 @@ pub struct PolicyVerdict {
 
 /// The answer to one request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Decision {
     /// The request may proceed.
     pub admitted: bool,

@@ -17,6 +17,7 @@ static FILL: LazyLock<Script> = LazyLock::new(|| Script::new("pool_fill", POOL_F
 
 /// The answer to a claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Claim {
     /// This item is the user's, given now.

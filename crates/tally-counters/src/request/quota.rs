@@ -21,6 +21,7 @@ static RELEASE: LazyLock<Script> =
 
 /// The answer to a take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum QuotaReply {
     /// Admitted: this caller is number `taken`.
