@@ -6,6 +6,7 @@
 #![allow(dead_code)]
 
 use crate::http::counters::{BatchAnswer, BatchBody};
+use crate::http::problem::ProblemBody;
 use crate::http::request::{HitBody, LimitBody, LockAnswer, LockBody, OnceBody, PoolBody};
 use crate::http::request::{QuotaBody, UniqueBody};
 use crate::request::{Answer, HitOutcome};
@@ -23,6 +24,9 @@ const OPS: &str = "operations";
         (status = 200, description = "Counted (or peeked, or reset)", body = HitOutcome),
         (status = 202, description = "Redis was unreachable and `on_redis_error` is `defer`: \
             the hit is an event on the topic, counted when Redis is back", body = HitOutcome),
+        (status = 409, description = "The `idempotency_key` was used for another key of the \
+            counter (other dimension values or another window); nothing was added",
+            body = ProblemBody, content_type = "application/problem+json"),
     ))]
 fn hit() {}
 
