@@ -195,4 +195,44 @@ mod tests {
         let problem = &schemas["Problem"]["properties"];
         assert!(problem["type"].is_object(), "{problem}");
     }
+
+    /// README's route table is the description's routes, methods, body schemas and answers.
+    #[test]
+    fn the_readme_route_table_is_the_description() {
+        let readme = include_str!("../../../README.md");
+        let start = readme
+            .find("<!-- routes:")
+            .expect("README has the route table");
+        let end = readme[start..]
+            .find("<!-- /routes -->")
+            .expect("the table ends")
+            + start;
+        let mut in_readme: Vec<String> = readme[start..end]
+            .lines()
+            .filter(|l| l.starts_with("| GET") || l.starts_with("| POST"))
+            .map(|l| l.replace('`', ""))
+            .collect();
+        let doc: serde_json::Value = serde_json::from_str(document()).unwrap();
+        let mut described = Vec::new();
+        for (path, ops) in doc["paths"].as_object().unwrap() {
+            for (method, op) in ops.as_object().unwrap() {
+                let body = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+                    .as_str()
+                    .map_or("", |r| r.rsplit('/').next().unwrap_or(""));
+                let codes: Vec<&String> = op["responses"].as_object().unwrap().keys().collect();
+                let codes: Vec<&str> = codes.iter().map(|c| c.as_str()).collect();
+                described.push(format!(
+                    "| {} | {path} | {body} | {} |",
+                    method.to_uppercase(),
+                    codes.join(", ")
+                ));
+            }
+        }
+        in_readme.sort();
+        described.sort();
+        assert_eq!(
+            in_readme, described,
+            "README's route table differs from /openapi.json"
+        );
+    }
 }
