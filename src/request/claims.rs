@@ -24,9 +24,14 @@ impl Requests {
                 Action::Release => Answer::Flag {
                     ok: quota.release(user).await?,
                 },
-                Action::Peek => Answer::Count {
-                    count: quota.peek().await?,
-                },
+                Action::Peek => {
+                    let taken = quota.peek().await?;
+                    Answer::QuotaState {
+                        taken,
+                        size: quota.size(),
+                        left: quota.size().saturating_sub(taken),
+                    }
+                }
                 Action::Reset => {
                     quota.reset().await?;
                     Answer::Count { count: 0 }

@@ -45,6 +45,15 @@ pub enum Action {
 pub enum Answer {
     /// A quota's take.
     Quota(QuotaReply),
+    /// A quota's state (peek): units taken, its size, units left.
+    QuotaState {
+        /// Units taken so far.
+        taken: u64,
+        /// Units the quota holds.
+        size: u64,
+        /// Units left to take.
+        left: u64,
+    },
     /// A pool's claim.
     Claim(Claim),
     /// A flag (once: first; quota release: released).

@@ -268,4 +268,27 @@ async fn bodies_are_json_whatever_the_content_type_says() {
         let value: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
         assert_eq!(value["value"], i as i64 + 1, "{}", answer.body);
     }
+    // A quota's peek answers its state in the words of a take: taken, size and left.
+    let take = client.post(
+        p.port,
+        "/v1/quota",
+        None,
+        r#"{"quota":"flash","user":"u1"}"#,
+    );
+    assert_eq!(take.unwrap().status, 200);
+    let peek = client
+        .post(
+            p.port,
+            "/v1/quota",
+            None,
+            r#"{"quota":"flash","action":"peek"}"#,
+        )
+        .unwrap();
+    let state: serde_json::Value = serde_json::from_str(&peek.body).unwrap();
+    assert_eq!(
+        state,
+        serde_json::json!({"taken": 1, "size": 100, "left": 99}),
+        "{}",
+        peek.body
+    );
 }

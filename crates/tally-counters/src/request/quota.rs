@@ -56,6 +56,11 @@ pub struct Quota {
 }
 
 impl Quota {
+    /// Units the quota holds.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
     /// A quota `name` of `size` units; `once_per_user`: a user takes at most one;
     /// `expire_at_ms`: when its state is dropped (Unix ms, e.g. the end of the sale): every key
     /// the request path writes expires.
