@@ -2,91 +2,19 @@
 //! exit 0; a lock held elsewhere exits 75 (not acquired), a lease lost while held exits 69, so
 //! `tally lock … && job` runs the job only when this process got the lock.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
-use tally_counters::config::RedisConfig;
-use tally_counters::lock::{Lease, Locks};
-use tally_counters::request::Client;
+use crate::common::lock_process::{locks, LockProcess};
+
+use serde_json::json;
+use tally_counters::lock::Lease;
 use tally_testkit::local_redis::LocalRedis;
 
 /// `tally lock`'s exit code when another holder has the lock (EX_TEMPFAIL).
 const NOT_ACQUIRED: i32 = 75;
 /// `tally lock`'s exit code when the lease was lost while held (EX_UNAVAILABLE).
 const LOST: i32 = 69;
-
-/// A `tally lock` process; its JSON lines arrive on a channel.
-struct LockProcess {
-    child: Child,
-    lines: mpsc::Receiver<Value>,
-}
-
-impl LockProcess {
-    fn start(redis: &LocalRedis, args: &[&str]) -> LockProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_tally"))
-            .arg("lock")
-            .args(args)
-            .args(["--redis-url", &redis.url()])
-            .env("TALLY_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn tally lock");
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Ok(v) = serde_json::from_str(&line) {
-                    let _ = tx.send(v);
-                }
-            }
-        });
-        LockProcess { child, lines }
-    }
-
-    fn next(&self) -> Value {
-        self.lines
-            .recv_timeout(Duration::from_secs(30))
-            .expect("a line from tally lock")
-    }
-
-    fn signal(&self, sig: i32) {
-        unsafe { libc::kill(self.child.id() as i32, sig) };
-    }
-
-    /// The exit status, once it exits within `timeout` (panics otherwise).
-    fn exit_within(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "tally lock still runs after {timeout:?}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for LockProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn locks(redis: &LocalRedis) -> Locks {
-    let config = RedisConfig {
-        url: redis.url(),
-        ..RedisConfig::default()
-    };
-    Locks::new(Client::new(&config).unwrap())
-}
 
 /// Hold a 5 s lease for up to 30 s, send `sig` once it is held: the hold ends within 1 s,
 /// released (without the release the lease would stay for 5 s), with exit code 0.

@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod dead_letters;
 pub mod kinds;
+pub mod lock_process;
 pub mod process;
 pub mod stream;
 
