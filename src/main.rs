@@ -203,7 +203,9 @@ impl Common {
 
     /// The configuration, validated and compiled.
     fn model(&self) -> Result<Arc<Model>, ExitCode> {
-        Model::compile(self.load()?).map_err(config_error)
+        let config =
+            Config::read(self.config.as_deref(), &self.overrides()).map_err(config_error)?;
+        Model::compile(config).map_err(config_error)
     }
 }
 

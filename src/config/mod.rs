@@ -132,6 +132,14 @@ impl Config {
     /// Layer defaults, an optional file, `TALLY_…` environment and `overrides` (CLI flags, as
     /// a partial nested map), then validate.
     pub fn load(file: Option<&Path>, overrides: &serde_json::Value) -> Result<Config, ConfigError> {
+        let config = Config::read(file, overrides)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// [`Config::load`] without the validation, for [`Model::compile`], which validates (and
+    /// compiles the counters) once.
+    pub fn read(file: Option<&Path>, overrides: &serde_json::Value) -> Result<Config, ConfigError> {
         let mut fig = Figment::from(Serialized::defaults(Config::default()));
         if let Some(path) = file {
             if !path.exists() {
@@ -152,7 +160,6 @@ impl Config {
         let config: Config = fig
             .extract()
             .map_err(|e| Box::new(redact::figment_error(e)))?;
-        config.validate()?;
         Ok(config)
     }
 
