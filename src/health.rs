@@ -105,6 +105,9 @@ pub struct KafkaHealth {
     joined: AtomicBool,
     /// `kafka.unreachable_after`: how long without a broker is tolerated.
     unreachable_after: Duration,
+    /// librdkafka's last authentication failure (SASL credentials refused), until the group is
+    /// joined: without it, readiness could only say "not joined yet".
+    auth_failure: parking_lot::Mutex<Option<String>>,
 }
 
 impl KafkaHealth {
@@ -114,13 +117,22 @@ impl KafkaHealth {
             last_seen_ms: AtomicU64::new(0),
             joined: AtomicBool::new(false),
             unreachable_after,
+            auth_failure: parking_lot::Mutex::new(None),
         }
     }
 
-    /// The consumer joined its group (an assignment arrived): a broker answered.
+    /// The consumer joined its group (an assignment arrived): a broker answered, and any
+    /// earlier authentication failure is over.
     pub fn joined(&self) {
         self.joined.store(true, Ordering::Relaxed);
+        *self.auth_failure.lock() = None;
         self.seen();
+    }
+
+    /// A broker refused the client's credentials; `reason` is librdkafka's text (it names the
+    /// broker and the mechanism, never the password).
+    pub fn authentication_failed(&self, reason: &str) {
+        *self.auth_failure.lock() = Some(reason.to_string());
     }
 
     /// A broker answered: messages were fetched, or the statistics show a connection.
@@ -160,7 +172,12 @@ impl KafkaHealth {
     /// Why [`KafkaHealth::is_reachable`] is false at `now_ms`, for the readiness answer.
     fn why_not(&self, now_ms: u64) -> String {
         if !self.joined.load(Ordering::Relaxed) {
-            return "consumer group not joined yet".into();
+            return match self.auth_failure.lock().as_deref() {
+                Some(reason) => format!(
+                    "consumer group not joined yet: kafka authentication failed (check the sasl.* entries of [kafka.properties]): {reason}"
+                ),
+                None => "consumer group not joined yet".into(),
+            };
         }
         match self.unseen_for(now_ms) {
             None => "no broker reached yet".into(),
@@ -213,6 +230,22 @@ mod tests {
         );
         kafka.seen_at(18_000);
         assert!(kafka.reachable_at(18_000));
+    }
+
+    #[test]
+    fn an_authentication_failure_is_named_until_the_group_is_joined() {
+        let health = Health::new(Duration::from_secs(15));
+        health.redis.store(true, Ordering::Relaxed);
+        health
+            .kafka
+            .authentication_failed("SASL authentication error: invalid credentials");
+        assert_eq!(
+            health.describe_at(0),
+            "kafka=false redis=true\nkafka: consumer group not joined yet: kafka authentication failed (check the sasl.* entries of [kafka.properties]): SASL authentication error: invalid credentials\n"
+        );
+        health.kafka.joined();
+        assert!(health.ready());
+        assert!(!health.describe().contains("authentication"));
     }
 
     #[test]

@@ -59,6 +59,8 @@ pub struct TallyContext {
     shutdown: CancellationToken,
     /// Rate limit for Kafka client errors and librdkafka warnings.
     kafka_log: LogLimiter,
+    /// Rate limit for refused credentials, apart: librdkafka's own warnings must not hide them.
+    auth_log: LogLimiter,
 }
 
 impl TallyContext {
@@ -71,6 +73,7 @@ impl TallyContext {
             health,
             shutdown,
             kafka_log: LogLimiter::new(),
+            auth_log: LogLimiter::new(),
         }
     }
 
@@ -97,6 +100,18 @@ impl ClientContext for TallyContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
+        if error.rdkafka_error_code() == Some(rdkafka::types::RDKafkaErrorCode::Authentication) {
+            // Retried by librdkafka forever: readiness says why until the group is joined.
+            self.health.kafka.authentication_failed(reason);
+            if let Some(suppressed) = self.auth_log.allow() {
+                tracing::error!(
+                    reason,
+                    suppressed,
+                    "kafka authentication failed: check the sasl.* entries of [kafka.properties]"
+                );
+            }
+            return;
+        }
         if let Some(suppressed) = self.kafka_log.allow() {
             tracing::warn!(error = %error, reason, suppressed, "kafka client error");
         }

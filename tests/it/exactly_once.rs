@@ -15,9 +15,9 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tally_testkit::local_redis::LocalRedis;
 use tally_testkit::wait::wait_until;
 
-const PARTITIONS: i32 = 8;
+pub(crate) const PARTITIONS: i32 = 8;
 
-fn config(bootstrap: &str, redis: &str, group: &str, topic: &str) -> String {
+pub(crate) fn config(bootstrap: &str, redis: &str, group: &str, topic: &str) -> String {
     format!(
         r#"
 [kafka]
@@ -69,7 +69,7 @@ fn redis_conn(url: &str) -> redis::Connection {
 
 /// Run a final replica until Redis has applied every produced message, stop it with SIGTERM
 /// (must exit 0), and compare every key with the truth.
-fn finish_and_compare(
+pub(crate) fn finish_and_compare(
     cfg: &str,
     redis_url: &str,
     group: &str,

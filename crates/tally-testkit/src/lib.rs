@@ -7,6 +7,7 @@
 //!   cluster).
 //! - [`http`]: a blocking HTTP client for loopback servers (tally, Prometheus).
 //! - [`scrape`]: Prometheus' text format read into samples, one scrape of `/metrics`.
+//! - [`tansu`]: the tansu Kafka broker (SQLite storage, SASL/SCRAM) as a restartable child process.
 //! - [`wait`]: polling a condition up to a deadline, instead of sleeping.
 
 pub mod gen;
@@ -14,4 +15,5 @@ pub mod http;
 pub mod local_redis;
 pub mod produce;
 pub mod scrape;
+pub mod tansu;
 pub mod wait;

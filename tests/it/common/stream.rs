@@ -174,12 +174,26 @@ impl Stream {
         topic: &str,
         rate: u64,
     ) -> (std::thread::JoinHandle<Vec<i64>>, Arc<AtomicU64>) {
-        let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        self.produce_with(bootstrap, topic, rate, &[])
+    }
+
+    /// [`Stream::produce`] with more librdkafka properties (idempotence, SASL credentials).
+    pub fn produce_with(
+        self,
+        bootstrap: &str,
+        topic: &str,
+        rate: u64,
+        properties: &[(&str, &str)],
+    ) -> (std::thread::JoinHandle<Vec<i64>>, Arc<AtomicU64>) {
+        let mut config = ClientConfig::new();
+        config
             .set("bootstrap.servers", bootstrap)
             .set("linger.ms", "5")
-            .set("queue.buffering.max.messages", "1000000")
-            .create()
-            .expect("producer");
+            .set("queue.buffering.max.messages", "1000000");
+        for (k, v) in properties {
+            config.set(*k, *v);
+        }
+        let producer: ThreadedProducer<DefaultProducerContext> = config.create().expect("producer");
         let topic = topic.to_string();
         let sent = Arc::new(AtomicU64::new(0));
         let progress = sent.clone();
