@@ -39,6 +39,8 @@ pub enum Kind {
     RedisUnavailable,
     /// Redis answered something its script's contract does not allow (502).
     BadReply,
+    /// A hit was sent to Redis but no answer came: it may have been counted (503).
+    OutcomeUnknown,
     /// The request took longer than `http.request_timeout` (503).
     Timeout,
 }
@@ -63,6 +65,7 @@ impl Kind {
                 "Redis is unavailable",
             ),
             Kind::BadReply => (S::BAD_GATEWAY, "bad-reply", "Unexpected reply from Redis"),
+            Kind::OutcomeUnknown => (S::SERVICE_UNAVAILABLE, "outcome-unknown", "Outcome unknown"),
             Kind::Timeout => (S::SERVICE_UNAVAILABLE, "timeout", "Request timed out"),
         }
     }
@@ -149,7 +152,13 @@ impl Problem {
                 };
                 Problem::invalid(field, l.to_string())
             }
-            RequestError::Redis(r) => Problem::redis(r.to_string()),
+            RequestError::Redis(r) | RequestError::Unreachable(r) => Problem::redis(r.to_string()),
+            RequestError::OutcomeUnknown(r) => Problem::new(
+                Kind::OutcomeUnknown,
+                "Redis did not answer in time: the hit may or may not have been counted; retry \
+                 with the same idempotency_key (a retry without one may count it twice)",
+            )
+            .internal(r.to_string()),
             RequestError::Reply { script, detail } => Problem::new(
                 Kind::BadReply,
                 "Redis answered what tally cannot read; see the log",

@@ -157,7 +157,9 @@ impl Query {
 /// A request-path client error as a query error (both are Redis failures here).
 fn redis_error(e: tally_counters::request::RequestError) -> QueryError {
     match e {
-        tally_counters::request::RequestError::Redis(r) => QueryError::Redis(r),
+        tally_counters::request::RequestError::Redis(r)
+        | tally_counters::request::RequestError::Unreachable(r)
+        | tally_counters::request::RequestError::OutcomeUnknown(r) => QueryError::Redis(r),
         other => QueryError::Redis(redis::RedisError::from(std::io::Error::other(
             other.to_string(),
         ))),

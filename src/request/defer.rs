@@ -1,6 +1,9 @@
 //! Deferred hits: when Redis cannot be reached, a hit whose caller asked for it is written as an
-//! event to the topic the stream path consumes (acknowledged by every in-sync replica, with an
-//! idempotent producer) and counted exactly once by the stream path when Redis is back.
+//! event to the topic the stream path consumes. Only when the error proves that Redis did not run
+//! the hit ([`RequestError::did_not_run`]): after a response timeout it may have, and deferring it
+//! would count it twice (the caller gets "outcome unknown" and retries with its idempotency key).
+//! The event is acknowledged by every in-sync replica (idempotent producer) and counted exactly
+//! once by the stream path when Redis is back.
 //!
 //! The event carries the counter's dimensions, its value (`value_field`) and its time
 //! (`decode.time_field`, or the message timestamp), plus any fields the caller adds for the
@@ -146,7 +149,8 @@ impl Requests {
     ) -> Result<HitOutcome, RequestError> {
         let err = match self.hit(name, values, hit, Action::Apply).await {
             Ok(reply) => return Ok(HitOutcome::Counted(reply)),
-            Err(e) if e.is_unavailable() => e,
+            // Only when Redis surely did not run the hit: after a timeout it may have counted it.
+            Err(e) if e.did_not_run() => e,
             Err(e) => return Err(e),
         };
         let Some(deferral) = &self.deferral else {

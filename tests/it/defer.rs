@@ -61,3 +61,55 @@ async fn deferred_hits_are_counted_once_when_redis_returns() {
     // 5 produced events (i = 1, 21, 41, 61, 81), the hit counted in Redis, the 10 deferred.
     assert_eq!(one, 16);
 }
+
+/// A hit whose answer times out may have run (here: Redis is stopped with SIGSTOP and runs it
+/// when continued). It must not be deferred too (that counted it twice): the caller gets a 503
+/// "outcome unknown", and the hit is counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hit_that_timed_out_is_not_deferred_and_counts_once() {
+    let mut h = Harness::new("defer-slow", 1);
+    let port = tally_testkit::local_redis::free_port().unwrap();
+    let mut config = h.config("g-defer-slow", hourly("ds"));
+    config.http.listen = format!("127.0.0.1:{port}");
+    config.redis.response_timeout = Duration::from_millis(300);
+    let running = h.start(config);
+    produce_batch(&mut h, 0, 20);
+    h.wait_applied("g-defer-slow", Duration::from_secs(60))
+        .await;
+
+    let hit = r#"{"counter":"flow","dimensions":{"app_id":"a9","device_id":"slow"},"on_redis_error":"defer"}"#;
+    let first = http::post_json(port, "/v1/hit", hit).unwrap();
+    assert_eq!(first.status, 200, "{}", first.body);
+    // Redis stops answering (the hit waits in its socket) for longer than the 300 ms response
+    // timeout, then runs what it was sent.
+    let pid = h.redis.pid().expect("redis-server runs").to_string();
+    let signal = |s: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([s, &pid])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    };
+    signal("-STOP");
+    let slow = tokio::task::spawn_blocking(move || http::post_json(port, "/v1/hit", hit));
+    let slow = slow.await.unwrap();
+    signal("-CONT");
+    let slow = slow.unwrap();
+    wait_for("the delayed hit runs", Duration::from_secs(30), || {
+        total(&h, "ds:a9:slow:*") >= 2
+    })
+    .await;
+    // A marker after anything the hit may have put on the topic: once it is counted, the stream
+    // path has applied everything before it.
+    h.produce(0, br#"{"app_id":"marker","device_id":"m"}"#, None);
+    h.flush_producer();
+    wait_for("the marker counted", Duration::from_secs(60), || {
+        total(&h, "ds:marker:*") == 1
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(total(&h, "ds:a9:slow:*"), 2, "counted once: {}", slow.body);
+    assert_eq!(slow.status, 503, "{}", slow.body);
+    assert!(slow.body.contains("outcome-unknown"), "{}", slow.body);
+    assert!(slow.body.contains("idempotency_key"), "{}", slow.body);
+}

@@ -51,7 +51,12 @@ impl Client {
         if let Some(conn) = self.current() {
             return Ok(conn);
         }
-        let conn = self.inner.connector.connect().await?;
+        let conn = self
+            .inner
+            .connector
+            .connect()
+            .await
+            .map_err(RequestError::Unreachable)?;
         *self.inner.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
         Ok(conn)
     }

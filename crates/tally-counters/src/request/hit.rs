@@ -102,7 +102,11 @@ impl Counters {
         }
         let mut cmd = HIT.cmd(&keys);
         cmd.arg(hit.delta).arg(expire_at);
-        let reply: redis::Value = self.client.run(&HIT, &cmd).await?;
+        let reply: redis::Value = self
+            .client
+            .run(&HIT, &cmd)
+            .await
+            .map_err(super::unknown_unless_refused)?;
         let r = ints("hit", &reply)?;
         let value = match r.as_slice() {
             [1, v] | [0, v] => *v,

@@ -35,9 +35,17 @@ pub use unique::Unique;
 /// Why a request-path call has no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum RequestError {
-    /// Redis could not be reached or answered with an error.
+    /// Redis could not be reached or answered with an error; whether the command ran is told by
+    /// [`RequestError::did_not_run`].
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
+    /// No connection to Redis could be opened: nothing was sent.
+    #[error("redis unreachable: {0}")]
+    Unreachable(redis::RedisError),
+    /// A hit was sent but no answer came (a response timeout, a connection lost in flight): it
+    /// may have been counted. Only a retry with the same idempotency key is safe.
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(redis::RedisError),
     /// Redis answered something the script's contract does not allow.
     #[error("unexpected reply from {script}: {detail}")]
     Reply {
@@ -73,8 +81,51 @@ pub enum RequestError {
 impl RequestError {
     /// Whether the error says Redis was unavailable (as opposed to bad input or a bad reply).
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, RequestError::Redis(_))
+        matches!(
+            self,
+            RequestError::Redis(_) | RequestError::Unreachable(_) | RequestError::OutcomeUnknown(_)
+        )
     }
+
+    /// Whether the error proves that Redis did not run the command: no connection could be
+    /// opened, or Redis refused the command before running it (NOSCRIPT, OOM before the first
+    /// write, LOADING, BUSY, a replica or a cluster that cannot take writes). A response timeout
+    /// or a connection lost in flight proves nothing: the command may have run.
+    pub fn did_not_run(&self) -> bool {
+        match self {
+            RequestError::Unreachable(_) => true,
+            RequestError::Redis(e) => refused_before_running(e),
+            _ => false,
+        }
+    }
+}
+
+/// An error of a command that was sent: unless Redis refused it, it may have run.
+pub(crate) fn unknown_unless_refused(e: RequestError) -> RequestError {
+    match e {
+        RequestError::Redis(r) if !refused_before_running(&r) => RequestError::OutcomeUnknown(r),
+        other => other,
+    }
+}
+
+/// Error replies that Redis gives instead of running a command (a script that hits OOM or
+/// READONLY fails at its first write, so it wrote nothing); and a refused connection.
+fn refused_before_running(e: &redis::RedisError) -> bool {
+    e.is_connection_refusal()
+        || matches!(
+            e.code(),
+            Some(
+                "NOSCRIPT"
+                    | "OOM"
+                    | "LOADING"
+                    | "BUSY"
+                    | "MASTERDOWN"
+                    | "READONLY"
+                    | "CLUSTERDOWN"
+                    | "TRYAGAIN"
+                    | "NOAUTH"
+            )
+        )
 }
 
 /// A key of a request-path primitive: `<prefix><kind>:<escaped name>:<escaped subject>:{tag}`.
