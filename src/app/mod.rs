@@ -74,8 +74,7 @@ impl Tally {
     pub fn new(model: Arc<Model>) -> Tally {
         Tally {
             health: Arc::new(Health::new(model.config.kafka.unreachable_after)),
-            metrics: Metrics::new(&model.counter_names())
-                .with_status(model.config.status.hot_keys),
+            metrics: Metrics::new(&model.counter_names()).with_status(model.config.status.hot_keys),
             model,
         }
     }

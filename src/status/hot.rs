@@ -93,7 +93,12 @@ impl HotKeys {
         });
         let distinct = self.held.len() + fresh.len();
         let cut = if distinct > self.capacity {
-            let mut counts: Vec<u64> = self.held.values().chain(fresh.values()).map(|e| e.count).collect();
+            let mut counts: Vec<u64> = self
+                .held
+                .values()
+                .chain(fresh.values())
+                .map(|e| e.count)
+                .collect();
             // The (capacity+1)-th largest count.
             let (_, nth, _) = counts.select_nth_unstable_by(self.capacity, |a, b| b.cmp(a));
             *nth
@@ -189,7 +194,12 @@ mod tests {
         assert!(bound <= n / 17, "bound {bound} within N/(k+1)");
         for k in hot.top(16, 0) {
             let t = truth[&k.key];
-            assert!(k.count <= t && t - k.count <= bound, "{}: {} vs {t}", k.key, k.count);
+            assert!(
+                k.count <= t && t - k.count <= bound,
+                "{}: {} vs {t}",
+                k.key,
+                k.count
+            );
         }
         // Every key heavier than the bound is held; the true top 5 come first.
         let mut by_truth: Vec<(&String, &u64)> = truth.iter().collect();

@@ -130,7 +130,12 @@ impl Status {
 
     /// A flush landed: `ends` are the partitions' new applied offsets; it wrote `keys` keys in
     /// `took`.
-    pub fn flush_landed(&self, ends: impl IntoIterator<Item = (i32, i64)>, keys: usize, took: Duration) {
+    pub fn flush_landed(
+        &self,
+        ends: impl IntoIterator<Item = (i32, i64)>,
+        keys: usize,
+        took: Duration,
+    ) {
         {
             let mut parts = self.stream.partitions.lock();
             for (partition, end) in ends {
@@ -140,7 +145,9 @@ impl Status {
             }
         }
         let totals = &self.stream.totals;
-        totals.flushed_keys.fetch_add(keys as u64, Ordering::Relaxed);
+        totals
+            .flushed_keys
+            .fetch_add(keys as u64, Ordering::Relaxed);
         totals.flushes.fetch_add(1, Ordering::Relaxed);
         let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         self.stream.latencies.lock().push(micros);
@@ -190,7 +197,10 @@ impl Status {
     }
 
     /// Sample every second until `stop`.
-    pub async fn run_sampler(self: std::sync::Arc<Self>, stop: CancellationToken) -> anyhow::Result<()> {
+    pub async fn run_sampler(
+        self: std::sync::Arc<Self>,
+        stop: CancellationToken,
+    ) -> anyhow::Result<()> {
         let mut every = tokio::time::interval(Duration::from_secs(1));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -204,15 +204,18 @@ impl Status {
         let mut partitions = Vec::new();
         let mut halted = Vec::new();
         for (&partition, p) in stream.partitions.lock().iter() {
-            let lag = match (p.applied, p.end) {
-                (Some(a), Some(e)) => Some((e - a).max(0)),
-                _ => None,
+            // The end comes with librdkafka's statistics (every few seconds): when the
+            // applied offset passed it since, the statistics are behind, not the partition.
+            let end = match (p.applied, p.end) {
+                (Some(a), Some(e)) => Some(e.max(a)),
+                (_, e) => e,
             };
+            let lag = p.applied.zip(end).map(|(a, e)| e - a);
             partitions.push(PartitionView {
                 partition,
                 lane: p.lane,
                 applied: p.applied,
-                end: p.end,
+                end,
                 lag,
                 watermark: None,
                 halted: p.halt.is_some(),
