@@ -18,6 +18,9 @@ command -v docker-compose >/dev/null || need+=(docker-compose)
 command -v wrk >/dev/null || need+=(wrk)
 # Runs the README's examples in the tests (tests/it/readme.rs), as a reader would.
 command -v curl >/dev/null || need+=(curl)
+# The status page's test opens it in a headless browser; `tally top`'s test drives it in tmux.
+command -v chromium >/dev/null || need+=(chromium)
+command -v tmux >/dev/null || need+=(tmux)
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || need+=(zlib1g-dev)
 

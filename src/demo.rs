@@ -100,6 +100,10 @@ fn start_broker(
         config.kafka.brokers, config.kafka.topic, opts.partitions
     );
     if !config.http.listen.is_empty() {
+        println!(
+            "status page: http://{}/ (or `tally top`)",
+            config.http.listen
+        );
         println!("metrics: http://{}/metrics", config.http.listen);
     }
     Ok(mock)

@@ -89,5 +89,6 @@ pub mod query;
 pub mod request;
 pub mod sink;
 pub mod state;
+pub mod status;
 
 pub use tally_counters::{key, model, window};

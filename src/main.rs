@@ -17,6 +17,7 @@ use tally::config::{Config, Model, EXIT_CONFIG};
 #[cfg(feature = "dev")]
 mod demo;
 mod request_cli;
+mod top;
 
 #[derive(Parser)]
 #[command(
@@ -85,11 +86,29 @@ enum Command {
         after_help = "Example:\n  tally state --config tally.toml; tally state --config tally.toml repair --partition 3"
     )]
     State(StateArgs),
+    /// The live status of one or several tally processes in the terminal (their `/v1/status`).
+    #[command(
+        after_help = "Example:\n  tally top http://10.0.0.1:9100 http://10.0.0.2:9100 --token \"$TOKEN\"\n  Keys: q, Esc or Ctrl-C quits."
+    )]
+    Top(TopArgs),
     /// Serve the request path (hit, limit, quota, once, unique, pool) over HTTP, without Kafka.
     #[command(after_help = "Example:\n  tally serve --config tally.toml")]
     Serve(Common),
     #[command(flatten)]
     Request(request_cli::RequestCommand),
+}
+
+/// `tally top [URL…]`.
+#[derive(Args)]
+struct TopArgs {
+    /// Base URLs of tally processes (default: http://127.0.0.1:9100).
+    urls: Vec<String>,
+    /// Bearer token, when the processes set `http.token`.
+    #[arg(long, env = "TALLY_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Time between two refreshes.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    interval: Duration,
 }
 
 /// `tally state [repair --partition P [--offset N]]`.
@@ -244,7 +263,9 @@ fn on_signals(token: CancellationToken) -> std::io::Result<()> {
 
 /// A command whose configuration (if it has one) has been loaded and validated.
 enum Prepared {
-    Run(Arc<Model>),
+    /// The model, and the file it came from (named in repair commands).
+    Run(Arc<Model>, Option<PathBuf>),
+    Top(TopArgs),
     Check(Config),
     #[cfg(feature = "dev")]
     Demo(Config, demo::DemoOptions),
@@ -263,7 +284,7 @@ impl Prepared {
     /// Read and validate the configuration before anything starts; a bad one exits with 64.
     fn new(command: Command) -> Result<Prepared, ExitCode> {
         Ok(match command {
-            Command::Run(c) => Prepared::Run(c.model()?),
+            Command::Run(c) => Prepared::Run(c.model()?, c.config.clone()),
             Command::Check(c) => Prepared::Check(c.load()?),
             #[cfg(feature = "dev")]
             Command::Demo {
@@ -297,13 +318,29 @@ impl Prepared {
             Command::Query(args) => Prepared::Query(args.common.model()?, args),
             Command::State(args) => Prepared::State(args.common.load()?, args),
             Command::Serve(c) => Prepared::Serve(c.model()?),
+            Command::Top(args) => Prepared::Top(args),
             Command::Request(r) => Prepared::Request(r.common().model()?, r),
         })
     }
 
     async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         match self {
-            Prepared::Run(model) => tally::app::Tally::new(model).run(shutdown).await,
+            Prepared::Run(model, path) => {
+                let tally = tally::app::Tally::new(model);
+                if let Some(path) = path {
+                    tally.metrics.status.set_config_path(&path);
+                }
+                tally.run(shutdown).await
+            }
+            Prepared::Top(args) => {
+                let urls = if args.urls.is_empty() {
+                    vec!["http://127.0.0.1:9100".to_string()]
+                } else {
+                    args.urls
+                };
+                let every = args.interval;
+                tokio::task::spawn_blocking(move || top::run(urls, args.token, every)).await?
+            }
             Prepared::Check(config) => {
                 print!("{}", config.to_toml());
                 Ok(())

@@ -74,7 +74,7 @@ impl Tally {
     pub fn new(model: Arc<Model>) -> Tally {
         Tally {
             health: Arc::new(Health::new(model.config.kafka.unreachable_after)),
-            metrics: Metrics::new(&model.counter_names()),
+            metrics: Metrics::new(&model.counter_names()).with_status(model.config.status.hot_keys),
             model,
         }
     }
@@ -123,6 +123,8 @@ impl Tally {
             // Jobs led by one replica at a time.
             let jobs = crate::jobs::run(self.model.clone(), self.metrics.clone(), shutdown.clone());
             tasks.spawn("the jobs", jobs);
+            let sampler = self.metrics.status.clone().run_sampler(shutdown.clone());
+            tasks.spawn("the status sampler", sampler);
             tracing::info!(topic = %config.kafka.topic, group = %config.kafka.group_id, lanes, "consuming");
         }
         // The final flush is bounded by `grace`; closing the Kafka consumer can hang on a group
@@ -151,7 +153,7 @@ impl Tally {
             tasks.shutdown().clone(),
         )
         .await?;
-        tracing::info!(%local, "serving /metrics and /health");
+        tracing::info!(%local, page = %format!("http://{local}/"), "serving /metrics, /health and the status page");
         tasks.spawn("the http server", async move {
             server.await.context("http server")
         });

@@ -17,7 +17,7 @@ use crate::request::Requests;
 
 /// Serve until `shutdown` (or until a task fails).
 pub async fn run(model: Arc<Model>, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let metrics = Metrics::new(&model.counter_names());
+    let metrics = Metrics::new(&model.counter_names()).with_status(0);
     let health = Arc::new(Health::without_kafka());
     let requests = Arc::new(Requests::new(&model, metrics.clone())?);
     let query = Arc::new(crate::query::Query::new(model.clone())?);
@@ -32,7 +32,7 @@ pub async fn run(model: Arc<Model>, shutdown: CancellationToken) -> anyhow::Resu
     )
     .await
     .context("http")?;
-    tracing::info!(%local, "serving the request path");
+    tracing::info!(%local, page = %format!("http://{local}/"), "serving the request path");
     tasks.spawn("the http server", async move {
         server.await.context("http server")
     });

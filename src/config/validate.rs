@@ -47,6 +47,7 @@ impl Config {
         self.http.validate()?;
         self.request.validate()?;
         self.jobs.validate()?;
+        self.status.validate()?;
         self.validate_counters()
     }
 

@@ -65,10 +65,9 @@ impl DecodeTally {
 
     /// Add the counts to the metrics and start again from zero.
     pub(super) fn publish(&mut self, metrics: &Metrics) {
-        metrics
-            .consumer
-            .messages_consumed
-            .inc_by(std::mem::take(&mut self.consumed));
+        let consumed = std::mem::take(&mut self.consumed);
+        metrics.consumer.messages_consumed.inc_by(consumed);
+        metrics.status.consumed(consumed);
         for (i, n) in self.decode_errors.iter_mut().enumerate() {
             if *n > 0 {
                 metrics

@@ -31,6 +31,10 @@ pub(super) struct Landed {
     /// Offset each partition of the flush is complete up to (unless refused).
     pub(super) ends: Vec<(i32, i64)>,
     pub(super) outcome: FlushOutcome,
+    /// Keys it sent.
+    pub(super) keys: usize,
+    /// From sending it to the answer.
+    pub(super) took: Duration,
 }
 
 /// What waiting for the flush in flight gave.
@@ -136,6 +140,7 @@ impl Flusher {
         agg: &mut Aggregator,
         only: Option<&[i32]>,
         max_keys: usize,
+        status: &crate::status::Status,
     ) -> Option<(usize, usize)> {
         debug_assert!(
             self.in_flight.is_none(),
@@ -148,6 +153,15 @@ impl Flusher {
         }
         if batch.units.is_empty() {
             return None;
+        }
+        if status.wants_hot_keys() {
+            // Once per flush, over the batch's deltas (already summed per key).
+            let deltas = batch.units.iter().flat_map(|u| {
+                u.keys
+                    .iter()
+                    .map(|(key, d)| (&key[..], d.delta, d.expire_at_ms))
+            });
+            status.hot_keys(deltas, crate::status::unix_ms());
         }
         let (tx, rx) = std_mpsc::channel();
         let keys = batch.keys;
@@ -204,6 +218,8 @@ impl Flusher {
         Landed {
             ends: f.ends,
             outcome,
+            keys: f.keys,
+            took: self.flush_takes,
         }
     }
 

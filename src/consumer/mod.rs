@@ -89,6 +89,9 @@ impl ClientContext for TallyContext {
             return;
         };
         for (p, part) in &topic.partitions {
+            if *p >= 0 && part.hi_offset >= 0 {
+                self.metrics.status.kafka_end(*p, part.hi_offset);
+            }
             if *p >= 0 && part.consumer_lag >= 0 {
                 self.metrics
                     .consumer

@@ -100,11 +100,14 @@ pub(super) struct PartitionStates {
     progress_log: LogLimiter,
     /// Partitions being revoked right now: never seek or recover them.
     revoking: Vec<i32>,
+    /// The live status, which lists halted partitions with their repair command.
+    status: Arc<crate::status::Status>,
 }
 
 impl PartitionStates {
-    pub(super) fn new(access: StateAccess) -> PartitionStates {
+    pub(super) fn new(access: StateAccess, status: Arc<crate::status::Status>) -> PartitionStates {
         PartitionStates {
+            status,
             access,
             parked: BTreeMap::new(),
             last_parked_retry: Instant::now(),
@@ -223,6 +226,17 @@ impl PartitionStates {
         self.access.health.set_halted(
             self.access.lane,
             self.parked.iter().map(|(p, h)| h.describe(*p)),
+        );
+        self.status.set_halted(
+            self.access.lane,
+            self.parked.iter().map(|(&p, h)| {
+                let halt = crate::status::Halt {
+                    reason: h.reason().label(),
+                    detail: h.describe(p),
+                    repair: h.repair_args(p),
+                };
+                (p, halt)
+            }),
         );
     }
 

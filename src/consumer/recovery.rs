@@ -56,6 +56,20 @@ impl Halt {
         }
     }
 
+    /// The `tally state` arguments that repair the partition, when an operator must act
+    /// (`repair --partition P [--offset N]`); None when it resumes by itself.
+    pub(super) fn repair_args(&self, partition: i32) -> Option<String> {
+        match self {
+            Halt::RedisUnavailable(_) | Halt::KafkaUnavailable(_) => None,
+            // The marker's copy is what `repair` without --offset writes.
+            Halt::FenceMissing {
+                marker_copy: Some(_),
+                ..
+            } => Some(format!("repair --partition {partition}")),
+            _ => Some(format!("repair --partition {partition} --offset N")),
+        }
+    }
+
     /// What happened and what the operator can do, for logs and `/health/ready`.
     pub(super) fn describe(&self, partition: i32) -> String {
         match self {

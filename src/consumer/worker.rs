@@ -68,7 +68,7 @@ impl Worker {
             tally: DecodeTally::new(),
             flusher: Flusher::new(sink, &flush),
             commits: Committer::new(topic.clone(), metrics.consumer.committed_offset.clone()),
-            parts: PartitionStates::new(state),
+            parts: PartitionStates::new(state, metrics.status.clone()),
             gauges: LaneGauges::new(&metrics),
             metrics,
             topic,
@@ -196,7 +196,10 @@ impl Worker {
     /// Seal pending units (of `only` partitions, or all) and send them to the sink.
     /// Returns the number of units and keys sent.
     fn start_flush(&mut self, only: Option<&[i32]>, max_keys: usize) -> (usize, usize) {
-        match self.flusher.start(&mut self.agg, only, max_keys) {
+        match self
+            .flusher
+            .start(&mut self.agg, only, max_keys, &self.metrics.status)
+        {
             Some(sent) => {
                 self.publish();
                 sent
@@ -232,6 +235,10 @@ impl Worker {
     ) {
         let outcome = landed.outcome;
         let refused: HashSet<i32> = outcome.refusals.iter().map(|r| r.partition).collect();
+        let applied = landed.ends.iter().filter(|(p, _)| !refused.contains(p));
+        self.metrics
+            .status
+            .flush_landed(applied.copied(), landed.keys, landed.took);
         self.commits
             .flush_landed(consumer, &landed.ends, &refused, mode);
         for worst in worst_refusals(&outcome) {
@@ -328,6 +335,8 @@ impl Worker {
             }
         })?;
         self.parts.opened(partition, &start, &self.metrics);
+        let lane = self.parts.lane();
+        self.metrics.status.assigned(lane, partition, start.offset);
         self.agg.assign(partition, &start.applied);
         Ok(start.offset)
     }
@@ -438,6 +447,7 @@ impl Worker {
             self.agg.revoke(p);
             self.commits.revoked(p);
             self.parts.revoked(p, &mut self.gauges);
+            self.metrics.status.revoked(p);
             let _ = self
                 .metrics
                 .consumer

@@ -5,13 +5,16 @@
 //! `http.header_timeout`, a request is answered within `http.request_timeout`, and at most
 //! `http.max_connections` are served at once. With `http.token` (or `http.token_file`) set,
 //! `/v1/*` needs `Authorization: Bearer <token>`; metrics, health and `/openapi.json` (the
-//! description of every route, `openapi/`) stay open for scrapers, probes and clients. Every error answer is a problem detail (RFC 9457, [`Problem`]).
+//! description of every route, `openapi/`) stay open for scrapers, probes and clients, and so
+//! does the status page `GET /` (it holds no data; it asks for the token to read
+//! `/v1/status`, `status.rs`). Every error answer is a problem detail (RFC 9457, [`Problem`]).
 
 mod counters;
 mod listener;
 mod openapi;
 mod problem;
 mod request;
+mod status;
 
 pub use problem::{Body, Kind, Problem};
 pub use request::{MAX_COST, MAX_LOCK_TTL_MS, MAX_LOCK_WAIT_MS, MAX_POLICIES};
@@ -59,7 +62,9 @@ pub async fn serve(
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
-    let mut v1 = Router::new().route("/v1/count", get(count_handler));
+    let mut v1 = Router::new()
+        .route("/v1/count", get(count_handler))
+        .route("/v1/status", get(status_handler));
     if let Some(query) = &query {
         v1 = v1.merge(counters::routes(query.clone()));
     }
@@ -77,6 +82,7 @@ pub async fn serve(
         .route("/health/live", get(|| async { "ok\n" }))
         .route("/health/ready", get(ready_handler))
         .route("/openapi.json", get(openapi::handler))
+        .route("/", get(status::page))
         .merge(v1)
         .fallback(|| async { Problem::new(Kind::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
@@ -146,6 +152,11 @@ fn same_secret(given: &[u8], secret: &[u8]) -> bool {
         diff |= std::hint::black_box(a ^ b);
     }
     diff == 0
+}
+
+/// `GET /v1/status`: the live status (see `status.rs`).
+async fn status_handler(State(state): State<AppState>) -> impl IntoResponse {
+    status::answer(&state.metrics.status, &state.health)
 }
 
 async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {

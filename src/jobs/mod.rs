@@ -75,7 +75,7 @@ pub async fn run(
 
 /// Hold `job`'s leadership when it can, and run `pass` every `interval` while holding it.
 async fn lead<F, Fut>(
-    job: &str,
+    job: &'static str,
     locks: &Locks,
     lease: Duration,
     interval: Duration,
@@ -104,15 +104,25 @@ async fn lead<F, Fut>(
         };
         tracing::info!(job, fence = held.fence, "leading");
         leader.set(1);
+        metrics.status.job_leader(job, true);
         let mut guard = locks.guard(held, None);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = guard.lost() => break,
-                result = pass() => match result {
-                    Ok(()) => runs.inc(),
-                    Err(e) => tracing::warn!(job, error = %e, "pass failed; retrying next interval"),
-                },
+                result = pass() => {
+                    let at = crate::status::unix_ms();
+                    match result {
+                        Ok(()) => {
+                            runs.inc();
+                            metrics.status.job_ran(job, at, None);
+                        }
+                        Err(e) => {
+                            tracing::warn!(job, error = %e, "pass failed; retrying next interval");
+                            metrics.status.job_ran(job, at, Some(e.to_string()));
+                        }
+                    }
+                }
             }
             tokio::select! {
                 _ = stop.cancelled() => break,
@@ -121,6 +131,7 @@ async fn lead<F, Fut>(
             }
         }
         leader.set(0);
+        metrics.status.job_leader(job, false);
         if guard.is_lost() {
             tracing::warn!(job, "leadership lost");
         }

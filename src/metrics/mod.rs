@@ -54,6 +54,10 @@ pub struct Metrics {
     pub request: RequestMetrics,
     /// The jobs' metrics.
     pub jobs: JobMetrics,
+    /// Not Prometheus: the live status (`/v1/status`), which the stages write beside their
+    /// metrics (per batch) and which is read as program state. It rides here because every stage
+    /// already holds the metrics.
+    pub status: std::sync::Arc<crate::status::Status>,
 }
 
 pub(super) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -138,7 +142,14 @@ impl Metrics {
             redis,
             recovery,
             registry,
+            status: Default::default(),
         }
+    }
+
+    /// Keep a live status with a heavy-hitters summary of `hot_keys` keys (0: none).
+    pub fn with_status(mut self, hot_keys: usize) -> Metrics {
+        self.status = std::sync::Arc::new(crate::status::Status::new(hot_keys));
+        self
     }
 
     /// Prometheus text exposition of everything registered.

@@ -295,6 +295,11 @@ impl Requests {
         let m = &self.metrics.request;
         if let Ok(d) = &result {
             for v in &d.policies {
+                if action == Action::Apply {
+                    self.metrics
+                        .status
+                        .decided(&v.policy, v.allowed, d.without_redis);
+                }
                 if d.without_redis {
                     let decision = if v.allowed { "allowed" } else { "denied" };
                     m.without_redis

@@ -36,4 +36,5 @@ mod request_path;
 mod scripts;
 mod signals;
 mod state_loss;
+mod status_page;
 mod tansu;

@@ -28,6 +28,8 @@ const ROUTES: &[&str] = &[
     "/v1/count",
     "/v1/counters/{name}",
     "/v1/counters/{name}/batch",
+    "/v1/status",
+    "/",
     "/metrics",
     "/health/live",
     "/health/ready",

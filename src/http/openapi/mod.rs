@@ -40,6 +40,8 @@ use utoipa::{OpenApi, ToSchema};
         paths::count,
         paths::counter,
         paths::batch,
+        paths::status,
+        paths::page,
         paths::metrics,
         paths::live,
         paths::ready,

@@ -102,6 +102,17 @@ fn counter() {}
     responses((status = 200, description = "One answer per tuple", body = BatchAnswer)))]
 fn batch() {}
 
+#[utoipa::path(get, path = "/v1/status", tag = OPS,
+    responses((status = 200, description = "The live status: partitions with lag and halts \
+        (with the repair command), rates with one-minute sparklines, flush latency, hot keys, \
+        health, rate-limit decisions per policy, jobs", body = crate::status::view::StatusAnswer)))]
+fn status() {}
+
+#[utoipa::path(get, path = "/", tag = OPS,
+    responses((status = 200, description = "The status page (self-contained HTML, drawing \
+        `/v1/status` every second)", body = String, content_type = "text/html; charset=utf-8")))]
+fn page() {}
+
 #[utoipa::path(get, path = "/metrics", tag = OPS,
     responses((status = 200, description = "Prometheus text format", body = String,
         content_type = "text/plain; version=0.0.4; charset=utf-8")))]

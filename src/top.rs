@@ -1,0 +1,306 @@
+//! `tally top [URL…]`: the live status of one or several tally processes in the terminal, drawn
+//! from their `GET /v1/status` every interval (ratatui over crossterm; works over SSH). Each URL
+//! is polled by its own thread, so a slow instance does not hold the others up. `q`, Esc or
+//! Ctrl-C quits.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
+use parking_lot::Mutex;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{Block, Borders, Paragraph, Sparkline, Wrap};
+use ratatui::Frame;
+use serde_json::Value;
+
+/// The last answer of one instance.
+struct Instance {
+    url: String,
+    last: Mutex<Result<Value, String>>,
+}
+
+/// Poll `urls` every `every` and draw them until the user quits.
+pub fn run(urls: Vec<String>, token: Option<String>, every: Duration) -> anyhow::Result<()> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let instances: Vec<Arc<Instance>> = urls
+        .into_iter()
+        .map(|url| {
+            Arc::new(Instance {
+                url: url.trim_end_matches('/').to_string(),
+                last: Mutex::new(Err("connecting…".into())),
+            })
+        })
+        .collect();
+    for instance in &instances {
+        let (instance, stop, token) = (instance.clone(), stop.clone(), token.clone());
+        std::thread::Builder::new()
+            .name("tally-top".into())
+            .spawn(move || poll(&instance, token.as_deref(), every, &stop))?;
+    }
+    let mut terminal = ratatui::init();
+    let result = (|| -> anyhow::Result<()> {
+        loop {
+            terminal.draw(|f| draw(f, &instances))?;
+            if event::poll(Duration::from_millis(250))? {
+                if let Event::Key(k) = event::read()? {
+                    let ctrl_c =
+                        k.code == KeyCode::Char('c') && k.modifiers.contains(KeyModifiers::CONTROL);
+                    let quit = matches!(k.code, KeyCode::Char('q') | KeyCode::Esc);
+                    if k.kind == KeyEventKind::Press && (quit || ctrl_c) {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+    })();
+    ratatui::restore();
+    stop.store(true, Ordering::Relaxed);
+    result
+}
+
+/// Fetch `instance`'s status every `every` until `stop`.
+fn poll(instance: &Instance, token: Option<&str>, every: Duration, stop: &AtomicBool) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(2)))
+        .build()
+        .into();
+    let url = format!("{}/v1/status", instance.url);
+    while !stop.load(Ordering::Relaxed) {
+        let mut request = agent.get(&url);
+        if let Some(t) = token {
+            request = request.header("Authorization", &format!("Bearer {t}"));
+        }
+        let answer = match request.call() {
+            Ok(mut r) if r.status() == 200 => r
+                .body_mut()
+                .with_config()
+                .limit(4 << 20)
+                .read_json::<Value>()
+                .map_err(|e| format!("unreadable answer: {e}")),
+            Ok(r) if r.status() == 401 => {
+                Err("401: pass the token with --token or TALLY_TOKEN".into())
+            }
+            Ok(r) => Err(format!("answer {}", r.status())),
+            Err(e) => Err(format!("unreachable: {e}")),
+        };
+        *instance.last.lock() = answer;
+        std::thread::sleep(every);
+    }
+}
+
+fn draw(f: &mut Frame, instances: &[Arc<Instance>]) {
+    let area = f.area();
+    let [body, help] = Layout::vertical([Constraint::Min(1), Constraint::Length(1)]).areas(area);
+    let rows = Layout::vertical(vec![
+        Constraint::Ratio(1, instances.len().max(1) as u32);
+        instances.len()
+    ])
+    .split(body);
+    for (instance, rect) in instances.iter().zip(rows.iter()) {
+        draw_instance(f, instance, *rect);
+    }
+    f.render_widget(
+        Paragraph::new("q / Esc / Ctrl-C: quit").style(Style::new().fg(Color::DarkGray)),
+        help,
+    );
+}
+
+fn draw_instance(f: &mut Frame, instance: &Instance, rect: Rect) {
+    let last = instance.last.lock();
+    let s = match &*last {
+        Ok(s) => s,
+        Err(e) => {
+            let block = Block::default()
+                .borders(Borders::ALL)
+                .title(instance.url.clone());
+            let text = Paragraph::new(e.clone())
+                .style(Style::new().fg(Color::Red))
+                .block(block);
+            f.render_widget(text, rect);
+            return;
+        }
+    };
+    let title = Line::from(header(&instance.url, s));
+    let block = Block::default().borders(Borders::ALL).title(title);
+    let inner = block.inner(rect);
+    f.render_widget(block, rect);
+    let stream = &s["stream"];
+    if stream.is_null() {
+        f.render_widget(Paragraph::new(requests_and_jobs(s)), inner);
+        return;
+    }
+    let [sparks, rest] = Layout::vertical([Constraint::Length(4), Constraint::Min(1)]).areas(inner);
+    let [consumed, flushed] =
+        Layout::horizontal([Constraint::Ratio(1, 2), Constraint::Ratio(1, 2)]).areas(sparks);
+    spark(
+        f,
+        consumed,
+        "consumed/s",
+        stream["consumed_per_s"].as_f64(),
+        &stream["sparklines"]["consumed"],
+    );
+    spark(
+        f,
+        flushed,
+        "flushed keys/s",
+        stream["flushed_keys_per_s"].as_f64(),
+        &stream["sparklines"]["flushed_keys"],
+    );
+    let [left, right] =
+        Layout::horizontal([Constraint::Ratio(1, 2), Constraint::Ratio(1, 2)]).areas(rest);
+    let mut lines = stream_lines(stream);
+    lines.extend(requests_and_jobs(s));
+    f.render_widget(Paragraph::new(lines).wrap(Wrap { trim: false }), left);
+    f.render_widget(Paragraph::new(hot_lines(stream)), right);
+}
+
+/// `url  run  ready  kafka  redis  up 12s`.
+fn header<'a>(url: &str, s: &Value) -> Vec<Span<'a>> {
+    let flag = |name: &str, v: &Value| -> Span<'a> {
+        match v.as_bool() {
+            Some(true) => Span::styled(
+                format!(" {name} "),
+                Style::new().fg(Color::Black).bg(Color::Green),
+            ),
+            Some(false) => Span::styled(
+                format!(" {name} "),
+                Style::new().fg(Color::White).bg(Color::Red),
+            ),
+            None => Span::raw(""),
+        }
+    };
+    vec![
+        Span::styled(
+            format!(" {url} "),
+            Style::new().add_modifier(Modifier::BOLD),
+        ),
+        Span::raw(format!("{} ", s["mode"].as_str().unwrap_or("?"))),
+        flag("ready", &s["health"]["ready"]),
+        Span::raw(" "),
+        flag("kafka", &s["health"]["kafka"]),
+        Span::raw(" "),
+        flag("redis", &s["health"]["redis"]),
+        Span::raw(format!(" up {}s ", s["uptime_s"].as_u64().unwrap_or(0))),
+    ]
+}
+
+fn spark(f: &mut Frame, rect: Rect, name: &str, rate: Option<f64>, series: &Value) {
+    let data: Vec<u64> = series
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_u64).collect())
+        .unwrap_or_default();
+    // The newest seconds fit the width.
+    let width = rect.width.saturating_sub(2) as usize;
+    let data = &data[data.len().saturating_sub(width)..];
+    let title = format!("{name} {:.0}", rate.unwrap_or(0.0));
+    let widget = Sparkline::default()
+        .block(Block::default().borders(Borders::ALL).title(title))
+        .data(data)
+        .style(Style::new().fg(Color::Cyan));
+    f.render_widget(widget, rect);
+}
+
+fn number(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::Number(n) => match n.as_f64() {
+            Some(x) if n.is_f64() => format!("{x:.1}"),
+            _ => n.to_string(),
+        },
+        other => other.to_string(),
+    }
+}
+
+fn stream_lines(stream: &Value) -> Vec<Line<'static>> {
+    let latency = &stream["flush_latency_ms"];
+    let mut lines = vec![
+        Line::from(format!(
+            "lag {}   flush p50 {} ms  p99 {} ms   flushes/s {}",
+            number(&stream["lag"]),
+            number(&latency["p50"]),
+            number(&latency["p99"]),
+            number(&stream["flushes_per_s"]),
+        )),
+        Line::from(format!(
+            "totals: consumed {}  flushed keys {}",
+            number(&stream["totals"]["consumed"]),
+            number(&stream["totals"]["flushed_keys"]),
+        )),
+    ];
+    let parts = stream["partitions"].as_array().cloned().unwrap_or_default();
+    let summary: Vec<String> = parts
+        .iter()
+        .map(|p| format!("p{}:{}", number(&p["partition"]), number(&p["lag"])))
+        .collect();
+    lines.push(Line::from(format!("partition:lag  {}", summary.join(" "))));
+    for h in stream["halted"].as_array().into_iter().flatten() {
+        let red = Style::new().fg(Color::Red).add_modifier(Modifier::BOLD);
+        lines.push(Line::styled(
+            format!(
+                "HALTED partition {} ({})",
+                number(&h["partition"]),
+                h["reason"].as_str().unwrap_or("?")
+            ),
+            red,
+        ));
+        let fix = match h["repair"].as_str() {
+            Some(cmd) => format!("  repair: {cmd}"),
+            None => "  waiting: resumes by itself".into(),
+        };
+        lines.push(Line::styled(fix, Style::new().fg(Color::Yellow)));
+    }
+    lines
+}
+
+fn hot_lines(stream: &Value) -> Vec<Line<'static>> {
+    let hot = &stream["hot_keys"];
+    if hot.is_null() {
+        return vec![Line::from("hot keys: off")];
+    }
+    let mut lines = vec![Line::styled(
+        format!("hot keys (± {})", number(&hot["error_bound"])),
+        Style::new().add_modifier(Modifier::BOLD),
+    )];
+    for k in hot["keys"].as_array().into_iter().flatten() {
+        lines.push(Line::from(format!(
+            "{:>10}  {}",
+            number(&k["count"]),
+            k["key"].as_str().unwrap_or("")
+        )));
+    }
+    lines
+}
+
+fn requests_and_jobs(s: &Value) -> Vec<Line<'static>> {
+    let mut lines = Vec::new();
+    for p in s["requests"].as_array().into_iter().flatten() {
+        lines.push(Line::from(format!(
+            "limit {}: admitted {} denied {} without redis {}",
+            p["policy"].as_str().unwrap_or("?"),
+            number(&p["admitted"]),
+            number(&p["denied"]),
+            number(&p["without_redis"]),
+        )));
+    }
+    for j in s["jobs"].as_array().into_iter().flatten() {
+        lines.push(Line::from(format!(
+            "job {}: {} runs {}{}",
+            j["job"].as_str().unwrap_or("?"),
+            if j["leader"].as_bool() == Some(true) {
+                "leader"
+            } else {
+                "follower"
+            },
+            number(&j["runs"]),
+            j["last_error"]
+                .as_str()
+                .map(|e| format!(" (last failed: {e})"))
+                .unwrap_or_default(),
+        )));
+    }
+    lines
+}
