@@ -154,15 +154,7 @@ impl Flusher {
         if batch.units.is_empty() {
             return None;
         }
-        if status.wants_hot_keys() {
-            // Once per flush, over the batch's deltas (already summed per key).
-            let deltas = batch.units.iter().flat_map(|u| {
-                u.keys
-                    .iter()
-                    .map(|(key, d)| (&key[..], d.delta, d.expire_at_ms))
-            });
-            status.hot_keys(deltas, crate::status::unix_ms());
-        }
+        status.sealed(&batch.units);
         let (tx, rx) = std_mpsc::channel();
         let keys = batch.keys;
         let units = batch.units.len();

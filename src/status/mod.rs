@@ -178,16 +178,18 @@ impl Status {
         }
     }
 
-    /// Whether the heavy-hitters summary is kept (worth collecting a batch's keys for).
-    pub fn wants_hot_keys(&self) -> bool {
-        self.stream.hot.is_some()
-    }
-
-    /// Feed one sealed batch's `(key, delta, expire_at_ms)` to the heavy-hitters summary.
-    pub fn hot_keys<'a>(&self, batch: impl IntoIterator<Item = (&'a [u8], i64, i64)>, now_ms: i64) {
-        if let Some(hot) = &self.stream.hot {
-            hot.lock().feed(batch, now_ms);
-        }
+    /// A batch was sealed for a flush: feed its count deltas (already summed per key) to the
+    /// heavy-hitters summary, once per flush, never per message.
+    pub fn sealed(&self, units: &[crate::aggregate::Unit]) {
+        let Some(hot) = &self.stream.hot else {
+            return;
+        };
+        let deltas = units.iter().flat_map(|u| {
+            u.keys
+                .iter()
+                .map(|(key, d)| (&key[..], d.delta, d.expire_at_ms))
+        });
+        hot.lock().feed(deltas, unix_ms());
     }
 
     /// Take a reading of the totals into the history; call once a second.

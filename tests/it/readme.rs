@@ -35,6 +35,10 @@ const EXCLUDED: &[(&str, &str)] = &[
     ("cargo build --release", "a release build (minutes)"),
     ("tally run", "consumes the user's Kafka, until stopped"),
     (
+        "tally top",
+        "a terminal UI until q; status_page.rs drives it in tmux",
+    ),
+    (
         "docker compose",
         "needs a Docker engine and builds an image",
     ),

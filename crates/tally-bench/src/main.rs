@@ -155,6 +155,10 @@ pub struct PipelineArgs {
     /// Also run the in-memory loop with the Redis Cluster key layout (default cluster_shards).
     #[arg(long)]
     cluster_layout: bool,
+    /// With --only-aggregate: also run the loop feeding each sealed batch to the status page's
+    /// heavy-hitters summary of this many keys, alternating with runs without it.
+    #[arg(long)]
+    hot_keys: Option<usize>,
 }
 
 /// One workload: key cardinality and skew.

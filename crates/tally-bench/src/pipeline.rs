@@ -28,6 +28,12 @@ pub struct PipelineResult {
     /// The same with the Redis Cluster key layout (`--cluster-layout`; 0 when not run).
     pub agg_cluster_secs: f64,
     pub agg_cluster_cpu: f64,
+    /// `--hot-keys`: the loop with the heavy-hitters summary fed per batch, and without it,
+    /// alternating (medians); 0 when not run.
+    #[serde(default)]
+    pub agg_hot_secs: f64,
+    #[serde(default)]
+    pub agg_plain_secs: f64,
     /// The same with flushes to Redis.
     pub flush: LoopResult,
     pub flush_redis: RedisWork,
@@ -93,7 +99,7 @@ fn median_run(
 ) -> anyhow::Result<LoopResult> {
     let mut runs = Vec::new();
     for _ in 0..reps {
-        runs.push(run_loop(config, msgs, partitions, None)?);
+        runs.push(run_loop(config, msgs, partitions, None, None)?);
     }
     runs.sort_by(|x, y| x.secs.total_cmp(&y.secs));
     Ok(runs.swap_remove(runs.len() / 2))
@@ -120,6 +126,17 @@ pub fn role_pipeline(a: &PipelineArgs) -> anyhow::Result<()> {
         res.agg_cluster_secs = mid.secs;
         res.agg_cluster_cpu = mid.cpu;
     }
+    if let Some(capacity) = a.hot_keys {
+        // Side by side in one process, alternating, so machine noise hits both alike.
+        let (mut plain, mut hot) = (Vec::new(), Vec::new());
+        for _ in 0..reps {
+            plain.push(run_loop(&config, &msgs, a.partitions, None, None)?.secs);
+            let status = tally::status::Status::new(capacity);
+            hot.push(run_loop(&config, &msgs, a.partitions, None, Some(&status))?.secs);
+        }
+        res.agg_plain_secs = median(plain);
+        res.agg_hot_secs = median(hot);
+    }
     if a.only_aggregate.is_some() {
         println!("{}", serde_json::to_string(&res)?);
         return Ok(());
@@ -130,7 +147,7 @@ pub fn role_pipeline(a: &PipelineArgs) -> anyhow::Result<()> {
     flushall(&mut conn)?;
     let flusher = Flusher::start(&a.redis_url, &config, a.partitions)?;
     let snap0 = redis_snapshot(&mut conn)?;
-    res.flush = run_loop(&config, &msgs, a.partitions, Some(&flusher))?;
+    res.flush = run_loop(&config, &msgs, a.partitions, Some(&flusher), None)?;
     let snap1 = redis_snapshot(&mut conn)?;
     res.flush_redis = snap0.work_until(&snap1, 3.0);
     drop(flusher.tx);

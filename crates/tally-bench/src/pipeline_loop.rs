@@ -205,6 +205,7 @@ pub fn run_loop(
     msgs: &Messages,
     partitions: i32,
     flusher: Option<&Flusher>,
+    status: Option<&tally::status::Status>,
 ) -> anyhow::Result<LoopResult> {
     let (decoder, mut agg) = new_aggregator(config, partitions)?;
     let policy = FlushPolicy::new(&config.flush);
@@ -244,6 +245,10 @@ pub fn run_loop(
                        in_flight: &mut Option<usize>|
      -> anyhow::Result<bool> {
         let batch = agg.seal_up_to(None, policy.batch_keys());
+        if let Some(status) = status {
+            // What the consumer's flusher does with every sealed batch.
+            status.sealed(&batch.units);
+        }
         if !batch.units.is_empty() {
             out.keys_sealed += batch.keys as u64;
             out.flushes += 1;

@@ -189,6 +189,8 @@ pub fn cases_redis_up() -> Vec<Case> {
         get("/health/live", "/health/live", 200),
         get("/health/ready", "/health/ready", 200),
         get("/openapi.json", "/openapi.json", 200),
+        get("/v1/status", "/v1/status", 200),
+        get("/", "/", 200),
     ]
 }
 
@@ -199,7 +201,7 @@ pub fn cases_refused() -> Vec<Case> {
         let target = route
             .replace("{name}", "plays")
             .replace("{action}", "acquire");
-        let has_body = !matches!(*route, "/v1/count" | "/v1/counters/{name}");
+        let has_body = !matches!(*route, "/v1/count" | "/v1/counters/{name}" | "/v1/status");
         let mut case = if has_body {
             post(route, &target, "{}", 401)
         } else {
