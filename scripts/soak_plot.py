@@ -22,9 +22,10 @@ def main(src, dst):
     t = [float(r["t_s"]) / 60 for r in rows]
     fig, axes = plt.subplots(len(SERIES), 1, figsize=(8, 10), sharex=True)
     for ax, (name, label) in zip(axes, SERIES):
-        ax.plot(t, [float(r[name]) for r in rows], lw=1)
+        ys = [float(r[name]) for r in rows]
+        ax.plot(t, ys, lw=1)
         ax.set_ylabel(label, fontsize=8)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, max(ys + [1.0]) * 1.15)
         if t:
             ax.axvspan(t[len(t) // 3], t[-1], color="0.92", zorder=0)
         ax.grid(alpha=0.3)
