@@ -43,7 +43,8 @@ fi
 
 # tansu: a second Kafka implementation for the tests (tests/it/tansu.rs): SQLite storage that
 # survives a kill -9, and SASL/SCRAM. Built once from crates.io into cargo's bin directory (about
-# 8 minutes on 2 cores, 17 on a busy machine); skipped when this version is already there.
+# 8 minutes on 2 cores, 17 measured on a busy shared machine); skipped when this version is
+# already there.
 TANSU_VERSION=0.6.0
 tansu_bin="${CARGO_HOME:-$HOME/.cargo}/bin/tansu"
 if [ "$("$tansu_bin" --version 2>/dev/null)" != "tansu $TANSU_VERSION" ]; then
