@@ -31,6 +31,10 @@ pub struct HttpConfig {
     pub token: Option<String>,
     /// File holding the token (surrounding whitespace ignored), to keep it out of the config.
     pub token_file: Option<std::path::PathBuf>,
+    /// Second bearer token, needed (instead of `token`) for what destroys or hands out state:
+    /// `reset` on any primitive, quota `release`, pool `fill` and every `/v1/locks` call; it
+    /// also passes wherever `token` does. None: every caller may make those calls.
+    pub admin_token: Option<String>,
 }
 
 impl Default for HttpConfig {
@@ -42,6 +46,7 @@ impl Default for HttpConfig {
             max_connections: 128,
             token: None,
             token_file: None,
+            admin_token: None,
         }
     }
 }
@@ -81,6 +86,19 @@ impl HttpConfig {
                 .is_some_and(|t| t.trim().is_empty() || t.trim() != t),
             "http.token",
             "must be non-empty, without surrounding whitespace",
+        )?;
+        ensure(
+            !self
+                .admin_token
+                .as_ref()
+                .is_some_and(|t| t.trim().is_empty() || t.trim() != t),
+            "http.admin_token",
+            "must be non-empty, without surrounding whitespace",
+        )?;
+        ensure(
+            self.admin_token.is_none() || self.admin_token != self.token,
+            "http.admin_token",
+            "must differ from http.token",
         )?;
         // Read it now, so a missing or empty file fails before anything connects.
         self.bearer_token()?;

@@ -126,6 +126,9 @@ impl Config {
         if c.http.token.is_some() {
             c.http.token = Some(MASK.to_string());
         }
+        if c.http.admin_token.is_some() {
+            c.http.admin_token = Some(MASK.to_string());
+        }
         for (key, value) in &mut c.kafka.properties {
             if is_secret_property(key) {
                 *value = MASK.to_string();

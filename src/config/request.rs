@@ -64,6 +64,14 @@ pub struct UniqueConfig {
     /// The sliding window.
     #[serde(with = "humantime_serde")]
     pub window: Duration,
+    /// Most distinct items kept per subject (1 to 10,000,000): beyond, the least recently seen
+    /// are forgotten and the count stays at this number (bounds a subject's memory).
+    #[serde(default = "default_max_items")]
+    pub max_items: u64,
+}
+
+fn default_max_items() -> u64 {
+    tally_counters::request::DEFAULT_MAX_ITEMS
 }
 
 /// One pool.
@@ -113,6 +121,9 @@ impl RequestConfig {
             let at = |f: &str| format!("request.unique[{i}].{f}");
             check_name(&at("name"), &u.name, &mut names, "unique")?;
             check_ttl(&at("window"), u.window)?;
+            if !(1..=10_000_000).contains(&u.max_items) {
+                return Err(invalid(at("max_items"), "must be between 1 and 10000000"));
+            }
         }
         for (i, p) in self.pools.iter().enumerate() {
             let at = |f: &str| format!("request.pools[{i}].{f}");

@@ -105,6 +105,15 @@ fn http_limits_and_token_sources() {
         "http.max_connections"
     );
     assert_eq!(refused(&|c| c.http.token = Some(" ".into())), "http.token");
+    let same = |c: &mut Config| {
+        c.http.token = Some("same".into());
+        c.http.admin_token = Some("same".into());
+    };
+    assert_eq!(refused(&same), "http.admin_token");
+    assert_eq!(
+        refused(&|c| c.http.admin_token = Some("".into())),
+        "http.admin_token"
+    );
 
     let dir = std::env::temp_dir().join(format!("tally-token-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -4,11 +4,13 @@
 //! The server defends itself (`listener.rs`): a connection must send its request headers within
 //! `http.header_timeout`, a request is answered within `http.request_timeout`, and at most
 //! `http.max_connections` are served at once. With `http.token` (or `http.token_file`) set,
-//! `/v1/*` needs `Authorization: Bearer <token>`; metrics, health and `/openapi.json` (the
-//! description of every route, `openapi/`) stay open for scrapers, probes and clients, and so
-//! does the status page `GET /` (it holds no data; it asks for the token to read
-//! `/v1/status`, `status.rs`). Every error answer is a problem detail (RFC 9457, [`Problem`]).
+//! `/v1/*` needs `Authorization: Bearer <token>`, and with `http.admin_token` destructive calls
+//! need that one (`auth.rs`); metrics, health and `/openapi.json` (the description of every
+//! route, `openapi/`) stay open for scrapers, probes and clients, and so does the status page
+//! `GET /` (it holds no data; it asks for the token to read `/v1/status`, `status.rs`). Every
+//! error answer is a problem detail (RFC 9457, [`Problem`]).
 
+mod auth;
 mod counters;
 mod listener;
 mod openapi;
@@ -71,12 +73,14 @@ pub async fn serve(
     if let Some(requests) = requests {
         v1 = v1.merge(request::routes(requests));
     }
-    if let Some(token) = token {
-        v1 = v1.route_layer(middleware::from_fn_with_state(
-            Arc::<str>::from(token),
-            require_token,
-        ));
-    }
+    let tokens = auth::Tokens {
+        token,
+        admin: config.admin_token.clone(),
+    };
+    v1 = v1.route_layer(middleware::from_fn_with_state(
+        Arc::new(tokens),
+        auth::authorize,
+    ));
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/health/live", get(|| async { "ok\n" }))
@@ -119,27 +123,6 @@ async fn limit_time(State(limit): State<Duration>, request: Request, next: Next)
         )
         .into_response(),
     }
-}
-
-/// Let the request through only with `Authorization: Bearer <token>`.
-async fn require_token(State(token): State<Arc<str>>, request: Request, next: Next) -> Response {
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, t)| t.trim());
-    if given.is_some_and(|t| same_secret(t.as_bytes(), token.as_bytes())) {
-        return next.run(request).await;
-    }
-    let mut response =
-        Problem::new(Kind::Unauthorized, "missing or wrong bearer token").into_response();
-    response.headers_mut().insert(
-        header::WWW_AUTHENTICATE,
-        header::HeaderValue::from_static("Bearer"),
-    );
-    response
 }
 
 /// Equality whose time does not depend on where the inputs differ, so the token cannot be

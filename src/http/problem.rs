@@ -27,6 +27,8 @@ pub enum Kind {
     InvalidInput,
     /// `/v1` needs the bearer token (401).
     Unauthorized,
+    /// The call needs the admin token, and another one was sent (403).
+    Forbidden,
     /// No such route, or the route is not enabled (404).
     NotFound,
     /// The route does not take this method (405).
@@ -51,6 +53,7 @@ impl Kind {
         match self {
             Kind::InvalidInput => (S::BAD_REQUEST, "invalid-input", "Invalid input"),
             Kind::Unauthorized => (S::UNAUTHORIZED, "unauthorized", "Bearer token required"),
+            Kind::Forbidden => (S::FORBIDDEN, "forbidden", "Admin token required"),
             Kind::NotFound => (S::NOT_FOUND, "not-found", "Not found"),
             Kind::MethodNotAllowed => (
                 S::METHOD_NOT_ALLOWED,

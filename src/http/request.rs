@@ -11,12 +11,13 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::{Json, Router};
+use axum::{Extension, Json, Router};
 use serde::{Deserialize, Serialize};
 use tally_counters::lock::Lease;
 use tally_counters::request::{Hit, RequestError};
 use utoipa::ToSchema;
 
+use super::auth::Scope;
 use super::problem::{Body, Problem};
 use crate::query::parse_time;
 use crate::request::{Action, Requests};
@@ -36,6 +37,16 @@ pub fn routes<S: Clone + Send + Sync + 'static>(requests: Arc<Requests>) -> Rout
         .route("/v1/locks/{name}/{action}", post(lock))
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(requests)
+}
+
+/// `reset`, `release` and `fill` need the admin scope (`http.admin_token`, when it is set).
+fn refusal(scope: Scope, action: Action) -> Option<Response> {
+    match action {
+        Action::Reset => scope.refusal("`reset`"),
+        Action::Release => scope.refusal("`release`"),
+        Action::Fill => scope.refusal("`fill`"),
+        Action::Apply | Action::Peek => None,
+    }
 }
 
 fn error(e: RequestError) -> Response {
@@ -121,9 +132,16 @@ fn one() -> i64 {
     1
 }
 
-async fn hit(State(r): State<Arc<Requests>>, Body(b): Body<HitBody>) -> Response {
+async fn hit(
+    State(r): State<Arc<Requests>>,
+    Extension(scope): Extension<Scope>,
+    Body(b): Body<HitBody>,
+) -> Response {
     if let Err(p) = named("counter", &b.counter) {
         return p.into_response();
+    }
+    if let Some(answer) = refusal(scope, b.action) {
+        return answer;
     }
     let at_ms = match time(b.at.as_deref()) {
         Ok(at) => at,
@@ -212,11 +230,18 @@ fn policies(b: &LimitBody) -> Result<Vec<&str>, Problem> {
     Ok(names)
 }
 
-async fn limit(State(r): State<Arc<Requests>>, Body(b): Body<LimitBody>) -> Response {
+async fn limit(
+    State(r): State<Arc<Requests>>,
+    Extension(scope): Extension<Scope>,
+    Body(b): Body<LimitBody>,
+) -> Response {
     let names = match policies(&b) {
         Ok(names) => names,
         Err(p) => return p.into_response(),
     };
+    if let Some(answer) = refusal(scope, b.action) {
+        return answer;
+    }
     let d = match r.limit(&names, &b.subject, b.cost, b.action).await {
         Ok(d) => d,
         Err(e) => return error(e),
@@ -260,9 +285,16 @@ pub(super) struct QuotaBody {
     action: Action,
 }
 
-async fn quota(State(r): State<Arc<Requests>>, Body(b): Body<QuotaBody>) -> Response {
+async fn quota(
+    State(r): State<Arc<Requests>>,
+    Extension(scope): Extension<Scope>,
+    Body(b): Body<QuotaBody>,
+) -> Response {
     if let Err(p) = named("quota", &b.quota) {
         return p.into_response();
+    }
+    if let Some(answer) = refusal(scope, b.action) {
+        return answer;
     }
     reply(r.quota(&b.quota, b.user.as_deref(), b.action).await)
 }
@@ -283,9 +315,16 @@ pub(super) struct OnceBody {
     action: Action,
 }
 
-async fn once(State(r): State<Arc<Requests>>, Body(b): Body<OnceBody>) -> Response {
+async fn once(
+    State(r): State<Arc<Requests>>,
+    Extension(scope): Extension<Scope>,
+    Body(b): Body<OnceBody>,
+) -> Response {
     if let Err(p) = named("name", &b.name) {
         return p.into_response();
+    }
+    if let Some(answer) = refusal(scope, b.action) {
+        return answer;
     }
     let at_ms = match time(b.at.as_deref()) {
         Ok(at) => at,
@@ -310,9 +349,16 @@ pub(super) struct UniqueBody {
     action: Action,
 }
 
-async fn unique(State(r): State<Arc<Requests>>, Body(b): Body<UniqueBody>) -> Response {
+async fn unique(
+    State(r): State<Arc<Requests>>,
+    Extension(scope): Extension<Scope>,
+    Body(b): Body<UniqueBody>,
+) -> Response {
     if let Err(p) = named("name", &b.name) {
         return p.into_response();
+    }
+    if let Some(answer) = refusal(scope, b.action) {
+        return answer;
     }
     reply(
         r.unique(&b.name, &b.subject, b.item.as_deref(), b.action)
@@ -337,9 +383,16 @@ pub(super) struct PoolBody {
     action: Action,
 }
 
-async fn pool(State(r): State<Arc<Requests>>, Body(b): Body<PoolBody>) -> Response {
+async fn pool(
+    State(r): State<Arc<Requests>>,
+    Extension(scope): Extension<Scope>,
+    Body(b): Body<PoolBody>,
+) -> Response {
     if let Err(p) = named("pool", &b.pool) {
         return p.into_response();
+    }
+    if let Some(answer) = refusal(scope, b.action) {
+        return answer;
     }
     reply(r.pool(&b.pool, b.user.as_deref(), &b.items, b.action).await)
 }
@@ -430,9 +483,13 @@ pub(super) enum LockAnswer {
 async fn lock(
     State(r): State<Arc<Requests>>,
     axum::extract::Path((name, action)): axum::extract::Path<(String, String)>,
+    Extension(scope): Extension<Scope>,
     Body(b): Body<LockBody>,
 ) -> Response {
     use std::time::Duration;
+    if let Some(answer) = scope.refusal("a lock call") {
+        return answer;
+    }
     if let Err(p) = lock_input(&name, &b) {
         return p.into_response();
     }

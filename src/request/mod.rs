@@ -132,7 +132,7 @@ impl Requests {
                 .map(|u| {
                     (
                         u.name.clone(),
-                        Unique::new(client.clone(), &u.name, u.window),
+                        Unique::new(client.clone(), &u.name, u.window).with_max_items(u.max_items),
                     )
                 })
                 .collect(),

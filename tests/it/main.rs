@@ -7,6 +7,7 @@
 
 mod common;
 
+mod admin_token;
 mod cli_help;
 mod cluster;
 mod config_cli;

@@ -267,6 +267,52 @@ fn zero_ttl_is_refused() {
     });
 }
 
+/// Lock names come from callers: a long one is refused, and a fencing counter expires (30 days
+/// after its last lease, moved by acquire and extend) instead of staying forever per name.
+#[test]
+fn names_are_capped_and_fencing_counters_expire() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let redis = LocalRedis::start(&[]).unwrap();
+        let config = RedisConfig {
+            url: redis.url(),
+            ..RedisConfig::default()
+        };
+        let l = locks(&config, 1).remove(0);
+        let long = "n".repeat(tally_counters::lock::MAX_NAME_BYTES + 1);
+        let refused = l.try_acquire(&long, Duration::from_secs(5)).await;
+        assert!(
+            matches!(
+                refused,
+                Err(tally_counters::request::RequestError::Invalid(_))
+            ),
+            "{refused:?}"
+        );
+        let ttl = Duration::from_secs(5);
+        let lease = l.try_acquire("once-used", ttl).await.unwrap().unwrap();
+        let mut c = redis::Client::open(redis.url())
+            .unwrap()
+            .get_connection()
+            .unwrap();
+        let fence_pttl = |c: &mut redis::Connection| -> i64 {
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("*lock:once-used:fence:*")
+                .query(c)
+                .unwrap();
+            assert_eq!(keys.len(), 1, "{keys:?}");
+            redis::cmd("PTTL").arg(&keys[0]).query(c).unwrap()
+        };
+        let idle = tally_counters::lock::FENCE_IDLE.as_millis() as i64;
+        let pttl = fence_pttl(&mut c);
+        assert!(pttl > idle - 60_000 && pttl <= idle + 5_000, "{pttl}");
+        // An extend to a day moves the counter's expiry past the new lease's end.
+        assert!(l.extend(&lease, Duration::from_secs(86_400)).await.unwrap());
+        let pttl = fence_pttl(&mut c);
+        assert!(pttl > idle + 86_000_000, "{pttl}");
+        assert!(l.release(&lease).await.unwrap());
+    });
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standalone() {
     let mut redis = LocalRedis::start(&[]).unwrap();

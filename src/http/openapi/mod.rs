@@ -60,7 +60,13 @@ const V1_PROBLEMS: &[(&str, &str)] = &[
     ),
     (
         "401",
-        "`http.token` is set and the request lacks `Authorization: Bearer <token>`",
+        "`http.token` is set and the request lacks `Authorization: Bearer <token>` (or \
+         `http.admin_token` is set, the call needs it, and no token was sent)",
+    ),
+    (
+        "403",
+        "`http.admin_token` is set and the call needs it (`reset`, quota `release`, pool \
+         `fill`, locks): another token was sent",
     ),
     (
         "404",
@@ -103,21 +109,26 @@ fn build() -> Document {
             continue;
         }
         let has_body = item.post.is_some();
+        // The request routes (not the queries) take the calls that need the admin token.
+        let admin = has_body && !path.starts_with("/v1/counters");
         for op in [&mut item.get, &mut item.post].into_iter().flatten() {
-            v1_operation(op, has_body);
+            v1_operation(op, has_body, admin);
         }
     }
     doc
 }
 
 /// Add the bearer token and the shared problems to one `/v1` operation.
-fn v1_operation(op: &mut Operation, has_body: bool) {
+fn v1_operation(op: &mut Operation, has_body: bool, admin: bool) {
     op.security = Some(vec![SecurityRequirement::new(
         "bearer",
         Vec::<String>::new(),
     )]);
     for (status, why) in V1_PROBLEMS {
         if *status == "413" && !has_body {
+            continue;
+        }
+        if *status == "403" && !admin {
             continue;
         }
         let content = ContentBuilder::new()

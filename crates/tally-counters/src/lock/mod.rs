@@ -12,7 +12,8 @@
 //! included, prevents this: time-based leases assume bounded pauses and clock drift.
 //!
 //! **What the fencing token adds.** Every acquisition gets a strictly larger number from the
-//! fencing counter (it never expires). The holder passes it with every write to the protected
+//! fencing counter (it expires [`FENCE_IDLE`] after the lock's last lease ends: a name used
+//! once leaves no key forever; a name idle that long starts again from 1). The holder passes it with every write to the protected
 //! resource, and the resource refuses a token lower than one it has already seen. A paused
 //! holder that wakes up late is then refused instead of overwriting the newer holder's work.
 //! (If a failover loses the counter's latest increments, tokens can repeat: keep the resource's
@@ -34,6 +35,12 @@ use crate::request::{Client, RequestError};
 use crate::script::Script;
 
 pub use guard::LockGuard;
+
+/// Longest lock name, bytes (every name is a key, and lock names come from callers).
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// How long a fencing counter outlives its lock's last lease (acquire and extend move it).
+pub const FENCE_IDLE: Duration = Duration::from_secs(30 * 86_400);
 
 /// The acquire script; see its header.
 pub const ACQUIRE_LUA: &str = include_str!("lua/acquire.lua");
@@ -149,10 +156,15 @@ impl Locks {
         ttl: Duration,
     ) -> Result<Result<Lease, Busy>, RequestError> {
         let ttl_ms = ttl_ms(ttl)?;
+        if name.is_empty() || name.len() > MAX_NAME_BYTES {
+            return Err(RequestError::Invalid(format!(
+                "a lock's name has 1 to {MAX_NAME_BYTES} bytes"
+            )));
+        }
         let token = format!("{:032x}", rand::random::<u128>());
         let key = self.key(name);
         let mut cmd = ACQUIRE.cmd(&[&key, &self.fence_key(name)]);
-        cmd.arg(&token).arg(ttl_ms);
+        cmd.arg(&token).arg(ttl_ms).arg(fence_ttl_ms(ttl_ms));
         let reply: redis::Value = self.client.run(&ACQUIRE, &cmd).await?;
         match AcquireReply::parse(&reply)? {
             AcquireReply::Acquired { fence } => Ok(Ok(Lease {
@@ -203,8 +215,8 @@ impl Locks {
     pub async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, RequestError> {
         // Checked first: `PEXPIRE key 0` would delete the lock instead of extending it.
         let ttl_ms = ttl_ms(ttl)?;
-        let mut cmd = EXTEND.cmd(&[&lease.key]);
-        cmd.arg(&lease.token).arg(ttl_ms);
+        let mut cmd = EXTEND.cmd(&[&lease.key, &self.fence_key(&lease.name)]);
+        cmd.arg(&lease.token).arg(ttl_ms).arg(fence_ttl_ms(ttl_ms));
         let n: i64 = self.client.run(&EXTEND, &cmd).await?;
         Ok(n == 1)
     }
@@ -214,6 +226,11 @@ impl Locks {
     pub fn guard(&self, lease: Lease, max_hold: Option<Duration>) -> LockGuard {
         LockGuard::start(self.clone(), lease, max_hold)
     }
+}
+
+/// The fencing counter's expiry for a lease of `ttl_ms`: the lease plus [`FENCE_IDLE`].
+fn fence_ttl_ms(ttl_ms: u64) -> u64 {
+    ttl_ms.saturating_add(FENCE_IDLE.as_millis() as u64)
 }
 
 /// A lease's length in whole ms: at least 1 (0 would make `PX`/`PEXPIRE` refuse or delete).

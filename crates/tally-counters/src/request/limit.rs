@@ -49,6 +49,18 @@ impl Algorithm {
             Algorithm::Gcra => 4,
         }
     }
+
+    /// The key kind of a policy's state. Each algorithm keeps another Redis type (hash, sorted
+    /// set, string), so a policy whose algorithm changes starts from new keys instead of failing
+    /// on the old ones (WRONGTYPE was taken for an unreachable Redis: it failed open).
+    fn key_kind(self) -> &'static str {
+        match self {
+            Algorithm::Fixed => "limit.fixed",
+            Algorithm::SlidingLog => "limit.log",
+            Algorithm::SlidingCounter => "limit.counter",
+            Algorithm::Gcra => "limit.gcra",
+        }
+    }
 }
 
 /// What a policy decides when Redis cannot be asked.
@@ -88,6 +100,10 @@ pub struct LimitPolicy {
 
 /// Largest `limit` of a sliding log (its memory is one entry per admitted unit).
 pub const MAX_LOG_LIMIT: u64 = 1_000_000;
+
+/// Largest `cost` of one call to a sliding log: each unit is one sorted-set entry written by the
+/// script, so a cost of 1M held Redis for about a second.
+pub const MAX_LOG_COST: u64 = 1_000;
 
 impl LimitPolicy {
     /// Check the policy's numbers; the error names the field.
@@ -268,7 +284,7 @@ impl RateLimiter {
     fn key(&self, policy: &LimitPolicy, subject: &str) -> String {
         super::key(
             self.client.prefix(),
-            "limit",
+            policy.algorithm.key_kind(),
             &policy.name,
             subject,
             subject,
@@ -286,6 +302,11 @@ impl RateLimiter {
         if cost == 0 || cost > i64::MAX as u64 / 1_000_000 {
             return Err(RequestError::Invalid(format!(
                 "cost {cost} is out of range"
+            )));
+        }
+        if cost > MAX_LOG_COST && chosen.iter().any(|p| p.algorithm == Algorithm::SlidingLog) {
+            return Err(RequestError::Invalid(format!(
+                "cost {cost}: a sliding_log policy takes at most {MAX_LOG_COST} units per call"
             )));
         }
         let keys: Vec<String> = chosen.iter().map(|p| self.key(p, subject)).collect();

@@ -26,11 +26,13 @@ mod unique;
 
 pub use client::Client;
 pub use hit::{Counters, Hit, HitReply};
-pub use limit::{Algorithm, Decision, FailureMode, LimitPolicy, PolicyVerdict, RateLimiter};
+pub use limit::{
+    Algorithm, Decision, FailureMode, LimitPolicy, PolicyVerdict, RateLimiter, MAX_LOG_COST,
+};
 pub use once::Once;
 pub use pool::{Claim, Pool};
 pub use quota::{Quota, QuotaReply, MAX_QUOTA_SIZE};
-pub use unique::Unique;
+pub use unique::{Unique, DEFAULT_MAX_ITEMS, MAX_ITEM_BYTES};
 
 /// Why a request-path call has no answer.
 #[derive(Debug, thiserror::Error)]

@@ -217,6 +217,47 @@ pub async fn several_policies_decide_together(dep: &Deployment) {
 
 /// Redis restarted mid-run (scripts and state gone): calls reconnect and reload; with Redis
 /// unreachable each policy answers by its failure mode.
+/// A policy whose algorithm changes (fixed window, a hash, to GCRA, a string) keeps deciding
+/// with Redis: the old state was answered WRONGTYPE, taken for an unreachable Redis, and every
+/// such subject failed open for up to a window.
+pub async fn changing_the_algorithm_does_not_fail_open(dep: &Deployment) {
+    let client = clients(dep, 1).remove(0);
+    let fixed = policy("swapped", Algorithm::Fixed, 1, 60_000);
+    let before = RateLimiter::new(client.clone(), vec![fixed]).unwrap();
+    assert!(before.check(&["swapped"], "s", 1).await.unwrap().admitted);
+    let gcra = policy("swapped", Algorithm::Gcra, 1, 60_000);
+    let after = RateLimiter::new(client, vec![gcra]).unwrap();
+    let first = after.check(&["swapped"], "s", 1).await.unwrap();
+    assert!(!first.without_redis, "decided with Redis: {first:?}");
+    let second = after.check(&["swapped"], "s", 1).await.unwrap();
+    assert!(
+        !second.without_redis && !second.admitted,
+        "the new algorithm limits: {second:?}"
+    );
+}
+
+/// One call to a sliding log writes one entry per unit: its cost is capped (a cost of 1M held
+/// Redis for about a second).
+pub async fn sliding_log_cost_is_capped(dep: &Deployment) {
+    let client = clients(dep, 1).remove(0);
+    let log = policy("big_log", Algorithm::SlidingLog, 1_000_000, 60_000);
+    let limiter = RateLimiter::new(client, vec![log]).unwrap();
+    let max = tally_counters::request::MAX_LOG_COST;
+    let refused = limiter.check(&["big_log"], "s", max + 1).await;
+    assert!(
+        matches!(
+            refused,
+            Err(tally_counters::request::RequestError::Invalid(_))
+        ),
+        "{refused:?}"
+    );
+    let d = limiter.check(&["big_log"], "s", max).await.unwrap();
+    assert!(
+        d.admitted && d.policies[0].remaining == 1_000_000 - max,
+        "{d:?}"
+    );
+}
+
 pub async fn restart_and_failure_modes() {
     let mut redis = LocalRedis::start(&[]).unwrap();
     let mut config = RedisConfig {

@@ -207,6 +207,19 @@ async fn once_pool_unique_are_exact(dep: &Deployment) {
     .await;
     assert!(adds.iter().all(|r| r.as_ref().unwrap() <= &120));
     assert_eq!(unique.peek("acct").await.unwrap(), 120);
+    // Bounded: at most `max_items` per subject (the least recently seen go), items of at most
+    // MAX_ITEM_BYTES.
+    let capped = Unique::new(c[0].clone(), "capped", Duration::from_secs(60)).with_max_items(5);
+    for i in 0..20 {
+        let n = capped.add("acct", &format!("ip{i}")).await.unwrap();
+        assert_eq!(n, (i + 1).min(5));
+    }
+    assert_eq!(capped.peek("acct").await.unwrap(), 5);
+    let long = "x".repeat(tally_counters::request::MAX_ITEM_BYTES + 1);
+    assert!(matches!(
+        capped.add("acct", &long).await,
+        Err(RequestError::Invalid(_))
+    ));
 }
 
 fn in_an_hour() -> i64 {
@@ -225,6 +238,8 @@ async fn run_all(dep: Arc<Deployment>) {
     limits::approximate_limiters_stay_within_their_bounds(&dep).await;
     limits::several_policies_decide_together(&dep).await;
     limits::a_peek_reports_what_is_left_now(&dep).await;
+    limits::changing_the_algorithm_does_not_fail_open(&dep).await;
+    limits::sliding_log_cost_is_capped(&dep).await;
     exact::hits_are_exact_across_the_64_bit_range(&dep).await;
     exact::quota_counts_are_exact(&dep).await;
     assert_every_key_expires(&dep).await;

@@ -1,0 +1,133 @@
+//! `http.admin_token`: what destroys or hands out state (reset, quota release, pool fill, locks)
+//! needs the second token; the caller token is answered 403, no token 401, both as problem
+//! details; the admin token passes everywhere the caller token does.
+
+use std::time::Duration;
+
+use crate::common::{hourly, total, wait_for, Harness};
+use tally::config::{PoolConfig, QuotaConfig};
+use tally_testkit::http::{Answer, Client};
+
+const CALLER: &str = "Bearer caller-t0ken";
+const ADMIN: &str = "Bearer admin-t0ken";
+
+fn post(port: u16, auth: Option<&str>, path: &str, body: &str) -> Answer {
+    let mut headers = vec![("Content-Type", "application/json")];
+    if let Some(auth) = auth {
+        headers.push(("Authorization", auth));
+    }
+    Client::default()
+        .post_with(port, path, &headers, body)
+        .expect("an answer")
+}
+
+fn problem(answer: &Answer, status: u16, slug: &str) {
+    assert_eq!(answer.status, status, "{}", answer.body);
+    assert_eq!(
+        answer.header("content-type"),
+        Some("application/problem+json"),
+        "{:?}",
+        answer.headers
+    );
+    let p: serde_json::Value = serde_json::from_str(&answer.body).unwrap();
+    assert_eq!(p["status"], status, "{}", answer.body);
+    assert!(
+        p["type"].as_str().unwrap().ends_with(&format!("/{slug}")),
+        "{}",
+        answer.body
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn destructive_calls_need_the_admin_token() {
+    let h = Harness::new("admin-token", 1);
+    let port = tally_testkit::local_redis::free_port().unwrap();
+    let mut config = h.config("g-admin", hourly("adm"));
+    config.http.listen = format!("127.0.0.1:{port}");
+    config.http.token = Some("caller-t0ken".into());
+    config.http.admin_token = Some("admin-t0ken".into());
+    config.request.quotas.push(QuotaConfig {
+        name: "flash".into(),
+        size: 10,
+        once_per_user: true,
+        ttl: Duration::from_secs(3600),
+    });
+    config.request.pools.push(PoolConfig {
+        name: "codes".into(),
+        ttl: Duration::from_secs(3600),
+    });
+    let running = h.start(config);
+    wait_for("http answers", Duration::from_secs(30), || {
+        tally_testkit::http::get(port, "/health/live").is_some()
+    })
+    .await;
+
+    tokio::task::spawn_blocking(move || {
+        let hit = r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"}}"#;
+        let reset =
+            r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"action":"reset"}"#;
+        // The caller token counts, decides and peeks.
+        let a = post(port, Some(CALLER), "/v1/hit", hit);
+        assert_eq!(a.status, 200, "{}", a.body);
+        let q = post(
+            port,
+            Some(CALLER),
+            "/v1/quota",
+            r#"{"quota":"flash","user":"u1"}"#,
+        );
+        assert_eq!(q.status, 200, "{}", q.body);
+        // ... but not reset, release, fill or locks: 403 with it, 401 without any token.
+        problem(
+            &post(port, Some(CALLER), "/v1/hit", reset),
+            403,
+            "forbidden",
+        );
+        let release = r#"{"quota":"flash","user":"u1","action":"release"}"#;
+        problem(
+            &post(port, Some(CALLER), "/v1/quota", release),
+            403,
+            "forbidden",
+        );
+        let fill = r#"{"pool":"codes","items":["c1"],"action":"fill"}"#;
+        problem(
+            &post(port, Some(CALLER), "/v1/pool", fill),
+            403,
+            "forbidden",
+        );
+        let acquire = r#"{"ttl_ms":1000}"#;
+        let lock = "/v1/locks/nightly/acquire";
+        problem(&post(port, Some(CALLER), lock, acquire), 403, "forbidden");
+        let none = post(port, None, "/v1/hit", reset);
+        problem(&none, 401, "unauthorized");
+        assert!(
+            none.header("www-authenticate").is_some(),
+            "{:?}",
+            none.headers
+        );
+        problem(
+            &post(port, Some("Bearer wrong"), "/v1/hit", hit),
+            401,
+            "unauthorized",
+        );
+        // The admin token does all of it, and what the caller token may do as well.
+        for (path, body) in [
+            ("/v1/hit", hit),
+            ("/v1/quota", release),
+            ("/v1/pool", fill),
+            (lock, acquire),
+        ] {
+            let a = post(port, Some(ADMIN), path, body);
+            assert_eq!(a.status, 200, "{path}: {}", a.body);
+        }
+        let a = post(port, Some(ADMIN), "/v1/hit", reset);
+        assert_eq!(a.status, 200, "{}", a.body);
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        total(&h, "adm:*"),
+        0,
+        "only the admin's reset cleared the key"
+    );
+    running.stop().await;
+}
