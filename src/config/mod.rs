@@ -22,6 +22,7 @@ mod kafka;
 mod model;
 mod redact;
 mod request;
+mod rls;
 mod validate;
 
 pub use decode::{DecodeConfig, TimeFormat};
@@ -31,6 +32,7 @@ pub use jobs::{JobsConfig, ReconcileConfig, TtlAuditConfig};
 pub use kafka::{AutoWord, Consumers, KafkaConfig, StartFrom};
 pub use model::Model;
 pub use request::{OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
+pub use rls::RlsConfig;
 pub use tally_counters::config::{
     CounterConfig, CounterKind, DistinctMode, RedisConfig, RedisConfigError, RedisMode, Storage,
 };
@@ -62,6 +64,8 @@ pub struct Config {
     pub request: RequestConfig,
     /// Jobs run by one replica at a time (TTL auditor).
     pub jobs: JobsConfig,
+    /// Envoy's rate limit service (`tally serve`).
+    pub rls: RlsConfig,
 }
 
 /// What to do when tally's own state in Redis is missing or does not fit the topic.
@@ -100,6 +104,7 @@ impl Default for Config {
             counters: vec![CounterConfig::reference()],
             request: RequestConfig::default(),
             jobs: JobsConfig::default(),
+            rls: RlsConfig::default(),
         }
     }
 }

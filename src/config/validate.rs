@@ -47,6 +47,7 @@ impl Config {
         self.http.validate()?;
         self.request.validate()?;
         self.jobs.validate()?;
+        self.rls.validate()?;
         self.validate_counters()
     }
 

@@ -16,6 +16,7 @@ mod labels;
 mod recovery;
 mod redis;
 mod request;
+mod rls;
 mod share;
 mod sink;
 
@@ -26,6 +27,7 @@ pub use jobs::JobMetrics;
 pub use recovery::{HaltReason, RecoveryMetrics, ResetReason};
 pub use redis::{RedisErrorKind, RedisMetrics};
 pub use request::{Outcome, Primitive, RequestMetrics};
+pub use rls::RlsMetrics;
 pub use share::{GaugeShare, LaneGauges};
 pub use sink::{RejectReason, SinkMetrics};
 
@@ -54,6 +56,8 @@ pub struct Metrics {
     pub request: RequestMetrics,
     /// The jobs' metrics.
     pub jobs: JobMetrics,
+    /// Envoy's rate limit service.
+    pub rls: RlsMetrics,
 }
 
 pub(super) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -131,6 +135,7 @@ impl Metrics {
         Metrics {
             request: RequestMetrics::new(&registry),
             jobs: JobMetrics::new(&registry, counter_names),
+            rls: RlsMetrics::new(&registry),
             consumer,
             decode,
             aggregate,

@@ -26,7 +26,9 @@ mod unique;
 
 pub use client::Client;
 pub use hit::{Counters, Hit, HitReply};
-pub use limit::{Algorithm, Decision, FailureMode, LimitPolicy, PolicyVerdict, RateLimiter};
+pub use limit::{
+    decide, Algorithm, Ask, Decision, FailureMode, LimitPolicy, PolicyVerdict, RateLimiter,
+};
 pub use once::Once;
 pub use pool::{Claim, Pool};
 pub use quota::{Quota, QuotaReply, MAX_QUOTA_SIZE};
