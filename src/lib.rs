@@ -87,6 +87,7 @@ mod log_limit;
 pub mod metrics;
 pub mod query;
 pub mod request;
+pub mod rls;
 pub mod sink;
 pub mod state;
 pub mod status;

@@ -1,6 +1,8 @@
-//! `tally serve`: the request path (and queries, metrics, health) over HTTP, without consuming
-//! Kafka. Ready while Redis answers a PING (probed every second). The HTTP server, the jobs and
-//! the probe run under one [`Supervisor`]: the first that fails stops the others.
+//! `tally serve`: the request path (and queries, metrics, health) over HTTP, and Envoy's rate
+//! limit service over gRPC when `rls.listen` is set ([`crate::rls`]), without consuming Kafka.
+//! Ready while Redis answers a PING (probed every second). The HTTP server, the RLS server and
+//! its reloader, the jobs and the probe run under one [`Supervisor`]: the first that fails stops
+//! the others.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -36,6 +38,19 @@ pub async fn run(model: Arc<Model>, shutdown: CancellationToken) -> anyhow::Resu
     tasks.spawn("the http server", async move {
         server.await.context("http server")
     });
+    if !model.config.rls.listen.is_empty() {
+        let rls = crate::rls::serve(
+            &model.config.rls,
+            requests.client().clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        )
+        .await
+        .context("rls")?;
+        tracing::info!(local = %rls.local, "serving envoy's rate limit service");
+        tasks.spawn("the rls server", rls.server);
+        tasks.spawn("the rls limits reloader", rls.reloader);
+    }
     let jobs = crate::jobs::run(model.clone(), metrics, shutdown.clone());
     tasks.spawn("the jobs", jobs);
     tasks.spawn("the redis probe", probe(requests, health, shutdown));

@@ -23,6 +23,7 @@ mod model;
 mod redact;
 mod request;
 mod status;
+mod rls;
 mod validate;
 
 pub use decode::{DecodeConfig, TimeFormat};
@@ -33,6 +34,7 @@ pub use kafka::{AutoWord, Consumers, KafkaConfig, StartFrom};
 pub use model::Model;
 pub use request::{OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use status::StatusConfig;
+pub use rls::RlsConfig;
 pub use tally_counters::config::{
     CounterConfig, CounterKind, DistinctMode, RedisConfig, RedisConfigError, RedisMode, Storage,
 };
@@ -66,6 +68,8 @@ pub struct Config {
     pub jobs: JobsConfig,
     /// The live status page.
     pub status: StatusConfig,
+    /// Envoy's rate limit service (`tally serve`).
+    pub rls: RlsConfig,
 }
 
 /// What to do when tally's own state in Redis is missing or does not fit the topic.
@@ -105,6 +109,7 @@ impl Default for Config {
             request: RequestConfig::default(),
             jobs: JobsConfig::default(),
             status: StatusConfig::default(),
+            rls: RlsConfig::default(),
         }
     }
 }

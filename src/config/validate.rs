@@ -48,6 +48,7 @@ impl Config {
         self.request.validate()?;
         self.jobs.validate()?;
         self.status.validate()?;
+        self.rls.validate()?;
         self.validate_counters()
     }
 

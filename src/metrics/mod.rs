@@ -16,6 +16,7 @@ mod labels;
 mod recovery;
 mod redis;
 mod request;
+mod rls;
 mod share;
 mod sink;
 
@@ -26,6 +27,7 @@ pub use jobs::JobMetrics;
 pub use recovery::{HaltReason, RecoveryMetrics, ResetReason};
 pub use redis::{RedisErrorKind, RedisMetrics};
 pub use request::{Outcome, Primitive, RequestMetrics};
+pub use rls::RlsMetrics;
 pub use share::{GaugeShare, LaneGauges};
 pub use sink::{RejectReason, SinkMetrics};
 
@@ -58,6 +60,8 @@ pub struct Metrics {
     /// metrics (per batch) and which is read as program state. It rides here because every stage
     /// already holds the metrics.
     pub status: std::sync::Arc<crate::status::Status>,
+    /// Envoy's rate limit service.
+    pub rls: RlsMetrics,
 }
 
 pub(super) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -135,6 +139,7 @@ impl Metrics {
         Metrics {
             request: RequestMetrics::new(&registry),
             jobs: JobMetrics::new(&registry, counter_names),
+            rls: RlsMetrics::new(&registry),
             consumer,
             decode,
             aggregate,

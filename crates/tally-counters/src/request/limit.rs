@@ -299,58 +299,146 @@ impl RateLimiter {
         mode: &str,
     ) -> Result<Decision, RequestError> {
         let chosen = self.chosen(policies)?;
-        if cost == 0 || cost > i64::MAX as u64 / 1_000_000 {
-            return Err(RequestError::Invalid(format!(
-                "cost {cost} is out of range"
-            )));
+        if cost == 0 {
+            return Err(RequestError::Invalid("cost 0 is out of range".into()));
         }
-        if cost > MAX_LOG_COST && chosen.iter().any(|p| p.algorithm == Algorithm::SlidingLog) {
-            return Err(RequestError::Invalid(format!(
-                "cost {cost}: a sliding_log policy takes at most {MAX_LOG_COST} units per call"
-            )));
-        }
-        let keys: Vec<String> = chosen.iter().map(|p| self.key(p, subject)).collect();
-        let mut cmd = LIMIT.cmd(&keys);
-        cmd.arg(cost).arg(request_id()).arg(mode);
-        for p in &chosen {
-            cmd.arg(p.algorithm.code())
-                .arg(p.limit)
-                .arg(p.window_ms())
-                .arg(p.burst.unwrap_or(p.limit))
-                .arg(if p.shadow { "1" } else { "0" });
-        }
-        let reply: redis::Value = match self.client.run(&LIMIT, &cmd).await {
-            Ok(v) => v,
-            Err(e) if e.is_unavailable() => return Ok(without_redis(&chosen)),
-            Err(e) => return Err(e),
-        };
-        let r = ints("limit", &reply)?;
-        if r.len() != 2 + 4 * chosen.len() {
-            return Err(RequestError::Reply {
-                script: "limit",
-                detail: format!("{reply:?}"),
-            });
-        }
-        let policies = chosen
+        let asks: Vec<Ask> = chosen
             .iter()
-            .zip(r[2..].chunks(4))
-            .map(|(p, v)| PolicyVerdict {
-                policy: p.name.clone(),
-                allowed: v[0] == 1,
-                remaining: v[1].max(0) as u64,
-                reset_ms: v[2].max(0) as u64,
-                retry_after_ms: (v[0] == 0 && v[3] >= 0).then_some(v[3] as u64),
-                shadow: p.shadow,
-                limit: p.limit,
-                window_ms: p.window_ms(),
+            .map(|&policy| Ask {
+                policy,
+                subject,
+                cost,
+                usage: false,
             })
             .collect();
-        Ok(Decision {
-            admitted: r[0] == 1,
-            policies,
-            without_redis: false,
-            now_ms: r[1],
-        })
+        decide(&self.client, &asks, subject, mode == "peek").await
+    }
+}
+
+/// One policy's part in a [`decide`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct Ask<'a> {
+    /// The policy.
+    pub policy: &'a LimitPolicy,
+    /// Whose state: the policy's key is made of its name and this.
+    pub subject: &'a str,
+    /// Units to charge; 0 checks that one unit is left and records nothing.
+    pub cost: u64,
+    /// Usage-priced: a cost above 0 is a charge for what was already used, recorded whatever
+    /// is left and never denied (check-then-charge); a cost of 0 is decided as usual.
+    pub usage: bool,
+}
+
+/// Decide `asks` in one atomic script call: admitted only if every enforcing policy admits its
+/// cost, and recorded only then. Every key is tagged by `tag` (in a cluster, one slot holds
+/// every key a call can touch). Two asks on one key (one policy, one subject) are decided as
+/// one, with their costs summed, so a key is never counted twice against one reading. Without
+/// Redis, each policy answers by its `on_redis_error`.
+pub async fn decide(
+    client: &Client,
+    asks: &[Ask<'_>],
+    tag: &str,
+    peek: bool,
+) -> Result<Decision, RequestError> {
+    if asks.is_empty() {
+        return Err(RequestError::Invalid("name at least one limit".into()));
+    }
+    let max = i64::MAX as u64 / 1_000_000;
+    let mut keys: Vec<String> = Vec::with_capacity(asks.len());
+    let mut merged: Vec<Ask> = Vec::with_capacity(asks.len());
+    let mut slot_of = Vec::with_capacity(asks.len());
+    for a in asks {
+        let key = super::key(
+            client.prefix(),
+            a.policy.algorithm.key_kind(),
+            &a.policy.name,
+            a.subject,
+            tag,
+        );
+        let slot = match keys.iter().position(|k| *k == key) {
+            Some(j) => {
+                merged[j].cost = merged[j].cost.saturating_add(a.cost);
+                j
+            }
+            None => {
+                keys.push(key);
+                merged.push(*a);
+                keys.len() - 1
+            }
+        };
+        slot_of.push(slot);
+    }
+    if let Some(a) = merged.iter().find(|a| a.cost > max) {
+        return Err(RequestError::Invalid(format!(
+            "cost {} is out of range",
+            a.cost
+        )));
+    }
+    if let Some(a) = merged
+        .iter()
+        .find(|a| a.cost > MAX_LOG_COST && a.policy.algorithm == Algorithm::SlidingLog)
+    {
+        return Err(RequestError::Invalid(format!(
+            "cost {}: a sliding_log policy takes at most {MAX_LOG_COST} units per call",
+            a.cost
+        )));
+    }
+    let mut cmd = LIMIT.cmd(&keys);
+    cmd.arg(request_id())
+        .arg(if peek { "peek" } else { "apply" });
+    for a in &merged {
+        let p = a.policy;
+        let kind = match (p.shadow, a.usage) {
+            (true, _) => "1",
+            (false, true) => "2",
+            (false, false) => "0",
+        };
+        cmd.arg(p.algorithm.code())
+            .arg(p.limit)
+            .arg(p.window_ms())
+            .arg(p.burst.unwrap_or(p.limit))
+            .arg(kind)
+            .arg(a.cost);
+    }
+    let reply: redis::Value = match client.run(&LIMIT, &cmd).await {
+        Ok(v) => v,
+        Err(e) if e.is_unavailable() => {
+            let chosen: Vec<&LimitPolicy> = asks.iter().map(|a| a.policy).collect();
+            return Ok(without_redis(&chosen));
+        }
+        Err(e) => return Err(e),
+    };
+    let r = ints("limit", &reply)?;
+    if r.len() != 2 + 4 * merged.len() {
+        return Err(RequestError::Reply {
+            script: "limit",
+            detail: format!("{reply:?}"),
+        });
+    }
+    let policies = asks
+        .iter()
+        .zip(&slot_of)
+        .map(|(a, &slot)| verdict(a.policy, &r[2 + 4 * slot..6 + 4 * slot]))
+        .collect();
+    Ok(Decision {
+        admitted: r[0] == 1,
+        policies,
+        without_redis: false,
+        now_ms: r[1],
+    })
+}
+
+/// One policy's four reply values as its verdict.
+fn verdict(p: &LimitPolicy, v: &[i64]) -> PolicyVerdict {
+    PolicyVerdict {
+        policy: p.name.clone(),
+        allowed: v[0] == 1,
+        remaining: v[1].max(0) as u64,
+        reset_ms: v[2].max(0) as u64,
+        retry_after_ms: (v[0] == 0 && v[3] >= 0).then_some(v[3] as u64),
+        shadow: p.shadow,
+        limit: p.limit,
+        window_ms: p.window_ms(),
     }
 }
 

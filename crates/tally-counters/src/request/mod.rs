@@ -27,7 +27,8 @@ mod unique;
 pub use client::Client;
 pub use hit::{Counters, Hit, HitReply};
 pub use limit::{
-    Algorithm, Decision, FailureMode, LimitPolicy, PolicyVerdict, RateLimiter, MAX_LOG_COST,
+    decide, Algorithm, Ask, Decision, FailureMode, LimitPolicy, PolicyVerdict, RateLimiter,
+    MAX_LOG_COST,
 };
 pub use once::Once;
 pub use pool::{Claim, Pool};

@@ -1,16 +1,18 @@
--- Rate limits: decide a request of cost ARGV[1] against every policy in one atomic step, on
--- Redis server time. A policy is recorded only if the whole request is admitted, so a denied
--- request costs nothing and limit+1 requests never pass (each policy counts before it adds).
--- KEYS[i]: the state of policy i. ARGV: cost, request id (unique: members of sliding logs),
--- mode ('apply' or 'peek'), then per policy 5 values: algorithm (1 fixed window, 2 sliding log,
--- 3 sliding window counter, 4 GCRA), limit, window ms, burst (GCRA), shadow (1: never denies).
+-- Rate limits: decide a request against every policy in one atomic step, on Redis server time.
+-- A policy is recorded only if the whole request is admitted, so a denied request costs nothing
+-- and limit+1 requests never pass (each policy counts before it adds).
+-- KEYS[i]: the state of policy i. ARGV: request id (unique: members of sliding logs), mode
+-- ('apply' or 'peek'), then per policy 6 values: algorithm (1 fixed window, 2 sliding log,
+-- 3 sliding window counter, 4 GCRA), limit, window ms, burst (GCRA), kind ('0' enforces, '1'
+-- shadow: never denies, '2' usage: a cost above 0 is a charge for what was used, always
+-- recorded, never denied), cost (units; 0 = check only: decided as a cost of 1, recorded never).
 -- Reply: {admitted, now_ms, then per policy: allowed, remaining, reset_ms, retry_after_ms}
 -- (retry_after_ms -1: this cost can never pass this policy). `remaining` is what is left after
--- this request when it is applied; a peek changes nothing, so it reports what is left now.
+-- this request when it is applied; a peek or a check changes nothing, so it reports what is
+-- left now.
 -- Written as one loop without per-call closures or tables per policy: the script runs on every
 -- request, and Lua allocations are most of its cost.
 local tonumber, floor, call = tonumber, math.floor, redis.call
-local cost = tonumber(ARGV[1])
 local t = call('TIME')
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local now = floor(now_us / 1000)
@@ -18,10 +20,14 @@ local n = #KEYS
 local reply = {1, now}
 local wa = {}
 local admitted = 1
-local peek = ARGV[3] == 'peek'
+local peek = ARGV[2] == 'peek'
 for i = 1, n do
-  local b = 3 + (i - 1) * 5
+  local b = 2 + (i - 1) * 6
   local algo, limit, window = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+  local kind, given = ARGV[b + 5], tonumber(ARGV[b + 6])
+  -- A check (0) is decided as one unit; a usage charge is recorded whatever is left.
+  local cost = given == 0 and 1 or given
+  local force = kind == '2' and given > 0
   local key = KEYS[i]
   local allowed, remaining, reset, retry = 0, 0, 0, 0
   if algo == 1 then
@@ -32,8 +38,8 @@ for i = 1, n do
     local used = 0
     local same = tonumber(h[1]) == cur
     if same then used = tonumber(h[2]) or 0 end
-    if used + cost <= limit then
-      allowed, remaining = 1, limit - used - cost
+    if used + cost <= limit or force then
+      allowed, remaining = 1, math.max(0, limit - used - cost)
       wa[i] = same and 1 or 0
     else
       remaining = limit - used
@@ -44,8 +50,8 @@ for i = 1, n do
     local from = now - window
     local used = call('ZCOUNT', key, '(' .. from, '+inf')
     reset = window
-    if used + cost <= limit then
-      allowed, remaining = 1, limit - used - cost
+    if used + cost <= limit or force then
+      allowed, remaining = 1, math.max(0, limit - used - cost)
       wa[i] = 1
     elseif cost > limit then
       remaining, retry = limit - used, -1
@@ -64,8 +70,8 @@ for i = 1, n do
     local curr, prev = tonumber(h[1]) or 0, tonumber(h[2]) or 0
     local estimate = prev * (window - elapsed) / window + curr
     reset = (cur + 1) * window - now
-    if estimate + cost <= limit then
-      allowed, remaining = 1, floor(limit - estimate - cost)
+    if estimate + cost <= limit or force then
+      allowed, remaining = 1, math.max(0, floor(limit - estimate - cost))
       wa[i] = 1
     else
       remaining = math.max(0, floor(limit - estimate))
@@ -84,8 +90,8 @@ for i = 1, n do
     local tat = math.max(tonumber(call('GET', key)) or now_us, now_us)
     local new_tat = tat + interval * cost
     local diff = now_us - (new_tat - interval * burst)
-    if diff >= 0 then
-      allowed, remaining = 1, floor(diff / interval)
+    if diff >= 0 or force then
+      allowed, remaining = 1, math.max(0, floor(diff / interval))
       reset = math.ceil((new_tat - now_us) / 1000)
       wa[i] = new_tat
     else
@@ -93,8 +99,9 @@ for i = 1, n do
       retry = cost > burst and -1 or math.ceil(-diff / 1000)
     end
   end
-  if allowed == 0 and ARGV[b + 5] ~= '1' then admitted = 0 end
-  if peek and allowed == 1 then remaining = remaining + cost end
+  if allowed == 0 and kind ~= '1' then admitted = 0 end
+  if given == 0 then wa[i] = nil end
+  if (peek or given == 0) and allowed == 1 then remaining = remaining + cost end
   local r = #reply
   reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = allowed, remaining, reset, retry
 end
@@ -103,8 +110,8 @@ if admitted == 0 or peek then return reply end
 for i = 1, n do
   local w = wa[i]
   if w then
-    local b = 3 + (i - 1) * 5
-    local algo, window = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3])
+    local b = 2 + (i - 1) * 6
+    local algo, window, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 6])
     local key = KEYS[i]
     if algo == 1 then
       if w == 1 then
@@ -117,7 +124,7 @@ for i = 1, n do
       end
     elseif algo == 2 then
       call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-      for j = 1, cost do call('ZADD', key, now, ARGV[2] .. ':' .. j) end
+      for j = 1, cost do call('ZADD', key, now, ARGV[1] .. ':' .. i .. ':' .. j) end
       call('PEXPIRE', key, window)
     elseif algo == 3 then
       local cur = floor(now / window)

