@@ -3,7 +3,9 @@
 -- request costs nothing and limit+1 requests never pass (each policy counts before it adds).
 -- KEYS[i]: the state of policy i. ARGV: cost, request id (unique: members of sliding logs),
 -- mode ('apply' or 'peek'), then per policy 5 values: algorithm (1 fixed window, 2 sliding log,
--- 3 sliding window counter, 4 GCRA), limit, window ms, burst (GCRA), shadow (1: never denies).
+-- 3 sliding window counter, 4 GCRA), limit, window ms, burst (GCRA), shadow (1: never denies);
+-- last, per policy, the ms its state's expiry lies past the window boundary (a per-key spread,
+-- so the keys of every subject do not all expire at the same boundary).
 -- Reply: {admitted, now_ms, then per policy: allowed, remaining, reset_ms, retry_after_ms}
 -- (retry_after_ms -1: this cost can never pass this policy). `remaining` is what is left after
 -- this request when it is applied; a peek changes nothing, so it reports what is left now.
@@ -113,7 +115,7 @@ for i = 1, n do
         -- A new window: its first write sets the expiry (the hash never outlives its window).
         local cur = floor(now / window)
         call('HSET', key, 'w', cur, 'n', cost)
-        call('PEXPIREAT', key, (cur + 1) * window)
+        call('PEXPIREAT', key, (cur + 1) * window + (tonumber(ARGV[3 + 5 * n + i]) or 0))
       end
     elseif algo == 2 then
       call('ZREMRANGEBYSCORE', key, '-inf', now - window)
@@ -124,7 +126,7 @@ for i = 1, n do
       if call('HINCRBY', key, cur, cost) == cost then
         -- The window's first write: drop the one before the previous, move the expiry.
         call('HDEL', key, cur - 2)
-        call('PEXPIREAT', key, (cur + 2) * window)
+        call('PEXPIREAT', key, (cur + 2) * window + (tonumber(ARGV[3 + 5 * n + i]) or 0))
       end
     else
       call('SET', key, string.format('%d', w), 'PX', math.ceil((w - now_us) / 1000) + 1)
