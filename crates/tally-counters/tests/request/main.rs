@@ -3,6 +3,7 @@
 
 mod exact;
 mod limits;
+mod spread;
 mod support;
 
 use std::collections::HashSet;
@@ -223,6 +224,7 @@ async fn run_all(dep: Arc<Deployment>) {
     limits::a_peek_reports_what_is_left_now(&dep).await;
     exact::hits_are_exact_across_the_64_bit_range(&dep).await;
     exact::quota_counts_are_exact(&dep).await;
+    spread::boundary_keys_expire_spread(&dep).await;
     assert_every_key_expires(&dep).await;
 }
 
