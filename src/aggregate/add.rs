@@ -8,6 +8,7 @@ use smallvec::SmallVec;
 use super::target::{target, Target};
 use super::{kinds, seal, Added, Aggregator, Counter, Delta, OpenUnit};
 use crate::decode::Event;
+use crate::model::stored_expire_at;
 
 /// What [`Aggregator::add`] records while it adds one event, to finish the event or take it
 /// back.
@@ -38,14 +39,14 @@ impl Trail {
         hasher: &RandomState,
     ) -> Result<usize, Overflow> {
         if counter.is_count() {
-            let created = add_count(open, key, target)?;
+            let created = add_count(open, key, target, counter.expiry_spread_ms)?;
             if created {
                 self.created[ci] = true;
             }
             return Ok(usize::from(created));
         }
         let c = kinds::contribution(counter, target);
-        let (items, undo) = add_other(open, key, &c, target, hasher)?;
+        let (items, undo) = add_other(open, key, &c, target, counter.expiry_spread_ms, hasher)?;
         self.undo_log.push(undo);
         Ok(items)
     }
@@ -131,19 +132,28 @@ impl Aggregator {
 }
 
 /// Add a count contribution to `key` (the rendered key of `target`) in `open`; returns whether
-/// it created the key.
+/// it created the key. The key's stored expiry is its window's spread by `spread_ms`, hashed
+/// when the unit first sees the key (later contributions of the same window keep it).
 #[inline]
-fn add_count(open: &mut OpenUnit, key: &[u8], target: &Target<'_>) -> Result<bool, Overflow> {
+fn add_count(
+    open: &mut OpenUnit,
+    key: &[u8],
+    target: &Target<'_>,
+    spread_ms: i64,
+) -> Result<bool, Overflow> {
     if let Some(d) = open.keys.get_mut(key) {
         d.delta = d.delta.checked_add(target.delta).ok_or(Overflow)?;
-        d.expire_at_ms = d.expire_at_ms.max(target.expire_at_ms);
+        // A later window under the same key text (a local-time fold): the later expiry wins.
+        if target.expire_at_ms > d.expire_at_ms {
+            d.expire_at_ms = stored_expire_at(key, target.expire_at_ms, spread_ms);
+        }
         return Ok(false);
     }
     open.keys.insert(
         key.into(),
         Delta {
             delta: target.delta,
-            expire_at_ms: target.expire_at_ms,
+            expire_at_ms: stored_expire_at(key, target.expire_at_ms, spread_ms),
         },
     );
     Ok(true)
@@ -157,10 +167,17 @@ fn add_other(
     key: &[u8],
     c: &kinds::Contribution<'_>,
     target: &Target<'_>,
+    spread_ms: i64,
     hasher: &RandomState,
 ) -> Result<(usize, kinds::Undo), Overflow> {
+    // A hash's fields share its key (before `split`), and so its expiry.
+    let written = match target.split {
+        0 => key,
+        split => &key[..split as usize],
+    };
+    let stored = |at| stored_expire_at(written, at, spread_ms);
     let (items, created_key, step) =
-        kinds::apply(&mut open.other, key, c, target.expire_at_ms, hasher)
+        kinds::apply(&mut open.other, key, c, target.expire_at_ms, stored, hasher)
             .map_err(|()| Overflow)?;
     open.other_items += items;
     let undo = kinds::Undo {

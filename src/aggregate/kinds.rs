@@ -102,16 +102,20 @@ pub(super) enum UndoStep {
 }
 
 /// Apply `c` to `map[key]`: `Err(())` when a sum would overflow (nothing changed). Returns the
-/// number of new items (for `pending_keys`) and how to undo it.
+/// number of new items (for `pending_keys`) and how to undo it. `expire_at_ms` is the window's
+/// (unspread) expiry, `stored` turns it into the key's stored one (`model::stored_expire_at`),
+/// hashed only for a new key or a later expiry.
 pub(super) fn apply(
     map: &mut OtherMap,
     key: &[u8],
     c: &Contribution<'_>,
     expire_at_ms: i64,
+    stored: impl Fn(i64) -> i64,
     hasher: &RandomState,
 ) -> Result<(usize, bool, UndoStep), ()> {
     let created = !map.contains_key(key);
     if created {
+        let expire_at_ms = stored(expire_at_ms);
         let op = match c {
             Contribution::HashAdd { split, .. } => Op::HashAdd {
                 split: *split,
@@ -126,7 +130,9 @@ pub(super) fn apply(
         map.insert(key.into(), Other { op, expire_at_ms });
     }
     let entry = map.get_mut(key).expect("inserted above");
-    entry.expire_at_ms = entry.expire_at_ms.max(expire_at_ms);
+    if !created && expire_at_ms > entry.expire_at_ms {
+        entry.expire_at_ms = stored(expire_at_ms);
+    }
     let result = match (&mut entry.op, c) {
         (Op::HashAdd { delta, .. }, Contribution::HashAdd { delta: d, .. }) => {
             match delta.checked_add(*d) {
@@ -213,12 +219,13 @@ mod tests {
         let hasher = RandomState::new();
         let mut map = OtherMap::with_hasher(hasher.clone());
         let score = |member, delta| Contribution::Score { member, delta };
-        let (items, created, _) = apply(&mut map, b"k", &score("a", 5), 10, &hasher).unwrap();
+        let (items, created, _) =
+            apply(&mut map, b"k", &score("a", 5), 10, |at| at, &hasher).unwrap();
         assert_eq!((items, created), (1, true));
-        let (items, _, step) = apply(&mut map, b"k", &score("a", 7), 20, &hasher).unwrap();
+        let (items, _, step) = apply(&mut map, b"k", &score("a", 7), 20, |at| at, &hasher).unwrap();
         assert_eq!(items, 0, "same member: no new item");
         assert_eq!(map[&b"k"[..]].expire_at_ms, 20, "the later expiry wins");
-        assert!(apply(&mut map, b"k", &score("a", i64::MAX), 20, &hasher).is_err());
+        assert!(apply(&mut map, b"k", &score("a", i64::MAX), 20, |at| at, &hasher).is_err());
         let u = Undo {
             shard: 0,
             key: b"k".as_slice().into(),
@@ -238,10 +245,13 @@ mod tests {
             exact: true,
             member: m,
         };
-        let (items, created, step) = apply(&mut map, b"d", &member("x"), 10, &hasher).unwrap();
+        let (items, created, step) =
+            apply(&mut map, b"d", &member("x"), 10, |at| at, &hasher).unwrap();
         assert_eq!((items, created), (1, true));
         assert_eq!(
-            apply(&mut map, b"d", &member("x"), 10, &hasher).unwrap().0,
+            apply(&mut map, b"d", &member("x"), 10, |at| at, &hasher)
+                .unwrap()
+                .0,
             0
         );
         let u = Undo {

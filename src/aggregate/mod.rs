@@ -39,6 +39,8 @@ pub struct Counter {
     /// Index of the summed field in `Event::nums`; None counts 1 per event.
     value: Option<usize>,
     retention_ms: i64,
+    /// `CounterSpec::expiry_spread_ms`: a new key's stored expiry is spread by its hash.
+    expiry_spread_ms: i64,
     /// Formatted time part of the cached window, and which window it belongs to.
     time_text: String,
     time_window: Option<i64>,
@@ -95,6 +97,7 @@ impl Counter {
             dims: spec.dimensions.iter().map(|d| field_index(d)).collect(),
             value: spec.value_field.as_deref().map(&field_index),
             retention_ms: spec.retention_ms,
+            expiry_spread_ms: spec.expiry_spread_ms,
             time_text: String::new(),
             time_window: None,
             kind: match &spec.kind {
@@ -125,7 +128,8 @@ impl Counter {
 pub struct Delta {
     /// Sum to add with INCRBY.
     pub delta: i64,
-    /// Absolute expiry (window end + retention), Unix ms.
+    /// The key's stored expiry, Unix ms: window end + retention, spread by the key's hash
+    /// (`model::stored_expire_at`).
     pub expire_at_ms: i64,
 }
 

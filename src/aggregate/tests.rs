@@ -6,6 +6,7 @@ use super::*;
 use crate::config::{Config, CounterConfig};
 use crate::decode::Decoder;
 use crate::model::layout::series_shard;
+use crate::model::stored_expire_at;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -53,20 +54,22 @@ fn utc(ms: i64, format: &str) -> String {
     t.format(format).to_string()
 }
 
-/// The `hits` key of an event and its expected expiry.
+/// The `hits` key of an event and its expected stored expiry: window end + retention, spread
+/// by the default spread (a tenth of 3 min).
 fn hits_key(user: &str, ts: i64) -> (String, i64) {
     let start = ts.div_euclid(MINUTE) * MINUTE;
     let key = format!("hits:{user}:{}", utc(start, "%Y%m%d%H%M"));
-    (key, start + MINUTE + HITS_RETENTION)
+    let at = stored_expire_at(key.as_bytes(), start + MINUTE + HITS_RETENTION, 18_000);
+    (key, at)
 }
 
-/// The `bytes` key of an event and its expected expiry.
+/// The `bytes` key of an event and its expected stored expiry (the default spread: a tenth of
+/// an hour, capped at 5 min).
 fn bytes_key(user: &str, ts: i64) -> (String, i64) {
     let start = ts.div_euclid(HOUR) * HOUR;
-    (
-        format!("bytes:{user}:{}", utc(start, "%Y%m%d%H")),
-        start + HOUR,
-    )
+    let key = format!("bytes:{user}:{}", utc(start, "%Y%m%d%H"));
+    let at = stored_expire_at(key.as_bytes(), start + HOUR, 300_000);
+    (key, at)
 }
 
 /// A decoder and an aggregator built from `counters` the way the pipeline builds them.

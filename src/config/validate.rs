@@ -93,6 +93,11 @@ impl Config {
             at("retention"),
             "must be at most 100 years",
         )?;
+        ensure(
+            c.expiry_spread.unwrap_or_default() <= Duration::from_secs(100 * 365 * 86_400),
+            at("expiry_spread"),
+            "must be at most 100 years",
+        )?;
         let spec = CounterSpec::compile(c).map_err(|e| invalid(at(e.field()), e.to_string()))?;
         if let Some(v) = &c.value_field {
             let shared =

@@ -61,7 +61,7 @@ async fn audit_counter(
                 continue;
             }
             // Not one of this counter's keys (another writer's key under the same prefix).
-            let Some(at) = spec.expire_at_of_key(key) else {
+            let Some(at) = spec.stored_expire_at_of_key(key) else {
                 continue;
             };
             let set: i64 = conn

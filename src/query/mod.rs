@@ -56,7 +56,8 @@ pub struct Answer {
     pub window_start_ms: i64,
     /// Window end, Unix ms.
     pub window_end_ms: i64,
-    /// When the key expires (window end + retention), Unix ms.
+    /// When the window expires (window end + retention), Unix ms; its keys are stored with an
+    /// expiry up to the counter's `expiry_spread` later.
     pub expire_at_ms: i64,
 }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::common::process::TallyProcess;
 use crate::common::wait_for;
+use tally::model::stored_expire_at;
 use tally_testkit::http;
 use tally_testkit::local_redis::LocalRedis;
 
@@ -77,10 +78,13 @@ async fn one_replica_audits_and_leadership_moves_when_it_dies() {
         expire_time(&mut conn, &current) > 0
     })
     .await;
+    // The expiry the flush would have stored: window end + retention, spread by the key's hash
+    // (the default spread, 2 h / 10 capped at 5 min).
+    let stored = |key: &str| stored_expire_at(key.as_bytes(), hour_end + 3_600_000, 300_000);
     assert_eq!(
         expire_time(&mut conn, &current),
-        hour_end + 3_600_000,
-        "window end + retention"
+        stored(&current),
+        "window end + retention, spread"
     );
     wait_for("the old key expired", Duration::from_secs(10), || {
         expire_time(&mut conn, "plays:v2:2020010100") == -2
@@ -114,7 +118,7 @@ async fn one_replica_audits_and_leadership_moves_when_it_dies() {
     wait_for(
         "repaired by the new leader",
         Duration::from_secs(10),
-        || expire_time(&mut conn, &later) == hour_end + 3_600_000,
+        || expire_time(&mut conn, &later) == stored(&later),
     )
     .await;
 }
@@ -164,7 +168,8 @@ lease = "600ms"
                 .arg(k)
                 .query::<i64>(&mut conn)
                 .unwrap()
-                == hour_end
+                // Window end, spread by the key's hash (default: 1 h / 10, at most 5 min).
+                == stored_expire_at(k.as_bytes(), hour_end, 300_000)
         })
     })
     .await;

@@ -15,6 +15,7 @@ mod config_reference;
 mod contract;
 mod defer;
 mod exactly_once;
+mod expiry_spread;
 mod faults;
 mod fuzz_corpus;
 mod group;

@@ -210,8 +210,18 @@ async fn hits_share_the_stream_keys_and_bad_input_is_refused() {
     let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
     assert_eq!(stored, 3);
     assert!(
-        ttl > 0 && ttl <= 3_600_000,
-        "expires with its window: {ttl}"
+        ttl > 0 && ttl <= 3_600_000 + 300_000,
+        "expires with its window (spread by at most 5 min): {ttl}"
+    );
+    // Stored as the stream stores it: window end (+ retention), spread by the key's hash.
+    let at: i64 = redis::cmd("PEXPIRETIME")
+        .arg(&key)
+        .query(&mut conn)
+        .unwrap();
+    let window_expiry = first["expire_at_ms"].as_i64().unwrap();
+    assert_eq!(
+        at,
+        tally::model::stored_expire_at(key.as_bytes(), window_expiry, 300_000)
     );
     // A key left without expiry (made outside tally) is repaired by the next hit.
     let _: () = redis::cmd("PERSIST").arg(&key).query(&mut conn).unwrap();

@@ -74,6 +74,12 @@ pub struct CounterConfig {
     /// Extra lifetime of a key after its window ends (0 = expire at window end).
     #[serde(with = "humantime_serde", default)]
     pub retention: Duration,
+    /// How much later than window end + retention a key may expire: each key gets its own
+    /// deterministic offset within it, so a window's keys do not all expire at the same instant
+    /// (a stall of Redis for every client). Queries and lateness still end the window at window
+    /// end + retention. Default: a tenth of window + retention, at most 5 min; `0s`: off.
+    #[serde(with = "humantime_serde", default)]
+    pub expiry_spread: Option<Duration>,
     /// Integer field summed instead of counting 1 per event (count: the sum; leaderboard: the
     /// score added to the member).
     #[serde(default)]
@@ -166,6 +172,7 @@ impl CounterConfig {
             window: Duration::from_secs(3600),
             timezone: default_timezone(),
             retention: Duration::ZERO,
+            expiry_spread: None,
             value_field: None,
             kind: CounterKind::Count,
             member: None,

@@ -3,11 +3,13 @@
 //! pipeline, validation, queries, `tally state`, the request path) compiles a counter here
 //! once and computes keys and expiries the same way.
 
+mod expiry;
 pub mod layout;
 mod lookup;
 pub mod overlap;
 pub mod state_keys;
 
+pub use expiry::{default_spread_ms, expire_at, stored_expire_at, DEFAULT_SPREAD_CAP_MS};
 pub use lookup::{check_at, LookupError};
 
 use crate::config::CounterConfig;
@@ -27,6 +29,10 @@ pub struct CounterSpec {
     pub template: KeyTemplate,
     /// Extra key lifetime after the window ends, ms.
     pub retention_ms: i64,
+    /// Up to how much later than window end + retention a key's stored expiry lies, ms (a
+    /// deterministic per-key offset, see [`stored_expire_at`]); 0: every key of a window expires
+    /// at the same instant.
+    pub expiry_spread_ms: i64,
     /// Integer field summed instead of counting 1 per event.
     pub value_field: Option<String>,
     /// What the counter keeps.
@@ -103,6 +109,7 @@ impl CounterSpec {
             window,
             template,
             retention_ms: i64::try_from(config.retention.as_millis()).unwrap_or(i64::MAX),
+            expiry_spread_ms: expiry::spread_ms(config),
             value_field: config.value_field.clone(),
             kind,
         })
@@ -138,10 +145,10 @@ impl CounterSpec {
         (key, Some(field), window)
     }
 
-    /// When a key this counter wrote (`stored`, with its cluster tag if any) should expire:
-    /// window end + retention, read from the key's time. None when the key is not one of this
-    /// counter's.
-    pub fn expire_at_of_key(&self, stored: &[u8]) -> Option<i64> {
+    /// The expiry tally stores on a key this counter wrote (`stored`, with its cluster tag if
+    /// any): [`stored_expire_at`] of its window end + retention, read from the key's time. None
+    /// when the key is not one of this counter's.
+    pub fn stored_expire_at_of_key(&self, stored: &[u8]) -> Option<i64> {
         let plain = match stored.iter().rposition(|&b| b == b'{') {
             Some(open) if open > 0 && stored[open - 1] == b':' && stored.ends_with(b"}") => {
                 &stored[..open - 1]
@@ -154,7 +161,7 @@ impl CounterSpec {
             .earliest()?
             .timestamp_millis();
         let window = self.window.window_of(start);
-        (window.start_ms == start).then(|| self.expire_at(window.end_ms))
+        (window.start_ms == start).then(|| self.stored_expire_at(stored, window.end_ms))
     }
 
     /// The template of the keys the counter writes: the hash's for hash storage, else `template`.
@@ -169,6 +176,12 @@ impl CounterSpec {
     /// computes it.
     pub fn expire_at(&self, window_end_ms: i64) -> i64 {
         expire_at(window_end_ms, self.retention_ms)
+    }
+
+    /// The expiry tally stores on `stored` (a key this counter writes, with its cluster tag if
+    /// any) of the window ending at `window_end_ms`: [`stored_expire_at`].
+    pub fn stored_expire_at(&self, stored: &[u8], window_end_ms: i64) -> i64 {
+        stored_expire_at(stored, self.expire_at(window_end_ms), self.expiry_spread_ms)
     }
 
     /// The stored key of `values` (in dimension order) for the window holding `at_ms`, and that
@@ -254,12 +267,6 @@ fn compile_kind(config: &CounterConfig, window: &WindowSpec) -> Result<Kind, Spe
             Kind::Leaderboard { member }
         }
     })
-}
-
-/// When a key of a window ending at `window_end_ms` with `retention_ms` expires. Saturates:
-/// validation bounds retention, and a window end is at most year 9999.
-pub fn expire_at(window_end_ms: i64, retention_ms: i64) -> i64 {
-    window_end_ms.saturating_add(retention_ms)
 }
 
 /// Compile every counter of a configuration, in order.

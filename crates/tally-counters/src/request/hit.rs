@@ -54,7 +54,8 @@ pub struct HitReply {
     pub window_start_ms: i64,
     /// Window end, Unix ms.
     pub window_end_ms: i64,
-    /// When the key expires, Unix ms.
+    /// When the window stops taking hits: window end + retention, Unix ms. The key itself is
+    /// stored with an expiry up to the counter's `expiry_spread` later.
     pub expire_at_ms: i64,
 }
 
@@ -95,13 +96,14 @@ impl Counters {
             key,
             window,
             expire_at,
+            stored_expire_at,
         } = self.locate(name, values, hit.at_ms)?;
         let mut keys = vec![key.clone()];
         if let Some(id) = &hit.idempotency_key {
             keys.push(self.idempotency_key(name, id, &key));
         }
         let mut cmd = HIT.cmd(&keys);
-        cmd.arg(hit.delta).arg(expire_at);
+        cmd.arg(hit.delta).arg(expire_at).arg(stored_expire_at);
         let reply: redis::Value = self
             .client
             .run(&HIT, &cmd)
@@ -218,6 +220,7 @@ impl Counters {
         let (key, window) = spec.key_at(values, at, &self.layout);
         Ok(Located {
             expire_at: spec.expire_at(window.end_ms),
+            stored_expire_at: spec.stored_expire_at(&key, window.end_ms),
             key,
             window,
         })
@@ -240,7 +243,10 @@ impl Counters {
 struct Located {
     key: Vec<u8>,
     window: crate::window::Window,
+    /// Window end + retention: after it the window takes no more hits.
     expire_at: i64,
+    /// The expiry stored on the key, the stream's (`CounterSpec::stored_expire_at`).
+    stored_expire_at: i64,
 }
 
 /// The `:{tag}` a cluster layout appended to a stored key (empty without one).

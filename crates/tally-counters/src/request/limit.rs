@@ -20,6 +20,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{ints, Client, RequestError};
+use crate::model::{default_spread_ms, stored_expire_at};
 use crate::script::Script;
 
 /// The limit script; see its header for the contract.
@@ -137,6 +138,21 @@ impl LimitPolicy {
 
     fn window_ms(&self) -> u64 {
         self.window.as_millis() as u64
+    }
+
+    /// How much later than its window boundary the state at `key` expires: the fixed and
+    /// sliding-counter states expire at a boundary every subject shares, so each key's expiry
+    /// is spread by its hash (`model::stored_expire_at`, the default spread of the window).
+    /// Exact all the same: both keep the window index in the state and never read a stale
+    /// window as the current one. The log and GCRA expire relative to each request's time.
+    fn expiry_offset_ms(&self, key: &str) -> i64 {
+        match self.algorithm {
+            Algorithm::Fixed | Algorithm::SlidingCounter => {
+                let spread = default_spread_ms(self.window_ms().min(i64::MAX as u64) as i64);
+                stored_expire_at(key.as_bytes(), 0, spread)
+            }
+            Algorithm::SlidingLog | Algorithm::Gcra => 0,
+        }
     }
 }
 
@@ -399,6 +415,10 @@ pub async fn decide(
             .arg(p.burst.unwrap_or(p.limit))
             .arg(kind)
             .arg(a.cost);
+    }
+    // Then per policy the offset its window-aligned state key's expiry is spread by.
+    for (a, key) in merged.iter().zip(&keys) {
+        cmd.arg(a.policy.expiry_offset_ms(key));
     }
     let reply: redis::Value = match client.run(&LIMIT, &cmd).await {
         Ok(v) => v,

@@ -1,6 +1,8 @@
 //! Once per subject and window ("has this user already claimed today's coupon?"): `SET NX` with
 //! the window's absolute expiry in one command, so the marker can never be left without expiry.
+//! The expiry is spread past the window's end by a hash of the key (see `Once::key`).
 
+use crate::model::{default_spread_ms, stored_expire_at};
 use crate::window::WindowSpec;
 
 use super::{now_ms, Client, RequestError};
@@ -23,11 +25,16 @@ impl Once {
         }
     }
 
+    /// The marker's key and its stored expiry: the window's end, spread by the key's hash
+    /// ([`stored_expire_at`]) so the markers of a window do not all expire at once. A marker
+    /// that outlives its window is never read for the next one: the key names its window.
     fn key(&self, subject: &str, at_ms: i64) -> (String, i64) {
         let w = self.window.window_of(at_ms);
         let scoped = format!("{}@{}", subject, w.start_ms);
         let key = super::key(self.client.prefix(), "once", &self.name, &scoped, &scoped);
-        (key, w.end_ms)
+        let spread = default_spread_ms(w.end_ms - w.start_ms);
+        let at = stored_expire_at(key.as_bytes(), w.end_ms, spread);
+        (key, at)
     }
 
     /// `true` the first time `subject` calls in the window holding `at_ms` (default now).

@@ -3,6 +3,7 @@
 
 mod exact;
 mod limits;
+mod spread;
 mod support;
 
 use std::collections::HashSet;
@@ -242,6 +243,7 @@ async fn run_all(dep: Arc<Deployment>) {
     limits::sliding_log_cost_is_capped(&dep).await;
     exact::hits_are_exact_across_the_64_bit_range(&dep).await;
     exact::quota_counts_are_exact(&dep).await;
+    spread::boundary_keys_expire_spread(&dep).await;
     assert_every_key_expires(&dep).await;
 }
 

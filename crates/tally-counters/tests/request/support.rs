@@ -89,7 +89,7 @@ async fn node_with_timeout(
         .unwrap()
 }
 
-async fn node(url: &str) -> redis::aio::MultiplexedConnection {
+pub async fn node(url: &str) -> redis::aio::MultiplexedConnection {
     redis::Client::open(url)
         .unwrap()
         .get_multiplexed_async_connection()

@@ -1,5 +1,6 @@
--- Hit: add ARGV[1] to the counter KEYS[1], whose window's keys expire at ARGV[2] (Unix ms), and
--- return the new value. KEYS[2], if given, is the idempotency key of this hit: a hash of the
+-- Hit: add ARGV[1] to the counter KEYS[1], whose window takes hits until ARGV[2] (window end +
+-- retention, Unix ms) and whose key is stored with expiry ARGV[3] (ARGV[2] spread by the key's
+-- hash, as the stream stores it), and return the new value. KEYS[2], if given, is the idempotency key of this hit: a hash of the
 -- counter key it was used for (`k`) and the value recorded (`v`). A retried hit finds it and
 -- returns the value recorded instead of adding again; the same id used for another counter key
 -- (other dimension values, another window) is refused. Values arrive as ARGV.
@@ -31,12 +32,12 @@ if type(v) == 'table' and v.err then
 end
 -- A new key has no expiry yet, and one made or PERSISTed outside tally is repaired: both get it.
 if redis.call('PTTL', KEYS[1]) == -1 then
-  redis.call('PEXPIREAT', KEYS[1], ARGV[2])
+  redis.call('PEXPIREAT', KEYS[1], ARGV[3])
 end
 local exact = redis.call('GET', KEYS[1])
 if KEYS[2] then
   redis.call('DEL', KEYS[2])
   redis.call('HSET', KEYS[2], 'k', KEYS[1], 'v', exact)
-  redis.call('PEXPIREAT', KEYS[2], ARGV[2])
+  redis.call('PEXPIREAT', KEYS[2], ARGV[3])
 end
 return {1, exact}

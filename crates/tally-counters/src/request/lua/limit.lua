@@ -6,6 +6,8 @@
 -- 3 sliding window counter, 4 GCRA), limit, window ms, burst (GCRA), kind ('0' enforces, '1'
 -- shadow: never denies, '2' usage: a cost above 0 is a charge for what was used, always
 -- recorded, never denied), cost (units; 0 = check only: decided as a cost of 1, recorded never).
+-- Last, per policy, the ms its state's expiry lies past the window boundary (a per-key spread,
+-- so the keys of every subject do not all expire at the same boundary).
 -- Reply: {admitted, now_ms, then per policy: allowed, remaining, reset_ms, retry_after_ms}
 -- (retry_after_ms -1: this cost can never pass this policy). `remaining` is what is left after
 -- this request when it is applied; a peek or a check changes nothing, so it reports what is
@@ -120,7 +122,7 @@ for i = 1, n do
         -- A new window: its first write sets the expiry (the hash never outlives its window).
         local cur = floor(now / window)
         call('HSET', key, 'w', cur, 'n', cost)
-        call('PEXPIREAT', key, (cur + 1) * window)
+        call('PEXPIREAT', key, (cur + 1) * window + (tonumber(ARGV[2 + 6 * n + i]) or 0))
       end
     elseif algo == 2 then
       call('ZREMRANGEBYSCORE', key, '-inf', now - window)
@@ -131,7 +133,7 @@ for i = 1, n do
       if call('HINCRBY', key, cur, cost) == cost then
         -- The window's first write: drop the one before the previous, move the expiry.
         call('HDEL', key, cur - 2)
-        call('PEXPIREAT', key, (cur + 2) * window)
+        call('PEXPIREAT', key, (cur + 2) * window + (tonumber(ARGV[2 + 6 * n + i]) or 0))
       end
     else
       call('SET', key, string.format('%d', w), 'PX', math.ceil((w - now_us) / 1000) + 1)
