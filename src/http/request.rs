@@ -405,8 +405,9 @@ pub(super) struct LockBody {
     #[serde(default = "ten_seconds")]
     #[schema(default = 10000, minimum = 1, maximum = 86400000)]
     ttl_ms: u64,
-    /// How long to wait for the lock, ms (acquire): at most 5 s (`MAX_LOCK_WAIT_MS`), so the
-    /// answer comes within `http.request_timeout`.
+    /// How long to wait for the lock, ms (acquire): at most 5 s (`MAX_LOCK_WAIT_MS`), and at
+    /// most `http.request_timeout` less `redis.response_timeout`, so the answer (a lease taken
+    /// by the last try included) comes within `http.request_timeout`.
     #[serde(default)]
     #[schema(default = 0, maximum = 5000)]
     wait_ms: u64,
@@ -502,7 +503,7 @@ async fn lock(
     };
     let result = match action.as_str() {
         "acquire" => {
-            let wait = Duration::from_millis(b.wait_ms);
+            let wait = r.lock_wait(Duration::from_millis(b.wait_ms));
             match locks.acquire(&name, ttl, wait).await {
                 Ok(Ok(lease)) => Ok(LockAnswer::Acquired {
                     acquired: true,

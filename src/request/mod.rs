@@ -83,6 +83,10 @@ pub struct Requests {
     deferral: Option<Deferral>,
     /// `decode.max_future`, ms: a hit's time may not lie further ahead (as for events).
     max_future_ms: i64,
+    /// Longest a lock acquire may wait: `http.request_timeout` less `redis.response_timeout`
+    /// (and a margin), so that its last try is answered before the request times out (a lease
+    /// taken by a try whose answer came too late would be held with nobody knowing its token).
+    max_lock_wait: std::time::Duration,
 }
 
 impl Requests {
@@ -151,6 +155,9 @@ impl Requests {
             metrics,
             deferral: None,
             max_future_ms: i64::try_from(config.decode.max_future.as_millis()).unwrap_or(i64::MAX),
+            max_lock_wait: config.http.request_timeout.saturating_sub(
+                config.redis.response_timeout + std::time::Duration::from_millis(250),
+            ),
         })
     }
 
@@ -163,6 +170,11 @@ impl Requests {
     pub fn with_deferral(mut self, deferral: Deferral) -> Requests {
         self.deferral = Some(deferral);
         self
+    }
+
+    /// How long a lock acquire asked to wait `asked` may wait (see `max_lock_wait`).
+    pub fn lock_wait(&self, asked: std::time::Duration) -> std::time::Duration {
+        asked.min(self.max_lock_wait)
     }
 
     /// The locks over the shared connection.

@@ -1,6 +1,7 @@
 //! `http.admin_token`: what destroys or hands out state (reset, quota release, pool fill, locks)
 //! needs the second token; the caller token is answered 403, no token 401, both as problem
-//! details; the admin token passes everywhere the caller token does.
+//! details; the admin token passes everywhere the caller token does. And a lock acquire waits no
+//! longer than the request timeout allows.
 
 use std::time::Duration;
 
@@ -129,5 +130,45 @@ async fn destructive_calls_need_the_admin_token() {
         0,
         "only the admin's reset cleared the key"
     );
+    running.stop().await;
+}
+
+/// A lock acquire's wait ends before `http.request_timeout` less `redis.response_timeout`: the
+/// caller gets "busy" instead of a 503 from a handler cut mid-wait (whose last try could have
+/// taken a lease nobody knows the token of).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_wait_ends_before_the_request_timeout() {
+    let h = Harness::new("lock-wait", 1);
+    let port = tally_testkit::local_redis::free_port().unwrap();
+    let mut config = h.config("g-lock-wait", hourly("lw"));
+    config.http.listen = format!("127.0.0.1:{port}");
+    config.http.request_timeout = Duration::from_millis(1500);
+    config.redis.response_timeout = Duration::from_millis(500);
+    let running = h.start(config);
+    wait_for("http answers", Duration::from_secs(30), || {
+        tally_testkit::http::get(port, "/health/live").is_some()
+    })
+    .await;
+    tokio::task::spawn_blocking(move || {
+        let lock = "/v1/locks/busy/acquire";
+        let held = post(port, None, lock, r#"{"ttl_ms":20000}"#);
+        assert_eq!(held.status, 200, "{}", held.body);
+        assert!(held.body.contains(r#""acquired":true"#), "{}", held.body);
+        let started = std::time::Instant::now();
+        let waited = post(port, None, lock, r#"{"ttl_ms":20000,"wait_ms":5000}"#);
+        assert_eq!(waited.status, 200, "{}", waited.body);
+        assert!(
+            waited.body.contains(r#""acquired":false"#),
+            "{}",
+            waited.body
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(1500),
+            "{:?}",
+            started.elapsed()
+        );
+    })
+    .await
+    .unwrap();
     running.stop().await;
 }
