@@ -6,6 +6,7 @@
 //! - [`ttl_audit`]: counter keys without expiry get the one their window implies.
 //! - [`reconcile`]: recently closed windows are recounted from Kafka and compared with Redis;
 //!   mismatches are reported (metric and log naming the key), never "fixed".
+//! - [`crate::publish`]: closed windows of counters with an output go to Kafka.
 
 pub mod reconcile;
 pub mod ttl_audit;
@@ -66,8 +67,27 @@ pub async fn run(
         }
         anyhow::Ok(())
     };
-    let ((), r) = tokio::join!(a, r);
+    let p = async {
+        if model.has_outputs() {
+            let publish = &config.jobs.publish;
+            let job = crate::publish::Publisher::new(model.clone(), &client, &metrics)?;
+            let pass = || job.pass();
+            lead(
+                "publish",
+                &locks,
+                publish.lease,
+                publish.interval,
+                &metrics,
+                &stop,
+                pass,
+            )
+            .await;
+        }
+        anyhow::Ok(())
+    };
+    let ((), r, p) = tokio::join!(a, r, p);
     r?;
+    p?;
     // With no job enabled there is nothing to lead: wait with the other tasks.
     stop.cancelled().await;
     Ok(())

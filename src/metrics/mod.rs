@@ -13,6 +13,7 @@ mod consumer;
 mod decode;
 mod jobs;
 mod labels;
+mod publish;
 mod recovery;
 mod redis;
 mod request;
@@ -23,6 +24,7 @@ pub use aggregate::AggregateMetrics;
 pub use consumer::{ConsumerMetrics, RebalanceKind};
 pub use decode::DecodeMetrics;
 pub use jobs::JobMetrics;
+pub use publish::PublishMetrics;
 pub use recovery::{HaltReason, RecoveryMetrics, ResetReason};
 pub use redis::{RedisErrorKind, RedisMetrics};
 pub use request::{Outcome, Primitive, RequestMetrics};
@@ -54,6 +56,8 @@ pub struct Metrics {
     pub request: RequestMetrics,
     /// The jobs' metrics.
     pub jobs: JobMetrics,
+    /// Watermarks and the window publisher.
+    pub publish: PublishMetrics,
 }
 
 pub(super) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -131,6 +135,7 @@ impl Metrics {
         Metrics {
             request: RequestMetrics::new(&registry),
             jobs: JobMetrics::new(&registry, counter_names),
+            publish: PublishMetrics::new(&registry, counter_names),
             consumer,
             decode,
             aggregate,

@@ -36,3 +36,4 @@ mod request_path;
 mod scripts;
 mod signals;
 mod state_loss;
+mod window_results;

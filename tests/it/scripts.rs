@@ -35,6 +35,7 @@ fn unit(start: i64, end: i64, deltas: &[(&str, i64)]) -> Unit {
             })
             .collect(),
         other: Vec::new(),
+        max_event_ms: None,
     }
 }
 
@@ -270,6 +271,7 @@ fn a_merged_call_applies_every_range_or_none_and_names_each_fence() {
                 partition,
                 start,
                 end,
+                max_event_ms: None,
             })
             .collect(),
         keys: keys
