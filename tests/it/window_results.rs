@@ -256,7 +256,7 @@ fn closed_windows_are_published_once_with_their_truth_through_kills_and_late_dat
         let a = TallyProcess::start(&cfg, "win-a");
         // Every other round a second replica: the partitions are shared, then rebalanced.
         let b = (kills % 2 == 1).then(|| TallyProcess::start(&cfg, "win-b"));
-        a.wait_working();
+        assert!(a.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
         std::thread::sleep(Duration::from_millis(rng.gen_range(0..1200)));
         let leading = a.metric(r#"tally_job_leader{job="publish"}"#) == Some(1.0)
             || b.as_ref()
