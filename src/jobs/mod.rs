@@ -46,6 +46,7 @@ pub async fn run(
                 &metrics,
                 &stop,
                 pass,
+                || {},
             )
             .await;
         }
@@ -62,6 +63,7 @@ pub async fn run(
                 &metrics,
                 &stop,
                 pass,
+                || {},
             )
             .await;
         }
@@ -80,6 +82,7 @@ pub async fn run(
                 &metrics,
                 &stop,
                 pass,
+                || job.step_down(),
             )
             .await;
         }
@@ -93,7 +96,9 @@ pub async fn run(
     Ok(())
 }
 
-/// Hold `job`'s leadership when it can, and run `pass` every `interval` while holding it.
+/// Hold `job`'s leadership when it can, and run `pass` every `interval` while holding it;
+/// `step_down` runs when the leadership ends (a former leader's gauges must not linger).
+#[allow(clippy::too_many_arguments)]
 async fn lead<F, Fut>(
     job: &str,
     locks: &Locks,
@@ -102,6 +107,7 @@ async fn lead<F, Fut>(
     metrics: &Metrics,
     stop: &CancellationToken,
     pass: F,
+    step_down: impl Fn(),
 ) where
     F: Fn() -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
@@ -141,6 +147,7 @@ async fn lead<F, Fut>(
             }
         }
         leader.set(0);
+        step_down();
         if guard.is_lost() {
             tracing::warn!(job, "leadership lost");
         }

@@ -142,6 +142,15 @@ impl Publisher {
         Ok(())
     }
 
+    /// The leadership ended: the gauges only the leader updates go back to 0, so that a former
+    /// leader does not report a lag it no longer watches.
+    pub fn step_down(&self) {
+        for spec in self.model.counters.iter().filter(|c| c.output.is_some()) {
+            let behind = &self.metrics.publish.behind_seconds;
+            behind.with_label_values(&[&spec.name]).set(0);
+        }
+    }
+
     /// Metrics and state of the partitions (idle as seen with the shortest `idle_timeout`).
     fn observe(&self, marks: &BTreeMap<i32, Mark>, now: i64, quiet: Duration) {
         let mut state = self.state.lock();
