@@ -252,12 +252,29 @@ fn closed_windows_are_published_once_with_their_truth_through_kills_and_late_dat
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
     let mut kills = 0;
     let mut leader_kills = 0;
+    let mut mid_publish = 0;
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
     while kills < 10 {
         let a = TallyProcess::start(&cfg, "win-a");
         // Every other round a second replica: the partitions are shared, then rebalanced.
         let b = (kills % 2 == 1).then(|| TallyProcess::start(&cfg, "win-b"));
         assert!(a.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
-        std::thread::sleep(Duration::from_millis(rng.gen_range(0..1200)));
+        if kills < 3 {
+            // The publishing leader mid-publish: right after Kafka acknowledged a first window.
+            a.wait_metric(
+                r#"tally_publish_records_total{counter="views",kind="final"}"#,
+                1.0,
+                Duration::from_secs(5),
+            );
+        } else {
+            std::thread::sleep(Duration::from_millis(rng.gen_range(0..1200)));
+        }
+        let started = a
+            .metric(r#"tally_publish_records_total{counter="views",kind="final"}"#)
+            .is_some_and(|v| v > 0.0);
         let leading = a.metric(r#"tally_job_leader{job="publish"}"#) == Some(1.0)
             || b.as_ref()
                 .and_then(|b| b.metric(r#"tally_job_leader{job="publish"}"#))
@@ -266,8 +283,17 @@ fn closed_windows_are_published_once_with_their_truth_through_kills_and_late_dat
         drop(b);
         drop(a);
         kills += 1;
+        let progress: Option<i64> = redis::cmd("GET")
+            .arg("tally:published:g-win:win-in:bytes")
+            .query(&mut conn)
+            .unwrap();
+        // Some windows acknowledged, not all: the kill interrupted the publisher's work.
+        mid_publish += usize::from(started && progress.is_none_or(|p| p < base + 3 * MIN));
     }
-    eprintln!("{kills} kill -9, {leader_kills} of them with the publisher leading");
+    eprintln!(
+        "{kills} kill -9, {leader_kills} with the publisher leading, {mid_publish} mid-publish"
+    );
+    assert!(mid_publish > 0, "no kill hit the publisher mid-publish");
 
     let mut last = TallyProcess::start(&cfg, "win-final");
     let closed = base + 3 * MIN;
