@@ -11,7 +11,8 @@
 //! HTTP, jobs) and `tally serve` ([`app::serve`]: HTTP and jobs, no Kafka), every long-lived
 //! task under one [`app::Supervisor`] (the first that fails stops the others; a signal drains
 //! them all). [`request`] puts the library's request path behind the configuration and metrics;
-//! [`jobs`] are led by one replica at a time (the TTL auditor, the reconciler).
+//! [`jobs`] are led by one replica at a time (the TTL auditor, the reconciler, and [`publish`],
+//! which produces the final values of closed windows to the counters' output topics).
 //!
 //! Data flows through these stages, one module each:
 //!
@@ -85,6 +86,7 @@ pub mod http;
 pub mod jobs;
 mod log_limit;
 pub mod metrics;
+pub mod publish;
 pub mod query;
 pub mod request;
 pub mod rls;

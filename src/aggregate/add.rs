@@ -66,6 +66,7 @@ impl Aggregator {
             return Added::Ignored;
         }
         part.position = offset + 1;
+        part.max_event_ms = part.max_event_ms.max(event.ts_ms);
         let mut trail = Trail::default();
         let mut overflow_at = None;
         for (ci, counter) in self.counters.iter_mut().enumerate() {
@@ -123,9 +124,10 @@ impl Aggregator {
             .partitions
             .get_mut(&partition)
             .expect("partition checked above");
+        let seen = self.watermarks.then_some(part.max_event_ms);
         for &shard in full {
             let state = &mut part.shards[shard as usize];
-            let unit = seal::seal_unit(partition, shard, state, end, &self.hasher);
+            let unit = seal::seal_unit(partition, shard, state, end, seen, &self.hasher);
             state.sealed.push(unit);
         }
     }

@@ -148,6 +148,10 @@ pub struct Unit {
     pub keys: Vec<(Box<[u8]>, Delta)>,
     /// Changes of the other kinds (hash fields, distinct members, leaderboard scores).
     pub other: Vec<(Box<[u8]>, Other)>,
+    /// The highest event time the partition has shown up to `end`, recorded with the applied
+    /// offset (the partition's watermark before lateness); `i64::MIN` when no event was seen yet,
+    /// None when no counter has an output (the script then records nothing).
+    pub max_event_ms: Option<i64>,
 }
 
 impl Unit {
@@ -191,6 +195,8 @@ struct ShardState {
 struct PartitionState {
     /// Next offset expected: one past the last message processed.
     position: i64,
+    /// Highest event time seen since the partition was assigned (i64::MIN: none yet).
+    max_event_ms: i64,
     shards: Vec<ShardState>,
 }
 
@@ -218,6 +224,8 @@ pub struct Aggregator {
     layout: Option<Layout>,
     /// Partition a capped seal starts at next.
     seal_cursor: i32,
+    /// Units carry their partition's highest event time (some counter has an output).
+    watermarks: bool,
     /// Counts since the last `take_stats`.
     pub stats: Stats,
 }
@@ -236,6 +244,7 @@ impl Aggregator {
             key_buf: Vec::with_capacity(256),
             layout: None,
             seal_cursor: 0,
+            watermarks: false,
             stats: Stats {
                 counted: vec![0; n],
                 late: vec![0; n],
@@ -248,6 +257,13 @@ impl Aggregator {
     pub fn with_layout(mut self, layout: Layout) -> Aggregator {
         self.shards = layout.shards();
         self.layout = Some(layout);
+        self
+    }
+
+    /// Let units carry their partition's highest event time, for the watermarks of counters
+    /// with an output.
+    pub fn with_watermarks(mut self, on: bool) -> Aggregator {
+        self.watermarks = on;
         self
     }
 
@@ -279,8 +295,12 @@ impl Aggregator {
                 sealed: Vec::new(),
             })
             .collect();
-        self.partitions
-            .insert(partition, PartitionState { position, shards });
+        let state = PartitionState {
+            position,
+            max_event_ms: i64::MIN,
+            shards,
+        };
+        self.partitions.insert(partition, state);
         position
     }
 

@@ -48,6 +48,7 @@ impl Aggregator {
                 .get_mut(&p)
                 .expect("listed partition is tracked");
             let end = state.position;
+            let seen = self.watermarks.then_some(state.max_event_ms);
             let mut any = false;
             for (s, shard) in state.shards.iter_mut().enumerate() {
                 for unit in shard.sealed.drain(..) {
@@ -57,7 +58,7 @@ impl Aggregator {
                 }
                 // A shard whose applied offset is ahead (replay) has nothing to write yet.
                 if end > shard.open.start {
-                    let unit = seal_unit(p, s as u32, shard, end, &self.hasher);
+                    let unit = seal_unit(p, s as u32, shard, end, seen, &self.hasher);
                     batch.keys += unit.items();
                     batch.units.push(unit);
                     any = true;
@@ -78,6 +79,7 @@ pub(super) fn seal_unit(
     shard: u32,
     state: &mut ShardState,
     end: i64,
+    max_event_ms: Option<i64>,
     hasher: &RandomState,
 ) -> Unit {
     // The next unit likely sees as many keys: size its map up front instead of growing it.
@@ -95,6 +97,7 @@ pub(super) fn seal_unit(
         end,
         keys: keys.into_iter().collect(),
         other: other.into_iter().collect(),
+        max_event_ms,
     };
     state.open.start = end;
     unit

@@ -100,7 +100,8 @@ impl Lane {
         let (decoder, counters) = crate::aggregate::stages(model);
         let scope = model.scope.clone();
         let agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call)
-            .with_layout(scope.layout.clone());
+            .with_layout(scope.layout.clone())
+            .with_watermarks(model.has_outputs());
         let flush = lane_flush(&config.flush, shared.lanes);
         let mut sink = Sink::new(
             &config.redis,

@@ -16,6 +16,33 @@ pub struct JobsConfig {
     pub ttl_audit: TtlAuditConfig,
     /// `[jobs.reconcile]`: recount recently closed windows from Kafka and report differences.
     pub reconcile: ReconcileConfig,
+    /// `[jobs.publish]`: the publisher of closed windows (runs when a counter has an `output`).
+    pub publish: PublishConfig,
+}
+
+/// The publisher of window results (see the README's "Window results downstream").
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PublishConfig {
+    /// Time between two passes (each reads the watermarks, publishes what closed).
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    /// Leadership lease; a publisher killed mid-publish is replaced after at most this long.
+    #[serde(with = "humantime_serde")]
+    pub lease: Duration,
+    /// Time allowed for Kafka to acknowledge one window's records before the pass is retried.
+    #[serde(with = "humantime_serde")]
+    pub send_timeout: Duration,
+}
+
+impl Default for PublishConfig {
+    fn default() -> Self {
+        PublishConfig {
+            interval: Duration::from_secs(1),
+            lease: Duration::from_secs(10),
+            send_timeout: Duration::from_secs(30),
+        }
+    }
 }
 
 /// The reconciler.
@@ -94,6 +121,19 @@ impl JobsConfig {
                 "jobs.ttl_audit.lease",
                 "must be between 100ms and 1h",
             ));
+        }
+        let p = &self.publish;
+        if p.interval < Duration::from_millis(10) {
+            return Err(invalid("jobs.publish.interval", "must be at least 10ms"));
+        }
+        if p.lease < Duration::from_millis(100) || p.lease > Duration::from_secs(3600) {
+            return Err(invalid(
+                "jobs.publish.lease",
+                "must be between 100ms and 1h",
+            ));
+        }
+        if p.send_timeout < Duration::from_secs(1) {
+            return Err(invalid("jobs.publish.send_timeout", "must be at least 1s"));
         }
         Ok(())
     }

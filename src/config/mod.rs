@@ -29,14 +29,15 @@ mod validate;
 pub use decode::{DecodeConfig, TimeFormat};
 pub use flush::FlushConfig;
 pub use http::HttpConfig;
-pub use jobs::{JobsConfig, ReconcileConfig, TtlAuditConfig};
+pub use jobs::{JobsConfig, PublishConfig, ReconcileConfig, TtlAuditConfig};
 pub use kafka::{AutoWord, Consumers, KafkaConfig, StartFrom};
 pub use model::Model;
 pub use request::{OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use status::StatusConfig;
 pub use rls::RlsConfig;
 pub use tally_counters::config::{
-    CounterConfig, CounterKind, DistinctMode, RedisConfig, RedisConfigError, RedisMode, Storage,
+    CounterConfig, CounterKind, DistinctMode, OutputConfig, OutputWhen, RedisConfig,
+    RedisConfigError, RedisMode, Storage,
 };
 
 use validate::invalid;

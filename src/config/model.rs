@@ -41,6 +41,11 @@ impl Model {
         self.counters.iter().find(|c| c.name == name)
     }
 
+    /// Whether some counter publishes its windows (the stream then records watermarks).
+    pub fn has_outputs(&self) -> bool {
+        self.counters.iter().any(|c| c.output.is_some())
+    }
+
     /// Every counter's name, in configuration order (metric label values).
     pub fn counter_names(&self) -> Vec<String> {
         self.counters.iter().map(|c| c.name.clone()).collect()

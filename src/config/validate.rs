@@ -111,6 +111,9 @@ impl Config {
                 reason,
             )?;
         }
+        if let Some(o) = &c.output {
+            validate_output(o, c, &at)?;
+        }
         if let Some(t) = &self.decode.time_field {
             let reason = || format!("`{t}` is also decode.time_field");
             ensure(c.member.as_ref() != Some(t), at("member"), reason())?;
@@ -153,6 +156,36 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A counter's `output`: a topic Kafka accepts, a kind that has a value to publish, and a
+/// lateness that leaves the window's keys in Redis until the publisher has read them.
+fn validate_output(
+    o: &tally_counters::config::OutputConfig,
+    c: &CounterConfig,
+    at: &dyn Fn(&str) -> String,
+) -> Result<(), ConfigError> {
+    let legal = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
+    ensure(
+        !o.topic.is_empty() && o.topic.len() <= 249 && o.topic.bytes().all(legal),
+        at("output.topic"),
+        "a Kafka topic name: 1 to 249 of letters, digits, '.', '_', '-'",
+    )?;
+    ensure(
+        c.kind != tally_counters::config::CounterKind::Leaderboard,
+        at("output"),
+        "leaderboard counters cannot be published yet (count, sum and distinct can)",
+    )?;
+    ensure(
+        o.allowed_lateness < c.retention,
+        at("output.allowed_lateness"),
+        "must be less than the counter's retention: a window's keys must still exist when it closes (retention is the hard limit for late events, allowed_lateness the soft one)",
+    )?;
+    ensure(
+        o.idle_timeout >= Duration::from_secs(1),
+        at("output.idle_timeout"),
+        "must be at least 1s",
+    )
 }
 
 #[cfg(test)]

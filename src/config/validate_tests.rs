@@ -228,3 +228,33 @@ fn redis_refusals_name_the_key_under_redis_and_hide_the_password() {
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
+
+#[test]
+fn an_output_needs_a_topic_a_value_and_a_lateness_within_retention() {
+    use tally_counters::config::{CounterKind, OutputConfig};
+    let with = |topic: &str, lateness: u64, retention: u64| {
+        let mut c = counter("views", "v:{app_id}:{yyyyMMddHH}", 3600);
+        c.retention = Duration::from_secs(retention);
+        c.output = Some(OutputConfig {
+            topic: topic.into(),
+            when: Default::default(),
+            allowed_lateness: Duration::from_secs(lateness),
+            idle_timeout: Duration::from_secs(60),
+        });
+        c
+    };
+    let ok = Config {
+        counters: vec![with("views-hourly", 300, 7200)],
+        ..Config::default()
+    };
+    assert!(ok.validate().is_ok());
+    let (key, _) = refusal(vec![with("views hourly", 300, 7200)]);
+    assert_eq!(key, "counters[0].output.topic");
+    let (key, reason) = refusal(vec![with("t", 300, 300)]);
+    assert_eq!(key, "counters[0].output.allowed_lateness");
+    assert!(reason.contains("retention"), "{reason}");
+    let mut top = with("t", 0, 60);
+    top.kind = CounterKind::Leaderboard;
+    top.member = Some("device_id".into());
+    assert_eq!(refusal(vec![top]).0, "counters[0].output");
+}

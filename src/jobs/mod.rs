@@ -6,6 +6,7 @@
 //! - [`ttl_audit`]: counter keys without expiry get the one their window implies.
 //! - [`reconcile`]: recently closed windows are recounted from Kafka and compared with Redis;
 //!   mismatches are reported (metric and log naming the key), never "fixed".
+//! - [`crate::publish`]: closed windows of counters with an output go to Kafka.
 
 pub mod reconcile;
 pub mod ttl_audit;
@@ -45,6 +46,7 @@ pub async fn run(
                 &metrics,
                 &stop,
                 pass,
+                || {},
             )
             .await;
         }
@@ -61,19 +63,42 @@ pub async fn run(
                 &metrics,
                 &stop,
                 pass,
+                || {},
             )
             .await;
         }
         anyhow::Ok(())
     };
-    let ((), r) = tokio::join!(a, r);
+    let p = async {
+        if model.has_outputs() {
+            let publish = &config.jobs.publish;
+            let job = crate::publish::Publisher::new(model.clone(), &client, &metrics)?;
+            let pass = || job.pass();
+            lead(
+                "publish",
+                &locks,
+                publish.lease,
+                publish.interval,
+                &metrics,
+                &stop,
+                pass,
+                || job.step_down(),
+            )
+            .await;
+        }
+        anyhow::Ok(())
+    };
+    let ((), r, p) = tokio::join!(a, r, p);
     r?;
+    p?;
     // With no job enabled there is nothing to lead: wait with the other tasks.
     stop.cancelled().await;
     Ok(())
 }
 
-/// Hold `job`'s leadership when it can, and run `pass` every `interval` while holding it.
+/// Hold `job`'s leadership when it can, and run `pass` every `interval` while holding it;
+/// `step_down` runs when the leadership ends (a former leader's gauges must not linger).
+#[allow(clippy::too_many_arguments)]
 async fn lead<F, Fut>(
     job: &'static str,
     locks: &Locks,
@@ -82,6 +107,7 @@ async fn lead<F, Fut>(
     metrics: &Metrics,
     stop: &CancellationToken,
     pass: F,
+    step_down: impl Fn(),
 ) where
     F: Fn() -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
@@ -132,6 +158,7 @@ async fn lead<F, Fut>(
         }
         leader.set(0);
         metrics.status.job_leader(job, false);
+        step_down();
         if guard.is_lost() {
             tracing::warn!(job, "leadership lost");
         }

@@ -91,7 +91,7 @@ async fn audit_counter(
 }
 
 /// A SCAN pattern matching keys that start with `prefix` (glob characters escaped).
-fn glob_prefix(prefix: &[u8]) -> Vec<u8> {
+pub(crate) fn glob_prefix(prefix: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(prefix.len() + 2);
     for &b in prefix {
         if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {

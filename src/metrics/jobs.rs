@@ -63,7 +63,7 @@ impl JobMetrics {
                 "counter",
             ),
         };
-        for job in ["ttl_audit", "reconcile"] {
+        for job in ["ttl_audit", "reconcile", "publish"] {
             m.leader.with_label_values(&[job]);
             m.runs.with_label_values(&[job]);
         }

@@ -13,6 +13,7 @@ mod consumer;
 mod decode;
 mod jobs;
 mod labels;
+mod publish;
 mod recovery;
 mod redis;
 mod request;
@@ -24,6 +25,7 @@ pub use aggregate::AggregateMetrics;
 pub use consumer::{ConsumerMetrics, RebalanceKind};
 pub use decode::DecodeMetrics;
 pub use jobs::JobMetrics;
+pub use publish::PublishMetrics;
 pub use recovery::{HaltReason, RecoveryMetrics, ResetReason};
 pub use redis::{RedisErrorKind, RedisMetrics};
 pub use request::{Outcome, Primitive, RequestMetrics};
@@ -62,6 +64,8 @@ pub struct Metrics {
     pub status: std::sync::Arc<crate::status::Status>,
     /// Envoy's rate limit service.
     pub rls: RlsMetrics,
+    /// Watermarks and the window publisher.
+    pub publish: PublishMetrics,
 }
 
 pub(super) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
@@ -140,6 +144,7 @@ impl Metrics {
             request: RequestMetrics::new(&registry),
             jobs: JobMetrics::new(&registry, counter_names),
             rls: RlsMetrics::new(&registry),
+            publish: PublishMetrics::new(&registry, counter_names),
             consumer,
             decode,
             aggregate,

@@ -19,6 +19,8 @@ pub struct Range {
     pub partition: i32,
     pub start: i64,
     pub end: i64,
+    /// The partition's highest event time up to `end` (see [`Unit::max_event_ms`]).
+    pub max_event_ms: Option<i64>,
 }
 
 /// Count-only units of several partitions of one shard, deltas added up per key.
@@ -89,11 +91,15 @@ impl Open {
             .iter_mut()
             .find(|r| r.partition == unit.partition)
         {
-            Some(r) => r.end = unit.end,
+            Some(r) => {
+                r.end = unit.end;
+                r.max_event_ms = r.max_event_ms.max(unit.max_event_ms);
+            }
             None => self.ranges.push(Range {
                 partition: unit.partition,
                 start: unit.start,
                 end: unit.end,
+                max_event_ms: unit.max_event_ms,
             }),
         }
         for (k, d) in unit.keys {
@@ -178,6 +184,7 @@ mod tests {
                 })
                 .collect(),
             other: Vec::new(),
+            max_event_ms: None,
         }
     }
 
@@ -212,12 +219,14 @@ mod tests {
                 Range {
                     partition: 0,
                     start: 0,
-                    end: 7
+                    end: 7,
+                    max_event_ms: None,
                 },
                 Range {
                     partition: 1,
                     start: 10,
-                    end: 12
+                    end: 12,
+                    max_event_ms: None,
                 }
             ]
         );

@@ -24,7 +24,8 @@ pub use crate::model::state_keys::StateKeys;
 
 /// Applies a unit. KEYS: fence, marker, then the counter keys. ARGV: start, end, check (`1`: look
 /// for existing keys without expiry), partition, the earliest expire-at of the counter keys, then
-/// per counter key: delta, expire-at.
+/// per counter key: delta, expire-at; last, optionally, the partition's watermark (highest event
+/// time, `-` for none), recorded in the marker with the applied offset (`note_watermark`).
 /// The reply is parsed by [`ApplyReply::parse`]:
 /// * `{1, late, overflow, rejected}`: applied; `late` keys skipped because their expiry had
 ///   passed, `overflow` keys whose INCRBY would overflow, `rejected` keys holding something that
@@ -59,7 +60,8 @@ pub const APPLY_LUA: &str = concat!(
 /// keys, then the other kinds' keys. ARGV: start, end, check, partition, the counter keys'
 /// earliest expire-at, their (delta, expire-at) pairs, then per other key: op (`h` HINCRBY, `p` PFADD, `s` SADD, `z`
 /// ZINCRBY), expire-at, n and n arguments (`h`: field, delta; `p`/`s`: members; `z`: member,
-/// score pairs); last, the number of counter keys. Late, overflowing and refused keys are
+/// score pairs); then optionally the watermark (as [`APPLY_LUA`]); last, the number of counter
+/// keys. Late, overflowing and refused keys are
 /// counted as in [`APPLY_LUA`].
 pub const APPLY_KINDS_LUA: &str = concat!(
     include_str!("lua/prelude.lua"),
@@ -73,7 +75,8 @@ pub const APPLY_KINDS_LUA: &str = concat!(
 /// Applies a merged call ([`super::merge::Merged`]): the units of several partitions of one shard,
 /// their deltas added up per key. KEYS: marker, one fence per partition, then the counter keys.
 /// ARGV: m (the number of fences), check, the earliest expire-at of the counter keys, per fence
-/// (partition, start, end), then per counter key (delta, expire-at).
+/// (partition, start, end), then per counter key (delta, expire-at), then optionally one
+/// watermark per fence (as [`APPLY_LUA`]).
 ///
 /// Every fence is checked before anything is written; the call applies all of its ranges or
 /// none. Replies, parsed by [`MergedReply::parse`]:
@@ -118,6 +121,7 @@ pub fn apply_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool) -> C
         &unit.keys,
     );
     push_unit_args(&mut cmd, unit, check_ttl);
+    push_watermark(&mut cmd, unit.max_event_ms);
     cmd
 }
 
@@ -156,6 +160,7 @@ pub fn apply_kinds_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool
             }
         }
     }
+    push_watermark(&mut cmd, unit.max_event_ms);
     cmd.arg(unit.keys.len());
     cmd
 }
@@ -182,7 +187,27 @@ pub fn apply_merged_cmd(
         cmd.arg(r.partition).arg(r.start).arg(r.end);
     }
     push_deltas(&mut cmd, &merged.keys);
+    if merged.ranges.iter().any(|r| r.max_event_ms.is_some()) {
+        for r in &merged.ranges {
+            push_watermark(&mut cmd, Some(r.max_event_ms.unwrap_or(i64::MIN)));
+        }
+    }
     cmd
+}
+
+/// The optional last argument of a unit (before the count of counter keys in
+/// [`APPLY_KINDS_LUA`]): the partition's highest event time, `-` for a range without events,
+/// nothing at all when no counter has an output (see `note_watermark` in `lua/prelude.lua`).
+fn push_watermark(cmd: &mut Cmd, max_event_ms: Option<i64>) {
+    match max_event_ms {
+        None => {}
+        Some(i64::MIN) => {
+            cmd.arg("-");
+        }
+        Some(t) => {
+            cmd.arg(t);
+        }
+    }
 }
 
 /// `EVALSHA sha numkeys`, tally's own keys (`state`: fences, marker), then the counter keys.

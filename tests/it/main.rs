@@ -43,3 +43,4 @@ mod signals;
 mod state_loss;
 mod status_page;
 mod tansu;
+mod window_results;

@@ -43,6 +43,10 @@ const EXCLUDED: &[(&str, &str)] = &[
         "needs a Docker engine and builds an image",
     ),
     ("-p tally-bench", "the benchmark: minutes of load"),
+    (
+        "kcat",
+        "reads the user's Kafka with a tool tally does not install",
+    ),
 ];
 
 /// Examples whose answer shown is not their first: run again, [`ROUND`] calls at once, until

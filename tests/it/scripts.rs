@@ -35,6 +35,7 @@ fn unit(start: i64, end: i64, deltas: &[(&str, i64)]) -> Unit {
             })
             .collect(),
         other: Vec::new(),
+        max_event_ms: None,
     }
 }
 
@@ -270,6 +271,7 @@ fn a_merged_call_applies_every_range_or_none_and_names_each_fence() {
                 partition,
                 start,
                 end,
+                max_event_ms: None,
             })
             .collect(),
         keys: keys
@@ -355,4 +357,126 @@ fn a_merged_call_applies_every_range_or_none_and_names_each_fence() {
         ])
     );
     assert_eq!(cmd(&mut c, &["GET", "k"]), Value::BulkString(b"7".to_vec()));
+}
+
+#[test]
+fn watermarks_ride_with_the_applied_offset_in_every_flush_script() {
+    use tally::aggregate::{Op, Other};
+    use tally::sink::merge::{Merged, Range};
+    use tally::sink::script::{
+        apply_kinds_cmd, apply_merged_cmd, APPLY_KINDS_LUA, APPLY_MERGED_LUA,
+    };
+    let redis = LocalRedis::start(&[]).unwrap();
+    let (mut conn, sha) = connect_and_load(&redis, APPLY_LUA);
+    let marker = keys().marker;
+    let field = |c: &mut redis::Connection, f: &str| -> Option<i64> {
+        redis::cmd("HGET").arg(&marker).arg(f).query(c).unwrap()
+    };
+    init(&mut conn, 0);
+    let with = |start, end, t: Option<i64>| {
+        let mut u = unit(start, end, &[("w", 1)]);
+        u.max_event_ms = t;
+        u
+    };
+    let applied = ApplyReply::Applied {
+        late: 0,
+        overflow: 0,
+        rejected: 0,
+    };
+    // No output configured: no argument, nothing recorded (the script as before).
+    assert_eq!(apply(&mut conn, &sha, &with(0, 1, None)), applied);
+    assert_eq!(
+        (field(&mut conn, "wm:3"), field(&mut conn, "seen:3")),
+        (None, None)
+    );
+    assert_eq!(
+        cmd(&mut conn, &["GET", "w"]),
+        Value::BulkString(b"1".to_vec())
+    );
+    // Recorded with the offset, only ever raised; a range without events is still "seen".
+    assert_eq!(apply(&mut conn, &sha, &with(1, 2, Some(5_000))), applied);
+    assert_eq!(field(&mut conn, "wm:3"), Some(5_000));
+    assert!(field(&mut conn, "seen:3").is_some());
+    assert_eq!(apply(&mut conn, &sha, &with(2, 3, Some(4_000))), applied);
+    assert_eq!(field(&mut conn, "wm:3"), Some(5_000), "never lowered");
+    cmd(&mut conn, &["HDEL", &marker, "seen:3"]);
+    assert_eq!(apply(&mut conn, &sha, &with(3, 4, Some(i64::MIN))), applied);
+    assert_eq!(field(&mut conn, "wm:3"), Some(5_000));
+    assert!(field(&mut conn, "seen:3").is_some());
+    // A refused range records nothing.
+    assert_eq!(
+        apply(&mut conn, &sha, &with(9, 10, Some(9_000))),
+        ApplyReply::Conflict { applied: 4 }
+    );
+    assert_eq!(field(&mut conn, "wm:3"), Some(5_000));
+
+    // The kinds script: the watermark sits before the count of counter keys.
+    let kinds_sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(APPLY_KINDS_LUA)
+        .query(&mut conn)
+        .unwrap();
+    let mut u = with(4, 5, Some(6_000));
+    u.other.push((
+        b"hf".as_slice().into(),
+        Other {
+            op: Op::HashAdd { split: 1, delta: 2 },
+            expire_at_ms: chrono::Utc::now().timestamp_millis() + 3_600_000,
+        },
+    ));
+    let value: Value = apply_kinds_cmd(&kinds_sha, &keys(), &u, false)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(ApplyReply::parse(&value).unwrap(), applied);
+    assert_eq!(field(&mut conn, "wm:3"), Some(6_000));
+    assert_eq!(
+        cmd(&mut conn, &["GET", "w"]),
+        Value::BulkString(b"5".to_vec())
+    );
+    assert_eq!(
+        cmd(&mut conn, &["HGET", "h", "f"]),
+        Value::BulkString(b"2".to_vec())
+    );
+
+    // The merged script: one watermark per fence.
+    let merged_sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(APPLY_MERGED_LUA)
+        .query(&mut conn)
+        .unwrap();
+    cmd(&mut conn, &["SET", "t:applied:g:t:4:0", "0"]);
+    cmd(&mut conn, &["HSET", &marker, "4", "0"]);
+    let m = Merged {
+        shard: 0,
+        ranges: vec![
+            Range {
+                partition: 3,
+                start: 5,
+                end: 6,
+                max_event_ms: Some(7_000),
+            },
+            Range {
+                partition: 4,
+                start: 0,
+                end: 3,
+                max_event_ms: None,
+            },
+        ],
+        keys: unit(0, 0, &[("w", 1)]).keys,
+    };
+    let fences = [keys().fence, "t:applied:g:t:4:0".to_string()];
+    let value: Value = apply_merged_cmd(&merged_sha, &marker, &fences, &m, false)
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(
+        tally::sink::script::MergedReply::parse(&value).unwrap(),
+        tally::sink::script::MergedReply::All(applied)
+    );
+    assert_eq!(field(&mut conn, "wm:3"), Some(7_000));
+    assert_eq!(field(&mut conn, "wm:4"), None, "a range without events");
+    assert!(field(&mut conn, "seen:4").is_some());
+    assert_eq!(
+        cmd(&mut conn, &["GET", "w"]),
+        Value::BulkString(b"6".to_vec())
+    );
 }

@@ -36,6 +36,7 @@ mod e2e;
 mod latency;
 mod memprobe;
 mod orchestrate;
+mod outputs;
 mod pipeline;
 mod pipeline_loop;
 mod proc_stats;
@@ -118,6 +119,21 @@ pub enum Role {
     /// Parts 3 and 4 and the fencing cost, fed from memory.
     #[command(hide = true)]
     Pipeline(PipelineArgs),
+    /// The stream-side cost of window results: decode → aggregate → flush with the
+    /// counter's `output` off and on, alternating rounds (issue 21; `docs/benchmarks.md`).
+    Outputs {
+        /// Messages per round.
+        #[arg(long, default_value_t = 2_000_000)]
+        messages: u64,
+        /// Distinct keys the messages are spread over.
+        #[arg(long, default_value_t = 200_000)]
+        keys: u64,
+        #[arg(long, default_value_t = 16)]
+        partitions: i32,
+        /// Rounds of each (off and on alternate).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// RSS of the aggregator holding `keys` distinct pending keys.
     #[command(hide = true)]
     Memprobe {
@@ -255,5 +271,11 @@ fn main() -> anyhow::Result<()> {
             partitions,
             capped,
         }) => memprobe::role_memprobe(keys, partitions, capped),
+        Some(Role::Outputs {
+            messages,
+            keys,
+            partitions,
+            rounds,
+        }) => outputs::role_outputs(messages, keys, partitions, rounds),
     }
 }

@@ -86,7 +86,9 @@ pub fn new_aggregator(
         RedisMode::Cluster => Layout::cluster(config.redis.cluster_shards),
     };
     let applied = vec![0; layout.shards() as usize];
-    let mut agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call).with_layout(layout);
+    let mut agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call)
+        .with_layout(layout)
+        .with_watermarks(model.has_outputs());
     for p in 0..partitions {
         agg.assign(p, &applied);
     }

@@ -32,3 +32,5 @@ for i = ncount + 3, #KEYS do
     end
   end
 end
+-- An optional watermark argument sits between the last key's arguments and the count.
+if cursor < #ARGV then watermark_at = cursor else watermark_at = #ARGV + 1 end

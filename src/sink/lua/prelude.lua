@@ -46,3 +46,20 @@ local function refused(err)
   end
   return false
 end
+
+-- Window results (counters with an output): where the caller's optional watermark argument is
+-- (kinds.lua sets it; the others find it after their pairs), and the recording of it. The
+-- marker keeps, per partition, `wm:<partition>`, the highest event time applied (only ever
+-- raised), and `seen:<partition>`, Redis' time of the last applied range (idle detection);
+-- written in the same call as the fence, so they move with the partition. `wm` nil: the
+-- caller sent none (no output configured); '-': a range without events.
+local watermark_at = nil
+local function note_watermark(marker, partition, wm, now)
+  if wm == nil then return end
+  if wm ~= '-' then
+    local field = 'wm:' .. partition
+    local have = tonumber(redis.call('HGET', marker, field))
+    if have == nil or tonumber(wm) > have then redis.call('HSET', marker, field, wm) end
+  end
+  redis.call('HSET', marker, 'seen:' .. partition, now)
+end

@@ -19,6 +19,7 @@ use crate::window::WindowSpec;
 use scan::{check_distinct_names, next_placeholder, TemplateParser};
 
 mod parse;
+pub use parse::unescape;
 
 mod scan;
 

@@ -3,7 +3,7 @@
 
 use chrono::NaiveDate;
 
-use super::{needs_escape, KeyTemplate, Shape};
+use super::{needs_escape, KeyTemplate, Part, Shape};
 
 impl KeyTemplate {
     /// The literal text every key of this template starts with (possibly empty).
@@ -87,6 +87,77 @@ fn fully_matches(shape: &[Shape<'_>], key: &[u8]) -> bool {
         Shape::Value => (0..=key.len())
             .take_while(|&end| end == 0 || !needs_escape(key[end - 1]) || key[end - 1] == b'%')
             .any(|end| fully_matches(rest, &key[end..])),
+    }
+}
+
+/// Inverse of `escape_into`; `None` for text `escape_into` cannot produce.
+pub fn unescape(escaped: &[u8]) -> Option<String> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < escaped.len() {
+        let b = escaped[i];
+        if b == b'%' {
+            let hex = escaped.get(i + 1..i + 3)?;
+            if !hex.iter().all(|h| matches!(h, b'0'..=b'9' | b'A'..=b'F')) {
+                return None;
+            }
+            let byte = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
+            if !needs_escape(byte) {
+                return None;
+            }
+            out.push(byte);
+            i += 3;
+        } else if needs_escape(b) {
+            return None;
+        } else {
+            out.push(b);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+impl KeyTemplate {
+    /// The dimension values (unescaped) and the time text of a key this template rendered (no
+    /// cluster tag); None for a key it cannot have rendered. Rendering is injective, so this is
+    /// its inverse (the key tests check it on every rendered key).
+    pub fn decode(&self, key: &[u8]) -> Option<(Vec<String>, String)> {
+        let mut values = vec![None; self.dimensions];
+        let mut time = None;
+        let mut rest = key;
+        for (i, part) in self.parts.iter().enumerate() {
+            let len = match (part, self.parts.get(i + 1)) {
+                (Part::Literal(lit), _) => {
+                    rest = rest.strip_prefix(&lit[..])?;
+                    continue;
+                }
+                // Last part: the value runs to the end.
+                (_, None) => rest.len(),
+                // Final literal: the value runs up to it.
+                (_, Some(Part::Literal(lit))) if i + 2 == self.parts.len() => {
+                    rest.len().checked_sub(lit.len())?
+                }
+                // A literal with ':' follows; values never contain ':', so its first ':' ends
+                // the value.
+                (_, Some(Part::Literal(lit))) => {
+                    let colon_in_lit = lit.iter().position(|&b| b == b':')?;
+                    rest.iter()
+                        .position(|&b| b == b':')?
+                        .checked_sub(colon_in_lit)?
+                }
+                (_, Some(_)) => return None,
+            };
+            let (value, tail) = rest.split_at(len);
+            rest = tail;
+            match part {
+                Part::Dimension(d) => values[*d] = Some(unescape(value)?),
+                _ => time = Some(String::from_utf8(value.to_vec()).ok()?),
+            }
+        }
+        if !rest.is_empty() {
+            return None;
+        }
+        Some((values.into_iter().collect::<Option<_>>()?, time?))
     }
 }
 

@@ -46,72 +46,14 @@ fn escape(value: &str) -> String {
     String::from_utf8(out).expect("escaping keeps UTF-8")
 }
 
-/// Inverse of `escape_into`; `None` for text `escape_into` cannot produce.
 fn unescape(escaped: &[u8]) -> Option<String> {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < escaped.len() {
-        let b = escaped[i];
-        if b == b'%' {
-            let hex = escaped.get(i + 1..i + 3)?;
-            if !hex.iter().all(|h| matches!(h, b'0'..=b'9' | b'A'..=b'F')) {
-                return None;
-            }
-            let byte = u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?;
-            if !needs_escape(byte) {
-                return None;
-            }
-            out.push(byte);
-            i += 3;
-        } else if needs_escape(b) {
-            return None;
-        } else {
-            out.push(b);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
+    super::unescape(escaped)
 }
 
 /// Reads the dimension values and time text back out of a rendered key. Succeeding on every
 /// rendered key proves rendering is injective.
 fn decode(t: &KeyTemplate, key: &[u8]) -> Option<(Vec<String>, String)> {
-    let mut values = vec![None; t.dimensions];
-    let mut time = None;
-    let mut rest = key;
-    for (i, part) in t.parts.iter().enumerate() {
-        let len = match (part, t.parts.get(i + 1)) {
-            (Part::Literal(lit), _) => {
-                rest = rest.strip_prefix(&lit[..])?;
-                continue;
-            }
-            // Last part: the value runs to the end.
-            (_, None) => rest.len(),
-            // Final literal: the value runs up to it.
-            (_, Some(Part::Literal(lit))) if i + 2 == t.parts.len() => {
-                rest.len().checked_sub(lit.len())?
-            }
-            // A literal with ':' follows; values never contain ':', so its first ':' ends
-            // the value.
-            (_, Some(Part::Literal(lit))) => {
-                let colon_in_lit = lit.iter().position(|&b| b == b':')?;
-                rest.iter()
-                    .position(|&b| b == b':')?
-                    .checked_sub(colon_in_lit)?
-            }
-            (_, Some(_)) => return None,
-        };
-        let (value, tail) = rest.split_at(len);
-        rest = tail;
-        match part {
-            Part::Dimension(d) => values[*d] = Some(unescape(value)?),
-            _ => time = Some(String::from_utf8(value.to_vec()).ok()?),
-        }
-    }
-    if !rest.is_empty() {
-        return None;
-    }
-    Some((values.into_iter().collect::<Option<_>>()?, time?))
+    t.decode(key)
 }
 
 #[test]

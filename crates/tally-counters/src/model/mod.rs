@@ -37,6 +37,8 @@ pub struct CounterSpec {
     pub value_field: Option<String>,
     /// What the counter keeps.
     pub kind: Kind,
+    /// Where its closed windows are published, if anywhere.
+    pub output: Option<crate::config::OutputConfig>,
 }
 
 /// What a counter keeps per (dimensions, window), compiled.
@@ -112,6 +114,7 @@ impl CounterSpec {
             expiry_spread_ms: expiry::spread_ms(config),
             value_field: config.value_field.clone(),
             kind,
+            output: config.output.clone(),
         })
     }
 
@@ -149,19 +152,28 @@ impl CounterSpec {
     /// any): [`stored_expire_at`] of its window end + retention, read from the key's time. None
     /// when the key is not one of this counter's.
     pub fn stored_expire_at_of_key(&self, stored: &[u8]) -> Option<i64> {
-        let plain = match stored.iter().rposition(|&b| b == b'{') {
-            Some(open) if open > 0 && stored[open - 1] == b':' && stored.ends_with(b"}") => {
-                &stored[..open - 1]
-            }
-            _ => stored,
-        };
-        let local = self.written_template().local_start_of(plain)?;
+        self.window_of_key(stored)
+            .map(|window| self.stored_expire_at(stored, window.end_ms))
+    }
+
+    /// When a key this counter wrote (`stored`, with its cluster tag if any) should expire:
+    /// window end + retention, read from the key's time. None when the key is not one of this
+    /// counter's.
+    pub fn expire_at_of_key(&self, stored: &[u8]) -> Option<i64> {
+        self.window_of_key(stored)
+            .map(|window| self.expire_at(window.end_ms))
+    }
+
+    /// The window of a key this counter wrote (`stored`, with its cluster tag if any), read from
+    /// the key's time; None when the key is not one of this counter's.
+    pub fn window_of_key(&self, stored: &[u8]) -> Option<Window> {
+        let local = self.written_template().local_start_of(untagged(stored))?;
         let tz = self.window.tz();
         let start = chrono::TimeZone::from_local_datetime(&tz, &local)
             .earliest()?
             .timestamp_millis();
         let window = self.window.window_of(start);
-        (window.start_ms == start).then(|| self.stored_expire_at(stored, window.end_ms))
+        (window.start_ms == start).then_some(window)
     }
 
     /// The template of the keys the counter writes: the hash's for hash storage, else `template`.
@@ -204,6 +216,16 @@ impl CounterSpec {
     /// The shard (cluster hash-tag group) of the series `values`: the same for every window.
     pub fn shard_of(&self, values: &[&str], layout: &layout::Layout) -> u32 {
         layout::series_shard(&self.name, values, layout.shards())
+    }
+}
+
+/// `stored` without the cluster hash tag the layout appends (`:{tag}`).
+pub fn untagged(stored: &[u8]) -> &[u8] {
+    match stored.iter().rposition(|&b| b == b'{') {
+        Some(open) if open > 0 && stored[open - 1] == b':' && stored.ends_with(b"}") => {
+            &stored[..open - 1]
+        }
+        _ => stored,
     }
 }
 

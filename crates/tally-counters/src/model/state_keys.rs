@@ -51,6 +51,34 @@ impl FenceScope {
         )
     }
 
+    /// The window publisher's progress for `counter`: the window end (Unix ms) up to which its
+    /// closed windows have been published and acknowledged by Kafka.
+    pub fn publish_progress(&self, counter: &str) -> String {
+        let suffix = format!(":{}", escaped(counter));
+        state_key(
+            &self.prefix,
+            "published:",
+            &self.group,
+            &self.topic,
+            &suffix,
+            None,
+        )
+    }
+
+    /// What was published for `counter`'s window starting at `start_ms` (a hash: record key →
+    /// value), to find the keys a late event changed (corrections).
+    pub fn published_values(&self, counter: &str, start_ms: i64) -> String {
+        let suffix = format!(":{}:{start_ms}", escaped(counter));
+        state_key(
+            &self.prefix,
+            "values:",
+            &self.group,
+            &self.topic,
+            &suffix,
+            None,
+        )
+    }
+
     /// Fence and marker of (partition, shard).
     pub fn keys(&self, partition: i32, shard: u32) -> StateKeys {
         StateKeys {
@@ -93,6 +121,12 @@ pub fn fence_key(
 /// The state marker of a shard: `<prefix>state:<group>:<topic>:<shard>` (plus the shard's tag).
 pub fn marker_key(prefix: &str, group: &str, topic: &str, shard: u32, tag: Option<&str>) -> String {
     state_key(prefix, "state:", group, topic, &format!(":{shard}"), tag)
+}
+
+fn escaped(text: &str) -> String {
+    let mut buf = Vec::new();
+    crate::key::escape_into(&mut buf, text);
+    String::from_utf8(buf).expect("escaped text stays UTF-8")
 }
 
 fn state_key(

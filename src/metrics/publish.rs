@@ -1,0 +1,84 @@
+//! Metrics of window results downstream: the watermarks the stream records and the publisher.
+//! Labels are a counter's name or a partition number (bounded by the topic's partitions).
+
+use prometheus::{IntCounterVec, IntGaugeVec, Registry};
+
+use super::{counter_vec, gauge_vec};
+
+/// Watermarks, idle partitions and what the publisher produced.
+#[derive(Clone)]
+pub struct PublishMetrics {
+    /// Highest event time applied per partition (Unix ms), as the publisher last read it.
+    pub watermark_ms: IntGaugeVec,
+    /// 1 for a partition the watermark currently leaves out (caught up and quiet), by partition.
+    pub idle: IntGaugeVec,
+    /// The watermark (after allowed lateness) per counter, Unix ms.
+    pub counter_watermark_ms: IntGaugeVec,
+    /// Windows published when they closed, by counter.
+    pub windows: IntCounterVec,
+    /// Records produced and acknowledged, by counter and kind (final, correction, update).
+    pub records: IntCounterVec,
+    /// Keys whose value changed after their window was published, by counter.
+    pub corrections: IntCounterVec,
+    /// How far publishing is behind the windows that closed (seconds of event time), by counter.
+    pub behind_seconds: IntGaugeVec,
+}
+
+impl PublishMetrics {
+    pub(super) fn new(registry: &Registry, counters: &[String]) -> PublishMetrics {
+        let m = PublishMetrics {
+            watermark_ms: gauge_vec(
+                registry,
+                "tally_watermark_ms",
+                "Highest event time applied per partition (Unix ms), read by the window publisher.",
+                &["partition"],
+            ),
+            idle: gauge_vec(
+                registry,
+                "tally_partition_idle",
+                "1 for a partition the watermark leaves out (caught up, no message for idle_timeout).",
+                &["partition"],
+            ),
+            counter_watermark_ms: gauge_vec(
+                registry,
+                "tally_publish_watermark_ms",
+                "The topic watermark minus the counter's allowed lateness (Unix ms), by counter.",
+                &["counter"],
+            ),
+            windows: counter_vec(
+                registry,
+                "tally_publish_windows_total",
+                "Closed windows published, by counter.",
+                &["counter"],
+            ),
+            records: counter_vec(
+                registry,
+                "tally_publish_records_total",
+                "Window result records Kafka acknowledged, by counter and kind (final, correction, update).",
+                &["counter", "kind"],
+            ),
+            corrections: counter_vec(
+                registry,
+                "tally_publish_corrections_total",
+                "Keys whose value changed after their window was published (late events), by counter.",
+                &["counter"],
+            ),
+            behind_seconds: gauge_vec(
+                registry,
+                "tally_publish_behind_seconds",
+                "Event time between the end of the last closed window and the publisher's progress, by counter.",
+                &["counter"],
+            ),
+        };
+        for c in counters {
+            m.counter_watermark_ms.with_label_values(&[c]);
+            m.windows.with_label_values(&[c]);
+            m.corrections.with_label_values(&[c]);
+            m.behind_seconds.with_label_values(&[c]);
+            for kind in ["final", "correction", "update"] {
+                m.records.with_label_values(&[c, kind]);
+            }
+        }
+        m
+    }
+}

@@ -1,0 +1,144 @@
+//! The keys of a counter's windows and their values. Keys are found with SCAN (MATCH on the
+//! template's literal prefix, on every primary) and read back into a window and dimension
+//! values (rendering is injective, so decoding is exact); nothing is added to the stream's
+//! flush to enumerate them. The cost is on the publisher: one walk over the counter's keys per
+//! pass that has a window to close or corrections to look for.
+
+use std::collections::BTreeMap;
+
+use redis::Value;
+use tally_counters::conn::Conn;
+use tally_counters::model::{untagged, CounterSpec, Kind};
+use tally_counters::window::Window;
+
+use crate::jobs::ttl_audit::glob_prefix;
+
+/// One (dimensions, window) of a counter, read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cell {
+    /// The record key: the counter's key template rendered for the dimensions and window (no
+    /// cluster tag; the Redis key itself for string storage).
+    pub key: String,
+    /// Dimension values, in the counter's dimension order.
+    pub dims: Vec<String>,
+    /// The count or sum; distinct counters: the number of distinct values.
+    pub value: i64,
+}
+
+/// The counter's stored keys per window start: the window and the keys (with their tags).
+pub type Found = BTreeMap<i64, (Window, Vec<Vec<u8>>)>;
+
+/// Every stored key of `spec` on every node, grouped by window.
+pub async fn scan(conn: &mut Conn, spec: &CounterSpec) -> anyhow::Result<Found> {
+    let pattern = glob_prefix(spec.written_template().literal_prefix());
+    let mut found = Found::new();
+    for node in conn.primaries().await? {
+        let mut cursor: u64 = 0;
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let (next, keys): (u64, Vec<Vec<u8>>) = conn.query_on(&node, &scan).await?;
+            for key in keys {
+                // Another writer's key under the same prefix is not one of the counter's.
+                if let Some(window) = spec.window_of_key(&key) {
+                    let entry = found
+                        .entry(window.start_ms)
+                        .or_insert_with(|| (window, Vec::new()));
+                    entry.1.push(key);
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// The cells of `window` stored in `keys` (as [`scan`] found them), sorted by record key.
+pub async fn read(
+    conn: &mut Conn,
+    spec: &CounterSpec,
+    window: &Window,
+    keys: &[Vec<u8>],
+) -> anyhow::Result<Vec<Cell>> {
+    let mut time = String::new();
+    spec.template.format_time(window.local_start, &mut time);
+    let mut cells = match &spec.kind {
+        Kind::HashCount { .. } => read_hashes(conn, spec, &time, keys).await?,
+        kind => {
+            let command = match kind {
+                Kind::Distinct { exact: true, .. } => "SCARD",
+                Kind::Distinct { exact: false, .. } => "PFCOUNT",
+                _ => "GET",
+            };
+            let cmds = keys
+                .iter()
+                .map(|k| {
+                    let mut cmd = redis::cmd(command);
+                    cmd.arg(k);
+                    (k.clone(), cmd)
+                })
+                .collect();
+            let replies = conn.pipe_keyed(cmds).await?;
+            let mut cells = Vec::with_capacity(keys.len());
+            for (key, reply) in keys.iter().zip(replies) {
+                // Expired or not an integer (another writer): nothing to publish.
+                let Some(value) = integer(&reply) else {
+                    continue;
+                };
+                let Some((dims, _)) = spec.template.decode(untagged(key)) else {
+                    continue;
+                };
+                let key = String::from_utf8_lossy(untagged(key)).into_owned();
+                cells.push(Cell { key, dims, value });
+            }
+            cells
+        }
+    };
+    cells.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(cells)
+}
+
+/// Hash storage: every field of the window's hashes (one per shard).
+async fn read_hashes(
+    conn: &mut Conn,
+    spec: &CounterSpec,
+    time: &str,
+    keys: &[Vec<u8>],
+) -> anyhow::Result<Vec<Cell>> {
+    let mut cells = Vec::new();
+    let mut rendered = Vec::new();
+    for hash in keys {
+        let fields: Vec<(Vec<u8>, Value)> = conn.query(redis::cmd("HGETALL").arg(hash)).await?;
+        for (field, reply) in fields {
+            let Some(value) = integer(&reply) else {
+                continue;
+            };
+            let dims: Option<Vec<String>> = field
+                .split(|&b| b == b':')
+                .map(tally_counters::key::unescape)
+                .collect();
+            let Some(dims) = dims.filter(|d| d.len() == spec.dimensions.len()) else {
+                continue;
+            };
+            let values: Vec<&str> = dims.iter().map(String::as_str).collect();
+            spec.template.render(&mut rendered, &values, time);
+            let key = String::from_utf8_lossy(&rendered).into_owned();
+            cells.push(Cell { key, dims, value });
+        }
+    }
+    Ok(cells)
+}
+
+/// An integer reply (GET answers text), or None (nil, or not a number).
+fn integer(reply: &Value) -> Option<i64> {
+    redis::from_redis_value_ref::<Option<i64>>(reply)
+        .ok()
+        .flatten()
+}

@@ -1,0 +1,367 @@
+//! Window results downstream: the final value of every key of each closed window, produced to
+//! the counter's output topic.
+//!
+//! * [`watermark`]: per partition, the highest event time applied is recorded by the flush
+//!   script with the applied offset (same fenced call); the topic watermark is the least over the
+//!   partitions that are not idle. A window closes when that, minus the counter's
+//!   `allowed_lateness`, has reached its end.
+//! * [`cells`]: a counter's keys, found with SCAN and decoded into (window, dimensions).
+//! * [`record`]: the record of one key (its Kafka key and JSON value).
+//!
+//! One replica at a time publishes (the jobs' leadership, [`crate::jobs`]). Per counter it keeps
+//! its progress in Redis (the end of the last window published), and per published window the
+//! values it published (a hash expiring with the window's keys). Progress and values are written
+//! only after Kafka acknowledged every record of the window, so a publisher killed mid-publish
+//! leaves the window unpublished and the next leader produces it again: the same keys with the
+//! same values, byte for byte (the watermark in a record is the one stored when the window was
+//! first attempted). A key whose value changed after it was published (a late event within
+//! retention) is produced again with `"correction": true`.
+
+pub mod cells;
+pub mod record;
+pub mod watermark;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use parking_lot::Mutex;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use tally_counters::config::OutputWhen;
+use tally_counters::conn::Conn;
+use tally_counters::model::CounterSpec;
+use tally_counters::request::Client;
+use tally_counters::window::Window;
+
+use crate::config::Model;
+use crate::metrics::Metrics;
+use cells::Cell;
+use record::Emit;
+use watermark::Mark;
+
+/// How often published windows are read again for late changes when no window closes.
+const CORRECTIONS_EVERY: Duration = Duration::from_secs(60);
+
+/// The publisher, built once per process; [`Publisher::pass`] runs under the leadership.
+pub struct Publisher {
+    model: Arc<Model>,
+    client: Client,
+    producer: FutureProducer,
+    /// Kafka metadata and end offsets (no group, nothing consumed).
+    consumer: BaseConsumer,
+    metrics: Metrics,
+    /// Per counter index: when its published windows were last read for corrections.
+    last_scan: Mutex<BTreeMap<usize, Instant>>,
+    /// What the last pass saw, for status pages: per partition, and per counter its watermark.
+    pub state: Arc<Mutex<Snapshot>>,
+}
+
+/// The publisher's last view (program state, beside the metrics).
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Per partition: what Redis and Kafka hold, and whether it is idle.
+    pub partitions: BTreeMap<i32, (Mark, bool)>,
+    /// Per counter name: its watermark after lateness (Unix ms), if known.
+    pub counters: BTreeMap<String, Option<i64>>,
+}
+
+impl Publisher {
+    /// The publisher of `model`'s counters with an output.
+    pub fn new(model: Arc<Model>, client: &Client, metrics: &Metrics) -> anyhow::Result<Self> {
+        let kafka = &model.config.kafka;
+        let mut c = ClientConfig::new();
+        for (k, v) in &kafka.properties {
+            // Consumer settings mean nothing to a producer or a metadata client.
+            if !k.starts_with("session.")
+                && !k.starts_with("heartbeat.")
+                && !k.starts_with("fetch.")
+            {
+                c.set(k, v);
+            }
+        }
+        c.set("bootstrap.servers", &kafka.brokers);
+        let consumer: BaseConsumer = c
+            .clone()
+            .set("group.id", format!("{}-publish", kafka.group_id))
+            .set("enable.auto.commit", "false")
+            .create()?;
+        let timeout = model
+            .config
+            .jobs
+            .publish
+            .send_timeout
+            .as_millis()
+            .to_string();
+        let producer: FutureProducer = c
+            .set("acks", "all")
+            .set("enable.idempotence", "true")
+            .set("message.timeout.ms", timeout)
+            .create()?;
+        Ok(Publisher {
+            model,
+            client: client.clone(),
+            producer,
+            consumer,
+            metrics: metrics.clone(),
+            last_scan: Mutex::new(BTreeMap::new()),
+            state: Arc::default(),
+        })
+    }
+
+    /// One pass: read the watermarks, then for every counter with an output publish the windows
+    /// that closed and the corrections found.
+    pub async fn pass(&self) -> anyhow::Result<()> {
+        let mut conn = self.client.conn().await?;
+        let marks = watermark::read(&self.model, &mut conn, &self.consumer).await?;
+        let now = redis_now_ms(&mut conn).await?;
+        let quiet = self
+            .model
+            .counters
+            .iter()
+            .filter_map(|c| c.output.as_ref().map(|o| o.idle_timeout))
+            .min()
+            .unwrap_or(Duration::MAX);
+        self.observe(&marks, now, quiet);
+        for (i, spec) in self.model.counters.iter().enumerate() {
+            let Some(output) = &spec.output else { continue };
+            let raw = watermark::topic_watermark(&marks, now, output.idle_timeout);
+            let lateness = output.allowed_lateness.as_millis() as i64;
+            let wm = raw.map(|t| t.saturating_sub(lateness));
+            self.state.lock().counters.insert(spec.name.clone(), wm);
+            let Some(wm) = wm else { continue };
+            self.metrics
+                .publish
+                .counter_watermark_ms
+                .with_label_values(&[&spec.name])
+                .set(wm);
+            self.counter_pass(&mut conn, i, spec, wm).await?;
+        }
+        Ok(())
+    }
+
+    /// The leadership ended: the gauges only the leader updates go back to 0, so that a former
+    /// leader does not report a lag it no longer watches.
+    pub fn step_down(&self) {
+        for spec in self.model.counters.iter().filter(|c| c.output.is_some()) {
+            let behind = &self.metrics.publish.behind_seconds;
+            behind.with_label_values(&[&spec.name]).set(0);
+        }
+    }
+
+    /// Metrics and state of the partitions (idle as seen with the shortest `idle_timeout`).
+    fn observe(&self, marks: &BTreeMap<i32, Mark>, now: i64, quiet: Duration) {
+        let mut state = self.state.lock();
+        state.partitions.clear();
+        for (p, mark) in marks {
+            let label = p.to_string();
+            let idle = mark.idle(now, quiet);
+            if let Some(t) = mark.max_event_ms {
+                self.metrics
+                    .publish
+                    .watermark_ms
+                    .with_label_values(&[&label])
+                    .set(t);
+            }
+            self.metrics
+                .publish
+                .idle
+                .with_label_values(&[&label])
+                .set(i64::from(idle));
+            state.partitions.insert(*p, (*mark, idle));
+        }
+    }
+
+    /// One counter: publish its windows that closed (up to `wm`), look for corrections, and
+    /// in `updates` mode publish the changes of its open windows.
+    async fn counter_pass(
+        &self,
+        conn: &mut Conn,
+        index: usize,
+        spec: &CounterSpec,
+        wm: i64,
+    ) -> anyhow::Result<()> {
+        let output = spec
+            .output
+            .as_ref()
+            .expect("called for counters with an output");
+        let scope = &self.model.scope;
+        let progress_key = scope.publish_progress(&spec.name);
+        let progress: Option<i64> = conn.query(redis::cmd("GET").arg(&progress_key)).await?;
+        // Every window ending at or before the start of the window holding `wm` is closed.
+        let closed_end = spec.window.window_of(wm).start_ms;
+        let behind = (closed_end - progress.unwrap_or(closed_end)).max(0) / 1000;
+        self.metrics
+            .publish
+            .behind_seconds
+            .with_label_values(&[&spec.name])
+            .set(behind);
+        let closing = progress.is_none_or(|p| p < closed_end);
+        let updates = output.when == OutputWhen::Updates;
+        let rescan = self
+            .last_scan
+            .lock()
+            .get(&index)
+            .is_none_or(|at| at.elapsed() >= CORRECTIONS_EVERY);
+        if !closing && !rescan && !updates {
+            return Ok(());
+        }
+        self.last_scan.lock().insert(index, Instant::now());
+        let found = cells::scan(conn, spec).await?;
+        for (window, keys) in found.values() {
+            let cells = cells::read(conn, spec, window, keys).await?;
+            if window.end_ms > closed_end {
+                if updates {
+                    self.emit_changes(conn, spec, window, cells, wm, Emit::Update)
+                        .await?;
+                }
+            } else if progress.is_some_and(|p| window.end_ms <= p) {
+                self.emit_changes(conn, spec, window, cells, wm, Emit::Correction)
+                    .await?;
+            } else {
+                self.emit(conn, spec, window, &cells, wm, Emit::Final)
+                    .await?;
+                self.metrics
+                    .publish
+                    .windows
+                    .with_label_values(&[&spec.name])
+                    .inc();
+                advance(conn, &progress_key, window.end_ms).await?;
+            }
+        }
+        if closing {
+            advance(conn, &progress_key, closed_end).await?;
+        }
+        Ok(())
+    }
+
+    /// Produce the cells of `cells` whose value differs from what was published for the window
+    /// (all of them if nothing was).
+    async fn emit_changes(
+        &self,
+        conn: &mut Conn,
+        spec: &CounterSpec,
+        window: &Window,
+        cells: Vec<Cell>,
+        wm: i64,
+        how: Emit,
+    ) -> anyhow::Result<()> {
+        if cells.is_empty() {
+            return Ok(());
+        }
+        let hash = self
+            .model
+            .scope
+            .published_values(&spec.name, window.start_ms);
+        let mut hmget = redis::cmd("HMGET");
+        hmget.arg(&hash);
+        for c in &cells {
+            hmget.arg(&c.key);
+        }
+        let had: Vec<Option<i64>> = conn.query(&hmget).await?;
+        let changed: Vec<Cell> = cells
+            .into_iter()
+            .zip(had)
+            .filter(|(c, had)| *had != Some(c.value))
+            .map(|(c, _)| c)
+            .collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        if how == Emit::Correction {
+            self.metrics
+                .publish
+                .corrections
+                .with_label_values(&[&spec.name])
+                .inc_by(changed.len() as u64);
+        }
+        self.emit(conn, spec, window, &changed, wm, how).await
+    }
+
+    /// Produce `cells` of `window`, wait for Kafka's acknowledgement of every record, then
+    /// record the values as published (expiring with the window's keys).
+    async fn emit(
+        &self,
+        conn: &mut Conn,
+        spec: &CounterSpec,
+        window: &Window,
+        cells: &[Cell],
+        wm: i64,
+        how: Emit,
+    ) -> anyhow::Result<()> {
+        let output = spec
+            .output
+            .as_ref()
+            .expect("called for counters with an output");
+        let hash = self
+            .model
+            .scope
+            .published_values(&spec.name, window.start_ms);
+        // The watermark a window's records carry is the one of its first attempt, so that a
+        // re-publish after a crash is byte for byte the same.
+        let mut first = redis::cmd("EVAL");
+        first
+            .arg(
+                "redis.call('HSETNX', KEYS[1], '@watermark', ARGV[1]) \
+                 redis.call('PEXPIREAT', KEYS[1], ARGV[2]) \
+                 return redis.call('HGET', KEYS[1], '@watermark')",
+            )
+            .arg(1)
+            .arg(&hash)
+            .arg(wm)
+            .arg(spec.expire_at(window.end_ms));
+        let closed_by: i64 = conn.query(&first).await?;
+        let timeout = self.model.config.jobs.publish.send_timeout;
+        for chunk in cells.chunks(10_000) {
+            let payloads: Vec<String> = chunk
+                .iter()
+                .map(|c| record::value(spec, window, c, closed_by, how))
+                .collect();
+            let sends = chunk.iter().zip(&payloads).map(|(c, payload)| {
+                let rec = FutureRecord::to(&output.topic).key(&c.key).payload(payload);
+                self.producer.send(rec, timeout)
+            });
+            for result in join_all(sends).await {
+                if let Err((e, _)) = result {
+                    anyhow::bail!("kafka refused a window result: {e}");
+                }
+            }
+            let mut hset = redis::cmd("HSET");
+            hset.arg(&hash);
+            for c in chunk {
+                hset.arg(&c.key).arg(c.value);
+            }
+            let _: i64 = conn.query(&hset).await?;
+        }
+        self.metrics
+            .publish
+            .records
+            .with_label_values(&[&spec.name, how.label()])
+            .inc_by(cells.len() as u64);
+        Ok(())
+    }
+}
+
+/// Raise the progress key to `end` (never lower it: a replica that lost the leadership and
+/// still finishes a window cannot move it back).
+async fn advance(conn: &mut Conn, key: &str, end: i64) -> anyhow::Result<()> {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(
+        "local have = tonumber(redis.call('GET', KEYS[1])) \
+         if have == nil or have < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end \
+         return 1",
+    )
+    .arg(1)
+    .arg(key)
+    .arg(end);
+    let _: i64 = conn.query(&cmd).await?;
+    Ok(())
+}
+
+/// Redis' clock (the one `seen:` times are written with), Unix ms.
+async fn redis_now_ms(conn: &mut Conn) -> anyhow::Result<i64> {
+    let (secs, micros): (i64, i64) = conn.query(&redis::cmd("TIME")).await?;
+    Ok(secs * 1000 + micros / 1000)
+}

@@ -1,0 +1,364 @@
+//! Window results downstream, end to end: tally runs as processes (replicas, kill -9 at random
+//! moments, the publishing leader included) against a broker process; the output topic is read
+//! back with a `read_committed` consumer and every (window, key) is compared with the truth
+//! computed here from the produced events. One input partition never gets a message (idle).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use chrono::TimeZone;
+use rand::{Rng, SeedableRng};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use serde_json::Value;
+use tally_testkit::local_redis::LocalRedis;
+
+use crate::common::process::{BrokerProcess, TallyProcess};
+
+/// Input partitions; the last one never gets a message.
+const PARTITIONS: i32 = 4;
+const MIN: i64 = 60_000;
+
+fn config(bootstrap: &str, redis: &str, topic: &str, out: &str) -> String {
+    let output = format!(r#"output = {{ topic = "{out}", idle_timeout = "2s" }}"#);
+    format!(
+        r#"
+[kafka]
+brokers = "{bootstrap}"
+topic = "{topic}"
+group_id = "g-win"
+[kafka.properties]
+"session.timeout.ms" = "3000"
+"heartbeat.interval.ms" = "300"
+[redis]
+url = "{redis}"
+[flush]
+interval = "50ms"
+[jobs.publish]
+interval = "100ms"
+lease = "1s"
+[decode]
+time_field = "ts"
+
+[[counters]]
+name = "views"
+dimensions = ["app"]
+key = "win:views:{{app}}:{{yyyyMMddHHmm}}"
+window = "1m"
+retention = "1d"
+{output}
+
+[[counters]]
+name = "bytes"
+dimensions = ["app", "dev"]
+key = "win:bytes:{{app}}:{{dev}}:{{yyyyMMddHHmm}}"
+window = "1m"
+retention = "1d"
+value_field = "bytes"
+{output}
+
+[[counters]]
+name = "users"
+kind = "distinct"
+distinct = "exact"
+member = "dev"
+dimensions = ["app"]
+key = "win:users:{{app}}:{{yyyyMMddHHmm}}"
+window = "1m"
+retention = "1d"
+{output}
+"#
+    )
+}
+
+/// One produced event.
+#[derive(Clone)]
+struct Ev {
+    partition: i32,
+    app: String,
+    dev: String,
+    ts: i64,
+    bytes: i64,
+}
+
+impl Ev {
+    fn payload(&self) -> String {
+        format!(
+            r#"{{"app":"{}","dev":"{}","ts":{},"bytes":{}}}"#,
+            self.app, self.dev, self.ts, self.bytes
+        )
+    }
+}
+
+/// `n` events in minutes `windows` after `base`, over the active partitions.
+fn events(base: i64, windows: std::ops::Range<i64>, n: u64, seed: u64) -> Vec<Ev> {
+    let span = windows.end - windows.start;
+    (0..n)
+        .map(|i| {
+            let j = i + seed;
+            Ev {
+                partition: (j % (PARTITIONS as u64 - 1)) as i32,
+                app: format!("a{}", j % 5),
+                dev: format!("d{}", (j * 7) % 400),
+                ts: base + (windows.start + (i as i64 * span) / n as i64) * MIN + (j as i64 % 997),
+                bytes: (j % 10 + 1) as i64,
+            }
+        })
+        .collect()
+}
+
+fn produce(bootstrap: &str, topic: &str, events: &[Ev]) {
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "5")
+        .create()
+        .unwrap();
+    for e in events {
+        let payload = e.payload();
+        let mut rec = BaseRecord::<(), str>::to(topic)
+            .partition(e.partition)
+            .payload(&payload);
+        while let Err((_, r)) = producer.send(rec) {
+            std::thread::sleep(Duration::from_millis(5));
+            rec = r;
+        }
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+}
+
+fn minute_text(ts: i64) -> String {
+    chrono::Utc
+        .timestamp_millis_opt(ts)
+        .unwrap()
+        .format("%Y%m%d%H%M")
+        .to_string()
+}
+
+/// The truth per record key (the counter key), for windows ending at or before `closed_end`.
+fn truth(events: &[Ev], closed_end: i64) -> BTreeMap<String, i64> {
+    let mut out = BTreeMap::new();
+    let mut users: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
+    for e in events {
+        let start = e.ts - e.ts.rem_euclid(MIN);
+        if start + MIN > closed_end {
+            continue;
+        }
+        let t = minute_text(e.ts);
+        *out.entry(format!("win:views:{}:{t}", e.app)).or_insert(0) += 1;
+        *out.entry(format!("win:bytes:{}:{}:{t}", e.app, e.dev))
+            .or_insert(0) += e.bytes;
+        users
+            .entry(format!("win:users:{}:{t}", e.app))
+            .or_default()
+            .insert(&e.dev);
+    }
+    for (k, set) in users {
+        out.insert(k, set.len() as i64);
+    }
+    out
+}
+
+/// Every record of the output topic so far (key, JSON value), in order.
+fn read_output(bootstrap: &str, out: &str) -> Vec<(String, Value)> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "win-reader")
+        .set("isolation.level", "read_committed")
+        .create()
+        .unwrap();
+    let (_, high) = c.fetch_watermarks(out, 0, Duration::from_secs(10)).unwrap();
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(out, 0, Offset::Beginning).unwrap();
+    c.assign(&tpl).unwrap();
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while (got.len() as i64) < high && Instant::now() < deadline {
+        if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
+            let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
+            let value = serde_json::from_slice(m.payload().unwrap_or_default()).unwrap();
+            got.push((key, value));
+        }
+    }
+    got
+}
+
+/// Per key: the distinct values of its final (not correction) records, and its last value.
+type Seen = BTreeMap<String, (BTreeSet<i64>, i64)>;
+
+fn summarize(records: &[(String, Value)]) -> Seen {
+    let mut seen = Seen::new();
+    for (key, v) in records {
+        let value = v["value"].as_i64().unwrap();
+        let entry = seen.entry(key.clone()).or_default();
+        if !v["correction"].as_bool().unwrap() {
+            entry.0.insert(value);
+        }
+        entry.1 = value;
+    }
+    seen
+}
+
+/// The invariants of every record: final, closed by a watermark at or past its window's end,
+/// its key the counter key of its dimensions and window.
+fn check_records(records: &[(String, Value)]) {
+    for (key, v) in records {
+        assert_eq!(v["final"], Value::Bool(true), "{key}: {v}");
+        let end = v["window_end"].as_i64().unwrap();
+        assert_eq!(end - v["window_start"].as_i64().unwrap(), MIN, "{v}");
+        assert!(
+            v["watermark"].as_i64().unwrap() >= end,
+            "{key} published before its watermark passed its end: {v}"
+        );
+        let t = minute_text(v["window_start"].as_i64().unwrap());
+        let app = v["dimensions"]["app"].as_str().unwrap();
+        let want = match v["counter"].as_str().unwrap() {
+            "bytes" => format!(
+                "win:bytes:{app}:{}:{t}",
+                v["dimensions"]["dev"].as_str().unwrap()
+            ),
+            c => format!("win:{c}:{app}:{t}"),
+        };
+        assert_eq!(key, &want, "{v}");
+    }
+}
+
+fn wait_output(bootstrap: &str, out: &str, done: impl Fn(&Seen) -> bool) -> Vec<(String, Value)> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let records = read_output(bootstrap, out);
+        if done(&summarize(&records)) || Instant::now() > deadline {
+            return records;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}
+
+#[test]
+fn closed_windows_are_published_once_with_their_truth_through_kills_and_late_data() {
+    let (topic, out) = ("win-in", "win-out");
+    let broker = BrokerProcess::start(&[(topic, PARTITIONS), (out, 1)]);
+    let redis = LocalRedis::start(&[]).unwrap();
+    let cfg = config(&broker.bootstrap, &redis.url(), topic, out);
+    let now = chrono::Utc::now().timestamp_millis();
+    let base = now - now.rem_euclid(MIN) - 60 * MIN;
+
+    // Minutes 0..4: the watermark ends in minute 3, so minutes 0..3 close and minute 3 stays open.
+    let mut all = events(base, 0..4, 12_000, 0);
+    produce(&broker.bootstrap, topic, &all);
+    let seed: u64 = rand::random();
+    eprintln!("window results seed {seed}");
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut kills = 0;
+    let mut leader_kills = 0;
+    let mut mid_publish = 0;
+    let mut conn = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    while kills < 10 {
+        let a = TallyProcess::start(&cfg, "win-a");
+        // Every other round a second replica: the partitions are shared, then rebalanced.
+        let b = (kills % 2 == 1).then(|| TallyProcess::start(&cfg, "win-b"));
+        assert!(a.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
+        if kills < 3 {
+            // The publishing leader mid-publish: right after Kafka acknowledged a first window.
+            a.wait_metric(
+                r#"tally_publish_records_total{counter="views",kind="final"}"#,
+                1.0,
+                Duration::from_secs(5),
+            );
+        } else {
+            std::thread::sleep(Duration::from_millis(rng.gen_range(0..1200)));
+        }
+        let started = a
+            .metric(r#"tally_publish_records_total{counter="views",kind="final"}"#)
+            .is_some_and(|v| v > 0.0);
+        let leading = a.metric(r#"tally_job_leader{job="publish"}"#) == Some(1.0)
+            || b.as_ref()
+                .and_then(|b| b.metric(r#"tally_job_leader{job="publish"}"#))
+                == Some(1.0);
+        leader_kills += usize::from(leading);
+        drop(b);
+        drop(a);
+        kills += 1;
+        let progress: Option<i64> = redis::cmd("GET")
+            .arg("tally:published:g-win:win-in:bytes")
+            .query(&mut conn)
+            .unwrap();
+        // Some windows acknowledged, not all: the kill interrupted the publisher's work.
+        mid_publish += usize::from(started && progress.is_none_or(|p| p < base + 3 * MIN));
+    }
+    eprintln!(
+        "{kills} kill -9, {leader_kills} with the publisher leading, {mid_publish} mid-publish"
+    );
+    assert!(mid_publish > 0, "no kill hit the publisher mid-publish");
+
+    let mut last = TallyProcess::start(&cfg, "win-final");
+    let closed = base + 3 * MIN;
+    let want = truth(&all, closed);
+    let records = wait_output(&broker.bootstrap, out, |s| {
+        want.iter()
+            .all(|(k, v)| s.get(k).is_some_and(|(f, _)| f.contains(v)))
+    });
+    check_records(&records);
+    let seen = summarize(&records);
+    for (k, v) in &want {
+        let finals = seen.get(k).map(|s| s.0.clone()).unwrap_or_default();
+        assert_eq!(
+            finals,
+            BTreeSet::from([*v]),
+            "{k}: every final record of a key carries the truth\n{}",
+            last.log()
+        );
+    }
+    assert_eq!(
+        seen.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "only the closed windows (minutes 0 to 2) are published"
+    );
+
+    // Late events into minute 1 (within retention), then events in minute 5 on every active
+    // partition: minutes 3 and 4 close, and minute 1's changed keys are corrected.
+    let late = events(base, 1..2, 300, 7);
+    let mut closer = events(base, 5..6, 3, 0);
+    let mut next = late.clone();
+    next.append(&mut closer);
+    produce(&broker.bootstrap, topic, &next);
+    all.extend(next);
+    let want = truth(&all, base + 5 * MIN);
+    let records = wait_output(&broker.bootstrap, out, |s| {
+        want.iter()
+            .all(|(k, v)| s.get(k).is_some_and(|(_, last)| last == v))
+    });
+    check_records(&records);
+    let seen = summarize(&records);
+    let mut corrected = 0;
+    for (k, v) in &want {
+        let (finals, last_value) = seen.get(k).cloned().unwrap_or_default();
+        assert_eq!(last_value, *v, "{k}: the last record is the new truth");
+        if finals.len() != 1 || !finals.contains(v) {
+            corrected += 1;
+        }
+    }
+    let corrections = records
+        .iter()
+        .filter(|(_, v)| v["correction"] == Value::Bool(true))
+        .count();
+    assert!(
+        corrected > 0 && corrections >= corrected,
+        "{corrected} {corrections}"
+    );
+    assert!(
+        last.metric(r#"tally_publish_corrections_total{counter="bytes"}"#)
+            .is_some_and(|v| v > 0.0)
+            || corrections > 0
+    );
+    assert!(
+        seen.keys().all(|k| want.contains_key(k)),
+        "minute 5 stays open"
+    );
+    let status = last.terminate(Duration::from_secs(30));
+    assert!(status.success());
+}
