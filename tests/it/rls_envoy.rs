@@ -27,7 +27,7 @@ struct Envoy {
 impl Envoy {
     fn start(name: &str, app_port: u16, rls_port: u16, failure_mode_deny: bool) -> Envoy {
         let (port, admin) = (free_port().unwrap(), free_port().unwrap());
-        let dir = limits_dir(&format!("envoy-{name}"));
+        let dir = limits_dir(&format!("proxy-{name}"));
         let config = dir.join("envoy.yaml");
         std::fs::write(
             &config,
