@@ -44,8 +44,10 @@
 //! [`query`] computes a counter's key for given values and reads values over ranges of windows
 //! (CLI, `GET /v1/count`, `GET /v1/counters/{name}`, the batch form); [`http`]
 //! serves it with `/metrics` and [`health`] (ready while a Kafka broker was reachable lately,
-//! Redis answers and no partition is halted); the demo (in the binary) and the `tally-testkit`
-//! crate run the pieces locally.
+//! Redis answers and no partition is halted); [`status`] keeps what the stages report about
+//! themselves per batch (offsets, halts with their repair command, rates, flush latency, the
+//! hottest keys, decisions, jobs) for the page at `GET /`, `GET /v1/status` and `tally top`; the
+//! demo (in the binary) and the `tally-testkit` crate run the pieces locally.
 //!
 //! ## What makes a count exact
 //!

@@ -115,6 +115,8 @@ async fn lead<F, Fut>(
     let name = format!("job:{job}");
     let leader = metrics.jobs.leader.with_label_values(&[job]);
     let runs = metrics.jobs.runs.with_label_values(&[job]);
+    // Listed on the status page from the start, as a follower until it leads.
+    metrics.status.job_leader(job, false);
     while !stop.is_cancelled() {
         let held = match locks.try_acquire(&name, lease).await {
             Ok(Ok(held)) => held,

@@ -34,6 +34,11 @@ pub struct PipelineResult {
     pub agg_hot_secs: f64,
     #[serde(default)]
     pub agg_plain_secs: f64,
+    /// The same runs' CPU time (thread), medians: what the summary costs the consumer thread.
+    #[serde(default)]
+    pub agg_hot_cpu: f64,
+    #[serde(default)]
+    pub agg_plain_cpu: f64,
     /// The same with flushes to Redis.
     pub flush: LoopResult,
     pub flush_redis: RedisWork,
@@ -130,12 +135,14 @@ pub fn role_pipeline(a: &PipelineArgs) -> anyhow::Result<()> {
         // Side by side in one process, alternating, so machine noise hits both alike.
         let (mut plain, mut hot) = (Vec::new(), Vec::new());
         for _ in 0..reps {
-            plain.push(run_loop(&config, &msgs, a.partitions, None, None)?.secs);
+            plain.push(run_loop(&config, &msgs, a.partitions, None, None)?);
             let status = tally::status::Status::new(capacity);
-            hot.push(run_loop(&config, &msgs, a.partitions, None, Some(&status))?.secs);
+            hot.push(run_loop(&config, &msgs, a.partitions, None, Some(&status))?);
         }
-        res.agg_plain_secs = median(plain);
-        res.agg_hot_secs = median(hot);
+        res.agg_plain_secs = median(plain.iter().map(|r| r.secs).collect());
+        res.agg_hot_secs = median(hot.iter().map(|r| r.secs).collect());
+        res.agg_plain_cpu = median(plain.iter().map(|r| r.cpu).collect());
+        res.agg_hot_cpu = median(hot.iter().map(|r| r.cpu).collect());
     }
     if a.only_aggregate.is_some() {
         println!("{}", serde_json::to_string(&res)?);
