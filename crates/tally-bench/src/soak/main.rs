@@ -220,7 +220,8 @@ fn main() -> anyhow::Result<()> {
 
     let mut redis = redis::Client::open(redis_server.url())?.get_connection()?;
     let mut csv = std::fs::File::create(cli.out.join("samples.csv"))?;
-    writeln!(csv, "{},events,request_rounds", Sample::HEADER)?;
+    // lag_events: produced but not yet applied in Redis (tally falling behind shows here).
+    writeln!(csv, "{},events,request_rounds,lag_events", Sample::HEADER)?;
     let start = Instant::now();
     let mut samples = Vec::new();
     while start.elapsed() < cli.duration {
@@ -231,10 +232,12 @@ fn main() -> anyhow::Result<()> {
         s.write(&mut line)?;
         let line = String::from_utf8(line)?;
         let (events, reqs) = (sent.load(Ordering::Relaxed), rounds.load(Ordering::Relaxed));
-        writeln!(csv, "{},{events},{reqs}", line.trim_end())?;
+        let done: i64 = applied(&mut redis).iter().map(|a| (*a).max(0)).sum();
+        let lag = events as i64 - done;
+        writeln!(csv, "{},{events},{reqs},{lag}", line.trim_end())?;
         csv.flush()?;
         eprintln!(
-            "soak {:>5.0}s: {} events {events} requests {reqs}",
+            "soak {:>5.0}s: {} events {events} requests {reqs} lag {lag}",
             s.t,
             line.trim_end()
         );
@@ -243,7 +246,7 @@ fn main() -> anyhow::Result<()> {
     stop.store(true, Ordering::Relaxed);
     let produced = producer.join().expect("producer thread")?;
     requester.join().expect("request thread");
-    let caught_up = wait_until(Duration::from_secs(120), || applied(&mut redis) == produced);
+    let caught_up = wait_until(Duration::from_secs(600), || applied(&mut redis) == produced);
     anyhow::ensure!(
         caught_up,
         "tally did not apply every event: {:?} of {produced:?}",
