@@ -58,6 +58,29 @@ struct Cli {
     /// The tally binary.
     #[arg(long, default_value = "target/debug/tally")]
     tally: PathBuf,
+    /// The Kafka broker: `mock` (`tally mock-broker`, librdkafka's mock cluster, which keeps the
+    /// log in memory and slows down as it grows) or `tansu` (SQLite storage; scripts/setup.sh).
+    #[arg(long, default_value = "mock")]
+    broker: String,
+}
+
+/// The broker the soak runs against, stopped on drop.
+enum Broker {
+    Mock(#[allow(dead_code)] Guard),
+    Tansu(#[allow(dead_code)] tally_testkit::tansu::Tansu),
+}
+
+fn broker(cli: &Cli) -> anyhow::Result<(Broker, String)> {
+    match cli.broker.as_str() {
+        "mock" => start_broker(&cli.tally).map(|(g, b)| (Broker::Mock(g), b)),
+        "tansu" => {
+            let tansu = tally_testkit::tansu::Tansu::start()?;
+            tansu.create_topic(TOPIC, PARTITIONS)?;
+            let bootstrap = tansu.bootstrap();
+            Ok((Broker::Tansu(tansu), bootstrap))
+        }
+        other => anyhow::bail!("--broker {other}: mock or tansu"),
+    }
 }
 
 /// A child process killed on drop.
@@ -177,7 +200,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     std::fs::create_dir_all(&cli.out)?;
     let redis_server = LocalRedis::start(&[])?;
-    let (_broker, bootstrap) = start_broker(&cli.tally)?;
+    let (_broker, bootstrap) = broker(&cli)?;
     let port = free_port()?;
     let cfg_path = cli.out.join("tally.toml");
     std::fs::write(&cfg_path, config(&bootstrap, &redis_server.url(), port))?;
