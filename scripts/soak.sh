@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tally under steady mixed load for DURATION (default 30m), not part of CI:
-#   scripts/soak.sh 30m [more tally-soak options, e.g. --rate 1000]
-# Stream events with 1-minute windows (mock broker) and request-path traffic (hits, rate-limit
+#   scripts/soak.sh 30m [more tally-soak options, e.g. --broker tansu, --rate 1000]
+# Stream events with 1-minute windows (librdkafka's mock broker, or tansu with --broker tansu:
+# the mock slows down as its in-memory log grows) and request-path traffic (hits, rate-limit
 # decisions); every 10 s tally's RSS and open files and Redis' clients, memory and key count go to
 # target/soak/samples.csv. The verdict (target/soak/verdict.csv): each series' slope over the last
 # two thirds within its bound, and every live key equal to the truth. Exit 0 only then.

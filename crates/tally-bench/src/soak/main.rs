@@ -58,6 +58,29 @@ struct Cli {
     /// The tally binary.
     #[arg(long, default_value = "target/debug/tally")]
     tally: PathBuf,
+    /// The Kafka broker: `mock` (`tally mock-broker`, librdkafka's mock cluster, which keeps the
+    /// log in memory and slows down as it grows) or `tansu` (SQLite storage; scripts/setup.sh).
+    #[arg(long, default_value = "mock")]
+    broker: String,
+}
+
+/// The broker the soak runs against, stopped on drop.
+enum Broker {
+    Mock(#[allow(dead_code)] Guard),
+    Tansu(#[allow(dead_code)] tally_testkit::tansu::Tansu),
+}
+
+fn broker(cli: &Cli) -> anyhow::Result<(Broker, String)> {
+    match cli.broker.as_str() {
+        "mock" => start_broker(&cli.tally).map(|(g, b)| (Broker::Mock(g), b)),
+        "tansu" => {
+            let tansu = tally_testkit::tansu::Tansu::start()?;
+            tansu.create_topic(TOPIC, PARTITIONS)?;
+            let bootstrap = tansu.bootstrap();
+            Ok((Broker::Tansu(tansu), bootstrap))
+        }
+        other => anyhow::bail!("--broker {other}: mock or tansu"),
+    }
 }
 
 /// A child process killed on drop.
@@ -177,7 +200,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     std::fs::create_dir_all(&cli.out)?;
     let redis_server = LocalRedis::start(&[])?;
-    let (_broker, bootstrap) = start_broker(&cli.tally)?;
+    let (_broker, bootstrap) = broker(&cli)?;
     let port = free_port()?;
     let cfg_path = cli.out.join("tally.toml");
     std::fs::write(&cfg_path, config(&bootstrap, &redis_server.url(), port))?;
@@ -220,7 +243,8 @@ fn main() -> anyhow::Result<()> {
 
     let mut redis = redis::Client::open(redis_server.url())?.get_connection()?;
     let mut csv = std::fs::File::create(cli.out.join("samples.csv"))?;
-    writeln!(csv, "{},events,request_rounds", Sample::HEADER)?;
+    // lag_events: produced but not yet applied in Redis (tally falling behind shows here).
+    writeln!(csv, "{},events,request_rounds,lag_events", Sample::HEADER)?;
     let start = Instant::now();
     let mut samples = Vec::new();
     while start.elapsed() < cli.duration {
@@ -231,10 +255,12 @@ fn main() -> anyhow::Result<()> {
         s.write(&mut line)?;
         let line = String::from_utf8(line)?;
         let (events, reqs) = (sent.load(Ordering::Relaxed), rounds.load(Ordering::Relaxed));
-        writeln!(csv, "{},{events},{reqs}", line.trim_end())?;
+        let done: i64 = applied(&mut redis).iter().map(|a| (*a).max(0)).sum();
+        let lag = events as i64 - done;
+        writeln!(csv, "{},{events},{reqs},{lag}", line.trim_end())?;
         csv.flush()?;
         eprintln!(
-            "soak {:>5.0}s: {} events {events} requests {reqs}",
+            "soak {:>5.0}s: {} events {events} requests {reqs} lag {lag}",
             s.t,
             line.trim_end()
         );
@@ -243,7 +269,7 @@ fn main() -> anyhow::Result<()> {
     stop.store(true, Ordering::Relaxed);
     let produced = producer.join().expect("producer thread")?;
     requester.join().expect("request thread");
-    let caught_up = wait_until(Duration::from_secs(120), || applied(&mut redis) == produced);
+    let caught_up = wait_until(Duration::from_secs(600), || applied(&mut redis) == produced);
     anyhow::ensure!(
         caught_up,
         "tally did not apply every event: {:?} of {produced:?}",
