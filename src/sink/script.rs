@@ -38,7 +38,8 @@ pub use crate::model::state_keys::StateKeys;
 /// * `{-4}`: neither fence nor marker entry: Redis lost this shard's state (or never had it).
 ///
 /// Counter values are written with INCRBY. A key created by this increment (INCRBY returned the
-/// delta) gets PEXPIREAT window end + retention at once. An existing key already has its expiry
+/// delta) gets PEXPIREAT its stored expiry at once (window end + retention, spread by the key's
+/// hash: `model::stored_expire_at`, computed in Rust and passed per key). An existing key already has its expiry
 /// (tally set it when it created the key), so it costs one call; when `check` is set the script
 /// also repairs existing keys that have none (made outside tally, or PERSISTed). The expiry is
 /// passed through as the caller's text, so Redis never formats a Lua number.
