@@ -41,7 +41,7 @@ pub fn role_outputs(
         let mut conn = redis::Client::open(url.as_str())?.get_connection()?;
         let _: () = redis::cmd("FLUSHALL").query(&mut conn)?;
         let flusher = Flusher::start(&url, config, partitions)?;
-        let r = run_loop(config, &msgs, partitions, Some(&flusher))?;
+        let r = run_loop(config, &msgs, partitions, Some(&flusher), None)?;
         drop(flusher.tx);
         let _ = flusher.thread.join();
         let rate = messages as f64 / r.secs;
