@@ -22,8 +22,8 @@ mod kafka;
 mod model;
 mod redact;
 mod request;
-mod status;
 mod rls;
+mod status;
 mod validate;
 
 pub use decode::{DecodeConfig, TimeFormat};
@@ -33,8 +33,8 @@ pub use jobs::{JobsConfig, PublishConfig, ReconcileConfig, TtlAuditConfig};
 pub use kafka::{AutoWord, Consumers, KafkaConfig, StartFrom};
 pub use model::Model;
 pub use request::{OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
-pub use status::StatusConfig;
 pub use rls::RlsConfig;
+pub use status::StatusConfig;
 pub use tally_counters::config::{
     CounterConfig, CounterKind, DistinctMode, OutputConfig, OutputWhen, RedisConfig,
     RedisConfigError, RedisMode, Storage,
