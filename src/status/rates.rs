@@ -102,7 +102,7 @@ impl Latencies {
         Some(sorted[rank - 1] as f64 / 1000.0)
     }
 
-    pub fn len(&self) -> usize {
+    pub fn samples(&self) -> usize {
         self.recent.len()
     }
 }
