@@ -102,14 +102,8 @@ impl Latencies {
         Some(sorted[rank - 1] as f64 / 1000.0)
     }
 
-    /// How many flush latencies are kept (the last up to `LATENCIES`).
-    pub fn len(&self) -> usize {
+    pub fn samples(&self) -> usize {
         self.recent.len()
-    }
-
-    /// No flush has been timed yet.
-    pub fn is_empty(&self) -> bool {
-        self.recent.is_empty()
     }
 }
 

@@ -252,7 +252,7 @@ impl Status {
             flush_latency_ms: LatencyView {
                 p50: latencies.quantile_ms(0.5),
                 p99: latencies.quantile_ms(0.99),
-                samples: latencies.len(),
+                samples: latencies.samples(),
             },
             hot_keys: stream.hot.as_ref().map(|hot| {
                 let hot = hot.lock();
