@@ -16,6 +16,10 @@
 
 use std::collections::HashMap;
 
+/// The summary hashes every flushed key once or twice: aHash, not SipHash (the keys are ours,
+/// and the hot path pays per key).
+type Map<K, V> = HashMap<K, V, ahash::RandomState>;
+
 /// One held key.
 #[derive(Debug, Clone)]
 struct Entry {
@@ -30,7 +34,7 @@ struct Entry {
 pub struct HotKeys {
     /// Keys held at most (between batches).
     capacity: usize,
-    held: HashMap<Box<[u8]>, Entry>,
+    held: Map<Box<[u8]>, Entry>,
     /// Sum of every delta fed (`N`).
     total: u64,
     /// Sum subtracted from the counts so far (`N − held`, plus what expired).
@@ -51,7 +55,7 @@ impl HotKeys {
     pub fn new(capacity: usize) -> HotKeys {
         HotKeys {
             capacity: capacity.max(1),
-            held: HashMap::with_capacity(capacity + 1),
+            held: Map::with_capacity_and_hasher(capacity + 1, ahash::RandomState::new()),
             total: 0,
             subtracted: 0,
         }
@@ -65,7 +69,7 @@ impl HotKeys {
     /// Add one batch of `(key, delta, expire_at_ms)` (negative deltas are ignored).
     pub fn feed<'a>(&mut self, batch: impl IntoIterator<Item = (&'a [u8], i64, i64)>, now_ms: i64) {
         // New keys of this batch, summed per key, borrowed until they survive the cut.
-        let mut fresh: HashMap<&[u8], Entry> = HashMap::new();
+        let mut fresh: Map<&[u8], Entry> = Map::default();
         for (key, delta, expire_at_ms) in batch {
             let Ok(delta) = u64::try_from(delta) else {
                 continue;
