@@ -13,13 +13,15 @@
 mod auth;
 mod counters;
 mod listener;
+mod locks;
 mod openapi;
 mod problem;
 mod request;
 mod status;
 
+pub use locks::MAX_LOCK_WAIT_MS;
 pub use problem::{Body, Kind, Problem};
-pub use request::{MAX_COST, MAX_LOCK_TTL_MS, MAX_LOCK_WAIT_MS, MAX_POLICIES};
+pub use request::{MAX_COST, MAX_LOCK_TTL_MS, MAX_POLICIES};
 
 use std::net::SocketAddr;
 use std::sync::Arc;

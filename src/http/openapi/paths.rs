@@ -6,8 +6,9 @@
 #![allow(dead_code)]
 
 use crate::http::counters::{BatchAnswer, BatchBody};
+use crate::http::locks::{LockAnswer, LockBody};
 use crate::http::problem::ProblemBody;
-use crate::http::request::{HitBody, LimitBody, LockAnswer, LockBody, OnceBody, PoolBody};
+use crate::http::request::{HitBody, LimitBody, OnceBody, PoolBody};
 use crate::http::request::{QuotaBody, UniqueBody};
 use crate::request::{Answer, HitOutcome};
 use tally_counters::request::Decision;
