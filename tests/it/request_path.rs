@@ -16,6 +16,12 @@ fn config(redis: &LocalRedis) -> String {
         r#"
 [redis]
 url = "{}"
+# Exactness is checked here, not latency: a debug build on a loaded 2-core machine can take
+# seconds to answer 200 clients, and a timed-out decision is a 503 ("outcome unknown").
+response_timeout = "30s"
+
+[http]
+request_timeout = "60s"
 
 [[counters]]
 name = "plays"

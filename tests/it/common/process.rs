@@ -64,7 +64,12 @@ impl TallyProcess {
         let port = tally_testkit::local_redis::free_port().unwrap();
         let config_path =
             std::env::temp_dir().join(format!("tally-{name}-{}-{port}.toml", std::process::id()));
-        let text = format!("{config}\n[http]\nlisten = \"127.0.0.1:{port}\"\n");
+        let listen = format!("[http]\nlisten = \"127.0.0.1:{port}\"\n");
+        // Into the config's own [http] table when it has one (TOML forbids a second).
+        let text = match config.contains("\n[http]\n") {
+            true => config.replacen("[http]\n", &listen, 1),
+            false => format!("{config}\n{listen}"),
+        };
         std::fs::write(&config_path, text).unwrap();
         let log = std::fs::File::create(config_path.with_extension("log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_tally"))
