@@ -187,6 +187,9 @@ pub async fn serve(
         .await
         .with_context(|| format!("rls: bind {}", config.listen))?;
     let local = listener.local_addr()?;
+    if tokens.token.is_none() && !local.ip().is_loopback() {
+        tracing::warn!(%local, "serving envoy's rate limit service beyond loopback without http.token");
+    }
     let (reporter, health) = tonic_health::server::health_reporter();
     let health_status = HealthStatus(reporter);
     health_status.set(true).await;
