@@ -1,8 +1,8 @@
 //! `tally serve`: the request path (and queries, metrics, health) over HTTP, and Envoy's rate
 //! limit service over gRPC when `rls.listen` is set ([`crate::rls`]), without consuming Kafka.
-//! Ready while Redis answers a PING (probed every second); the RLS's gRPC health follows it. The HTTP server, the RLS server and
-//! its reloader, the jobs and the probe run under one [`Supervisor`]: the first that fails stops
-//! the others.
+//! Ready while Redis answers a PING (probed every second); the RLS's gRPC health follows it.
+//! The HTTP server, the RLS server and its reloader, the jobs and the probe run under one
+//! [`Supervisor`]: the first that fails stops the others.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
