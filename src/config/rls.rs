@@ -14,8 +14,9 @@ use super::ConfigError;
 #[serde(deny_unknown_fields, default)]
 pub struct RlsConfig {
     /// Address of the gRPC server (`envoy.service.ratelimit.v3.RateLimitService` and
-    /// `grpc.health.v1.Health`); empty disables it. Plain HTTP/2 (h2c), no token: Envoy's
-    /// rate limit cluster reaches it over a trusted network or a sidecar.
+    /// `grpc.health.v1.Health`, `NOT_SERVING` while Redis is unreachable); empty disables it.
+    /// Plain HTTP/2 (h2c), no TLS; with `http.token` set, `ShouldRateLimit` needs it as
+    /// `authorization: Bearer …` metadata (Envoy's `grpc_service.initial_metadata`).
     pub listen: String,
     /// The limits in envoyproxy/ratelimit's YAML: one file, or a directory of `*.yaml` files
     /// (one domain each). Required when `listen` is set; read and checked before any port is

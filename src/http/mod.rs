@@ -129,7 +129,7 @@ async fn limit_time(State(limit): State<Duration>, request: Request, next: Next)
 
 /// Equality whose time does not depend on where the inputs differ, so the token cannot be
 /// guessed byte by byte from response times (only the longer length shows).
-fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+pub(crate) fn same_secret(given: &[u8], secret: &[u8]) -> bool {
     let mut diff = u8::from(given.len() != secret.len());
     for i in 0..given.len().max(secret.len()) {
         let a = given.get(i).copied().unwrap_or(0);

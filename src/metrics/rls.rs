@@ -53,6 +53,9 @@ impl RlsMetrics {
         for result in ["ok", "invalid"] {
             m.reloads.with_label_values(&[result]);
         }
+        // The one label set every instance can have (a call for a domain the file does not
+        // define), so the family is exported, and charted, before Envoy's first call.
+        m.descriptors.with_label_values(&["unknown", "none", "ok"]);
         m
     }
 }

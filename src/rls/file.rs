@@ -7,7 +7,7 @@ use tally_counters::request::{Algorithm, FailureMode};
 
 /// envoyproxy/ratelimit keys that tally does not implement: a file that sets one (to anything
 /// but `false`) is refused with its path, rather than loaded with a behaviour its author did
-/// not get.
+/// not get; set to `false`, it is taken out before the schema reads the file.
 pub const UNSUPPORTED: &[(&str, &str)] = &[
     (
         "quota_mode",
@@ -51,16 +51,9 @@ pub struct DescriptorYaml {
     /// per domain and configured descriptor, never per value (bounded labels).
     #[serde(default)]
     pub detailed_metric: bool,
-    /// envoyproxy/ratelimit's quota mode: only `false` is accepted.
-    #[serde(default)]
-    pub quota_mode: bool,
     /// As `detailed_metric`: accepted and ignored.
     #[serde(default)]
     pub value_to_metric: bool,
-    /// envoyproxy/ratelimit: wildcard matches share one counter. Only `false` is accepted (a
-    /// wildcard's values always count apart in tally).
-    #[serde(default)]
-    pub share_threshold: bool,
 }
 
 /// A limit: envoyproxy/ratelimit's keys, then tally's.
@@ -106,48 +99,53 @@ pub struct Replaces {
     pub name: String,
 }
 
-/// Read one file's text: first refuse the keys tally does not implement (naming where), then
-/// parse into the schema (unknown keys refused by serde, with the list of known ones).
+/// Read one file's text: first take out the keys tally does not implement (set to `false`)
+/// or refuse them (set to anything else, naming where), then parse into the schema (unknown
+/// keys refused by serde, with the list of known ones).
 pub fn parse(text: &str) -> Result<DomainFile, String> {
-    let value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
-    if let Some((path, key, why)) = find_unsupported(&value, String::new()) {
-        return Err(format!(
-            "`{path}`: `{key}` is an envoyproxy/ratelimit key that tally does not support ({why})"
-        ));
-    }
+    let mut value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+    strip_unsupported(&mut value, "")?;
     serde_yaml::from_value(value).map_err(|e| e.to_string())
 }
 
-/// The first unsupported key in `value` (depth first), with its path.
-fn find_unsupported(
-    value: &serde_yaml::Value,
-    at: String,
-) -> Option<(String, &'static str, &'static str)> {
+/// Remove every [`UNSUPPORTED`] key set to `false` from `value` (depth first); the first one
+/// set to anything else is the error, with its path.
+fn strip_unsupported(value: &mut serde_yaml::Value, at: &str) -> Result<(), String> {
     match value {
         serde_yaml::Value::Mapping(map) => {
-            for (k, v) in map {
+            let mut result = Ok(());
+            map.retain(|k, v| {
                 let name = k.as_str().unwrap_or_default();
-                let path = if at.is_empty() {
-                    name.to_string()
-                } else {
-                    format!("{at}.{name}")
+                let Some((key, why)) = UNSUPPORTED.iter().find(|(key, _)| *key == name) else {
+                    return true;
                 };
-                let set = !matches!(v, serde_yaml::Value::Bool(false));
-                if let Some((key, why)) = UNSUPPORTED.iter().find(|(key, _)| *key == name) {
-                    if set {
-                        return Some((path, key, why));
-                    }
+                if !matches!(v, serde_yaml::Value::Bool(false)) && result.is_ok() {
+                    result = Err(format!(
+                        "`{}`: `{key}` is an envoyproxy/ratelimit key that tally does not support ({why})",
+                        join(at, name)
+                    ));
                 }
-                if let Some(found) = find_unsupported(v, path) {
-                    return Some(found);
-                }
+                false
+            });
+            result?;
+            for (k, v) in map.iter_mut() {
+                strip_unsupported(v, &join(at, k.as_str().unwrap_or_default()))?;
             }
-            None
+            Ok(())
         }
         serde_yaml::Value::Sequence(items) => items
-            .iter()
+            .iter_mut()
             .enumerate()
-            .find_map(|(i, v)| find_unsupported(v, format!("{at}[{i}]"))),
-        _ => None,
+            .try_for_each(|(i, v)| strip_unsupported(v, &format!("{at}[{i}]"))),
+        _ => Ok(()),
+    }
+}
+
+/// `at.name`, or `name` at the top.
+fn join(at: &str, name: &str) -> String {
+    if at.is_empty() {
+        name.to_string()
+    } else {
+        format!("{at}.{name}")
     }
 }

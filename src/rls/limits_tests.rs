@@ -3,6 +3,18 @@
 
 use super::*;
 
+/// An example of envoyproxy/ratelimit's README, as quoted in `tests/data/envoy-ratelimit-examples`
+/// (shared with the integration test `tests/it/rls_examples.rs`).
+macro_rules! example {
+    ($name:literal) => {
+        include_str!(concat!(
+            "../../tests/data/envoy-ratelimit-examples/",
+            $name,
+            ".yaml"
+        ))
+    };
+}
+
 fn find<'a>(
     limits: &'a Limits,
     domain: &str,
@@ -18,22 +30,7 @@ fn per(rule: Option<&Rule>) -> Option<(u64, Unit)> {
 
 #[test]
 fn example_1_two_values_of_one_key() {
-    let l = Limits::parse(
-        "domain: mongo_cps
-descriptors:
-  - key: database
-    value: users
-    rate_limit:
-      unit: second
-      requests_per_unit: 500
-  - key: database
-    value: default
-    rate_limit:
-      unit: second
-      requests_per_unit: 500
-",
-    )
-    .unwrap();
+    let l = Limits::parse(example!("example1")).unwrap();
     let users = find(&l, "mongo_cps", &[("database", "users")]).unwrap();
     assert_eq!(per(Some(users)), Some((500, Unit::Second)));
     assert_eq!(users.policy.name, "mongo_cps.database_users");
@@ -41,23 +38,7 @@ descriptors:
     assert!(find(&l, "other_domain", &[("database", "users")]).is_none());
 }
 
-const EXAMPLE_2: &str = "domain: messaging
-descriptors:
-  # Only allow 5 marketing messages a day
-  - key: message_type
-    value: marketing
-    descriptors:
-      - key: to_number
-        rate_limit:
-          unit: day
-          requests_per_unit: 5
-
-  # Only allow 100 messages a day to any unique phone number
-  - key: to_number
-    rate_limit:
-      unit: day
-      requests_per_unit: 100
-";
+const EXAMPLE_2: &str = example!("example2");
 
 #[test]
 fn example_2_nested_and_valueless_descriptors() {
@@ -80,23 +61,7 @@ fn example_2_nested_and_valueless_descriptors() {
 
 #[test]
 fn example_3_the_most_specific_match_wins_and_zero_blocks() {
-    let l = Limits::parse(
-        "domain: edge_proxy_per_ip
-descriptors:
-  - key: remote_address
-    rate_limit:
-      unit: second
-      requests_per_unit: 10
-
-  # Black list IP
-  - key: remote_address
-    value: 50.0.0.5
-    rate_limit:
-      unit: second
-      requests_per_unit: 0
-",
-    )
-    .unwrap();
+    let l = Limits::parse(example!("example3")).unwrap();
     let any = find(&l, "edge_proxy_per_ip", &[("remote_address", "50.0.0.1")]).unwrap();
     assert_eq!(per(Some(any)), Some((10, Unit::Second)));
     assert!(!any.blocked);
@@ -106,32 +71,10 @@ descriptors:
 
 #[test]
 fn example_4_descriptor_depth_must_match() {
-    let flat = Limits::parse(
-        "domain: example4
-descriptors:
-  - key: key
-    value: value
-    rate_limit:
-      requests_per_unit: 300
-      unit: second
-",
-    )
-    .unwrap();
+    let flat = Limits::parse(example!("example4-flat")).unwrap();
     let two = [("key", "value"), ("subkey", "subvalue")];
     assert!(find(&flat, "example4", &two).is_none());
-    let nested = Limits::parse(
-        "domain: example4
-descriptors:
-  - key: key
-    value: value
-    descriptors:
-      - key: subkey
-        rate_limit:
-          requests_per_unit: 300
-          unit: second
-",
-    )
-    .unwrap();
+    let nested = Limits::parse(example!("example4-nested")).unwrap();
     assert_eq!(
         per(find(&nested, "example4", &two)),
         Some((300, Unit::Second))
@@ -140,20 +83,7 @@ descriptors:
 
 #[test]
 fn example_5_unlimited() {
-    let l = Limits::parse(
-        "domain: internal
-descriptors:
-  - key: ldap
-    rate_limit:
-      unlimited: true
-
-  - key: azure
-    rate_limit:
-      unit: minute
-      requests_per_unit: 100
-",
-    )
-    .unwrap();
+    let l = Limits::parse(example!("example5")).unwrap();
     assert!(find(&l, "internal", &[("ldap", "x")]).unwrap().unlimited);
     assert_eq!(
         per(find(&l, "internal", &[("azure", "x")])),
@@ -163,25 +93,7 @@ descriptors:
 
 #[test]
 fn example_6_shadow_mode() {
-    let l = Limits::parse(
-        "domain: example6
-descriptors:
-  - key: service
-    descriptors:
-      - key: user
-        value: user-a
-        rate_limit:
-          requests_per_unit: 10
-          unit: second
-        shadow_mode: true
-      - key: user
-        value: user-b
-        rate_limit:
-          requests_per_unit: 20
-          unit: second
-",
-    )
-    .unwrap();
+    let l = Limits::parse(example!("example6")).unwrap();
     let a = find(
         &l,
         "example6",
@@ -201,31 +113,7 @@ descriptors:
 
 #[test]
 fn example_7_replaces_is_read() {
-    let l = Limits::parse(
-        "domain: example7
-descriptors:
-  - key: key_1
-    value: value_1
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit:
-          name: specific_limit
-          requests_per_unit: 5
-          unit: second
-  - key: key_2
-    value: value_2
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit:
-          replaces:
-            - name: specific_limit
-          requests_per_unit: 10
-          unit: second
-",
-    )
-    .unwrap();
+    let l = Limits::parse(example!("example7")).unwrap();
     let one = find(
         &l,
         "example7",
@@ -245,23 +133,7 @@ descriptors:
 
 #[test]
 fn examples_8_and_10_metric_flags_load() {
-    let l = Limits::parse(
-        "domain: example8
-descriptors:
-  - key: key1
-    detailed_metric: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 10
-  - key: key1
-    value: value1
-    value_to_metric: true
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-",
-    )
-    .unwrap();
+    let l = Limits::parse(example!("example8")).unwrap();
     assert_eq!(
         per(find(&l, "example8", &[("key1", "zzz")])),
         Some((10, Unit::Minute))
@@ -274,27 +146,7 @@ descriptors:
 
 #[test]
 fn example_9_wildcards() {
-    let l = Limits::parse(
-        "domain: example9
-descriptors:
-  - key: key1
-    value: value*
-    rate_limit:
-      unit: minute
-      requests_per_unit: 20
-  - key: path
-    value: /api/*/action
-    rate_limit:
-      unit: minute
-      requests_per_unit: 21
-  - key: route
-    value: /api/*/resource/*/action
-    rate_limit:
-      unit: minute
-      requests_per_unit: 22
-",
-    )
-    .unwrap();
+    let l = Limits::parse(example!("example9")).unwrap();
     let limit =
         |k: &'static str, v: &'static str| per(find(&l, "example9", &[(k, v)])).map(|p| p.0);
     assert_eq!(limit("key1", "value1"), Some(20));
@@ -378,5 +230,15 @@ fn refusals_say_what_and_where() {
     assert!(e.contains("domain"), "{e}");
     assert!(
         Limits::parse("domain: d\ndescriptors:\n  - key: a\n    share_threshold: false\n").is_ok()
+    );
+    // `false` is taken out at any depth; anything else is refused where it is.
+    let nested = |set: &str| {
+        format!("domain: d\ndescriptors:\n  - key: a\n    quota_mode: false\n    descriptors:\n      - key: b\n        share_threshold: {set}\n")
+    };
+    assert!(Limits::parse(&nested("false")).is_ok());
+    let e = refused(&nested("true"));
+    assert!(
+        e.contains("`descriptors[0].descriptors[0].share_threshold`"),
+        "{e}"
     );
 }

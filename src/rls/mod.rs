@@ -5,8 +5,9 @@
 //! * [`file`]: the limits file as written (envoyproxy/ratelimit's YAML plus tally's keys);
 //! * [`limits`]: compiled into one descriptor tree per domain, and the lookup (its rules);
 //! * [`decide`]: one call: descriptors → limits → one atomic limiter call → Envoy's response;
-//! * this module: the gRPC server (with `grpc.health.v1.Health`) and the reload of the file
-//!   (on change or SIGHUP; an invalid file keeps the previous limits).
+//! * this module: the gRPC server (with `grpc.health.v1.Health`, `NOT_SERVING` while Redis is
+//!   unreachable: [`HealthStatus`]) and the reload of the file (on change or SIGHUP; an invalid
+//!   file keeps the previous limits).
 //!
 //! Counts live in the request path's rate-limit keys (`<prefix>limit:<policy>:<subject>`), all
 //! of one domain under one hash tag, so one call is one script on one slot in a cluster too.
@@ -92,22 +93,85 @@ impl RateLimitService for Rls {
     }
 }
 
+/// What `grpc.health.v1.Health` answers, for the server (`""`) and the rate limit service
+/// alike: `SERVING` while Redis answers, `NOT_SERVING` while it does not (set by `tally
+/// serve`'s Redis probe), so a gRPC health check takes the instance out before calls fail.
+#[derive(Clone)]
+pub struct HealthStatus(tonic_health::server::HealthReporter);
+
+impl HealthStatus {
+    /// Report `serving` for both names.
+    pub async fn set(&self, serving: bool) {
+        use tonic::server::NamedService as _;
+        let status = if serving {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        for name in ["", RateLimitServiceServer::<Rls>::NAME] {
+            self.0.set_service_status(name, status).await;
+        }
+    }
+}
+
 /// The running service: its address and the tasks to supervise.
 pub struct Serving {
     /// The bound address (`rls.listen`, with the port chosen when it was 0).
     pub local: SocketAddr,
     /// The service (for tests and benchmarks that call it in-process).
     pub rls: Arc<Rls>,
+    /// Its gRPC health status (`SERVING` until told otherwise).
+    pub health: HealthStatus,
     /// The gRPC server, until the shutdown token.
     pub server: BoxFuture<'static, anyhow::Result<()>>,
     /// The reloader of the limits file, until the shutdown token.
     pub reloader: BoxFuture<'static, anyhow::Result<()>>,
 }
 
+/// Who may call `ShouldRateLimit`: with `http.token` set, a caller sending `authorization:
+/// Bearer <http.token>` (or `http.admin_token`) as gRPC metadata, which Envoy sends from its
+/// `grpc_service.initial_metadata`; anyone without it. The health service stays open, as
+/// `/health/*` does.
+#[derive(Clone, Default)]
+pub struct Tokens {
+    /// `http.token`; None: open.
+    pub token: Option<String>,
+    /// `http.admin_token`, accepted too.
+    pub admin: Option<String>,
+}
+
+impl Tokens {
+    /// `UNAUTHENTICATED` unless the call carries an accepted token.
+    #[allow(clippy::result_large_err)] // tonic's interceptor signature
+    fn check(&self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let Some(token) = &self.token else {
+            return Ok(request);
+        };
+        let given = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, t)| t.trim().as_bytes());
+        let accepted = |secret: Option<&String>| {
+            secret.is_some_and(|s| given.is_some_and(|g| crate::http::same_secret(g, s.as_bytes())))
+        };
+        if accepted(Some(token)) || accepted(self.admin.as_ref()) {
+            Ok(request)
+        } else {
+            Err(tonic::Status::unauthenticated(
+                "missing or wrong bearer token (authorization metadata)",
+            ))
+        }
+    }
+}
+
 /// Read the limits file and bind `config.listen` (the configuration checked both already; the
 /// file is read again here).
 pub async fn serve(
     config: &RlsConfig,
+    tokens: Tokens,
     client: Client,
     metrics: Metrics,
     shutdown: CancellationToken,
@@ -123,13 +187,18 @@ pub async fn serve(
         .await
         .with_context(|| format!("rls: bind {}", config.listen))?;
     let local = listener.local_addr()?;
+    if tokens.token.is_none() && !local.ip().is_loopback() {
+        tracing::warn!(%local, "serving envoy's rate limit service beyond loopback without http.token");
+    }
     let (reporter, health) = tonic_health::server::health_reporter();
-    reporter.set_serving::<RateLimitServiceServer<Rls>>().await;
-    let service = RateLimitServiceServer::from_arc(rls.clone());
+    let health_status = HealthStatus(reporter);
+    health_status.set(true).await;
+    let service = tonic::service::interceptor::InterceptedService::new(
+        RateLimitServiceServer::from_arc(rls.clone()),
+        move |r| tokens.check(r),
+    );
     let stop = shutdown.clone();
     let server = async move {
-        // Keep the reporter (and so the health status) alive as long as the server.
-        let _reporter = reporter;
         tonic::transport::Server::builder()
             .add_service(health)
             .add_service(service)
@@ -144,6 +213,7 @@ pub async fn serve(
     Ok(Serving {
         local,
         rls,
+        health: health_status,
         server: Box::pin(server),
         reloader: Box::pin(reloader),
     })

@@ -37,6 +37,7 @@ mod redis_security;
 mod request_path;
 mod rls;
 mod rls_envoy;
+mod rls_envoy_charge;
 mod rls_examples;
 mod scripts;
 mod signals;

@@ -20,9 +20,6 @@ url = "{}"
 # seconds to answer 200 clients, and a timed-out decision is a 503 ("outcome unknown").
 response_timeout = "30s"
 
-[http]
-request_timeout = "60s"
-
 [[counters]]
 name = "plays"
 dimensions = ["video"]
@@ -66,7 +63,15 @@ ttl = "1h"
 
 fn serve(redis: &LocalRedis, n: usize) -> Vec<TallyProcess> {
     (0..n)
-        .map(|i| TallyProcess::start_command("serve", &config(redis), &format!("serve{i}")))
+        .map(|i| {
+            let (config, name) = (config(redis), format!("serve{i}"));
+            TallyProcess::start_command_with_http(
+                "serve",
+                &config,
+                &name,
+                "request_timeout = \"60s\"",
+            )
+        })
         .collect()
 }
 

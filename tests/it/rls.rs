@@ -12,6 +12,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::UInt64Value;
 use tally_testkit::local_redis::{free_port, LocalRedis};
 use tonic::transport::Channel;
+use tonic_health::pb::health_check_response::ServingStatus::{self, NotServing, Serving};
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 
 use crate::common::process::TallyProcess;
 
@@ -26,14 +29,25 @@ pub struct Rls {
 
 impl Rls {
     pub fn start(redis: &LocalRedis, limits: &Path, name: &str) -> Rls {
+        Rls::start_with_token(redis, limits, name, None)
+    }
+
+    /// With `http.token` set to `token`: `ShouldRateLimit` then needs it.
+    pub fn start_with_token(
+        redis: &LocalRedis,
+        limits: &Path,
+        name: &str,
+        token: Option<&str>,
+    ) -> Rls {
         let port = free_port().unwrap();
         let config = format!(
             "[redis]\nurl = \"{}\"\n\n[rls]\nlisten = \"127.0.0.1:{port}\"\nlimits_file = \"{}\"\nreload_interval = \"100ms\"\n",
             redis.url(),
             limits.display()
         );
+        let http = token.map_or(String::new(), |t| format!("token = \"{t}\""));
         Rls {
-            tally: TallyProcess::start_command("serve", &config, name),
+            tally: TallyProcess::start_command_with_http("serve", &config, name, &http),
             port,
         }
     }
@@ -280,7 +294,11 @@ descriptors:
     let mut c = rls.client().await;
     let r = ask(&mut c, "api", vec![descriptor(&[("open", "a")], None)]).await;
     assert_eq!(r.overall_code, Code::Ok as i32);
+    let mut health = health_watch(rls.port).await;
+    health.wait_for(Serving).await;
     redis.stop();
+    // gRPC health follows Redis: a health-checking Envoy stops sending calls that would fail.
+    health.wait_for(NotServing).await;
     for _ in 0..3 {
         let started = Instant::now();
         let e = c
@@ -311,6 +329,7 @@ descriptors:
         );
     }
     redis.restart().unwrap();
+    health.wait_for(Serving).await;
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let r = c
@@ -330,4 +349,84 @@ descriptors:
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// `grpc.health.v1.Health/Watch` streams of the server (`""`) and of the rate limit service.
+struct HealthWatch(Vec<tonic::Streaming<HealthCheckResponse>>);
+
+async fn health_watch(port: u16) -> HealthWatch {
+    let channel = tonic::transport::Endpoint::new(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let mut streams = Vec::new();
+    for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
+        let req = HealthCheckRequest {
+            service: service.into(),
+        };
+        streams.push(client.watch(req).await.unwrap().into_inner());
+    }
+    HealthWatch(streams)
+}
+
+impl HealthWatch {
+    /// Until both names report `want` (the probe runs every second: 10 s at most).
+    async fn wait_for(&mut self, want: ServingStatus) {
+        for stream in &mut self.0 {
+            let seen = tokio::time::timeout(Duration::from_secs(10), async {
+                loop {
+                    let status = stream.message().await.unwrap().unwrap().status;
+                    if status == want as i32 {
+                        return;
+                    }
+                }
+            })
+            .await;
+            assert!(seen.is_ok(), "gRPC health never became {want:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_http_token_set_should_rate_limit_needs_it() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let dir = limits_dir("token");
+    std::fs::write(dir.join("api.yaml"), API).unwrap();
+    let rls = Rls::start_with_token(&redis, &dir, "rls-token", Some("s3cret-rls"));
+    let mut c = rls.client().await;
+    let user = unique("tok");
+    let call = |auth: Option<&str>| {
+        let mut req = tonic::Request::new(RateLimitRequest {
+            domain: "api".into(),
+            descriptors: vec![descriptor(&[("user", &user)], None)],
+            hits_addend: 0,
+        });
+        if let Some(a) = auth {
+            req.metadata_mut()
+                .insert("authorization", a.parse().unwrap());
+        }
+        req
+    };
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("s3cret-rls"),
+        Some("Basic s3cret-rls"),
+    ] {
+        let e = c.should_rate_limit(call(auth)).await.expect_err("refused");
+        assert_eq!(e.code(), tonic::Code::Unauthenticated, "{auth:?}: {e:?}");
+    }
+    let r = c
+        .should_rate_limit(call(Some("Bearer s3cret-rls")))
+        .await
+        .expect("the token passes")
+        .into_inner();
+    assert_eq!(
+        r.statuses[0].limit_remaining, 2,
+        "refused calls charged nothing"
+    );
+    // The health service stays open, as /health/* does.
+    health_watch(rls.port).await.wait_for(Serving).await;
 }

@@ -17,23 +17,26 @@ use super::rls::{ask, descriptor, limits_dir, Rls};
 
 /// One Envoy process: a listener whose route goes to tally's own `/health/live` (the "app"),
 /// through the rate limit filter (domain `edge`, descriptors from `x-user` and `x-team`).
-struct Envoy {
+pub struct Envoy {
     child: Child,
-    port: u16,
+    pub port: u16,
     admin: u16,
     log: PathBuf,
 }
 
 impl Envoy {
     fn start(name: &str, app_port: u16, rls_port: u16, failure_mode_deny: bool) -> Envoy {
+        Envoy::with_config(name, |port, admin| {
+            envoy_yaml(port, admin, app_port, rls_port, failure_mode_deny)
+        })
+    }
+
+    /// Envoy with the configuration `yaml(port, admin port)` makes, once it is ready.
+    pub fn with_config(name: &str, yaml: impl FnOnce(u16, u16) -> String) -> Envoy {
         let (port, admin) = (free_port().unwrap(), free_port().unwrap());
         let dir = limits_dir(&format!("proxy-{name}"));
         let config = dir.join("envoy.yaml");
-        std::fs::write(
-            &config,
-            envoy_yaml(port, admin, app_port, rls_port, failure_mode_deny),
-        )
-        .unwrap();
+        std::fs::write(&config, yaml(port, admin)).unwrap();
         let log = dir.join("envoy.log");
         let child = Command::new(envoy_binary())
             .args(["-c", config.to_str().unwrap(), "--concurrency", "1"])
@@ -61,12 +64,12 @@ impl Envoy {
         envoy
     }
 
-    fn log(&self) -> String {
+    pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Envoy's counter `name` (admin `/stats`), 0 when absent.
-    fn stat(&self, name: &str) -> u64 {
+    pub fn stat(&self, name: &str) -> u64 {
         let (_, text) = tally_testkit::http::get(self.admin, "/stats?usedonly").unwrap_or_default();
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name}: ")))

@@ -1,108 +1,23 @@
-//! envoyproxy/ratelimit's README examples (its "Examples" section, quoted as files) load in
+//! envoyproxy/ratelimit's README examples (its "Examples" section, quoted as files in
+//! `tests/data/envoy-ratelimit-examples`, which `src/rls/limits_tests.rs` reads too) load in
 //! `tally serve` and behave as that README says, over gRPC with the generated stubs.
+
+use std::path::Path;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tally_testkit::local_redis::LocalRedis;
 
 use super::rls::{ask, descriptor, limits_dir, Rls};
 
-const EXAMPLE_2: &str = "domain: messaging
-descriptors:
-  # Only allow 5 marketing messages a day
-  - key: message_type
-    value: marketing
-    descriptors:
-      - key: to_number
-        rate_limit:
-          unit: day
-          requests_per_unit: 5
-
-  # Only allow 100 messages a day to any unique phone number
-  - key: to_number
-    rate_limit:
-      unit: day
-      requests_per_unit: 100
-";
-
-const EXAMPLE_3: &str = "domain: edge_proxy_per_ip
-descriptors:
-  - key: remote_address
-    rate_limit:
-      unit: second
-      requests_per_unit: 10
-
-  # Black list IP
-  - key: remote_address
-    value: 50.0.0.5
-    rate_limit:
-      unit: second
-      requests_per_unit: 0
-";
-
-const EXAMPLE_5: &str = "domain: internal
-descriptors:
-  - key: ldap
-    rate_limit:
-      unlimited: true
-
-  - key: azure
-    rate_limit:
-      unit: minute
-      requests_per_unit: 100
-";
-
-const EXAMPLE_6: &str = "domain: example6
-descriptors:
-  - key: service
-    descriptors:
-      - key: user
-        value: user-a
-        rate_limit:
-          requests_per_unit: 10
-          unit: second
-        shadow_mode: true
-      - key: user
-        value: user-b
-        rate_limit:
-          requests_per_unit: 20
-          unit: second
-";
-
-const EXAMPLE_7: &str = "domain: example7
-descriptors:
-  - key: key_1
-    value: value_1
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit:
-          name: specific_limit
-          requests_per_unit: 5
-          unit: second
-  - key: key_2
-    value: value_2
-    descriptors:
-      - key: user
-        value: bkthomps
-        rate_limit:
-          replaces:
-            - name: specific_limit
-          requests_per_unit: 10
-          unit: second
-";
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoyproxy_ratelimit_readme_examples_behave_as_documented() {
     let redis = LocalRedis::start(&[]).unwrap();
     let dir = limits_dir("examples");
-    for (name, text) in [
-        ("2", EXAMPLE_2),
-        ("3", EXAMPLE_3),
-        ("5", EXAMPLE_5),
-        ("6", EXAMPLE_6),
-        ("7", EXAMPLE_7),
-    ] {
-        std::fs::write(dir.join(format!("example{name}.yaml")), text).unwrap();
+    let examples =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/envoy-ratelimit-examples");
+    for name in ["example2", "example3", "example5", "example6", "example7"] {
+        let file = format!("{name}.yaml");
+        std::fs::copy(examples.join(&file), dir.join(file)).unwrap();
     }
     let rls = Rls::start(&redis, &dir, "rls-examples");
     let mut c = rls.client().await;

@@ -61,15 +61,21 @@ impl TallyProcess {
 
     /// Start `tally <command>` with `config`, as [`TallyProcess::start`].
     pub fn start_command(command: &str, config: &str, name: &str) -> TallyProcess {
+        Self::start_command_with_http(command, config, name, "")
+    }
+
+    /// As [`Self::start_command`], with `http` (lines of the `[http]` table, e.g. a token)
+    /// beside the listen address this sets.
+    pub fn start_command_with_http(
+        command: &str,
+        config: &str,
+        name: &str,
+        http: &str,
+    ) -> TallyProcess {
         let port = tally_testkit::local_redis::free_port().unwrap();
         let config_path =
             std::env::temp_dir().join(format!("tally-{name}-{}-{port}.toml", std::process::id()));
-        let listen = format!("[http]\nlisten = \"127.0.0.1:{port}\"\n");
-        // Into the config's own [http] table when it has one (TOML forbids a second).
-        let text = match config.contains("\n[http]\n") {
-            true => config.replacen("[http]\n", &listen, 1),
-            false => format!("{config}\n{listen}"),
-        };
+        let text = format!("{config}\n[http]\nlisten = \"127.0.0.1:{port}\"\n{http}\n");
         std::fs::write(&config_path, text).unwrap();
         let log = std::fs::File::create(config_path.with_extension("log")).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_tally"))

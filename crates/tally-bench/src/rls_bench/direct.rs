@@ -1,0 +1,262 @@
+//! Part 1 and 2: `ShouldRateLimit` over gRPC vs `POST /v1/limit`, closed loop and at a fixed
+//! offered rate, every caller a task of this process, `tally serve` in its own.
+
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use rand::Rng as _;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tonic::transport::Channel;
+
+use super::stats::Phase;
+use super::Server;
+
+/// Where `tally serve` listens.
+pub struct Targets {
+    pub rls: u16,
+    pub http: u16,
+}
+
+/// One caller's connection.
+enum Caller {
+    Grpc(RateLimitServiceClient<Channel>),
+    Http(HttpConn),
+}
+
+impl Caller {
+    /// One decision for `user`; true when it was answered OK (admitted).
+    async fn call(&mut self, user: u32) -> bool {
+        match self {
+            Caller::Grpc(c) => {
+                let req = RateLimitRequest {
+                    domain: "bench".into(),
+                    descriptors: vec![RateLimitDescriptor {
+                        entries: vec![Entry {
+                            key: "user".into(),
+                            value: user.to_string(),
+                        }],
+                        ..Default::default()
+                    }],
+                    hits_addend: 0,
+                };
+                c.should_rate_limit(req)
+                    .await
+                    .is_ok_and(|r| r.into_inner().overall_code == Code::Ok as i32)
+            }
+            Caller::Http(h) => h.limit(user).await.is_ok_and(|s| s == 200),
+        }
+    }
+}
+
+pub async fn run(
+    t: &Targets,
+    tasks: usize,
+    channels: usize,
+    rate: u64,
+    phase: Duration,
+    server: &Server,
+) -> anyhow::Result<()> {
+    let mut grpc = Vec::new();
+    for _ in 0..channels.max(1) {
+        grpc.push(
+            RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", t.rls))
+                .await?
+                .max_decoding_message_size(1 << 20),
+        );
+    }
+    let grpc_callers = |n: usize| -> Vec<Caller> {
+        (0..n)
+            .map(|i| Caller::Grpc(grpc[i % grpc.len()].clone()))
+            .collect()
+    };
+    // Warm up: connections, scripts loaded, the server's pools.
+    closed(grpc_callers(tasks), Duration::from_millis(500)).await;
+    closed(
+        http_callers(t.http, tasks).await?,
+        Duration::from_millis(500),
+    )
+    .await;
+
+    println!("## Direct: decisions/s and latency\n");
+    println!("| path | offered | decisions/s | p50 ms | p99 ms | p99.9 ms | errors | server CPU-s per 100K decisions |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut rows = Vec::new();
+    for (label, callers) in [
+        ("gRPC ShouldRateLimit", grpc_callers(tasks)),
+        ("HTTP POST /v1/limit", http_callers(t.http, tasks).await?),
+    ] {
+        let cpu = server.cpu_seconds();
+        let mut p = closed(callers, phase).await;
+        let cpu = server.cpu_seconds() - cpu;
+        print_row(label, &format!("closed loop, {tasks} callers"), &mut p, cpu);
+        rows.push(p.per_second());
+    }
+    // 40 callers, each on its own schedule: `rate` in all.
+    let n = 40usize;
+    for (label, callers) in [
+        ("gRPC ShouldRateLimit", grpc_callers(n)),
+        ("HTTP POST /v1/limit", http_callers(t.http, n).await?),
+    ] {
+        let cpu = server.cpu_seconds();
+        let mut p = paced(callers, rate, phase).await;
+        let cpu = server.cpu_seconds() - cpu;
+        print_row(label, &format!("{rate}/s"), &mut p, cpu);
+    }
+    println!(
+        "\ngRPC ÷ HTTP, closed loop decisions/s: {:.2}×",
+        rows[0] / rows[1].max(1e-9)
+    );
+    Ok(())
+}
+
+fn print_row(label: &str, offered: &str, p: &mut Phase, cpu: f64) {
+    let per_100k = cpu / (p.micros.len().max(1) as f64) * 100_000.0;
+    println!(
+        "| {label} | {offered} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {per_100k:.2} |",
+        p.per_second(),
+        p.quantile_ms(0.5),
+        p.quantile_ms(0.99),
+        p.quantile_ms(0.999),
+        p.errors
+    );
+}
+
+async fn http_callers(port: u16, n: usize) -> anyhow::Result<Vec<Caller>> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(Caller::Http(HttpConn::connect(port).await?));
+    }
+    Ok(out)
+}
+
+/// Every caller calls again as soon as it is answered, for `phase`.
+async fn closed(callers: Vec<Caller>, phase: Duration) -> Phase {
+    let started = Instant::now();
+    let handles: Vec<_> = callers
+        .into_iter()
+        .map(|mut c| {
+            tokio::spawn(async move {
+                let mut p = Phase::default();
+                while started.elapsed() < phase {
+                    let user = rand::thread_rng().gen_range(0..10_000);
+                    let t = Instant::now();
+                    let ok = c.call(user).await;
+                    p.micros.push(t.elapsed().as_micros() as u64);
+                    p.errors += u64::from(!ok);
+                }
+                p
+            })
+        })
+        .collect();
+    collect(handles, started).await
+}
+
+/// `rate` calls per second in all, each caller on its own schedule (period = callers ÷ rate,
+/// staggered); a call's latency counts from when it was due, so a slow answer is not hidden by
+/// the calls it delayed (no coordinated omission).
+async fn paced(callers: Vec<Caller>, rate: u64, phase: Duration) -> Phase {
+    let n = callers.len() as u64;
+    let period = Duration::from_nanos(n * 1_000_000_000 / rate.max(1));
+    let started = Instant::now();
+    let handles: Vec<_> = callers
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut c)| {
+            let first = started + period * i as u32 / n as u32;
+            tokio::spawn(async move {
+                let mut p = Phase::default();
+                let mut due = first;
+                while due < started + phase {
+                    tokio::time::sleep_until(due.into()).await;
+                    let user = rand::thread_rng().gen_range(0..10_000);
+                    let ok = c.call(user).await;
+                    p.micros.push(due.elapsed().as_micros() as u64);
+                    p.errors += u64::from(!ok);
+                    due += period;
+                }
+                p
+            })
+        })
+        .collect();
+    collect(handles, started).await
+}
+
+async fn collect(handles: Vec<tokio::task::JoinHandle<Phase>>, started: Instant) -> Phase {
+    let mut all = Phase::default();
+    for h in handles {
+        if let Ok(p) = h.await {
+            all.merge(p);
+        }
+    }
+    all.elapsed = started.elapsed();
+    all
+}
+
+/// One keep-alive HTTP/1.1 connection posting `/v1/limit` (the bytes written by hand: the
+/// client costs next to nothing).
+struct HttpConn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl HttpConn {
+    async fn connect(port: u16) -> anyhow::Result<HttpConn> {
+        let stream = TcpStream::connect(("127.0.0.1", port)).await?;
+        stream.set_nodelay(true)?;
+        Ok(HttpConn {
+            stream,
+            buf: Vec::with_capacity(4096),
+        })
+    }
+
+    /// The status of one `POST /v1/limit`.
+    async fn limit(&mut self, user: u32) -> anyhow::Result<u16> {
+        let body = format!(r#"{{"policy":"per_user","subject":"{user}"}}"#);
+        let req = format!(
+            "POST /v1/limit HTTP/1.1\r\nhost: bench\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        self.stream.write_all(req.as_bytes()).await?;
+        self.buf.clear();
+        loop {
+            if let Some(end) = find(&self.buf, b"\r\n\r\n") {
+                let head = std::str::from_utf8(&self.buf[..end])?;
+                let status: u16 = head
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|s| s.parse().ok())
+                    .ok_or_else(|| anyhow::anyhow!("bad status line"))?;
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("content-length")
+                            .then(|| v.trim().parse().ok())?
+                    })
+                    .ok_or_else(|| anyhow::anyhow!("no content-length"))?;
+                while self.buf.len() < end + 4 + length {
+                    self.read().await?;
+                }
+                return Ok(status);
+            }
+            self.read().await?;
+        }
+    }
+
+    async fn read(&mut self) -> anyhow::Result<()> {
+        let mut chunk = [0u8; 4096];
+        let n = self.stream.read(&mut chunk).await?;
+        anyhow::ensure!(n > 0, "connection closed");
+        self.buf.extend_from_slice(&chunk[..n]);
+        Ok(())
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}

@@ -1,0 +1,235 @@
+//! `tally-rls-bench`: Envoy's rate limit service (issue 26), side by side in one run:
+//!
+//! ```sh
+//! cargo run --release -p tally-bench --bin tally-rls-bench -- [--quick]
+//! ```
+//!
+//! `tally serve` (RLS and HTTP, this binary re-executed in its hidden `serve` role, so its CPU
+//! is its own) on a real redis-server beside it, then:
+//!
+//! 1. **Direct, closed loop**: `ShouldRateLimit` over gRPC (Envoy's generated stubs, `--tasks`
+//!    concurrent callers over `--channels` HTTP/2 connections) vs `POST /v1/limit` (the HTTP
+//!    JSON path, one keep-alive HTTP/1.1 connection per caller) for the same policy (a fixed
+//!    window per user, 10,000 users, never reached): decisions/s, p50/p99.
+//! 2. **Direct, fixed offered rate** (`--rate`, default 20,000/s) over gRPC, then HTTP: p50/p99
+//!    measured from each call's scheduled time (a late answer delays no later call's clock).
+//! 3. **Through Envoy**: `wrk` → Envoy → a trivial upstream (a fixed 200 from a raw socket
+//!    server in this process), with and without the rate-limit filter (descriptor from `x-user`,
+//!    random of 10,000): requests/s, p50/p99, and the filter's cost as ratios.
+
+mod direct;
+mod envoy;
+mod stats;
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use tally_testkit::local_redis::{free_port, LocalRedis};
+
+#[derive(Parser)]
+#[command(
+    name = "tally-rls-bench",
+    about = "Envoy's rate limit service, benchmarked"
+)]
+struct Cli {
+    #[command(subcommand)]
+    role: Option<Role>,
+    /// Shorter phases (1 s each instead of 5 s).
+    #[arg(long)]
+    quick: bool,
+    /// Concurrent callers in the closed-loop phases.
+    #[arg(long, default_value_t = 64)]
+    tasks: usize,
+    /// HTTP/2 connections the gRPC callers share (Envoy keeps one per worker thread).
+    #[arg(long, default_value_t = 2)]
+    channels: usize,
+    /// Offered decisions/s of the fixed-rate phase.
+    #[arg(long, default_value_t = 20_000)]
+    rate: u64,
+    /// wrk connections to Envoy.
+    #[arg(long, default_value_t = 32)]
+    connections: usize,
+    /// Envoy worker threads (`--concurrency`).
+    #[arg(long, default_value_t = 1)]
+    envoy_concurrency: usize,
+    /// Skip the Envoy part (no `envoy` on the PATH).
+    #[arg(long)]
+    no_envoy: bool,
+}
+
+#[derive(Subcommand)]
+enum Role {
+    /// `tally serve` until stdin closes.
+    #[command(hide = true)]
+    Serve {
+        #[arg(long)]
+        redis: String,
+        #[arg(long)]
+        http: u16,
+        #[arg(long)]
+        rls: u16,
+        #[arg(long)]
+        limits: PathBuf,
+    },
+}
+
+/// The limit of both paths: never reached, so every decision is a charge.
+pub const LIMIT: u64 = 1_000_000_000;
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    if let Some(Role::Serve {
+        redis,
+        http,
+        rls,
+        limits,
+    }) = cli.role
+    {
+        return serve(redis, http, rls, &limits);
+    }
+    let phase = Duration::from_secs(if cli.quick { 1 } else { 5 });
+    let redis = LocalRedis::start(&[])?;
+    let dir = std::env::temp_dir().join(format!("tally-rls-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let limits = dir.join("limits.yaml");
+    std::fs::write(
+        &limits,
+        format!(
+            "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {{name: per_user, unit: hour, requests_per_unit: {LIMIT}}}\n"
+        ),
+    )?;
+    let server = Server::start(&redis, &limits, &dir)?;
+    println!("# tally RLS benchmark (issue 26)\n");
+    println!(
+        "{} cores, load average at start {}; phases of {phase:?}; {} callers over {} gRPC channels; offered rate {}/s\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg(),
+        cli.tasks,
+        cli.channels,
+        cli.rate
+    );
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        let targets = direct::Targets {
+            rls: server.rls,
+            http: server.http,
+        };
+        direct::run(&targets, cli.tasks, cli.channels, cli.rate, phase, &server).await?;
+        if cli.no_envoy {
+            return Ok(());
+        }
+        envoy::run(&envoy::Setup {
+            rls: server.rls,
+            dir: dir.clone(),
+            connections: cli.connections,
+            concurrency: cli.envoy_concurrency,
+            phase,
+        })
+        .await
+    })?;
+    println!("\nload average at the end {}", loadavg());
+    drop(server);
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
+
+/// The 1-, 5- and 15-minute load averages.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// `tally serve` in a child process (this binary's `serve` role).
+pub struct Server {
+    child: Child,
+    pub rls: u16,
+    pub http: u16,
+}
+
+impl Server {
+    fn start(redis: &LocalRedis, limits: &Path, dir: &Path) -> anyhow::Result<Server> {
+        let (http, rls) = (free_port()?, free_port()?);
+        let child = Command::new(std::env::current_exe()?)
+            .args(["serve", "--redis", &redis.url()])
+            .args(["--http", &http.to_string(), "--rls", &rls.to_string()])
+            .arg("--limits")
+            .arg(limits)
+            .env("TALLY_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("serve.log"))?)
+            .spawn()
+            .context("spawning tally serve")?;
+        let server = Server { child, rls, http };
+        for port in [http, rls] {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                anyhow::ensure!(Instant::now() < deadline, "tally serve did not listen");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(server)
+    }
+
+    /// User + system CPU seconds of the server process so far.
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat =
+            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
+        // Fields after the command name (which is in parentheses): utime is the 12th, stime 13th.
+        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<f64> = rest
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0.0))
+            .collect();
+        let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+        (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / tick
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The `serve` role: the RLS and the HTTP request path with the same fixed-window policy.
+fn serve(redis: String, http: u16, rls: u16, limits: &Path) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let mut config = tally::config::Config::default();
+    config.redis.url = redis;
+    config.http.listen = format!("127.0.0.1:{http}");
+    config.http.max_connections = 4096;
+    config.rls.listen = format!("127.0.0.1:{rls}");
+    config.rls.limits_file = Some(limits.to_path_buf());
+    config
+        .request
+        .limits
+        .push(tally_counters::request::LimitPolicy {
+            name: "per_user".into(),
+            algorithm: tally_counters::request::Algorithm::Fixed,
+            limit: LIMIT,
+            window: Duration::from_secs(3600),
+            burst: None,
+            shadow: false,
+            on_redis_error: tally_counters::request::FailureMode::Closed,
+        });
+    let model = tally::config::Model::compile(config)?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let runtime = tokio::runtime::Runtime::new()?;
+    let server = runtime.spawn(tally::app::serve::run(model, stop.clone()));
+    // Until the parent closes stdin (or dies).
+    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    stop.cancel();
+    runtime.block_on(server)??;
+    Ok(())
+}
