@@ -97,7 +97,9 @@ pub fn slope_per_hour(ts: &[f64], ys: &[f64]) -> f64 {
     }
 }
 
-/// The verdict lines (`series first last slope/h bound ok`) and whether every series is flat.
+/// The verdict lines (`series first last slope/h bound ok`) and whether every series is flat:
+/// its growth per hour within its bound. A fall is not a leak (the allocator returning pages
+/// after a burst steps the RSS down and it stays there): only growth is judged.
 pub fn verdict(samples: &[Sample], out: &mut impl std::io::Write) -> std::io::Result<bool> {
     let tail = &samples[samples.len() / 3..];
     let ts: Vec<f64> = tail.iter().map(|s| s.t).collect();
@@ -108,7 +110,7 @@ pub fn verdict(samples: &[Sample], out: &mut impl std::io::Write) -> std::io::Re
         let slope = slope_per_hour(&ts, &ys);
         let mean = ys.iter().sum::<f64>() / ys.len().max(1) as f64;
         let bound = absolute.max(relative * mean);
-        let ok = slope.abs() <= bound;
+        let ok = slope <= bound;
         flat &= ok;
         let (min, max) = ys
             .iter()
@@ -128,5 +130,32 @@ mod tests {
         let ts = [0.0, 1800.0, 3600.0];
         assert!((slope_per_hour(&ts, &[1.0, 2.0, 3.0]) - 2.0).abs() < 1e-9);
         assert_eq!(slope_per_hour(&ts, &[5.0, 5.0, 5.0]), 0.0);
+    }
+
+    fn run(rss: impl Fn(f64) -> f64) -> bool {
+        let samples: Vec<Sample> = (0..180)
+            .map(|i| {
+                let t = i as f64 * 10.0;
+                Sample {
+                    t,
+                    rss_mib: rss(t),
+                    fds: 31.0,
+                    redis_clients: 4.0,
+                    redis_mib: 3.0,
+                    keys: 8000.0,
+                }
+            })
+            .collect();
+        verdict(&samples, &mut Vec::new()).unwrap()
+    }
+
+    #[test]
+    fn growth_fails_the_verdict_a_step_down_does_not() {
+        assert!(run(|_| 27.0), "level");
+        assert!(!run(|t| 27.0 + t / 3600.0 * 20.0), "20 MiB/h growth");
+        assert!(
+            run(|t| if t < 1200.0 { 29.1 } else { 27.1 }),
+            "the allocator trimming once"
+        );
     }
 }
