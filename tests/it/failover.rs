@@ -111,7 +111,7 @@ fn cluster_five_failovers_resume_within_a_second() {
         .collect();
     assert!(!cfg.contains("response_timeout") && !cfg.contains("retry_max"));
     let stream = Stream {
-        n: RATE * 75,
+        n: RATE * 55,
         partitions: PARTITIONS,
         now_ms: chrono::Utc::now().timestamp_millis(),
     };
