@@ -38,9 +38,14 @@ impl TopologyWatch {
     }
 
     /// Forget the views: the next [`TopologyWatch::changed`] takes them afresh (call when a
-    /// flush landed, so each failure compares with the topology it met).
+    /// flush landed, so each failure compares with the topology it met). Closes the watch's
+    /// connections, so a healthy sink holds none.
     pub fn reset(&mut self) {
-        self.known = None;
+        if self.known.take().is_some() {
+            for (_, conn) in &mut self.nodes {
+                *conn = None;
+            }
+        }
     }
 
     /// Whether a wait began since the last [`TopologyWatch::reset`] (a flush is being retried).

@@ -3,7 +3,9 @@
 //! timeout of 2 s. Each round measures when the cluster reports the new primary (the promoted
 //! replica says it is one) and when tally's first flush lands on the moved slots (an applied
 //! offset held by the promoted node moves), and asserts resume ≤ 1 s after the promotion and
-//! ≤ 5 s after the kill; the counts are exact at the end.
+//! ≤ 5 s after the kill; the counts are exact at the end. To see where time goes, set
+//! `TALLY_FAILOVER_LOG=<file>`: tally's log (timestamps, each retry and topology change) is kept
+//! there, and each kill's wall-clock time is printed.
 
 use std::time::{Duration, Instant};
 
@@ -160,7 +162,7 @@ fn cluster_five_failovers_resume_within_a_second() {
         );
         assert!(
             *resumed <= Duration::from_secs(5),
-            "failover {round}: resumed {resumed:?} after the kill"
+            "failover {round}: resumed {resumed:?} after the kill (the cluster itself reported the new primary {promoted:?} after the kill)"
         );
     }
 }
