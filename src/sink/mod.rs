@@ -259,6 +259,9 @@ impl Sink {
         }
         self.note_failure(&error);
         self.metrics.redis.redis_retries.inc();
+        if let Some(watch) = &mut self.topology {
+            watch.arm().await;
+        }
         let jittered = delay.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
         tracing::warn!(error = %error, retry_in = ?jittered, "redis request failed, will retry");
         *delay = (*delay * 2).min(self.flush.retry_max);
@@ -337,16 +340,32 @@ impl Sink {
         &mut self,
         groups: &[(redis::Pipeline, Vec<UnitMeta>)],
     ) -> Result<FlushOutcome, AttemptError> {
-        let mut watch = match self.topology.take() {
-            Some(watch) if watch.armed() => watch,
-            other => {
-                self.topology = other;
-                return self.try_flush(groups).await;
-            }
+        let Some(mut watch) = self.topology.take() else {
+            return self.try_flush(groups).await;
         };
-        let result = tokio::select! {
-            result = self.try_flush(groups) => result,
-            _ = watch.changed() => Err(AttemptError::TopologyChanged),
+        let result = {
+            let flush = self.try_flush(groups);
+            tokio::pin!(flush);
+            // A healthy flush needs no watch; one that takes long (a node stopped answering)
+            // arms it, so a failover during the attempt ends it.
+            let early = if watch.armed() {
+                None
+            } else {
+                tokio::select! {
+                    result = &mut flush => Some(result),
+                    _ = tokio::time::sleep(topology::SLOW_ATTEMPT) => None,
+                }
+            };
+            match early {
+                Some(result) => result,
+                None => {
+                    watch.arm().await;
+                    tokio::select! {
+                        result = &mut flush => result,
+                        _ = watch.changed() => Err(AttemptError::TopologyChanged),
+                    }
+                }
+            }
         };
         self.topology = Some(watch);
         result

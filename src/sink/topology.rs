@@ -1,4 +1,5 @@
-//! Following a cluster failover at once. Once a flush failed, and until one lands, the sink asks
+//! Following a cluster failover at once. Once a flush failed or has run for [`SLOW_ATTEMPT`],
+//! and until one lands, the sink asks
 //! the seed nodes every [`POLL`] which primary owns which slots (`CLUSTER SLOTS`, straight to
 //! each node) and reacts as soon as one answers with an assignment not seen when the flush first
 //! failed, e.g. a replica promoted in place of a dead primary: the retry's backoff wait ends, and
@@ -15,6 +16,8 @@ use redis::{AsyncConnectionConfig, Client, Value};
 
 /// How often the seed nodes are asked while a retry waits.
 pub const POLL: Duration = Duration::from_millis(50);
+/// A flush attempt running longer arms the watch (a healthy one takes milliseconds).
+pub const SLOW_ATTEMPT: Duration = Duration::from_millis(250);
 /// Bound on connecting to and hearing from one seed node (a dead or stalled one is skipped).
 const NODE_TIMEOUT: Duration = Duration::from_millis(250);
 
@@ -23,17 +26,34 @@ type Assignment = Vec<(i64, i64, String)>;
 
 /// The seed nodes' views of the slot assignment, with one connection per node kept between polls.
 pub struct TopologyWatch {
-    nodes: Vec<(Client, Option<MultiplexedConnection>)>,
+    nodes: Vec<Seed>,
     /// The views seen when the current wait began (`None`: no wait began yet).
     known: Option<HashSet<Assignment>>,
+}
+
+/// One seed node: a client for it and the watch's connection.
+struct Seed {
+    client: Client,
+    conn: Option<MultiplexedConnection>,
 }
 
 impl TopologyWatch {
     /// A watch over these seed nodes.
     pub fn new(seeds: Vec<Client>) -> TopologyWatch {
         TopologyWatch {
-            nodes: seeds.into_iter().map(|c| (c, None)).collect(),
+            nodes: seeds
+                .into_iter()
+                .map(|client| Seed { client, conn: None })
+                .collect(),
             known: None,
+        }
+    }
+
+    /// Record the views the wait starts from, unless a wait began already (bounded by one
+    /// node timeout). Not inside a race: a cancelled recording would leave the watch unarmed.
+    pub async fn arm(&mut self) {
+        if self.known.is_none() {
+            self.known = Some(self.views().await);
         }
     }
 
@@ -42,8 +62,8 @@ impl TopologyWatch {
     /// connections, so a healthy sink holds none.
     pub fn reset(&mut self) {
         if self.known.take().is_some() {
-            for (_, conn) in &mut self.nodes {
-                *conn = None;
+            for seed in &mut self.nodes {
+                seed.conn = None;
             }
         }
     }
@@ -74,7 +94,8 @@ impl TopologyWatch {
 
     /// Every answering node's view, asked concurrently.
     async fn views(&mut self) -> HashSet<Assignment> {
-        let asks = self.nodes.iter_mut().map(|(client, conn)| async move {
+        let asks = self.nodes.iter_mut().map(|seed| async move {
+            let Seed { client, conn } = seed;
             let ask = async {
                 if conn.is_none() {
                     let config = AsyncConnectionConfig::new()

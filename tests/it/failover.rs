@@ -5,7 +5,9 @@
 //! offset held by the promoted node moves), and asserts resume ≤ 1 s after the promotion and
 //! ≤ 5 s after the kill; the counts are exact at the end. To see where time goes, set
 //! `TALLY_FAILOVER_LOG=<file>`: tally's log (timestamps, each retry and topology change) is kept
-//! there, and each kill's wall-clock time is printed.
+//! there, and each kill's wall-clock time is printed. `TALLY_FAILOVER_STALL=1` freezes the
+//! primary with SIGSTOP in rounds 1 and 3 instead (its connections hang rather than fail, like a
+//! host gone silent): a known gap, resumed ~6.5 s after the promotion (~10 s after the stall).
 
 use std::time::{Duration, Instant};
 
@@ -68,9 +70,16 @@ fn when(timeout: Duration, mut cond: impl FnMut() -> bool) -> Option<Instant> {
     None
 }
 
-/// One failover: kill `victim`, wait for its replica's promotion and for tally's first flush on
-/// the promoted node, restart the victim as a replica. Returns (promoted, resumed) after the kill.
-fn failover(cluster: &mut LocalCluster, victim: u16, t: &TallyProcess) -> (Duration, Duration) {
+/// One failover: kill `victim` (or, with `stall`, freeze it with SIGSTOP: it still accepts
+/// connections but never answers, like a host gone silent), wait for its replica's promotion and
+/// for tally's first flush on the promoted node, then restart (or continue) the victim, which
+/// rejoins as a replica. Returns (promoted, resumed) after the kill.
+fn failover(
+    cluster: &mut LocalCluster,
+    victim: u16,
+    stall: bool,
+    t: &TallyProcess,
+) -> (Duration, Duration) {
     let replica = replica_of(victim);
     let keys = applied_keys(victim);
     assert!(
@@ -78,7 +87,12 @@ fn failover(cluster: &mut LocalCluster, victim: u16, t: &TallyProcess) -> (Durat
         "primary {victim} holds no applied offsets"
     );
     let mut c = conn(replica);
-    cluster.node_mut(victim).unwrap().stop();
+    let pid = cluster.node_mut(victim).unwrap().pid().unwrap() as i32;
+    if stall {
+        unsafe { libc::kill(pid, libc::SIGSTOP) };
+    } else {
+        cluster.node_mut(victim).unwrap().stop();
+    }
     let killed = Instant::now();
     eprintln!(
         "{victim} killed at {}",
@@ -91,7 +105,11 @@ fn failover(cluster: &mut LocalCluster, victim: u16, t: &TallyProcess) -> (Durat
         values(&mut c, &keys).is_some_and(|now| now.iter().zip(&base).any(|(n, b)| n > b))
     })
     .unwrap_or_else(|| panic!("no flush landed on {replica} within 60 s\n{}", t.log()));
-    cluster.node_mut(victim).unwrap().restart().unwrap();
+    if stall {
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    } else {
+        cluster.node_mut(victim).unwrap().restart().unwrap();
+    }
     cluster.wait_ok(Duration::from_secs(60)).unwrap();
     assert!(
         when(Duration::from_secs(60), || is_synced_replica(victim)).is_some(),
@@ -131,9 +149,12 @@ fn cluster_five_failovers_resume_within_a_second() {
             "the stream ended before failover {round}"
         );
         let victim = cluster.primaries()[round % 3];
-        let (promoted, resumed) = failover(&mut cluster, victim, &t);
+        // Known gap, measured on demand: a frozen primary (see the module doc).
+        let stall = round % 2 == 1 && std::env::var("TALLY_FAILOVER_STALL").is_ok();
+        let (promoted, resumed) = failover(&mut cluster, victim, stall, &t);
+        let how = if stall { "stalled (SIGSTOP)" } else { "killed" };
         eprintln!(
-            "failover {round}: primary {victim} killed, new primary reported after {promoted:?}, counting resumed {:?} later ({resumed:?} after the kill)",
+            "failover {round}: primary {victim} {how}, new primary reported after {promoted:?}, counting resumed {:?} later ({resumed:?} after the kill)",
             resumed - promoted
         );
         rounds.push((promoted, resumed));
