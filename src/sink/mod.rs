@@ -65,7 +65,7 @@ enum AttemptError {
     NoScript,
     #[error("unexpected reply: {0}")]
     Reply(String),
-    #[error("the cluster's slot assignment changed during the attempt (a failover)")]
+    #[error("the cluster's primaries changed during the attempt (a failover)")]
     TopologyChanged,
     #[error("redis maxmemory-policy is `{0}`: it may evict counters or tally's offsets and break exactness; set it to noeviction (or redis.allow_eviction = true to accept the risk)")]
     UnsafeEviction(String),
@@ -90,7 +90,7 @@ pub struct Sink {
     flush: FlushConfig,
     metrics: Metrics,
     health: Arc<Health>,
-    /// In a cluster: ends a retry's wait when the slot assignment changes (a failover).
+    /// In a cluster: ends a retry's wait when the primaries change (a failover).
     topology: Option<topology::TopologyWatch>,
 }
 
@@ -248,7 +248,7 @@ impl Sink {
             self.conn = None;
             self.metrics.redis.redis_retries.inc();
             *delay = self.flush.retry_initial;
-            tracing::info!("redis cluster slot assignment changed; retrying at once");
+            tracing::info!("redis cluster primaries changed (a failover); retrying at once");
             return true;
         }
         if let AttemptError::NoScript = error {
@@ -270,7 +270,7 @@ impl Sink {
             _ = topology_changed(&mut self.topology) => {
                 // A failover (or resharding) completed: retry now, and quickly again if the
                 // nodes' views still disagree for a moment.
-                tracing::info!("redis cluster slot assignment changed; retrying at once");
+                tracing::info!("redis cluster primaries changed (a failover); retrying at once");
                 *delay = self.flush.retry_initial;
                 true
             }
@@ -334,7 +334,7 @@ impl Sink {
     }
 
     /// One flush attempt. While a cluster flush is being retried, the attempt is abandoned as
-    /// soon as the slot assignment changes: a request caught by a failover can otherwise hang
+    /// soon as the primaries change: a request caught by a failover can otherwise hang
     /// until its response timeout, long after the replica took over.
     async fn attempt(
         &mut self,
@@ -457,7 +457,7 @@ impl Sink {
     }
 }
 
-/// Completes when `watch` sees the cluster's slot assignment change; never without a watch.
+/// Completes when `watch` sees the cluster's primaries change; never without a watch.
 async fn topology_changed(watch: &mut Option<topology::TopologyWatch>) {
     match watch {
         Some(watch) => watch.changed().await,
