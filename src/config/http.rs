@@ -20,7 +20,8 @@ pub struct HttpConfig {
     #[serde(with = "humantime_serde")]
     pub header_timeout: Duration,
     /// Time allowed to answer one request (a `/v1/count` waiting on Redis); past it the answer
-    /// is 503.
+    /// is 503. Also the longest a write of an answer may stay blocked on a client that does not
+    /// read; then the connection is closed (it would hold a connection slot forever).
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
     /// Connections served at once; one more is answered 503 and closed. Bounds the memory and

@@ -1,5 +1,6 @@
 //! Accepting connections with limits: a bounded number at once, each closed when it does not
-//! send its request headers in time (slowloris, idle keep-alive), each drained on shutdown.
+//! send its request headers in time (slowloris, idle keep-alive) or does not read its answer
+//! (a write blocked for `request_timeout`), each drained on shutdown.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,13 +13,14 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
+use super::write_timeout::WriteTimeout;
 use crate::log_limit::LogLimiter;
 
 /// How much a client may take; from `http.*`.
 pub(super) struct Limits {
     /// Time to send a request's headers, from connecting or from the previous answer.
     pub header_timeout: Duration,
-    /// Time a request in flight gets to finish on shutdown.
+    /// Time a request in flight gets to finish on shutdown, and a blocked write to progress.
     pub request_timeout: Duration,
     /// Connections served at once.
     pub max_connections: usize,
@@ -68,6 +70,7 @@ pub(super) async fn run(
             continue;
         };
         let _ = stream.set_nodelay(true);
+        let stream = WriteTimeout::new(stream, limits.request_timeout);
         let connection =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
         let shutdown = shutdown.clone();

@@ -18,6 +18,7 @@ mod openapi;
 mod problem;
 mod request;
 mod status;
+mod write_timeout;
 
 pub use locks::MAX_LOCK_WAIT_MS;
 pub use problem::{Body, Kind, Problem};

@@ -112,7 +112,8 @@ pub(super) struct HitBody {
     /// stream path counts (202), under `tally run`.
     #[serde(default)]
     on_redis_error: OnRedisError,
-    /// Defer: more fields for the event (those the topic's other counters need).
+    /// Defer: more fields for the event, only ones no counter on the topic reads (e.g. a trace
+    /// id); a field a counter reads is refused (400).
     #[serde(default)]
     #[schema(value_type = Object)]
     event: serde_json::Map<String, serde_json::Value>,

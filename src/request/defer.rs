@@ -6,10 +6,14 @@
 //! once by the stream path when Redis is back.
 //!
 //! The event carries the counter's dimensions, its value (`value_field`) and its time
-//! (`decode.time_field`, or the message timestamp), plus any fields the caller adds for the
-//! topic's other counters. It is decoded with the stream path's own decoder before it is sent:
-//! an event the stream path would skip (a field another counter needs is missing) is refused
-//! instead of sent. Guarantee: a 202 means the event is in Kafka and will be counted once;
+//! (`decode.time_field`, or the message timestamp), all from the hit itself. The caller's
+//! `event` map may add only fields that no counter on the topic reads (a trace id, say): a field
+//! a counter reads is refused (400), or a caller could write other counters' dimensions, members
+//! and sums through a hit on one counter. It is decoded with the stream path's own decoder before
+//! it is sent: an event the stream path would skip (another counter on the topic reads a field
+//! this counter has not) is refused instead of sent. An event that decodes counts in every
+//! counter of the topic whose fields it has, exactly as a produced event would (counters have no
+//! filters). Guarantee: a 202 means the event is in Kafka and will be counted once;
 //! a caller that retries a deferred hit sends a second event (idempotency keys are for hits
 //! that reach Redis).
 
@@ -97,6 +101,13 @@ impl Deferral {
         delta: i64,
         at_ms: i64,
     ) -> Result<Vec<u8>, RequestError> {
+        // Only fields no counter reads may come from the caller's map.
+        if let Some(field) = extra.keys().find(|k| self.decoder.field_index(k).is_some()) {
+            return Err(RequestError::Invalid(format!(
+                "cannot defer: `event` field `{field}` is read by the topic's counters; a deferred hit sets only counter `{}`'s fields, from `dimensions`, the value and `at`",
+                spec.name
+            )));
+        }
         let mut event = extra.clone();
         for (k, v) in values {
             event.insert(k.clone(), serde_json::Value::String(v.clone()));
@@ -129,8 +140,9 @@ impl Deferral {
             .decode(Some(&payload), Some(at_ms))
             .map_err(|e| {
                 RequestError::Invalid(format!(
-                    "cannot defer: the stream path would skip this event ({}); add the fields the topic's counters need in `event`",
-                    e.reason()
+                    "cannot defer: the stream path would skip this event ({}): another counter on the topic reads a field counter `{}` does not have",
+                    e.reason(),
+                    spec.name
                 ))
             })?;
         Ok(payload)
@@ -182,5 +194,100 @@ impl Requests {
                 Err(err)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Model};
+
+    /// `flow` (per app and device), `daily` (per app, summing `bytes`) and `traffic` (per app
+    /// and device, summing `bytes`) on one topic.
+    fn model() -> std::sync::Arc<Model> {
+        let config: Config = toml::from_str(
+            r#"
+[kafka]
+brokers = "127.0.0.1:9"
+topic = "t"
+group_id = "g"
+[decode]
+time_field = "ts"
+[[counters]]
+name = "flow"
+dimensions = ["app_id", "device_id"]
+key = "f:{app_id}:{device_id}:{yyyyMMddHH}"
+window = "1h"
+retention = "1d"
+[[counters]]
+name = "daily"
+dimensions = ["app_id"]
+value_field = "bytes"
+key = "d:{app_id}:{yyyyMMdd}"
+window = "1d"
+retention = "2d"
+[[counters]]
+name = "traffic"
+dimensions = ["app_id", "device_id"]
+value_field = "bytes"
+key = "t:{app_id}:{device_id}:{yyyyMMddHH}"
+window = "1h"
+retention = "1d"
+"#,
+        )
+        .unwrap();
+        Model::compile(config).unwrap()
+    }
+
+    fn event(
+        name: &str,
+        values: &[(&str, &str)],
+        extra: serde_json::Value,
+        delta: i64,
+    ) -> Result<serde_json::Value, String> {
+        let model = model();
+        let deferral = Deferral::new(&model);
+        let spec = model.counters.iter().find(|c| c.name == name).unwrap();
+        let values = values
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let extra = extra.as_object().unwrap().clone();
+        let at = chrono::Utc::now().timestamp_millis();
+        deferral
+            .event(spec, &values, &extra, delta, at)
+            .map(|p| serde_json::from_slice(&p).unwrap())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_deferred_hit_writes_only_its_counters_fields() {
+        // Another counter's sum, a dimension, the time: all refused.
+        for field in ["bytes", "app_id", "ts"] {
+            let e = event(
+                "flow",
+                &[("app_id", "a"), ("device_id", "d")],
+                serde_json::json!({field: 9_000_000_000_000_000_000u64}),
+                1,
+            );
+            assert!(
+                e.as_ref().is_err_and(|e| e.contains(&format!("`{field}`"))),
+                "{field}: {e:?}"
+            );
+        }
+        // daily has no device_id, which flow reads: the stream path would skip it, refused.
+        let e = event("daily", &[("app_id", "a")], serde_json::json!({}), 5);
+        assert!(e.as_ref().is_err_and(|e| e.contains("missing")), "{e:?}");
+        // traffic has every field the topic reads; a field no counter reads travels along.
+        let e = event(
+            "traffic",
+            &[("app_id", "a"), ("device_id", "d")],
+            serde_json::json!({"trace": "t1"}),
+            7,
+        )
+        .unwrap();
+        let keys: Vec<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, ["app_id", "bytes", "device_id", "trace", "ts"], "{e}");
+        assert_eq!(e["bytes"], 7);
     }
 }

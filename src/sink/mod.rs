@@ -11,6 +11,7 @@ mod fences;
 pub mod merge;
 mod reply;
 pub mod script;
+mod topology;
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc as std_mpsc;
@@ -23,7 +24,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::aggregate::Unit;
-use crate::config::{FlushConfig, RedisConfig};
+use crate::config::{FlushConfig, RedisConfig, RedisMode};
 use crate::health::Health;
 use crate::metrics::{Metrics, RedisErrorKind, RejectReason};
 pub use crate::model::state_keys::FenceScope;
@@ -64,6 +65,8 @@ enum AttemptError {
     NoScript,
     #[error("unexpected reply: {0}")]
     Reply(String),
+    #[error("the cluster's primaries changed during the attempt (a failover)")]
+    TopologyChanged,
     #[error("redis maxmemory-policy is `{0}`: it may evict counters or tally's offsets and break exactness; set it to noeviction (or redis.allow_eviction = true to accept the risk)")]
     UnsafeEviction(String),
 }
@@ -87,6 +90,8 @@ pub struct Sink {
     flush: FlushConfig,
     metrics: Metrics,
     health: Arc<Health>,
+    /// In a cluster: ends a retry's wait when the primaries change (a failover).
+    topology: Option<topology::TopologyWatch>,
 }
 
 pub use conn::client;
@@ -115,6 +120,12 @@ impl Sink {
             flush,
             metrics,
             health,
+            topology: match config.mode {
+                RedisMode::Cluster => {
+                    Some(topology::TopologyWatch::new(conn::seed_clients(config)?))
+                }
+                RedisMode::Standalone => None,
+            },
         })
     }
 
@@ -157,7 +168,7 @@ impl Sink {
                     let groups = self.prepare(units);
                     let mut delay = self.flush.retry_initial;
                     let outcome = loop {
-                        match self.try_flush(&groups).await {
+                        match self.attempt(&groups).await {
                             Ok(outcome) => break Some(outcome),
                             Err(e) => {
                                 if !self.recover(e, &mut delay, &abort).await {
@@ -167,6 +178,9 @@ impl Sink {
                         }
                     };
                     let Some(outcome) = outcome else { continue };
+                    if let Some(watch) = &mut self.topology {
+                        watch.reset();
+                    }
                     self.observe_flush(&outcome, started, keys);
                     let _ = reply.send(outcome);
                 }
@@ -228,6 +242,15 @@ impl Sink {
         if abort.is_cancelled() {
             return false;
         }
+        if let AttemptError::TopologyChanged = error {
+            // Abandoned (safe: a pipeline that still lands is skipped by its fence on the
+            // retry); reconnect at once, which reads the new slot map.
+            self.conn = None;
+            self.metrics.redis.redis_retries.inc();
+            *delay = self.flush.retry_initial;
+            tracing::info!("redis cluster primaries changed (a failover); retrying at once");
+            return true;
+        }
         if let AttemptError::NoScript = error {
             // Reloaded already; retry at once: units that did apply are skipped by their fence.
             self.metrics.redis.noscript_reloads.inc();
@@ -236,11 +259,21 @@ impl Sink {
         }
         self.note_failure(&error);
         self.metrics.redis.redis_retries.inc();
+        if let Some(watch) = &mut self.topology {
+            watch.arm().await;
+        }
         let jittered = delay.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
         tracing::warn!(error = %error, retry_in = ?jittered, "redis request failed, will retry");
         *delay = (*delay * 2).min(self.flush.retry_max);
         tokio::select! {
             _ = tokio::time::sleep(jittered) => true,
+            _ = topology_changed(&mut self.topology) => {
+                // A failover (or resharding) completed: retry now, and quickly again if the
+                // nodes' views still disagree for a moment.
+                tracing::info!("redis cluster primaries changed (a failover); retrying at once");
+                *delay = self.flush.retry_initial;
+                true
+            }
             _ = abort.cancelled() => false,
         }
     }
@@ -298,6 +331,44 @@ impl Sink {
         self.apply.load(conn).await?;
         self.apply_kinds.load(conn).await?;
         Ok(self.apply_merged.load(conn).await?)
+    }
+
+    /// One flush attempt. While a cluster flush is being retried, the attempt is abandoned as
+    /// soon as the primaries change: a request caught by a failover can otherwise hang
+    /// until its response timeout, long after the replica took over.
+    async fn attempt(
+        &mut self,
+        groups: &[(redis::Pipeline, Vec<UnitMeta>)],
+    ) -> Result<FlushOutcome, AttemptError> {
+        let Some(mut watch) = self.topology.take() else {
+            return self.try_flush(groups).await;
+        };
+        let result = {
+            let flush = self.try_flush(groups);
+            tokio::pin!(flush);
+            // A healthy flush needs no watch; one that takes long (a node stopped answering)
+            // arms it, so a failover during the attempt ends it.
+            let early = if watch.armed() {
+                None
+            } else {
+                tokio::select! {
+                    result = &mut flush => Some(result),
+                    _ = tokio::time::sleep(topology::SLOW_ATTEMPT) => None,
+                }
+            };
+            match early {
+                Some(result) => result,
+                None => {
+                    watch.arm().await;
+                    tokio::select! {
+                        result = &mut flush => result,
+                        _ = watch.changed() => Err(AttemptError::TopologyChanged),
+                    }
+                }
+            }
+        };
+        self.topology = Some(watch);
+        result
     }
 
     /// Send every shard's pipeline concurrently and read the replies.
@@ -383,5 +454,13 @@ impl Sink {
                 "redis refused increments: counter keys hold non-integer values or would overflow; left unchanged (tally_keys_rejected_total)"
             );
         }
+    }
+}
+
+/// Completes when `watch` sees the cluster's primaries change; never without a watch.
+async fn topology_changed(watch: &mut Option<topology::TopologyWatch>) {
+    match watch {
+        Some(watch) => watch.changed().await,
+        None => std::future::pending().await,
     }
 }

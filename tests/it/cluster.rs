@@ -12,10 +12,10 @@ use rand::Rng;
 use tally_testkit::local_redis::LocalCluster;
 use tally_testkit::wait::wait_for_value;
 
-const PARTITIONS: i32 = 8;
-const SHARDS: u32 = 64;
+pub(crate) const PARTITIONS: i32 = 8;
+pub(crate) const SHARDS: u32 = 64;
 
-fn config(bootstrap: &str, cluster: &LocalCluster, group: &str, topic: &str) -> String {
+pub(crate) fn config(bootstrap: &str, cluster: &LocalCluster, group: &str, topic: &str) -> String {
     let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
     format!(
         r#"
@@ -44,7 +44,7 @@ shutdown_grace = "20s"
 }
 
 /// Let one replica run until everything produced is applied, stop it (exit 0), compare.
-fn finish(
+pub(crate) fn finish(
     cfg: &str,
     cluster: &LocalCluster,
     group: &str,
@@ -91,7 +91,7 @@ fn wait_agreement(port: u16) {
     }
 }
 
-fn node_id(port: u16) -> String {
+pub(crate) fn node_id(port: u16) -> String {
     let out = Command::new("redis-cli")
         .args(["-p", &port.to_string(), "CLUSTER", "MYID"])
         .output()
@@ -435,7 +435,7 @@ fn cluster_failover_losing_acknowledged_writes_stays_exact() {
     assert_eq!(mismatches, 0);
 }
 
-fn replica_of(primary: u16) -> u16 {
+pub(crate) fn replica_of(primary: u16) -> u16 {
     let out = Command::new("redis-cli")
         .args(["-p", &primary.to_string(), "CLUSTER", "NODES"])
         .output()

@@ -1,6 +1,7 @@
 //! The HTTP endpoint defends itself: half-sent requests are cut at the header timeout while
 //! health keeps answering, connections beyond the limit are refused, `/v1/*` needs the bearer
-//! token when one is set, and a request stuck on Redis is answered at the request timeout.
+//! token when one is set, a request stuck on Redis is answered at the request timeout, and a
+//! client that does not read its answers loses its connection.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -235,4 +236,56 @@ async fn v1_needs_the_bearer_token_and_answers_within_the_request_timeout() {
     })
     .await;
     running.stop().await;
+}
+
+/// A client that pipelines requests for large answers and never reads them fills its socket
+/// buffers: the server's write blocks. It must not hold its connection (here the only one
+/// allowed) past `request_timeout`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_does_not_read_its_answers_loses_its_connection() {
+    let request_timeout = Duration::from_secs(1);
+    let (port, stop) = server(HttpConfig {
+        max_connections: 1,
+        request_timeout,
+        header_timeout: Duration::from_secs(60),
+        ..HttpConfig::default()
+    })
+    .await;
+    let body = tokio::task::spawn_blocking(move || http::get(port, "/metrics"))
+        .await
+        .unwrap()
+        .expect("metrics answer")
+        .1;
+    // Enough answers to fill any loopback socket buffers (a few MiB each way) several times.
+    let n = (64 << 20) / body.len().max(1) + 1;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stuck = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+    let requests = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(n.min(20_000));
+    // The server stops reading once its writes block: send what it takes, without waiting.
+    let sending = tokio::spawn(async move {
+        let _ = stuck.write_all(requests.as_bytes()).await;
+        stuck
+    });
+    let started = Instant::now();
+    let served = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if http::get(port, "/health/live").is_some_and(|r| r.0 == 200) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    })
+    .await
+    .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        served,
+        "the connection slot is still held by a client that does not read, after {waited:?}"
+    );
+    assert!(waited >= request_timeout, "freed after {waited:?}");
+    drop(sending);
+    stop.cancel();
 }

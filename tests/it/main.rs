@@ -16,6 +16,7 @@ mod contract;
 mod defer;
 mod exactly_once;
 mod expiry_spread;
+mod failover;
 mod faults;
 mod fuzz_corpus;
 mod group;

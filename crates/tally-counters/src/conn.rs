@@ -64,7 +64,11 @@ fn tls_certificates(config: &RedisConfig) -> Result<Option<redis::TlsCertificate
     }))
 }
 
-fn connection_info(url: &str, config: &RedisConfig) -> Result<redis::ConnectionInfo, RedisError> {
+/// The connection settings for `url` with the config's user and password applied.
+pub fn connection_info(
+    url: &str,
+    config: &RedisConfig,
+) -> Result<redis::ConnectionInfo, RedisError> {
     use redis::IntoConnectionInfo;
     let mut info = url.into_connection_info()?;
     let mut settings = info.redis_settings().clone();
@@ -78,6 +82,24 @@ fn connection_info(url: &str, config: &RedisConfig) -> Result<redis::ConnectionI
     Ok(info)
 }
 
+/// The cluster seed nodes: `nodes`, or `url` when it is empty.
+fn seeds(config: &RedisConfig) -> Vec<&str> {
+    if config.nodes.is_empty() {
+        vec![config.url.as_str()]
+    } else {
+        config.nodes.iter().map(String::as_str).collect()
+    }
+}
+
+/// Clients for each cluster seed node (`nodes`, or `url` when it is empty), each talking to that
+/// node only (no redirects): for probing the cluster's own view of its topology.
+pub fn seed_clients(config: &RedisConfig) -> Result<Vec<Client>, RedisError> {
+    seeds(config)
+        .iter()
+        .map(|u| Client::open(connection_info(u, config)?))
+        .collect()
+}
+
 impl Connector {
     /// A connector for the configured deployment; fails only on malformed settings.
     pub fn new(config: &RedisConfig) -> Result<Connector, RedisError> {
@@ -89,12 +111,7 @@ impl Connector {
                     .set_response_timeout(Some(config.response_timeout)),
             )),
             RedisMode::Cluster => {
-                let seeds: Vec<&str> = if config.nodes.is_empty() {
-                    vec![config.url.as_str()]
-                } else {
-                    config.nodes.iter().map(String::as_str).collect()
-                };
-                let infos = seeds
+                let infos = seeds(config)
                     .iter()
                     .map(|u| connection_info(u, config))
                     .collect::<Result<Vec<_>, _>>()?;

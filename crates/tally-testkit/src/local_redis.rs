@@ -133,7 +133,18 @@ pub struct LocalCluster {
 impl LocalCluster {
     /// Start `primaries` primaries with `replicas` replicas each, create the cluster with
     /// `redis-cli --cluster create`, and wait until every node reports `cluster_state:ok`.
+    /// Node timeout 1 s.
     pub fn start(primaries: usize, replicas: usize) -> std::io::Result<LocalCluster> {
+        Self::start_with_node_timeout(primaries, replicas, 1000)
+    }
+
+    /// [`LocalCluster::start`] with `cluster-node-timeout` `node_timeout_ms`.
+    pub fn start_with_node_timeout(
+        primaries: usize,
+        replicas: usize,
+        node_timeout_ms: u32,
+    ) -> std::io::Result<LocalCluster> {
+        let timeout = node_timeout_ms.to_string();
         let mut nodes = Vec::new();
         for _ in 0..primaries * (1 + replicas) {
             let port = free_cluster_port()?;
@@ -146,7 +157,7 @@ impl LocalCluster {
                     "--cluster-config-file",
                     &conf,
                     "--cluster-node-timeout",
-                    "1000",
+                    &timeout,
                     // Replicas sync at once, so a failover soon after start has a replica to promote.
                     "--repl-diskless-sync-delay",
                     "0",
@@ -172,9 +183,14 @@ impl LocalCluster {
         }
         let cluster = LocalCluster { nodes };
         cluster.wait_ok(Duration::from_secs(30))?;
-        // Every replica has completed its first sync.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !cluster.nodes.iter().all(|n| {
+        cluster.wait_synced(Duration::from_secs(30))?;
+        Ok(cluster)
+    }
+
+    /// Wait until every running replica has completed its sync with its primary.
+    pub fn wait_synced(&self, timeout: Duration) -> std::io::Result<()> {
+        let deadline = Instant::now() + timeout;
+        while !self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
             node_info(n.port, "INFO", "replication")
                 .is_some_and(|i| i.contains("role:master") || i.contains("master_link_status:up"))
         }) {
@@ -183,7 +199,7 @@ impl LocalCluster {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        Ok(cluster)
+        Ok(())
     }
 
     /// `redis://127.0.0.1:<port>` of every node.
