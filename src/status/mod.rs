@@ -178,8 +178,9 @@ impl Status {
         }
     }
 
-    /// A batch was sealed for a flush: feed its count deltas (already summed per key) to the
-    /// heavy-hitters summary, once per flush, never per message.
+    /// A batch was sealed for a flush: feed its count deltas (already summed per key within a
+    /// unit) to the heavy-hitters summary, once per flush, never per message; nothing is
+    /// allocated or cloned per unit or key.
     pub fn sealed(&self, units: &[crate::aggregate::Unit]) {
         let Some(hot) = &self.stream.hot else {
             return;
@@ -189,7 +190,8 @@ impl Status {
                 .iter()
                 .map(|(key, d)| (&key[..], d.delta, d.expire_at_ms))
         });
-        hot.lock().feed(deltas, unix_ms());
+        let repeats = max_units_per_key(units);
+        hot.lock().feed(deltas, repeats, unix_ms());
     }
 
     /// Take a reading of the totals into the history; call once a second.
@@ -253,9 +255,59 @@ impl Default for Status {
     }
 }
 
+/// How many units of a batch one key can appear in: a key belongs to one shard, so to the units
+/// of one (partition, shard) per partition; those are adjacent in a batch (sealed ones, then the
+/// open one). The sum over partitions of the longest run of one (partition, shard).
+fn max_units_per_key(units: &[crate::aggregate::Unit]) -> usize {
+    let (mut total, mut longest, mut run) = (0usize, 0usize, 0usize);
+    let mut prev: Option<(i32, u32)> = None;
+    for u in units {
+        let at = (u.partition, u.shard);
+        match prev {
+            Some(p) if p == at => run += 1,
+            Some((partition, _)) if partition == at.0 => run = 1,
+            _ => {
+                total += longest;
+                longest = 0;
+                run = 1;
+            }
+        }
+        longest = longest.max(run);
+        prev = Some(at);
+    }
+    total + longest
+}
+
 /// Now, in Unix ms.
 pub fn unix_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::aggregate::Unit;
+
+    fn unit(partition: i32, shard: u32) -> Unit {
+        Unit {
+            partition,
+            shard,
+            start: 0,
+            end: 1,
+            keys: Vec::new(),
+            other: Vec::new(),
+            max_event_ms: None,
+        }
+    }
+
+    #[test]
+    fn units_per_key_counts_runs_of_one_partition_and_shard() {
+        assert_eq!(super::max_units_per_key(&[]), 0);
+        let one_each = [unit(0, 0), unit(0, 1), unit(1, 0), unit(1, 1)];
+        assert_eq!(super::max_units_per_key(&one_each), 2);
+        // Partition 0's shard 1 was cut twice before its open unit: 3 units; partition 4: 1.
+        let cut = [unit(0, 0), unit(0, 1), unit(0, 1), unit(0, 1), unit(4, 0)];
+        assert_eq!(super::max_units_per_key(&cut), 4);
+    }
 }
