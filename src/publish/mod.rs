@@ -131,6 +131,7 @@ impl Publisher {
             let lateness = output.allowed_lateness.as_millis() as i64;
             let wm = raw.map(|t| t.saturating_sub(lateness));
             self.state.lock().counters.insert(spec.name.clone(), wm);
+            self.metrics.status.counter_watermark(&spec.name, wm);
             let Some(wm) = wm else { continue };
             self.metrics
                 .publish
@@ -149,6 +150,7 @@ impl Publisher {
             let behind = &self.metrics.publish.behind_seconds;
             behind.with_label_values(&[&spec.name]).set(0);
         }
+        self.metrics.status.clear_watermarks();
     }
 
     /// Metrics and state of the partitions (idle as seen with the shortest `idle_timeout`).
@@ -172,6 +174,9 @@ impl Publisher {
                 .set(i64::from(idle));
             state.partitions.insert(*p, (*mark, idle));
         }
+        let marks = state.partitions.iter();
+        let marks = marks.map(|(p, (mark, idle))| (*p, mark.max_event_ms, *idle));
+        self.metrics.status.partition_watermarks(marks);
     }
 
     /// One counter: publish its windows that closed (up to `wm`), look for corrections, and

@@ -75,6 +75,18 @@ struct Stream {
     latencies: Mutex<Latencies>,
     /// None when `status.hot_keys = 0`.
     hot: Option<Mutex<HotKeys>>,
+    /// Event-time watermarks, as the publishing leader last read them (empty elsewhere).
+    watermarks: Mutex<Watermarks>,
+}
+
+/// What the window publisher last saw ([`crate::publish`]); kept while this process leads it.
+#[derive(Debug, Clone, Default)]
+struct Watermarks {
+    /// Per partition of the topic: the highest event time applied (Unix ms), and whether the
+    /// partition is idle (not holding the topic's watermark back).
+    partitions: BTreeMap<i32, (Option<i64>, bool)>,
+    /// Per counter with an output: its watermark after `allowed_lateness` (Unix ms).
+    counters: BTreeMap<String, Option<i64>>,
 }
 
 /// The process' live status.
@@ -101,6 +113,7 @@ impl Status {
                 history: Mutex::new(History::default()),
                 latencies: Mutex::new(Latencies::default()),
                 hot: (hot_keys > 0).then(|| Mutex::new(HotKeys::new(hot_keys))),
+                watermarks: Mutex::default(),
             },
             requests: Mutex::new(BTreeMap::new()),
             jobs: Mutex::new(BTreeMap::new()),
@@ -192,6 +205,30 @@ impl Status {
         });
         let repeats = max_units_per_key(units);
         hot.lock().feed(deltas, repeats, unix_ms());
+    }
+
+    /// The window publisher read the partitions' `(partition, highest event time, idle)`.
+    pub fn partition_watermarks(&self, marks: impl IntoIterator<Item = (i32, Option<i64>, bool)>) {
+        let mut w = self.stream.watermarks.lock();
+        w.partitions.clear();
+        w.partitions
+            .extend(marks.into_iter().map(|(p, t, idle)| (p, (t, idle))));
+    }
+
+    /// The window publisher computed `counter`'s watermark after lateness (None: not known yet).
+    pub fn counter_watermark(&self, counter: &str, watermark: Option<i64>) {
+        let mut w = self.stream.watermarks.lock();
+        match w.counters.get_mut(counter) {
+            Some(v) => *v = watermark,
+            None => {
+                w.counters.insert(counter.to_string(), watermark);
+            }
+        }
+    }
+
+    /// This process stopped publishing: its watermarks would go stale.
+    pub fn clear_watermarks(&self) {
+        *self.stream.watermarks.lock() = Watermarks::default();
     }
 
     /// Take a reading of the totals into the history; call once a second.
