@@ -304,19 +304,24 @@ impl Publisher {
             .model
             .scope
             .published_values(&spec.name, window.start_ms);
-        // The watermark a window's records carry is the one of its first attempt, so that a
-        // re-publish after a crash is byte for byte the same.
+        // The watermark a closed window's records carry is the one of its first final attempt,
+        // so that a re-publish after a crash is byte for byte the same. Updates of an open
+        // window carry the watermark of their pass and leave `@watermark` to the close (the
+        // hash is created, with its expiry, either way).
         let mut first = redis::cmd("EVAL");
         first
             .arg(
-                "redis.call('HSETNX', KEYS[1], '@watermark', ARGV[1]) \
+                "local closing = ARGV[3] == '1' \
+                 redis.call('HSETNX', KEYS[1], closing and '@watermark' or '@open', ARGV[1]) \
                  redis.call('PEXPIREAT', KEYS[1], ARGV[2]) \
-                 return redis.call('HGET', KEYS[1], '@watermark')",
+                 if closing then return redis.call('HGET', KEYS[1], '@watermark') end \
+                 return ARGV[1]",
             )
             .arg(1)
             .arg(&hash)
             .arg(wm)
-            .arg(spec.expire_at(window.end_ms));
+            .arg(spec.expire_at(window.end_ms))
+            .arg(u8::from(how != Emit::Update));
         let closed_by: i64 = conn.query(&first).await?;
         let timeout = self.model.config.jobs.publish.send_timeout;
         for chunk in cells.chunks(10_000) {
