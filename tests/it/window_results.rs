@@ -17,7 +17,7 @@ use serde_json::Value;
 use tally_testkit::local_redis::LocalRedis;
 use tally_testkit::tansu::Tansu;
 
-use crate::common::process::{BrokerProcess, TallyProcess};
+use crate::common::process::{kafka_toml, BrokerProcess, TallyProcess};
 
 /// Input partitions; the last one never gets a message.
 pub(crate) const PARTITIONS: i32 = 4;
@@ -26,15 +26,9 @@ pub(crate) const MIN: i64 = 60_000;
 /// Three counters with an output to `out`, published `when` (`final` or `updates`).
 pub(crate) fn config(bootstrap: &str, redis: &str, topic: &str, out: &str, when: &str) -> String {
     let output = format!(r#"output = {{ topic = "{out}", when = "{when}", idle_timeout = "2s" }}"#);
+    let kafka = kafka_toml(bootstrap, topic, "g-win");
     format!(
-        r#"
-[kafka]
-brokers = "{bootstrap}"
-topic = "{topic}"
-group_id = "g-win"
-[kafka.properties]
-"session.timeout.ms" = "3000"
-"heartbeat.interval.ms" = "300"
+        r#"{kafka}
 [redis]
 url = "{redis}"
 [flush]
