@@ -8,7 +8,8 @@
 //!    already summed per key within each unit; one key can still appear in several units (one per
 //!    partition, more when a unit was cut by `max_keys_per_call`), at most `repeats` times. With
 //!    `L = repeats × (capacity + 1) − 1`, if the batch has more than `L` entries, the (`L`+1)-th
-//!    largest delta `c₁` (a `select_nth` over a vector of deltas) is subtracted from every entry
+//!    largest delta `c₁` (a `select_nth` over the deltas above 1; 1s are only counted) is
+//!    subtracted from every entry
 //!    and only the entries above it survive: at most `L`. The cut removes at least
 //!    `(L + 1) × c₁ = repeats × (capacity + 1) × c₁` and any one key at most `repeats × c₁`.
 //! 2. **Merge into the held summary.** The survivors are summed per key and added to the held
@@ -130,20 +131,32 @@ impl HotKeys {
         repeats: usize,
         now_ms: i64,
     ) -> (u64, u64) {
+        // Deltas of 1 (most of them in a high-cardinality stream) are only counted: they are
+        // the smallest, so the (L+1)-th largest is among the others unless those are too few.
         self.scratch.clear();
+        let (mut live, mut ones) = (0u64, 0usize);
         for (_, delta, expire_at_ms) in batch {
             let Ok(delta) = u64::try_from(delta) else {
                 continue;
             };
             self.total = self.total.saturating_add(delta);
-            if delta > 0 && expire_at_ms > now_ms {
+            if delta == 0 || expire_at_ms <= now_ms {
+                continue;
+            }
+            live = live.saturating_add(delta);
+            if delta == 1 {
+                ones += 1;
+            } else {
                 self.scratch.push(delta);
             }
         }
-        let live = self.scratch.iter().fold(0u64, |a, &d| a.saturating_add(d));
         let keep = repeats.max(1).saturating_mul(self.capacity + 1) - 1;
-        if self.scratch.len() <= keep {
+        if self.scratch.len() + ones <= keep {
             return (0, live);
+        }
+        if self.scratch.len() <= keep {
+            // The (L+1)-th largest delta is a 1.
+            return (1, live);
         }
         // The (L+1)-th largest delta.
         let (_, nth, _) = self.scratch.select_nth_unstable_by(keep, |a, b| b.cmp(a));
@@ -322,6 +335,27 @@ mod tests {
         let shown: Vec<String> = hot.top(5, 0).into_iter().map(|k| k.key).collect();
         let want: Vec<String> = by_truth[..5].iter().map(|(k, _)| (*k).clone()).collect();
         assert_eq!(shown, want);
+    }
+
+    #[test]
+    fn a_cut_among_ones_keeps_the_heavier_keys() {
+        // L = 2: the 3rd largest delta is a 1; only `a` survives the batch's cut, by 5 - 1.
+        let mut hot = HotKeys::new(2);
+        let batch = [
+            (&b"a"[..], 5, FAR),
+            (b"b", 1, FAR),
+            (b"c", 1, FAR),
+            (b"d", 1, FAR),
+        ];
+        hot.feed(batch, 1, 0);
+        let top: Vec<(String, u64)> = hot
+            .top(5, 0)
+            .into_iter()
+            .map(|k| (k.key, k.count))
+            .collect();
+        assert_eq!(top, [("a".to_string(), 4)]);
+        assert_eq!(hot.error_bound(), 1, "(8 - 4) / 3");
+        assert_eq!(hot.total(), 8);
     }
 
     #[test]
