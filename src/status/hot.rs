@@ -9,8 +9,8 @@
 //!    partition, more when a unit was cut by `max_keys_per_call`), at most `repeats` times. With
 //!    `L = repeats × (capacity + 1) − 1`, if the batch has more than `L` entries, the (`L`+1)-th
 //!    largest delta `c₁` (a `select_nth` over the deltas above 1; 1s are only counted) is
-//!    subtracted from every entry
-//!    and only the entries above it survive: at most `L`. The cut removes at least
+//!    subtracted from every entry and only the entries above it survive: at most `L`. The cut
+//!    removes at least
 //!    `(L + 1) × c₁ = repeats × (capacity + 1) × c₁` and any one key at most `repeats × c₁`.
 //! 2. **Merge into the held summary.** The survivors are summed per key and added to the held
 //!    keys; if more than `capacity` keys remain, the (`capacity`+1)-th largest count `c₂` is
