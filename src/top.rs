@@ -215,6 +215,17 @@ fn number(v: &Value) -> String {
     }
 }
 
+/// A Unix-ms time as `HH:MM:SSZ` (UTC), or `-`.
+fn time_of_day(v: &Value) -> String {
+    match v.as_i64() {
+        Some(ms) => {
+            let s = ms.div_euclid(1000).rem_euclid(86_400);
+            format!("{:02}:{:02}:{:02}Z", s / 3600, s / 60 % 60, s % 60)
+        }
+        None => "-".into(),
+    }
+}
+
 fn stream_lines(stream: &Value) -> Vec<Line<'static>> {
     let latency = &stream["flush_latency_ms"];
     let mut lines = vec![
@@ -237,6 +248,29 @@ fn stream_lines(stream: &Value) -> Vec<Line<'static>> {
         .map(|p| format!("p{}:{}", number(&p["partition"]), number(&p["lag"])))
         .collect();
     lines.push(Line::from(format!("partition:lag  {}", summary.join(" "))));
+    // Event-time watermarks: on the replica that leads the window publisher.
+    let marks: Vec<String> = parts
+        .iter()
+        .filter(|p| !p["idle"].is_null())
+        .map(|p| {
+            let at = if p["idle"].as_bool() == Some(true) {
+                "idle".to_string()
+            } else {
+                time_of_day(&p["watermark"])
+            };
+            format!("p{}:{at}", number(&p["partition"]))
+        })
+        .collect();
+    if !marks.is_empty() {
+        lines.push(Line::from(format!("watermark  {}", marks.join(" "))));
+    }
+    for o in stream["outputs"].as_array().into_iter().flatten() {
+        lines.push(Line::from(format!(
+            "output {}: closed up to {}",
+            o["counter"].as_str().unwrap_or("?"),
+            time_of_day(&o["watermark"]),
+        )));
+    }
     for h in stream["halted"].as_array().into_iter().flatten() {
         let red = Style::new().fg(Color::Red).add_modifier(Modifier::BOLD);
         lines.push(Line::styled(

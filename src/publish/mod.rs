@@ -131,6 +131,7 @@ impl Publisher {
             let lateness = output.allowed_lateness.as_millis() as i64;
             let wm = raw.map(|t| t.saturating_sub(lateness));
             self.state.lock().counters.insert(spec.name.clone(), wm);
+            self.metrics.status.counter_watermark(&spec.name, wm);
             let Some(wm) = wm else { continue };
             self.metrics
                 .publish
@@ -149,6 +150,7 @@ impl Publisher {
             let behind = &self.metrics.publish.behind_seconds;
             behind.with_label_values(&[&spec.name]).set(0);
         }
+        self.metrics.status.clear_watermarks();
     }
 
     /// Metrics and state of the partitions (idle as seen with the shortest `idle_timeout`).
@@ -172,6 +174,9 @@ impl Publisher {
                 .set(i64::from(idle));
             state.partitions.insert(*p, (*mark, idle));
         }
+        let marks = state.partitions.iter();
+        let marks = marks.map(|(p, (mark, idle))| (*p, mark.max_event_ms, *idle));
+        self.metrics.status.partition_watermarks(marks);
     }
 
     /// One counter: publish its windows that closed (up to `wm`), look for corrections, and
@@ -299,19 +304,24 @@ impl Publisher {
             .model
             .scope
             .published_values(&spec.name, window.start_ms);
-        // The watermark a window's records carry is the one of its first attempt, so that a
-        // re-publish after a crash is byte for byte the same.
+        // The watermark a closed window's records carry is the one of its first final attempt,
+        // so that a re-publish after a crash is byte for byte the same. Updates of an open
+        // window carry the watermark of their pass and leave `@watermark` to the close (the
+        // hash is created, with its expiry, either way).
         let mut first = redis::cmd("EVAL");
         first
             .arg(
-                "redis.call('HSETNX', KEYS[1], '@watermark', ARGV[1]) \
+                "local closing = ARGV[3] == '1' \
+                 redis.call('HSETNX', KEYS[1], closing and '@watermark' or '@open', ARGV[1]) \
                  redis.call('PEXPIREAT', KEYS[1], ARGV[2]) \
-                 return redis.call('HGET', KEYS[1], '@watermark')",
+                 if closing then return redis.call('HGET', KEYS[1], '@watermark') end \
+                 return ARGV[1]",
             )
             .arg(1)
             .arg(&hash)
             .arg(wm)
-            .arg(spec.expire_at(window.end_ms));
+            .arg(spec.expire_at(window.end_ms))
+            .arg(u8::from(how != Emit::Update));
         let closed_by: i64 = conn.query(&first).await?;
         let timeout = self.model.config.jobs.publish.send_timeout;
         for chunk in cells.chunks(10_000) {

@@ -75,6 +75,18 @@ struct Stream {
     latencies: Mutex<Latencies>,
     /// None when `status.hot_keys = 0`.
     hot: Option<Mutex<HotKeys>>,
+    /// Event-time watermarks, as the publishing leader last read them (empty elsewhere).
+    watermarks: Mutex<Watermarks>,
+}
+
+/// What the window publisher last saw ([`crate::publish`]); kept while this process leads it.
+#[derive(Debug, Clone, Default)]
+struct Watermarks {
+    /// Per partition of the topic: the highest event time applied (Unix ms), and whether the
+    /// partition is idle (not holding the topic's watermark back).
+    partitions: BTreeMap<i32, (Option<i64>, bool)>,
+    /// Per counter with an output: its watermark after `allowed_lateness` (Unix ms).
+    counters: BTreeMap<String, Option<i64>>,
 }
 
 /// The process' live status.
@@ -101,6 +113,7 @@ impl Status {
                 history: Mutex::new(History::default()),
                 latencies: Mutex::new(Latencies::default()),
                 hot: (hot_keys > 0).then(|| Mutex::new(HotKeys::new(hot_keys))),
+                watermarks: Mutex::default(),
             },
             requests: Mutex::new(BTreeMap::new()),
             jobs: Mutex::new(BTreeMap::new()),
@@ -178,8 +191,9 @@ impl Status {
         }
     }
 
-    /// A batch was sealed for a flush: feed its count deltas (already summed per key) to the
-    /// heavy-hitters summary, once per flush, never per message.
+    /// A batch was sealed for a flush: feed its count deltas (already summed per key within a
+    /// unit) to the heavy-hitters summary, once per flush, never per message; nothing is
+    /// allocated or cloned per unit or key.
     pub fn sealed(&self, units: &[crate::aggregate::Unit]) {
         let Some(hot) = &self.stream.hot else {
             return;
@@ -189,7 +203,32 @@ impl Status {
                 .iter()
                 .map(|(key, d)| (&key[..], d.delta, d.expire_at_ms))
         });
-        hot.lock().feed(deltas, unix_ms());
+        let repeats = max_units_per_key(units);
+        hot.lock().feed(deltas, repeats, unix_ms());
+    }
+
+    /// The window publisher read the partitions' `(partition, highest event time, idle)`.
+    pub fn partition_watermarks(&self, marks: impl IntoIterator<Item = (i32, Option<i64>, bool)>) {
+        let mut w = self.stream.watermarks.lock();
+        w.partitions.clear();
+        w.partitions
+            .extend(marks.into_iter().map(|(p, t, idle)| (p, (t, idle))));
+    }
+
+    /// The window publisher computed `counter`'s watermark after lateness (None: not known yet).
+    pub fn counter_watermark(&self, counter: &str, watermark: Option<i64>) {
+        let mut w = self.stream.watermarks.lock();
+        match w.counters.get_mut(counter) {
+            Some(v) => *v = watermark,
+            None => {
+                w.counters.insert(counter.to_string(), watermark);
+            }
+        }
+    }
+
+    /// This process stopped publishing: its watermarks would go stale.
+    pub fn clear_watermarks(&self) {
+        *self.stream.watermarks.lock() = Watermarks::default();
     }
 
     /// Take a reading of the totals into the history; call once a second.
@@ -253,9 +292,59 @@ impl Default for Status {
     }
 }
 
+/// How many units of a batch one key can appear in: a key belongs to one shard, so to the units
+/// of one (partition, shard) per partition; those are adjacent in a batch (sealed ones, then the
+/// open one). The sum over partitions of the longest run of one (partition, shard).
+fn max_units_per_key(units: &[crate::aggregate::Unit]) -> usize {
+    let (mut total, mut longest, mut run) = (0usize, 0usize, 0usize);
+    let mut prev: Option<(i32, u32)> = None;
+    for u in units {
+        let at = (u.partition, u.shard);
+        match prev {
+            Some(p) if p == at => run += 1,
+            Some((partition, _)) if partition == at.0 => run = 1,
+            _ => {
+                total += longest;
+                longest = 0;
+                run = 1;
+            }
+        }
+        longest = longest.max(run);
+        prev = Some(at);
+    }
+    total + longest
+}
+
 /// Now, in Unix ms.
 pub fn unix_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::aggregate::Unit;
+
+    fn unit(partition: i32, shard: u32) -> Unit {
+        Unit {
+            partition,
+            shard,
+            start: 0,
+            end: 1,
+            keys: Vec::new(),
+            other: Vec::new(),
+            max_event_ms: None,
+        }
+    }
+
+    #[test]
+    fn units_per_key_counts_runs_of_one_partition_and_shard() {
+        assert_eq!(super::max_units_per_key(&[]), 0);
+        let one_each = [unit(0, 0), unit(0, 1), unit(1, 0), unit(1, 1)];
+        assert_eq!(super::max_units_per_key(&one_each), 2);
+        // Partition 0's shard 1 was cut twice before its open unit: 3 units; partition 4: 1.
+        let cut = [unit(0, 0), unit(0, 1), unit(0, 1), unit(0, 1), unit(4, 0)];
+        assert_eq!(super::max_units_per_key(&cut), 4);
+    }
 }

@@ -64,6 +64,18 @@ pub struct StreamView {
     pub flush_latency_ms: LatencyView,
     /// The hottest keys; absent when `status.hot_keys = 0`.
     pub hot_keys: Option<HotKeysView>,
+    /// Per counter with an output, its watermark: windows ending at or before it are closed
+    /// and published. Listed on the replica leading the window publisher only.
+    pub outputs: Vec<OutputView>,
+}
+
+/// The watermark of one counter with an output.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OutputView {
+    pub counter: String,
+    /// The topic's watermark minus the counter's `allowed_lateness` (Unix ms); null until every
+    /// partition that is not idle has shown an event time.
+    pub watermark: Option<i64>,
 }
 
 /// One owned partition.
@@ -78,8 +90,13 @@ pub struct PartitionView {
     pub end: Option<i64>,
     /// `end - applied`.
     pub lag: Option<i64>,
-    /// Event-time watermark (not published yet: always null).
+    /// The highest event time applied (Unix ms): the partition's event-time watermark before
+    /// `allowed_lateness`. Known on the replica that leads the window publisher (`jobs.publish`),
+    /// null elsewhere and without counter outputs.
     pub watermark: Option<i64>,
+    /// Idle: caught up and quiet for `idle_timeout`, so it does not hold the topic's watermark
+    /// back. Null where `watermark` is unknown.
+    pub idle: Option<bool>,
     /// Whether it is halted or waiting (see `halted`).
     pub halted: bool,
 }
@@ -201,9 +218,11 @@ impl Status {
     fn stream_view(&self) -> StreamView {
         let stream = &self.stream;
         let prefix = self.command_prefix.lock().clone();
+        let marks = stream.watermarks.lock().clone();
         let mut partitions = Vec::new();
         let mut halted = Vec::new();
         for (&partition, p) in stream.partitions.lock().iter() {
+            let mark = marks.partitions.get(&partition);
             // The end comes with librdkafka's statistics (every few seconds): when the
             // applied offset passed it since, the statistics are behind, not the partition.
             let end = match (p.applied, p.end) {
@@ -217,7 +236,8 @@ impl Status {
                 applied: p.applied,
                 end,
                 lag,
-                watermark: None,
+                watermark: mark.and_then(|m| m.0),
+                idle: mark.map(|m| m.1),
                 halted: p.halt.is_some(),
             });
             if let Some(h) = &p.halt {
@@ -263,6 +283,11 @@ impl Status {
                     keys: hot.top(TOP_KEYS, super::unix_ms()),
                 }
             }),
+            outputs: marks
+                .counters
+                .into_iter()
+                .map(|(counter, watermark)| OutputView { counter, watermark })
+                .collect(),
         }
     }
 }

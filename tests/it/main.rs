@@ -46,3 +46,4 @@ mod state_loss;
 mod status_page;
 mod tansu;
 mod window_results;
+mod window_updates;

@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::process::{BrokerProcess, TallyProcess};
+use crate::common::process::{kafka_toml, BrokerProcess, TallyProcess};
 use crate::common::stream::{self, Stream, COUNTERS};
 use rand::{Rng, SeedableRng};
 use tally_testkit::local_redis::LocalRedis;
@@ -18,15 +18,9 @@ const SIGNALS: usize = 50;
 const AT_ONCE: usize = 5;
 
 fn run_config(bootstrap: &str, redis: &str) -> String {
+    let kafka = kafka_toml(bootstrap, "sig", "g-sig");
     format!(
-        r#"
-[kafka]
-brokers = "{bootstrap}"
-topic = "sig"
-group_id = "g-sig"
-[kafka.properties]
-"session.timeout.ms" = "3000"
-"heartbeat.interval.ms" = "300"
+        r#"{kafka}
 [redis]
 url = "{redis}"
 [flush]

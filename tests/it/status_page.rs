@@ -26,7 +26,17 @@ fn weights() -> Vec<(String, usize)> {
 
 /// tally with a token and a rate-limit policy `per_user` (3 a minute), on `port`.
 fn start(h: &Harness, group: &str, port: u16) -> Running {
-    let mut config = h.config(group, hourly("sp"));
+    let mut counters = hourly("sp");
+    // An output, so the page shows the watermarks (this process leads the publisher). Idle
+    // after an hour: the partitions keep holding the watermark for the whole test.
+    h.mock.create_topic("sp-hourly", 1, 1).unwrap();
+    counters[0].output = Some(tally_counters::config::OutputConfig {
+        topic: "sp-hourly".into(),
+        when: Default::default(),
+        allowed_lateness: Duration::from_secs(60),
+        idle_timeout: Duration::from_secs(3600),
+    });
+    let mut config = h.config(group, counters);
     config.http.listen = format!("127.0.0.1:{port}");
     config.http.token = Some(TOKEN.into());
     let policy =
@@ -43,8 +53,9 @@ fn start(h: &Harness, group: &str, port: u16) -> Running {
     running
 }
 
-/// Produce every app's events round-robin over the partitions; returns how many.
-fn produce(h: &mut Harness) -> usize {
+/// Produce every app's events round-robin over the partitions; returns how many, and their
+/// event time.
+fn produce(h: &mut Harness) -> (usize, i64) {
     let now = chrono::Utc::now().timestamp_millis();
     let mut n = 0;
     for (app, count) in weights() {
@@ -55,7 +66,13 @@ fn produce(h: &mut Harness) -> usize {
         }
     }
     h.flush_producer();
-    n
+    (n, now)
+}
+
+/// A Unix-ms time as the page shows it: `HH:MM:SSZ`.
+fn time_of_day(ms: i64) -> String {
+    let t = chrono::DateTime::from_timestamp_millis(ms).unwrap();
+    t.format("%H:%M:%SZ").to_string()
 }
 
 /// Five calls of `per_user` for one subject: 3 admitted, 2 denied.
@@ -118,7 +135,7 @@ async fn the_page_shows_lag_rates_hot_keys_decisions_and_a_halted_partition() {
     let port = free_port().unwrap();
     let running = start(&h, group, port);
     let started = Instant::now();
-    let n = produce(&mut h);
+    let (n, produced_at) = produce(&mut h);
     h.wait_applied(group, WAIT).await;
     tokio::task::spawn_blocking(move || limit_calls(port))
         .await
@@ -147,6 +164,20 @@ async fn the_page_shows_lag_rates_hot_keys_decisions_and_a_halted_partition() {
         if policies != [["per_user", "3", "2", "0"]] {
             return Err(format!("policies {policies:?}"));
         }
+        // Each partition's watermark is the event time produced; the counter's is a minute
+        // (its allowed lateness) before.
+        let marks: Vec<String> = browser::table(dom, "partitions")
+            .into_iter()
+            .map(|row| row.get(5).cloned().unwrap_or_default())
+            .collect();
+        if marks != [time_of_day(produced_at), time_of_day(produced_at)] {
+            return Err(format!(
+                "watermarks {marks:?}, want {}",
+                time_of_day(produced_at)
+            ));
+        }
+        let closed = format!("flow closed up to {}", time_of_day(produced_at - 60_000));
+        expect(browser::text_of(dom, "outputs"), &closed, "output")?;
         Ok(())
     })
     .await;
@@ -201,7 +232,7 @@ async fn tally_top_draws_the_status_in_a_terminal_and_quits_on_q() {
     let group = "g-status-top";
     let port = free_port().unwrap();
     let running = start(&h, group, port);
-    produce(&mut h);
+    let (_, produced_at) = produce(&mut h);
     h.wait_applied(group, WAIT).await;
     let socket = format!("tally-top-{}", std::process::id());
     let command = format!(
@@ -230,7 +261,13 @@ async fn tally_top_draws_the_status_in_a_terminal_and_quits_on_q() {
         let shot = tmux(&socket, &["capture-pane", "-p", "-t", "top"]);
         let screen = String::from_utf8_lossy(&shot.stdout).into_owned();
         let hot_line = screen.lines().find(|l| l.contains(&hottest)).unwrap_or("");
-        if screen.contains("ready") && hot_line.contains("60") && screen.contains("lag 0") {
+        // The watermarks come with the publisher's passes (this process leads it).
+        let marks = format!("watermark  p0:{at} p1:{at}", at = time_of_day(produced_at));
+        if screen.contains("ready")
+            && hot_line.contains("60")
+            && screen.contains("lag 0")
+            && screen.contains(&marks)
+        {
             break screen;
         }
         assert!(

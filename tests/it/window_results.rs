@@ -1,7 +1,8 @@
 //! Window results downstream, end to end: tally runs as processes (replicas, kill -9 at random
-//! moments, the publishing leader included) against a broker process; the output topic is read
-//! back with a `read_committed` consumer and every (window, key) is compared with the truth
-//! computed here from the produced events. One input partition never gets a message (idle).
+//! moments, the publishing leader included) against a broker process, librdkafka's mock and
+//! tansu, one scenario for both; the output topic is read back with a `read_committed` consumer
+//! and every (window, key) is compared with the truth computed here from the produced events.
+//! One input partition never gets a message (idle).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -14,24 +15,20 @@ use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedPr
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::Value;
 use tally_testkit::local_redis::LocalRedis;
+use tally_testkit::tansu::Tansu;
 
-use crate::common::process::{BrokerProcess, TallyProcess};
+use crate::common::process::{kafka_toml, BrokerProcess, TallyProcess};
 
 /// Input partitions; the last one never gets a message.
-const PARTITIONS: i32 = 4;
-const MIN: i64 = 60_000;
+pub(crate) const PARTITIONS: i32 = 4;
+pub(crate) const MIN: i64 = 60_000;
 
-fn config(bootstrap: &str, redis: &str, topic: &str, out: &str) -> String {
-    let output = format!(r#"output = {{ topic = "{out}", idle_timeout = "2s" }}"#);
+/// Three counters with an output to `out`, published `when` (`final` or `updates`).
+pub(crate) fn config(bootstrap: &str, redis: &str, topic: &str, out: &str, when: &str) -> String {
+    let output = format!(r#"output = {{ topic = "{out}", when = "{when}", idle_timeout = "2s" }}"#);
+    let kafka = kafka_toml(bootstrap, topic, "g-win");
     format!(
-        r#"
-[kafka]
-brokers = "{bootstrap}"
-topic = "{topic}"
-group_id = "g-win"
-[kafka.properties]
-"session.timeout.ms" = "3000"
-"heartbeat.interval.ms" = "300"
+        r#"{kafka}
 [redis]
 url = "{redis}"
 [flush]
@@ -75,7 +72,7 @@ retention = "1d"
 
 /// One produced event.
 #[derive(Clone)]
-struct Ev {
+pub(crate) struct Ev {
     partition: i32,
     app: String,
     dev: String,
@@ -93,7 +90,7 @@ impl Ev {
 }
 
 /// `n` events in minutes `windows` after `base`, over the active partitions.
-fn events(base: i64, windows: std::ops::Range<i64>, n: u64, seed: u64) -> Vec<Ev> {
+pub(crate) fn events(base: i64, windows: std::ops::Range<i64>, n: u64, seed: u64) -> Vec<Ev> {
     let span = windows.end - windows.start;
     (0..n)
         .map(|i| {
@@ -109,7 +106,7 @@ fn events(base: i64, windows: std::ops::Range<i64>, n: u64, seed: u64) -> Vec<Ev
         .collect()
 }
 
-fn produce(bootstrap: &str, topic: &str, events: &[Ev]) {
+pub(crate) fn produce(bootstrap: &str, topic: &str, events: &[Ev]) {
     let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("linger.ms", "5")
@@ -128,7 +125,7 @@ fn produce(bootstrap: &str, topic: &str, events: &[Ev]) {
     producer.flush(Duration::from_secs(30)).unwrap();
 }
 
-fn minute_text(ts: i64) -> String {
+pub(crate) fn minute_text(ts: i64) -> String {
     chrono::Utc
         .timestamp_millis_opt(ts)
         .unwrap()
@@ -137,7 +134,7 @@ fn minute_text(ts: i64) -> String {
 }
 
 /// The truth per record key (the counter key), for windows ending at or before `closed_end`.
-fn truth(events: &[Ev], closed_end: i64) -> BTreeMap<String, i64> {
+pub(crate) fn truth(events: &[Ev], closed_end: i64) -> BTreeMap<String, i64> {
     let mut out = BTreeMap::new();
     let mut users: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
     for e in events {
@@ -161,7 +158,7 @@ fn truth(events: &[Ev], closed_end: i64) -> BTreeMap<String, i64> {
 }
 
 /// Every record of the output topic so far (key, JSON value), in order.
-fn read_output(bootstrap: &str, out: &str) -> Vec<(String, Value)> {
+pub(crate) fn read_output(bootstrap: &str, out: &str) -> Vec<(String, Value)> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "win-reader")
@@ -235,18 +232,38 @@ fn wait_output(bootstrap: &str, out: &str, done: impl Fn(&Seen) -> bool) -> Vec<
     }
 }
 
+const TOPIC: &str = "win-in";
+const OUT: &str = "win-out";
+
 #[test]
 fn closed_windows_are_published_once_with_their_truth_through_kills_and_late_data() {
-    let (topic, out) = ("win-in", "win-out");
-    let broker = BrokerProcess::start(&[(topic, PARTITIONS), (out, 1)]);
+    let broker = BrokerProcess::start(&[(TOPIC, PARTITIONS), (OUT, 1)]);
+    scenario(&broker.bootstrap);
+}
+
+/// The same on tansu, a broker that writes what librdkafka's mock does not check: its log is
+/// on disk, and a `read_committed` consumer reads what a real broker would hand it.
+#[test]
+fn closed_windows_are_published_once_on_tansu() {
+    let broker = Tansu::start().unwrap();
+    broker.create_topic(TOPIC, PARTITIONS).unwrap();
+    broker.create_topic(OUT, 1).unwrap();
+    scenario(&broker.bootstrap());
+}
+
+/// Minutes 0..4 produced, 10 kill -9 of tally (the publisher mid-publish among them, a second
+/// replica every other round), every closed window's keys checked against the truth; then late
+/// events and a window close: corrections equal to the new truth.
+fn scenario(bootstrap: &str) {
+    let (topic, out) = (TOPIC, OUT);
     let redis = LocalRedis::start(&[]).unwrap();
-    let cfg = config(&broker.bootstrap, &redis.url(), topic, out);
+    let cfg = config(bootstrap, &redis.url(), topic, out, "final");
     let now = chrono::Utc::now().timestamp_millis();
     let base = now - now.rem_euclid(MIN) - 60 * MIN;
 
     // Minutes 0..4: the watermark ends in minute 3, so minutes 0..3 close and minute 3 stays open.
     let mut all = events(base, 0..4, 12_000, 0);
-    produce(&broker.bootstrap, topic, &all);
+    produce(bootstrap, topic, &all);
     let seed: u64 = rand::random();
     eprintln!("window results seed {seed}");
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
@@ -298,7 +315,7 @@ fn closed_windows_are_published_once_with_their_truth_through_kills_and_late_dat
     let mut last = TallyProcess::start(&cfg, "win-final");
     let closed = base + 3 * MIN;
     let want = truth(&all, closed);
-    let records = wait_output(&broker.bootstrap, out, |s| {
+    let records = wait_output(bootstrap, out, |s| {
         want.iter()
             .all(|(k, v)| s.get(k).is_some_and(|(f, _)| f.contains(v)))
     });
@@ -325,10 +342,10 @@ fn closed_windows_are_published_once_with_their_truth_through_kills_and_late_dat
     let mut closer = events(base, 5..6, 3, 0);
     let mut next = late.clone();
     next.append(&mut closer);
-    produce(&broker.bootstrap, topic, &next);
+    produce(bootstrap, topic, &next);
     all.extend(next);
     let want = truth(&all, base + 5 * MIN);
-    let records = wait_output(&broker.bootstrap, out, |s| {
+    let records = wait_output(bootstrap, out, |s| {
         want.iter()
             .all(|(k, v)| s.get(k).is_some_and(|(_, last)| last == v))
     });

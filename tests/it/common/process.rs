@@ -7,6 +7,22 @@ use std::time::{Duration, Instant};
 use tally_testkit::scrape::Scrape;
 use tally_testkit::wait::{wait_for_value, wait_until};
 
+/// The `[kafka]` section of a crash test's configuration: a short session, so that a replica
+/// killed with SIGKILL leaves the group within seconds.
+pub fn kafka_toml(bootstrap: &str, topic: &str, group: &str) -> String {
+    format!(
+        r#"
+[kafka]
+brokers = "{bootstrap}"
+topic = "{topic}"
+group_id = "{group}"
+[kafka.properties]
+"session.timeout.ms" = "3000"
+"heartbeat.interval.ms" = "300"
+"#
+    )
+}
+
 /// `tally mock-broker` in its own process, so tally can be SIGKILLed without killing Kafka.
 pub struct BrokerProcess {
     child: Child,
