@@ -187,7 +187,7 @@ impl Status {
         let deltas = units.iter().flat_map(|u| {
             u.keys
                 .iter()
-                .map(|(key, d)| (&key[..], d.delta, d.expire_at_ms))
+                .map(|(key, d)| (key, d.delta, d.expire_at_ms))
         });
         hot.lock().feed(deltas, unix_ms());
     }
