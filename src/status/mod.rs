@@ -184,11 +184,9 @@ impl Status {
         let Some(hot) = &self.stream.hot else {
             return;
         };
-        let deltas = units.iter().flat_map(|u| {
-            u.keys
-                .iter()
-                .map(|(key, d)| (key, d.delta, d.expire_at_ms))
-        });
+        let deltas = units
+            .iter()
+            .flat_map(|u| u.keys.iter().map(|(key, d)| (key, d.delta, d.expire_at_ms)));
         hot.lock().feed(deltas, unix_ms());
     }
 
