@@ -27,18 +27,11 @@ struct Entry {
 }
 
 /// Keys and their deltas, in insertion order.
-#[derive(Default, Clone, PartialEq, Eq)]
+#[derive(Default, Clone)]
 pub struct Keys {
     bytes: Vec<u8>,
     entries: Vec<Entry>,
 }
-
-impl PartialEq for Entry {
-    fn eq(&self, other: &Entry) -> bool {
-        (self.start, self.len, self.delta) == (other.start, other.len, other.delta)
-    }
-}
-impl Eq for Entry {}
 
 impl Keys {
     /// Empty, with room for `keys` keys of `bytes` bytes in all.
