@@ -101,7 +101,7 @@ impl Aggregator {
             };
             if items > 0 {
                 self.pending_keys += items;
-                if state.open.items() == self.max_keys_per_call {
+                if state.open.full(self.max_keys_per_call) && !trail.full.contains(&target.shard) {
                     trail.full.push(target.shard);
                 }
             }
@@ -151,8 +151,8 @@ fn add_count(
         }
         return Ok(false);
     }
-    open.keys.insert(
-        key.into(),
+    open.keys.insert_new(
+        key,
         Delta {
             delta: target.delta,
             expire_at_ms: stored_expire_at(key, target.expire_at_ms, spread_ms),

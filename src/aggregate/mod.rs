@@ -15,11 +15,14 @@ use crate::key::KeyTemplate;
 use crate::model::layout::Layout;
 
 mod add;
+mod keys;
 mod kinds;
 mod seal;
 mod target;
 mod undo;
 
+pub use keys::Keys;
+pub(crate) use keys::{KeyTable, MAX_KEY_BYTES};
 pub use seal::Batch;
 
 use kinds::OtherMap;
@@ -145,7 +148,7 @@ pub struct Unit {
     /// One past the last offset covered; Redis records it once the unit is applied.
     pub end: i64,
     /// Keys and their deltas (possibly none: the unit then only advances the applied offset).
-    pub keys: Vec<(Box<[u8]>, Delta)>,
+    pub keys: Keys,
     /// Changes of the other kinds (hash fields, distinct members, leaderboard scores).
     pub other: Vec<(Box<[u8]>, Other)>,
     /// The highest event time the partition has shown up to `end`, recorded with the applied
@@ -161,11 +164,9 @@ impl Unit {
     }
 }
 
-type KeyMap = HashMap<Box<[u8]>, Delta, RandomState>;
-
 struct OpenUnit {
     start: i64,
-    keys: KeyMap,
+    keys: keys::KeyTable,
     other: OtherMap,
     /// Items in `other` (see [`Other::items`]).
     other_items: usize,
@@ -175,7 +176,7 @@ impl OpenUnit {
     fn new(start: i64, hasher: &RandomState) -> OpenUnit {
         OpenUnit {
             start,
-            keys: KeyMap::with_hasher(hasher.clone()),
+            keys: keys::KeyTable::new(hasher),
             other: OtherMap::with_hasher(hasher.clone()),
             other_items: 0,
         }
@@ -183,6 +184,12 @@ impl OpenUnit {
 
     fn items(&self) -> usize {
         self.keys.len() + self.other_items
+    }
+
+    /// Whether the unit must be cut after this message: `max_keys` entries, or so many key
+    /// bytes that the arena's offsets would no longer fit.
+    fn full(&self, max_keys: usize) -> bool {
+        self.items() >= max_keys || self.keys.bytes_len() >= keys::MAX_KEY_BYTES
     }
 }
 

@@ -2,7 +2,7 @@
 
 use ahash::RandomState;
 
-use super::{Aggregator, KeyMap, OtherMap, ShardState, Unit};
+use super::{Aggregator, OtherMap, ShardState, Unit};
 
 impl Aggregator {
     /// Seal every tracked partition (or only `only`) up to its position and return the units,
@@ -82,12 +82,8 @@ pub(super) fn seal_unit(
     max_event_ms: Option<i64>,
     hasher: &RandomState,
 ) -> Unit {
-    // The next unit likely sees as many keys: size its map up front instead of growing it.
-    let expect = state.open.keys.len();
-    let keys = std::mem::replace(
-        &mut state.open.keys,
-        KeyMap::with_capacity_and_hasher(expect, hasher.clone()),
-    );
+    // The next unit likely sees as many keys: `take` sizes its buffers up front.
+    let keys = state.open.keys.take();
     let other = std::mem::replace(&mut state.open.other, OtherMap::with_hasher(hasher.clone()));
     state.open.other_items = 0;
     let unit = Unit {
@@ -95,7 +91,7 @@ pub(super) fn seal_unit(
         shard,
         start: state.open.start,
         end,
-        keys: keys.into_iter().collect(),
+        keys,
         other: other.into_iter().collect(),
         max_event_ms,
     };

@@ -26,7 +26,7 @@ use crate::sink::{Sink, SinkRequest};
 use super::kafka_client_config;
 
 /// librdkafka's prefetch per process (`kafka_client_config`'s `queued.max.messages.kbytes`).
-pub(super) const QUEUED_KBYTES: usize = 16384;
+pub(super) const QUEUED_KBYTES: usize = 4096;
 
 type ThreadEnd = std::thread::Result<Result<(), KafkaError>>;
 

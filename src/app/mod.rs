@@ -35,8 +35,10 @@ pub fn kafka_client_config(kafka: &KafkaConfig) -> ClientConfig {
         .set("auto.offset.reset", "earliest")
         // librdkafka's default (1000 ms) caps a fast consumer near 180K msg/s.
         .set("fetch.queue.backoff.ms", "10")
-        // librdkafka prefetches up to 64 MiB by default; 16 MiB (~160K typical events) keeps
-        // the fetcher ahead of the consumer at a quarter of the memory.
+        // librdkafka prefetches up to 64 MiB by default, and each queued message costs a few
+        // hundred bytes beyond its payload. 4 MiB (~45K typical events, tens of ms at full
+        // speed) keeps the fetcher ahead of the consumer: at 16 MiB a plain consumer peaked at
+        // 61 MB, at 4 MiB at 39 MB, consuming as fast (docs/benchmarks.md, issue 24).
         .set(
             "queued.max.messages.kbytes",
             lane::QUEUED_KBYTES.to_string(),

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use ahash::RandomState;
 
-use crate::aggregate::{Delta, Unit};
+use crate::aggregate::{KeyTable, Keys, Unit, MAX_KEY_BYTES};
 
 /// One partition's offsets in a merged call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,7 +28,7 @@ pub struct Range {
 pub struct Merged {
     pub shard: u32,
     pub ranges: Vec<Range>,
-    pub keys: Vec<(Box<[u8]>, Delta)>,
+    pub keys: Keys,
 }
 
 /// One script call of a flush, in the order its shard's pipeline must send it.
@@ -51,14 +51,14 @@ impl Call {
 /// A merged call being filled.
 struct Open {
     ranges: Vec<Range>,
-    keys: HashMap<Box<[u8]>, Delta, RandomState>,
+    keys: KeyTable,
 }
 
 impl Open {
     fn new(hasher: &RandomState) -> Open {
         Open {
             ranges: Vec::new(),
-            keys: HashMap::with_hasher(hasher.clone()),
+            keys: KeyTable::new(hasher),
         }
     }
 
@@ -83,6 +83,7 @@ impl Open {
             }
         }
         self.keys.len() + new <= cap
+            && self.keys.bytes_len() + unit.keys.bytes_len() < MAX_KEY_BYTES
     }
 
     fn add(&mut self, unit: Unit) {
@@ -102,14 +103,14 @@ impl Open {
                 max_event_ms: unit.max_event_ms,
             }),
         }
-        for (k, d) in unit.keys {
-            self.keys
-                .entry(k)
-                .and_modify(|have| {
+        for (k, d) in &unit.keys {
+            match self.keys.get_mut(k) {
+                Some(have) => {
                     have.delta += d.delta;
                     have.expire_at_ms = have.expire_at_ms.max(d.expire_at_ms);
-                })
-                .or_insert(d);
+                }
+                None => self.keys.insert_new(k, *d),
+            }
         }
     }
 
@@ -121,7 +122,7 @@ impl Open {
         Some(Call::Merged(Merged {
             shard,
             ranges: open.ranges,
-            keys: open.keys.into_iter().collect(),
+            keys: open.keys.into_keys(),
         }))
     }
 }
@@ -164,6 +165,7 @@ pub fn plan(units: Vec<Unit>, cap: usize) -> Vec<Call> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::aggregate::Delta;
 
     fn unit(partition: i32, start: i64, end: i64, keys: &[(&str, i64)]) -> Unit {
         Unit {
@@ -175,7 +177,7 @@ mod tests {
                 .iter()
                 .map(|(k, d)| {
                     (
-                        k.as_bytes().into(),
+                        k.as_bytes(),
                         Delta {
                             delta: *d,
                             expire_at_ms: 1_000 + (*d).min(1_000),
@@ -233,7 +235,7 @@ mod tests {
         assert_eq!(keys.len(), 3);
         assert_eq!(keys["a"], 5);
         let a = match &calls[0] {
-            Call::Merged(m) => m.keys.iter().find(|(k, _)| &k[..] == b"a").unwrap().1,
+            Call::Merged(m) => *m.keys.iter().find(|(k, _)| *k == b"a").unwrap().1,
             _ => unreachable!(),
         };
         assert_eq!(a.expire_at_ms, 1_003, "the later expiry wins");

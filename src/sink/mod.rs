@@ -7,6 +7,7 @@
 
 pub use tally_counters::conn;
 mod encode;
+pub use encode::CHUNK_KEYS;
 mod fences;
 pub mod merge;
 mod reply;
@@ -164,11 +165,11 @@ impl Sink {
                 SinkRequest::Flush { units, reply } => {
                     let started = Instant::now();
                     let keys: usize = units.iter().map(|u| u.items()).sum();
-                    // Encode once and drop the units: retries resend the same commands.
-                    let groups = self.prepare(units);
+                    // Planned once; each attempt encodes and sends it a chunk at a time.
+                    let plan = self.plan(units);
                     let mut delay = self.flush.retry_initial;
                     let outcome = loop {
-                        match self.attempt(&groups).await {
+                        match self.attempt(&plan).await {
                             Ok(outcome) => break Some(outcome),
                             Err(e) => {
                                 if !self.recover(e, &mut delay, &abort).await {
@@ -336,15 +337,12 @@ impl Sink {
     /// One flush attempt. While a cluster flush is being retried, the attempt is abandoned as
     /// soon as the primaries change: a request caught by a failover can otherwise hang
     /// until its response timeout, long after the replica took over.
-    async fn attempt(
-        &mut self,
-        groups: &[(redis::Pipeline, Vec<UnitMeta>)],
-    ) -> Result<FlushOutcome, AttemptError> {
+    async fn attempt(&mut self, plan: &encode::Plan) -> Result<FlushOutcome, AttemptError> {
         let Some(mut watch) = self.topology.take() else {
-            return self.try_flush(groups).await;
+            return self.try_flush(plan).await;
         };
         let result = {
-            let flush = self.try_flush(groups);
+            let flush = self.try_flush(plan);
             tokio::pin!(flush);
             // A healthy flush needs no watch; one that takes long (a node stopped answering)
             // arms it, so a failover during the attempt ends it.
@@ -371,40 +369,34 @@ impl Sink {
         result
     }
 
-    /// Send every shard's pipeline concurrently and read the replies.
-    async fn try_flush(
-        &mut self,
-        groups: &[(redis::Pipeline, Vec<UnitMeta>)],
-    ) -> Result<FlushOutcome, AttemptError> {
+    /// Send every shard's calls (concurrently across shards, chunk after chunk within one) and
+    /// read the replies.
+    async fn try_flush(&mut self, plan: &encode::Plan) -> Result<FlushOutcome, AttemptError> {
         let conn = self.connection().await?;
-        let results = futures::future::join_all(groups.iter().map(|(pipe, _)| {
-            let mut conn = conn.clone();
-            async move { conn.pipe(pipe).await }
-        }))
+        let this = &*self;
+        let results = futures::future::join_all(
+            plan.groups
+                .iter()
+                .map(|calls| this.send_group(conn.clone(), calls, plan.check_ttl)),
+        )
         .await;
         let mut outcome = FlushOutcome::default();
         let mut noscript = false;
         let mut first_error = None;
-        for ((_, metas), result) in groups.iter().zip(results) {
+        for result in results {
             let replies = match result {
                 Ok(replies) => replies,
-                Err(e) if is_noscript(&e) => {
+                Err(AttemptError::Redis(e)) if is_noscript(&e) => {
                     noscript = true;
                     continue;
                 }
-                Err(e) => {
+                Err(AttemptError::Redis(e)) => {
                     first_error.get_or_insert(e);
                     continue;
                 }
+                Err(e) => return Err(e),
             };
-            if replies.len() != metas.len() {
-                return Err(AttemptError::Reply(format!(
-                    "{} replies for {} units",
-                    replies.len(),
-                    metas.len()
-                )));
-            }
-            for (call, reply) in metas.iter().zip(&replies) {
+            for (call, reply) in &replies {
                 outcome.absorb(call, reply).map_err(AttemptError::Reply)?;
             }
         }
@@ -419,6 +411,32 @@ impl Sink {
             return Err(AttemptError::Redis(e));
         }
         Ok(outcome)
+    }
+
+    /// Send one shard's `calls` in order, one chunk of about [`encode::CHUNK_KEYS`] keys per
+    /// pipeline, each encoded just before it is sent; stops at the first failed chunk.
+    async fn send_group(
+        &self,
+        mut conn: conn::Conn,
+        calls: &[merge::Call],
+        check_ttl: bool,
+    ) -> Result<Vec<(UnitMeta, redis::Value)>, AttemptError> {
+        let mut replies = Vec::with_capacity(calls.len());
+        let mut next = 0;
+        while next < calls.len() {
+            let (pipe, metas) = self.encode_chunk(&calls[next..], check_ttl);
+            next += metas.len();
+            let values = conn.pipe(&pipe).await?;
+            if values.len() != metas.len() {
+                return Err(AttemptError::Reply(format!(
+                    "{} replies for {} units",
+                    values.len(),
+                    metas.len()
+                )));
+            }
+            replies.extend(metas.into_iter().zip(values));
+        }
+        Ok(replies)
     }
 
     /// Count a landed flush (`keys`: entries sent, `started`: when it was received).

@@ -19,7 +19,7 @@
 use redis::Cmd;
 
 pub use super::reply::{ApplyReply, FenceCode, FenceState, MergedReply};
-use crate::aggregate::{Delta, Unit};
+use crate::aggregate::{Keys, Unit};
 pub use crate::model::state_keys::StateKeys;
 
 /// Applies a unit. KEYS: fence, marker, then the counter keys. ARGV: start, end, check (`1`: look
@@ -216,7 +216,7 @@ fn evalsha<'a>(
     sha: &str,
     numkeys: usize,
     state: impl IntoIterator<Item = &'a str>,
-    counters: &[(Box<[u8]>, Delta)],
+    counters: &Keys,
 ) -> Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(sha).arg(numkeys);
@@ -224,7 +224,7 @@ fn evalsha<'a>(
         cmd.arg(key);
     }
     for (key, _) in counters {
-        cmd.arg(&key[..]);
+        cmd.arg(key);
     }
     cmd
 }
@@ -241,8 +241,8 @@ fn push_unit_args(cmd: &mut Cmd, unit: &Unit, check_ttl: bool) {
 }
 
 /// Every counter key's (delta, expire-at), in the order of its KEYS.
-fn push_deltas(cmd: &mut Cmd, counters: &[(Box<[u8]>, Delta)]) {
-    for (_, d) in counters {
+fn push_deltas(cmd: &mut Cmd, counters: &Keys) {
+    for d in counters.deltas() {
         cmd.arg(d.delta).arg(d.expire_at_ms);
     }
 }
@@ -258,10 +258,6 @@ fn check_arg(check_ttl: bool) -> &'static str {
 
 /// The earliest expiry among the counter keys (0 without any): while it is ahead, the script
 /// skips the per-key lateness check.
-fn earliest_expiry(counters: &[(Box<[u8]>, Delta)]) -> i64 {
-    counters
-        .iter()
-        .map(|(_, d)| d.expire_at_ms)
-        .min()
-        .unwrap_or(0)
+fn earliest_expiry(counters: &Keys) -> i64 {
+    counters.deltas().map(|d| d.expire_at_ms).min().unwrap_or(0)
 }

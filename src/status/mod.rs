@@ -198,11 +198,9 @@ impl Status {
         let Some(hot) = &self.stream.hot else {
             return;
         };
-        let deltas = units.iter().flat_map(|u| {
-            u.keys
-                .iter()
-                .map(|(key, d)| (&key[..], d.delta, d.expire_at_ms))
-        });
+        let deltas = units
+            .iter()
+            .flat_map(|u| u.keys.iter().map(|(key, d)| (key, d.delta, d.expire_at_ms)));
         let repeats = max_units_per_key(units);
         hot.lock().feed(deltas, repeats, unix_ms());
     }
@@ -332,7 +330,7 @@ mod tests {
             shard,
             start: 0,
             end: 1,
-            keys: Vec::new(),
+            keys: crate::aggregate::Keys::with_capacity(0, 0),
             other: Vec::new(),
             max_event_ms: None,
         }

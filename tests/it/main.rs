@@ -8,6 +8,7 @@
 mod common;
 
 mod admin_token;
+mod bounded_flush;
 mod cli_help;
 mod cluster;
 mod config_cli;

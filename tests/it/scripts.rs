@@ -26,7 +26,7 @@ fn unit(start: i64, end: i64, deltas: &[(&str, i64)]) -> Unit {
             .iter()
             .map(|(k, d)| {
                 (
-                    k.as_bytes().into(),
+                    k.as_bytes(),
                     Delta {
                         delta: *d,
                         expire_at_ms: far,
@@ -214,9 +214,13 @@ fn keys_whose_expiry_passed_are_skipped_as_late_beside_keys_in_time() {
     assert_eq!(init(&mut conn, 0), FenceState::Created(0));
     let now = chrono::Utc::now().timestamp_millis();
     let mut u = unit(0, 3, &[("early", 1), ("past", 5), ("later", 2)]);
-    u.keys[0].1.expire_at_ms = now + 60_000;
-    u.keys[1].1.expire_at_ms = now - 1;
-    u.keys[2].1.expire_at_ms = now + 120_000;
+    let expiries = [now + 60_000, now - 1, now + 120_000];
+    u.keys = u
+        .keys
+        .iter()
+        .zip(expiries)
+        .map(|((k, d), expire_at_ms)| (k, Delta { expire_at_ms, ..*d }))
+        .collect();
     assert_eq!(
         apply(&mut conn, &sha, &u),
         ApplyReply::Applied {
@@ -278,7 +282,7 @@ fn a_merged_call_applies_every_range_or_none_and_names_each_fence() {
             .iter()
             .map(|(k, d)| {
                 (
-                    k.as_bytes().into(),
+                    k.as_bytes(),
                     Delta {
                         delta: *d,
                         expire_at_ms: far,

@@ -83,6 +83,10 @@ pub struct Cli {
     /// run of each workload, and print both side by side.
     #[arg(long)]
     cluster: bool,
+    /// A librdkafka property (`key=value`, repeatable) set on the raw consumers and on tally's
+    /// end-to-end runs, over tally's defaults: to measure a client setting before and after.
+    #[arg(long = "kafka-property")]
+    kafka_properties: Vec<String>,
 }
 
 /// Hidden roles: this binary re-executed to run one measured component in its own process.
@@ -107,6 +111,9 @@ pub enum Role {
         expect: u64,
         #[arg(long)]
         parse: bool,
+        /// `key=value` librdkafka properties over tally's client settings.
+        #[arg(long = "property")]
+        properties: Vec<String>,
     },
     /// `tally::app::Tally` with a config file, until stdin closes.
     #[command(hide = true)]
@@ -145,6 +152,9 @@ pub enum Role {
         /// as on revoke and shutdown).
         #[arg(long)]
         capped: bool,
+        /// Encode the whole flush at once, as the sink did before bounded encoding (to compare).
+        #[arg(long)]
+        whole: bool,
     },
 }
 
@@ -263,14 +273,16 @@ fn main() -> anyhow::Result<()> {
             partitions,
             expect,
             parse,
-        }) => raw::role_raw(&brokers, &topic, partitions, expect, parse),
+            properties,
+        }) => raw::role_raw(&brokers, &topic, partitions, expect, parse, &properties),
         Some(Role::Tally { config, partitions }) => tally::role_tally(&config, partitions),
         Some(Role::Pipeline(args)) => pipeline::role_pipeline(&args),
         Some(Role::Memprobe {
             keys,
             partitions,
             capped,
-        }) => memprobe::role_memprobe(keys, partitions, capped),
+            whole,
+        }) => memprobe::role_memprobe(keys, partitions, capped, whole),
         Some(Role::Outputs {
             messages,
             keys,

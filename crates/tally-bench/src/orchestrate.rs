@@ -48,6 +48,10 @@ pub fn run_raw(ctx: &Ctx, topic: &str, expect: u64, parse: bool) -> anyhow::Resu
     if parse {
         args.push("--parse".into());
     }
+    for p in &ctx.kafka_properties {
+        args.push("--property".into());
+        args.push(p.clone());
+    }
     let broker0 = proc_cpu(ctx.broker_pid);
     let child = ChildRole::spawn(&args, "raw")?;
     let mut r: RawResult = child.result(Duration::from_secs(600))?;
@@ -148,6 +152,7 @@ pub fn orchestrate(cli: &Cli) -> anyhow::Result<()> {
         bootstrap,
         redis_url: redis_url.clone(),
         perf: cli.perf.clone(),
+        kafka_properties: cli.kafka_properties.clone(),
     };
 
     let mut results = Vec::new();

@@ -48,11 +48,18 @@ pub fn role_raw(
     partitions: i32,
     expect: u64,
     parse: bool,
+    properties: &[String],
 ) -> anyhow::Result<()> {
     let mut kafka = Config::default().kafka;
     kafka.brokers = brokers.to_string();
     kafka.topic = topic.to_string();
     kafka.group_id = format!("raw-{}", std::process::id());
+    for p in properties {
+        let (k, v) = p
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--property {p}: expected key=value"))?;
+        kafka.properties.insert(k.to_string(), v.to_string());
+    }
     // The very settings tally uses (fetch.queue.backoff.ms=10 among them).
     let consumer: BaseConsumer = kafka_client_config(&kafka).create()?;
     let mut tpl = TopicPartitionList::new();

@@ -428,8 +428,8 @@ pub fn report(
     );
     println!(
         "**Memory probe** (decoder + aggregator without Kafka): RSS {:.0} MB → {:.0} MB with {} distinct keys pending ({:.0} bytes per key); \
-         peak {:.0} MB while a regular flush (capped at flush.max_keys: {} keys) is sealed and encoded as the sink does it (packed pipeline {:.0} MB, held twice); \
-         peak {:.0} MB when all of them are flushed at once, as on revoke or shutdown (packed pipeline {:.0} MB).\n",
+         peak {:.0} MB while a regular flush (capped at flush.max_keys: {} keys) is sealed and encoded as the sink does it, a chunk at a time (largest packed chunk {:.0} MB, held twice); \
+         peak {:.0} MB when all of them are flushed at once, as on revoke or shutdown (largest packed chunk {:.0} MB).\n",
         mem.rss_before_mb, mem.rss_pending_mb, thousands(mem.pending as f64),
         (mem.rss_pending_mb - mem.rss_before_mb) * 1024.0 * 1024.0 / mem.pending.max(1) as f64,
         capped.hwm_mb, thousands(capped.flush_keys as f64), capped.encoded_mb, mem.hwm_mb, mem.encoded_mb

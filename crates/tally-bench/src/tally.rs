@@ -136,6 +136,8 @@ pub struct Ctx {
     /// The standalone `redis-server` (parts 2, 3, 4 and latency).
     pub redis_url: String,
     pub perf: Option<PathBuf>,
+    /// `--kafka-property` values (`key=value`), for the raw consumers and part 2.
+    pub kafka_properties: Vec<String>,
 }
 
 /// What one tally process of part 2 is: its lanes, and the partitions it reports assigned at.
@@ -159,6 +161,12 @@ pub fn spawn_tally(
 ) -> anyhow::Result<(ChildRole, u16, PathBuf)> {
     let partitions = share.partitions;
     let port = tally_testkit::local_redis::free_port()?;
+    let mut properties = kafka_properties.to_string();
+    for p in &ctx.kafka_properties {
+        if let Some((k, v)) = p.split_once('=') {
+            properties.push_str(&format!("\n{k:?} = {v:?}"));
+        }
+    }
     let path = std::env::temp_dir().join(format!("tally-bench-{}-{name}.toml", std::process::id()));
     std::fs::write(
         &path,
@@ -168,7 +176,7 @@ pub fn spawn_tally(
             group,
             &store.redis_toml(),
             &format!("127.0.0.1:{port}"),
-            kafka_properties,
+            &properties,
             share,
         ),
     )?;
