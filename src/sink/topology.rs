@@ -132,28 +132,13 @@ impl TopologyWatch {
     }
 }
 
-/// The primaries of a `CLUSTER SLOTS` reply.
+/// The primaries of a `CLUSTER SLOTS` reply, sorted.
 fn assignment(slots: &Value) -> Assignment {
-    let mut out = Assignment::new();
-    let Value::Array(ranges) = slots else {
-        return out;
-    };
-    for range in ranges {
-        let Value::Array(parts) = range else { continue };
-        let Some(Value::Array(primary)) = parts.get(2) else {
-            continue;
-        };
-        let host = match primary.first() {
-            Some(Value::BulkString(h)) => String::from_utf8_lossy(h).into_owned(),
-            _ => continue,
-        };
-        let Some(Value::Int(port)) = primary.get(1) else {
-            continue;
-        };
-        out.push(format!("{host}:{port}"));
-    }
+    let mut out: Assignment = tally_counters::conn::slot_primaries(slots)
+        .into_iter()
+        .map(|(host, port)| format!("{host}:{port}"))
+        .collect();
     out.sort_unstable();
-    out.dedup();
     out
 }
 

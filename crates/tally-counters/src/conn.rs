@@ -221,6 +221,32 @@ async fn futures_join<'a>(
     out
 }
 
+/// The primaries `(host, port)` of a `CLUSTER SLOTS` reply, each once, in reply order.
+pub fn slot_primaries(slots: &Value) -> Vec<(String, u16)> {
+    let mut nodes = Vec::new();
+    let Value::Array(ranges) = slots else {
+        return nodes;
+    };
+    for range in ranges {
+        let Value::Array(parts) = range else { continue };
+        let Some(Value::Array(primary)) = parts.get(2) else {
+            continue;
+        };
+        let host = match primary.first() {
+            Some(Value::BulkString(h)) => String::from_utf8_lossy(h).into_owned(),
+            _ => continue,
+        };
+        let Some(Value::Int(port)) = primary.get(1) else {
+            continue;
+        };
+        let node = (host, *port as u16);
+        if !nodes.contains(&node) {
+            nodes.push(node);
+        }
+    }
+    nodes
+}
+
 /// One node of a deployment: `None` is the single server; a cluster primary by address.
 pub type Node = Option<(String, u16)>;
 
@@ -231,27 +257,7 @@ impl Conn {
             return Ok(vec![None]);
         };
         let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(c).await?;
-        let mut nodes = Vec::new();
-        if let Value::Array(ranges) = slots {
-            for range in ranges {
-                let Value::Array(parts) = range else { continue };
-                let Some(Value::Array(primary)) = parts.get(2) else {
-                    continue;
-                };
-                let host = match primary.first() {
-                    Some(Value::BulkString(h)) => String::from_utf8_lossy(h).into_owned(),
-                    _ => continue,
-                };
-                let Some(Value::Int(port)) = primary.get(1) else {
-                    continue;
-                };
-                let node = Some((host, *port as u16));
-                if !nodes.contains(&node) {
-                    nodes.push(node);
-                }
-            }
-        }
-        Ok(nodes)
+        Ok(slot_primaries(&slots).into_iter().map(Some).collect())
     }
 
     /// Run `cmd` on `node` (a keyless command such as SCAN, sent to that node only).
