@@ -261,6 +261,18 @@ async fn a_client_that_does_not_read_its_answers_loses_its_connection() {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
     let mut stuck = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+    // One answered request first: the server has accepted this connection, so it holds the only
+    // slot before anything below is timed.
+    stuck
+        .write_all(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 12];
+    stuck.read_exact(&mut first).await.unwrap();
+    assert_eq!(
+        &first, b"HTTP/1.1 200",
+        "the first answer on the held connection"
+    );
     let requests = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(n.min(20_000));
     // The server stops reading once its writes block: send what it takes, without waiting.
     let sending = tokio::spawn(async move {
