@@ -31,9 +31,9 @@ impl JobMetrics {
         let leader = IntGaugeVec::new(
             Opts::new(
                 "tally_job_leader",
-                "1 on the replica leading a job, by job.",
+                "1 on the replica leading a job, by task (the job's name; Prometheus owns `job`).",
             ),
-            &["job"],
+            &["task"],
         )
         .expect("static metric");
         registry
@@ -41,7 +41,11 @@ impl JobMetrics {
             .expect("registered once");
         let m = JobMetrics {
             leader,
-            runs: counter("tally_job_runs_total", "Completed job passes, by job.", "job"),
+            runs: counter(
+                "tally_job_runs_total",
+                "Completed job passes, by task (the job).",
+                "task",
+            ),
             keys_scanned: counter(
                 "tally_ttl_audit_keys_scanned_total",
                 "Counter keys the TTL auditor inspected, by counter.",

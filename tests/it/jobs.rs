@@ -35,7 +35,7 @@ lease = "600ms"
 fn leaders(procs: &[TallyProcess]) -> f64 {
     procs
         .iter()
-        .filter_map(|p| p.metric("tally_job_leader{job=\"ttl_audit\"}"))
+        .filter_map(|p| p.metric("tally_job_leader{task=\"ttl_audit\"}"))
         .sum()
 }
 
@@ -101,7 +101,7 @@ async fn one_replica_audits_and_leadership_moves_when_it_dies() {
     // Kill the leader: another takes over within a lease and repairs new keys.
     let leader = procs
         .iter()
-        .position(|p| p.metric("tally_job_leader{job=\"ttl_audit\"}") == Some(1.0))
+        .position(|p| p.metric("tally_job_leader{task=\"ttl_audit\"}") == Some(1.0))
         .unwrap();
     let repaired = procs[leader]
         .metric("tally_ttl_audit_keys_repaired_total{counter=\"plays\"}")

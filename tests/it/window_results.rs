@@ -297,9 +297,9 @@ fn scenario(bootstrap: &str) {
         } else {
             std::thread::sleep(Duration::from_millis(rng.gen_range(0..1200)));
         }
-        let leading = a.metric(r#"tally_job_leader{job="publish"}"#) == Some(1.0)
+        let leading = a.metric(r#"tally_job_leader{task="publish"}"#) == Some(1.0)
             || b.as_ref()
-                .and_then(|b| b.metric(r#"tally_job_leader{job="publish"}"#))
+                .and_then(|b| b.metric(r#"tally_job_leader{task="publish"}"#))
                 == Some(1.0);
         leader_kills += usize::from(leading);
         drop(b);

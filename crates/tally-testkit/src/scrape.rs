@@ -1,6 +1,6 @@
 //! Prometheus' text exposition format, read into samples, and one scrape of a `/metrics`
 //! endpoint. Tests look a sample up by the text they would write in a query,
-//! `tally_job_leader{job="ttl_audit"}`: the same name and the same labels, in any order.
+//! `tally_job_leader{task="ttl_audit"}`: the same name and the same labels, in any order.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -117,8 +117,8 @@ mod tests {
 
     const TEXT: &str = r#"# HELP tally_job_leader 1 while this replica leads the job.
 # TYPE tally_job_leader gauge
-tally_job_leader{job="ttl_audit"} 1
-tally_job_leader{job="other"} 0
+tally_job_leader{task="ttl_audit"} 1
+tally_job_leader{task="other"} 0
 # TYPE tally_pending_keys gauge
 tally_pending_keys 42
 # TYPE tally_flush_duration_seconds histogram
@@ -131,8 +131,8 @@ odd{path="a \"quoted\", \\ and\nline",b="2"} 1.5e3 1700000000000
     #[test]
     fn samples_are_found_by_name_and_exact_labels() {
         let s = Scrape::parse(TEXT);
-        assert_eq!(s.value(r#"tally_job_leader{job="ttl_audit"}"#), Some(1.0));
-        assert_eq!(s.value(r#"tally_job_leader{job="other"}"#), Some(0.0));
+        assert_eq!(s.value(r#"tally_job_leader{task="ttl_audit"}"#), Some(1.0));
+        assert_eq!(s.value(r#"tally_job_leader{task="other"}"#), Some(0.0));
         assert_eq!(s.value("tally_job_leader"), None, "labels must match");
         assert_eq!(s.value("tally_pending_keys"), Some(42.0));
         assert_eq!(s.value("tally_flush_duration_seconds_count"), Some(7.0));
