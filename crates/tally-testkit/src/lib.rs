@@ -2,6 +2,7 @@
 //! use them; the service's library does not.
 //!
 //! - [`local_redis`]: `redis-server` (standalone or a cluster) on free loopback ports.
+//! - [`envoy`]: a real Envoy in front of an app, with the rate-limit filter asking tally's RLS.
 //! - [`gen`]: a deterministic synthetic event generator (Zipf-distributed keys).
 //! - [`produce`]: a load producer and an in-process Kafka-protocol broker (librdkafka's mock
 //!   cluster).
@@ -9,7 +10,9 @@
 //! - [`scrape`]: Prometheus' text format read into samples, one scrape of `/metrics`.
 //! - [`tansu`]: the tansu Kafka broker (SQLite storage, SASL/SCRAM) as a restartable child process.
 //! - [`wait`]: polling a condition up to a deadline, instead of sleeping.
+//! - [`wrk`]: `wrk --latency` against a loopback URL, its report read back.
 
+pub mod envoy;
 pub mod gen;
 pub mod http;
 pub mod local_redis;
@@ -17,3 +20,4 @@ pub mod produce;
 pub mod scrape;
 pub mod tansu;
 pub mod wait;
+pub mod wrk;

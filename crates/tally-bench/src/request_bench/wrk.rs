@@ -6,6 +6,7 @@ use std::time::Duration;
 use tally::config::Config;
 use tally_counters::request::{Algorithm, FailureMode, LimitPolicy};
 use tally_testkit::local_redis::{free_port, LocalRedis};
+use tally_testkit::wrk;
 use tokio_util::sync::CancellationToken;
 
 const HIT: &str = r#"
@@ -74,17 +75,7 @@ pub async fn run(redis: &LocalRedis, connections: usize, phase: Duration) -> any
     ] {
         let path = std::env::temp_dir().join(format!("tally-wrk-{}.lua", std::process::id()));
         std::fs::write(&path, script)?;
-        let out = tokio::process::Command::new("wrk")
-            .args(["-t", "1", "-c", &conns.to_string()])
-            .args(["-d", &format!("{}s", phase.as_secs().max(1))])
-            .arg("--latency")
-            .arg("-s")
-            .arg(&path)
-            .arg(format!("http://127.0.0.1:{port}"))
-            .output()
-            .await?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        let r = Wrk::parse(&text).ok_or_else(|| anyhow::anyhow!("wrk said: {text}"))?;
+        let r = wrk::run(&format!("http://127.0.0.1:{port}"), conns, phase, &path).await?;
         println!(
             "| {label} | {:.0} | {:.2} | {:.2} | {} |",
             r.rps, r.p50_ms, r.p99_ms, r.non_2xx
@@ -169,38 +160,4 @@ async fn wait_listening(port: u16) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     anyhow::bail!("tally serve did not listen on {port}")
-}
-
-/// What `wrk --latency` printed.
-struct Wrk {
-    rps: f64,
-    p50_ms: f64,
-    p99_ms: f64,
-    non_2xx: u64,
-}
-
-impl Wrk {
-    fn parse(text: &str) -> Option<Wrk> {
-        let field = |prefix: &str| {
-            text.lines()
-                .find_map(|l| l.trim().strip_prefix(prefix).map(|r| r.trim().to_string()))
-        };
-        let ms = |v: String| -> Option<f64> {
-            if let Some(x) = v.strip_suffix("us") {
-                x.parse::<f64>().ok().map(|x| x / 1000.0)
-            } else if let Some(x) = v.strip_suffix("ms") {
-                x.parse().ok()
-            } else {
-                v.strip_suffix('s')?.parse::<f64>().ok().map(|x| x * 1000.0)
-            }
-        };
-        Some(Wrk {
-            rps: field("Requests/sec:")?.parse().ok()?,
-            p50_ms: ms(field("50%")?)?,
-            p99_ms: ms(field("99%")?)?,
-            non_2xx: field("Non-2xx or 3xx responses:")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
-        })
-    }
 }

