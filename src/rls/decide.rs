@@ -5,6 +5,7 @@ use std::borrow::Cow;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -116,9 +117,10 @@ fn redis_must_answer(r: &Resolved) -> bool {
     matches!(r, Resolved::Limited(rule, _, _) if !rule.answers_without_redis)
 }
 
-/// Each descriptor's limit, after `replaces`.
+/// Each descriptor's limit, after `replaces` (one vector: a descriptor's entry becomes
+/// [`Resolved::Nothing`] once every limit is known and one of them replaces it).
 fn resolve<'a>(limits: &'a Limits, req: &RateLimitRequest) -> Result<Vec<Resolved<'a>>, Status> {
-    let mut found: Vec<Option<Cow<'a, Rule>>> = Vec::with_capacity(req.descriptors.len());
+    let mut out = Vec::with_capacity(req.descriptors.len());
     for d in &req.descriptors {
         if d.is_negative_hits {
             return Err(Status::invalid_argument(
@@ -126,20 +128,7 @@ fn resolve<'a>(limits: &'a Limits, req: &RateLimitRequest) -> Result<Vec<Resolve
             ));
         }
         let rule = match &d.limit {
-            Some(o) => {
-                let unit = Unit::from_code(o.unit).ok_or_else(|| {
-                    Status::invalid_argument(format!("limit override: unknown unit {}", o.unit))
-                })?;
-                if o.requests_per_unit == 0 {
-                    return Err(Status::invalid_argument(
-                        "limit override: requests_per_unit 0",
-                    ));
-                }
-                Some(Cow::Owned(
-                    Rule::overridden(o.requests_per_unit, unit)
-                        .map_err(Status::invalid_argument)?,
-                ))
-            }
+            Some(o) => Some(Cow::Owned(overridden(o)?)),
             None => limits
                 .find(
                     &req.domain,
@@ -147,25 +136,49 @@ fn resolve<'a>(limits: &'a Limits, req: &RateLimitRequest) -> Result<Vec<Resolve
                 )
                 .map(Cow::Borrowed),
         };
-        found.push(rule);
-    }
-    let replaced: Vec<String> = found
-        .iter()
-        .flatten()
-        .flat_map(|r| r.replaces.iter().cloned())
-        .collect();
-    let mut out = Vec::with_capacity(found.len());
-    for (d, rule) in req.descriptors.iter().zip(found) {
-        let replaced = |r: &Rule| r.name.as_ref().is_some_and(|n| replaced.contains(n));
         out.push(match rule {
             None => Resolved::Nothing,
-            Some(r) if replaced(&r) => Resolved::Nothing,
             Some(Cow::Borrowed(r)) if r.unlimited => Resolved::Unlimited(r),
             Some(Cow::Borrowed(r)) if r.blocked => Resolved::Blocked(r),
             Some(r) => Resolved::Limited(r, subject(&req.domain, d), addend(req, d)),
         });
     }
+    // Only configured limits replace others (an override has no `replaces`).
+    let replaced: Vec<&'a str> = out
+        .iter()
+        .filter_map(|r| match r {
+            Resolved::Unlimited(r) | Resolved::Blocked(r) => Some(*r),
+            Resolved::Limited(Cow::Borrowed(r), _, _) => Some(*r),
+            _ => None,
+        })
+        .flat_map(|r| r.replaces.iter().map(String::as_str))
+        .collect();
+    if !replaced.is_empty() {
+        for r in &mut out {
+            let name = match r {
+                Resolved::Unlimited(rule) | Resolved::Blocked(rule) => rule.name.as_deref(),
+                Resolved::Limited(rule, _, _) => rule.name.as_deref(),
+                Resolved::Nothing => None,
+            };
+            if name.is_some_and(|n| replaced.contains(&n)) {
+                *r = Resolved::Nothing;
+            }
+        }
+    }
     Ok(out)
+}
+
+/// The rule of a descriptor's own `limit` (Envoy's override).
+fn overridden(o: &RateLimitOverride) -> Result<Rule, Status> {
+    let unit = Unit::from_code(o.unit).ok_or_else(|| {
+        Status::invalid_argument(format!("limit override: unknown unit {}", o.unit))
+    })?;
+    if o.requests_per_unit == 0 {
+        return Err(Status::invalid_argument(
+            "limit override: requests_per_unit 0",
+        ));
+    }
+    Rule::overridden(o.requests_per_unit, unit).map_err(Status::invalid_argument)
 }
 
 /// The descriptor's addend: its own when set (0 = check only), else max(1, the request's), as

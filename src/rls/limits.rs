@@ -153,8 +153,9 @@ impl Rule {
 /// One level of a domain's tree.
 #[derive(Debug, Default)]
 struct Node {
-    /// (key, value) → child.
-    exact: HashMap<(String, String), Node>,
+    /// key → value → child (nested, so a lookup borrows the request's strings: no allocation
+    /// per entry on the hot path).
+    exact: HashMap<String, HashMap<String, Node>>,
     /// key → child that matches any value.
     any: HashMap<String, Node>,
     /// (key, the value split on `*`, child), in file order.
@@ -258,7 +259,8 @@ impl Limits {
         while let Some((key, value)) = entries.next() {
             let next = node
                 .exact
-                .get(&(key.to_string(), value.to_string()))
+                .get(key)
+                .and_then(|values| values.get(value))
                 .or_else(|| {
                     node.wildcards
                         .iter()
@@ -279,6 +281,7 @@ fn collect<'a>(node: &'a Node, domain: &'a str, out: &mut Vec<(&'a str, &'a Rule
     let children = node
         .exact
         .values()
+        .flat_map(HashMap::values)
         .chain(node.any.values())
         .chain(node.wildcards.iter().map(|(_, _, n)| n));
     for child in children {
@@ -321,7 +324,9 @@ fn build(node: &mut Node, path: &str, descriptors: &[DescriptorYaml]) -> Result<
             Some(v) => {
                 if node
                     .exact
-                    .insert((d.key.clone(), v.to_string()), child)
+                    .entry(d.key.clone())
+                    .or_default()
+                    .insert(v.to_string(), child)
                     .is_some()
                 {
                     return Err(duplicate);

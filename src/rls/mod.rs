@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 pub mod decide;
 pub mod file;
 pub mod limits;
+mod server;
 
 pub use limits::{Limits, LimitsError, Rule, Unit};
 
@@ -142,13 +143,12 @@ pub struct Tokens {
 
 impl Tokens {
     /// `UNAUTHENTICATED` unless the call carries an accepted token.
-    #[allow(clippy::result_large_err)] // tonic's interceptor signature
-    fn check(&self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+    #[allow(clippy::result_large_err)] // answered as it is
+    fn check(&self, headers: &tonic::codegen::http::HeaderMap) -> Result<(), tonic::Status> {
         let Some(token) = &self.token else {
-            return Ok(request);
+            return Ok(());
         };
-        let given = request
-            .metadata()
+        let given = headers
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split_once(' '))
@@ -158,7 +158,7 @@ impl Tokens {
             secret.is_some_and(|s| given.is_some_and(|g| crate::http::same_secret(g, s.as_bytes())))
         };
         if accepted(Some(token)) || accepted(self.admin.as_ref()) {
-            Ok(request)
+            Ok(())
         } else {
             Err(tonic::Status::unauthenticated(
                 "missing or wrong bearer token (authorization metadata)",
@@ -193,22 +193,12 @@ pub async fn serve(
     let (reporter, health) = tonic_health::server::health_reporter();
     let health_status = HealthStatus(reporter);
     health_status.set(true).await;
-    let service = tonic::service::interceptor::InterceptedService::new(
-        RateLimitServiceServer::from_arc(rls.clone()),
-        move |r| tokens.check(r),
-    );
-    let stop = shutdown.clone();
-    let server = async move {
-        tonic::transport::Server::builder()
-            .add_service(health)
-            .add_service(service)
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-                stop.cancelled_owned(),
-            )
-            .await
-            .context("rls server")
+    let routes = server::Routes {
+        rls: RateLimitServiceServer::from_arc(rls.clone()),
+        health,
+        tokens,
     };
+    let server = server::run(listener, routes, shutdown.clone());
     let reloader = watch(rls.clone(), path, config.reload_interval, shutdown);
     Ok(Serving {
         local,

@@ -430,3 +430,75 @@ async fn with_http_token_set_should_rate_limit_needs_it() {
     // The health service stays open, as /health/* does.
     health_watch(rls.port).await.wait_for(Serving).await;
 }
+
+/// The port routes by service: a call to a service it does not serve is answered
+/// `UNIMPLEMENTED` (as gRPC says), and the connection keeps serving the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_grpc_service_is_unimplemented() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let dir = limits_dir("unknown-service");
+    std::fs::write(dir.join("api.yaml"), API).unwrap();
+    let rls = Rls::start(&redis, &dir, "rls-unknown-service");
+    let mut c = rls.client().await;
+    let channel = Channel::from_shared(format!("http://127.0.0.1:{}", rls.port))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.unwrap();
+    let path = "/no.such.Service/Call".parse().unwrap();
+    let e = grpc
+        .unary(tonic::Request::new(()), path, Empty)
+        .await
+        .expect_err("no such service");
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    let user = unique("unknown-service");
+    let r = c
+        .should_rate_limit(RateLimitRequest {
+            domain: "api".into(),
+            descriptors: vec![descriptor(&[("user", &user)], None)],
+            hits_addend: 0,
+        })
+        .await
+        .expect("the rate limit service still answers")
+        .into_inner();
+    assert_eq!(r.overall_code, Code::Ok as i32);
+}
+
+/// A codec of empty messages (an unknown service has no generated stubs).
+#[derive(Clone, Copy)]
+struct Empty;
+
+impl tonic::codec::Codec for Empty {
+    type Encode = ();
+    type Decode = ();
+    type Encoder = Empty;
+    type Decoder = Empty;
+
+    fn encoder(&mut self) -> Empty {
+        Empty
+    }
+
+    fn decoder(&mut self) -> Empty {
+        Empty
+    }
+}
+
+impl tonic::codec::Encoder for Empty {
+    type Item = ();
+    type Error = tonic::Status;
+
+    fn encode(&mut self, _: (), _: &mut tonic::codec::EncodeBuf<'_>) -> Result<(), tonic::Status> {
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for Empty {
+    type Item = ();
+    type Error = tonic::Status;
+
+    fn decode(&mut self, _: &mut tonic::codec::DecodeBuf<'_>) -> Result<Option<()>, tonic::Status> {
+        Ok(Some(()))
+    }
+}

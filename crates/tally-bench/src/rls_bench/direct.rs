@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 use tonic::transport::Channel;
 
 use super::stats::Phase;
-use super::Server;
+use super::{Server, Usage};
 
 /// Where `tally serve` listens.
 pub struct Targets {
@@ -83,8 +83,8 @@ pub async fn run(
     .await;
 
     println!("## Direct: decisions/s and latency\n");
-    println!("| path | offered | decisions/s | p50 ms | p99 ms | p99.9 ms | p99 from due ms | errors | server CPU-s per 100K decisions |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| path | offered | decisions/s | p50 ms | p99 ms | p99.9 ms | p99 from due ms | errors | server CPU-s per 100K decisions | server allocations per decision | server context switches per decision |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     // Each phase connects its own callers just before it runs: an HTTP connection left idle
     // during the other phase would be closed by the server's `http.header_timeout` (5 s).
     let mut rows = Vec::new();
@@ -96,10 +96,15 @@ pub async fn run(
             true => grpc_callers(tasks),
             false => http_callers(t.http, tasks).await?,
         };
-        let cpu = server.cpu_seconds();
+        let before = server.usage();
         let mut p = closed(callers, phase).await;
-        let cpu = server.cpu_seconds() - cpu;
-        print_row(label, &format!("closed loop, {tasks} callers"), &mut p, cpu);
+        let used = server.usage() - before;
+        print_row(
+            label,
+            &format!("closed loop, {tasks} callers"),
+            &mut p,
+            used,
+        );
         rows.push(p.per_second());
     }
     // 40 callers, each on its own schedule: `rate` in all.
@@ -112,10 +117,10 @@ pub async fn run(
             true => grpc_callers(n),
             false => http_callers(t.http, n).await?,
         };
-        let cpu = server.cpu_seconds();
+        let before = server.usage();
         let mut p = paced(callers, rate, phase).await;
-        let cpu = server.cpu_seconds() - cpu;
-        print_row(label, &format!("{rate}/s"), &mut p, cpu);
+        let used = server.usage() - before;
+        print_row(label, &format!("{rate}/s"), &mut p, used);
     }
     println!(
         "\ngRPC ÷ HTTP, closed loop decisions/s: {:.2}×",
@@ -124,10 +129,13 @@ pub async fn run(
     Ok(())
 }
 
-fn print_row(label: &str, offered: &str, p: &mut Phase, cpu: f64) {
-    let per_100k = cpu / (p.micros.len().max(1) as f64) * 100_000.0;
+fn print_row(label: &str, offered: &str, p: &mut Phase, used: Usage) {
+    let decisions = p.micros.len().max(1) as f64;
+    let per_100k = used.cpu / decisions * 100_000.0;
+    let allocs = used.allocs as f64 / decisions;
+    let switches = used.switches as f64 / decisions;
     println!(
-        "| {label} | {offered} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {per_100k:.2} |",
+        "| {label} | {offered} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {per_100k:.2} | {allocs:.1} | {switches:.2} |",
         p.per_second(),
         p.quantile_ms(0.5),
         p.quantile_ms(0.99),

@@ -17,13 +17,15 @@
 //!    server in this process), with and without the rate-limit filter (descriptor from `x-user`,
 //!    random of 10,000): requests/s, p50/p99, and the filter's cost as ratios.
 
+mod allocs;
 mod direct;
 mod envoy;
 mod stats;
 
-use std::io::Read as _;
+use std::io::{BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
@@ -76,6 +78,9 @@ enum Role {
         limits: PathBuf,
     },
 }
+
+#[global_allocator]
+static ALLOCATOR: allocs::Counting = allocs::Counting;
 
 /// The limit of both paths: never reached, so every decision is a charge.
 pub const LIMIT: u64 = 1_000_000_000;
@@ -147,6 +152,8 @@ fn loadavg() -> String {
 /// `tally serve` in a child process (this binary's `serve` role).
 pub struct Server {
     child: Child,
+    /// Asks for the allocation count (a line each); closed, the server stops.
+    ask: Mutex<Option<(ChildStdin, std::io::BufReader<ChildStdout>)>>,
     pub rls: u16,
     pub http: u16,
 }
@@ -161,11 +168,21 @@ impl Server {
             .arg(limits)
             .env("TALLY_LOG", "warn")
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(std::fs::File::create(dir.join("serve.log"))?)
             .spawn()
             .context("spawning tally serve")?;
-        let server = Server { child, rls, http };
+        let mut child = child;
+        let ask = child
+            .stdin
+            .take()
+            .zip(child.stdout.take().map(std::io::BufReader::new));
+        let server = Server {
+            child,
+            ask: Mutex::new(ask),
+            rls,
+            http,
+        };
         for port in [http, rls] {
             let deadline = Instant::now() + Duration::from_secs(60);
             while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
@@ -191,9 +208,74 @@ impl Server {
     }
 }
 
+impl Server {
+    /// Allocations the server process has made so far (its counting allocator; 0 if it does
+    /// not answer).
+    pub fn allocations(&self) -> u64 {
+        let mut ask = self.ask.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((stdin, stdout)) = ask.as_mut() else {
+            return 0;
+        };
+        let mut line = String::new();
+        let asked = writeln!(stdin, "allocs").and_then(|()| stdin.flush());
+        if asked.is_err() || stdout.read_line(&mut line).is_err() {
+            return 0;
+        }
+        line.trim().parse().unwrap_or(0)
+    }
+
+    /// Context switches of all the server's threads so far (voluntary: a thread parked or
+    /// waited; a measure of wake-ups per decision).
+    pub fn context_switches(&self) -> u64 {
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let Ok(dir) = std::fs::read_dir(tasks) else {
+            return 0;
+        };
+        dir.flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("status")).ok())
+            .flat_map(|status| {
+                status
+                    .lines()
+                    .filter(|l| l.contains("ctxt_switches:"))
+                    .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+                    .collect::<Vec<_>>()
+            })
+            .sum()
+    }
+
+    /// CPU seconds, allocations and context switches so far, to subtract.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            cpu: self.cpu_seconds(),
+            allocs: self.allocations(),
+            switches: self.context_switches(),
+        }
+    }
+}
+
+/// The server's use of the machine, from [`Server::usage`].
+#[derive(Clone, Copy)]
+pub struct Usage {
+    pub cpu: f64,
+    pub allocs: u64,
+    pub switches: u64,
+}
+
+impl std::ops::Sub for Usage {
+    type Output = Usage;
+
+    fn sub(self, before: Usage) -> Usage {
+        Usage {
+            cpu: self.cpu - before.cpu,
+            allocs: self.allocs.saturating_sub(before.allocs),
+            switches: self.switches.saturating_sub(before.switches),
+        }
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
-        drop(self.child.stdin.take());
+        drop(self.ask.lock().map(|mut a| a.take()));
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -224,11 +306,18 @@ fn serve(redis: String, http: u16, rls: u16, limits: &Path) -> anyhow::Result<()
             on_redis_error: tally_counters::request::FailureMode::Closed,
         });
     let model = tally::config::Model::compile(config)?;
+    allocs::enable();
     let stop = tokio_util::sync::CancellationToken::new();
     let runtime = tokio::runtime::Runtime::new()?;
     let server = runtime.spawn(tally::app::serve::run(model, stop.clone()));
-    // Until the parent closes stdin (or dies).
-    let _ = std::io::stdin().read_to_end(&mut Vec::new());
+    // Until the parent closes stdin (or dies); each line asks for the allocation count.
+    for line in std::io::stdin().lock().lines() {
+        if line.is_err() {
+            break;
+        }
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", allocs::total()).and_then(|()| out.flush());
+    }
     stop.cancel();
     runtime.block_on(server)??;
     Ok(())
