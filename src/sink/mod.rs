@@ -204,45 +204,6 @@ impl Sink {
         }
     }
 
-    /// Read (and create) the fences of `partitions`, retrying until `deadline`: a rebalance
-    /// during a cluster failover otherwise parked its partitions for seconds after the
-    /// promotion (one attempt hung on the dead primary until its response timeout).
-    async fn init(
-        &mut self,
-        partitions: &[(i32, i64)],
-        deadline: Instant,
-        abort: &CancellationToken,
-    ) -> Result<PartitionFences, String> {
-        let mut delay = self.flush.retry_initial;
-        loop {
-            let mut watch = self.lend_watch();
-            // INIT runs with EVAL (rare, small): there is no NOSCRIPT to handle.
-            let attempt = topology::watched(
-                watch.as_mut(),
-                self.try_init(partitions),
-                AttemptError::TopologyChanged,
-            );
-            let result = tokio::time::timeout_at(deadline.into(), attempt).await;
-            self.topology = watch;
-            let error = match result {
-                Ok(Ok(fences)) => {
-                    if let Some(watch) = &mut self.topology {
-                        watch.reset();
-                    }
-                    return Ok(fences);
-                }
-                Ok(Err(e)) => e,
-                Err(_) => return Err("no answer from redis in time".to_string()),
-            };
-            let message = error.to_string();
-            let wait = self.recover(error, &mut delay, abort);
-            match tokio::time::timeout_at(deadline.into(), wait).await {
-                Ok(true) => {}
-                Ok(false) | Err(_) => return Err(message),
-            }
-        }
-    }
-
     /// Connect (or PING the live connection) and report changes of reachability.
     async fn probe(&mut self) {
         let was_up = self.health.redis.load(Ordering::Relaxed);

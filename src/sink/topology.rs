@@ -118,6 +118,7 @@ impl TopologyWatch {
 
     /// Every answering node's view, asked concurrently.
     async fn views(&mut self) -> HashSet<Assignment> {
+        let some_answered = self.nodes.iter().any(|s| s.answered);
         let asks = self.nodes.iter_mut().map(|seed| async move {
             let Seed {
                 client,
@@ -141,7 +142,14 @@ impl TopologyWatch {
                     .query_async::<Value>(c)
                     .await
             };
-            let view = match tokio::time::timeout(NODE_TIMEOUT, ask).await {
+            // A node that did not answer last time gets one poll's time while others do: a
+            // frozen one would otherwise hold every poll for the whole node timeout.
+            let limit = if *answered || !some_answered {
+                NODE_TIMEOUT
+            } else {
+                POLL
+            };
+            let view = match tokio::time::timeout(limit, ask).await {
                 Ok(Ok(slots)) => Some(assignment(&slots)),
                 _ => None,
             };
