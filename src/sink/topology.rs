@@ -6,7 +6,10 @@
 //! caught by the failover may otherwise hang until its response timeout). Measured before (five
 //! failovers, node timeout 2 s): counting resumed 0.65-2.4 s after the promotion, spent in the
 //! grown backoff (1-3 s by then) and in attempts waiting on the dead primary; with it, within
-//! ~[`POLL`] plus one flush.
+//! ~[`POLL`] plus one flush. Fence reads (partitions being opened, e.g. in a rebalance) run
+//! under the same watch ([`watched`]). While the watch is armed the sink reconnects only through
+//! the seeds that answered it ([`TopologyWatch::answering`]): a frozen seed held every new
+//! cluster connection for the connect timeout (counting resumed ~5.4 s after the promotion).
 
 use std::collections::HashSet;
 use std::future::Future;
