@@ -256,6 +256,7 @@ impl Flusher {
         self.sink
             .send(SinkRequest::InitFences {
                 partitions,
+                deadline: Instant::now() + timeout,
                 reply: tx,
             })
             .map_err(|_| "redis sink stopped".to_string())?;

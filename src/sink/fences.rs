@@ -1,12 +1,54 @@
 //! Reading and creating fences for partitions being opened ([`script::INIT_LUA`]), one script
 //! per shard.
 
+use std::time::Instant;
+
 use redis::Value;
+use tokio_util::sync::CancellationToken;
 
 use super::script::{self, FenceState};
-use super::{AttemptError, PartitionFences, Sink};
+use super::{topology, AttemptError, PartitionFences, Sink};
 
 impl Sink {
+    /// Read (and create) the fences of `partitions`, retrying until `deadline`: a rebalance
+    /// during a cluster failover otherwise parked its partitions for seconds after the
+    /// promotion (one attempt hung on the dead primary until its response timeout).
+    pub(super) async fn init(
+        &mut self,
+        partitions: &[(i32, i64)],
+        deadline: Instant,
+        abort: &CancellationToken,
+    ) -> Result<PartitionFences, String> {
+        let mut delay = self.flush.retry_initial;
+        loop {
+            let mut watch = self.lend_watch();
+            // INIT runs with EVAL (rare, small): there is no NOSCRIPT to handle.
+            let attempt = topology::watched(
+                watch.as_mut(),
+                self.try_init(partitions),
+                AttemptError::TopologyChanged,
+            );
+            let result = tokio::time::timeout_at(deadline.into(), attempt).await;
+            self.topology = watch;
+            let error = match result {
+                Ok(Ok(fences)) => {
+                    if let Some(watch) = &mut self.topology {
+                        watch.reset();
+                    }
+                    return Ok(fences);
+                }
+                Ok(Err(e)) => e,
+                Err(_) => return Err("no answer from redis in time".to_string()),
+            };
+            let message = error.to_string();
+            let wait = self.recover(error, &mut delay, abort);
+            match tokio::time::timeout_at(deadline.into(), wait).await {
+                Ok(true) => {}
+                Ok(false) | Err(_) => return Err(message),
+            }
+        }
+    }
+
     /// One attempt at the fences of `partitions` (partition, start if Redis has no state).
     pub(super) async fn try_init(
         &mut self,

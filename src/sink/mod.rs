@@ -44,11 +44,14 @@ pub enum SinkRequest {
         reply: std_mpsc::Sender<FlushOutcome>,
     },
     /// Read the fences of every shard of these partitions, creating those the state has no
-    /// record of where asked to (see [`script::INIT_LUA`]). One attempt: the caller decides
-    /// what to do when Redis cannot answer.
+    /// record of where asked to (see [`script::INIT_LUA`]). Retried until its deadline; the
+    /// caller decides what to do when Redis cannot answer by then.
     InitFences {
         /// (partition, where to start it if Redis has no state for it; -1: do not create).
         partitions: Vec<(i32, i64)>,
+        /// Retry until then (the caller stops waiting); through a cluster failover, attempts
+        /// follow the topology watch like flushes do.
+        deadline: Instant,
         /// Receives `(partition, state per shard)`, or why Redis could not answer.
         reply: std_mpsc::Sender<Result<PartitionFences, String>>,
     },
@@ -93,6 +96,9 @@ pub struct Sink {
     health: Arc<Health>,
     /// In a cluster: ends a retry's wait when the primaries change (a failover).
     topology: Option<topology::TopologyWatch>,
+    /// The seeds to connect through while following a failover: those that answered the
+    /// watch (`None`: all). Taken when an attempt starts, as the watch is lent to it.
+    seeds: Option<Vec<usize>>,
 }
 
 pub use conn::client;
@@ -127,6 +133,7 @@ impl Sink {
                 }
                 RedisMode::Standalone => None,
             },
+            seeds: None,
         })
     }
 
@@ -185,15 +192,12 @@ impl Sink {
                     self.observe_flush(&outcome, started, keys);
                     let _ = reply.send(outcome);
                 }
-                SinkRequest::InitFences { partitions, reply } => {
-                    // INIT runs with EVAL (rare, small): there is no NOSCRIPT to handle.
-                    let result = match self.try_init(&partitions).await {
-                        Ok(fences) => Ok(fences),
-                        Err(e) => {
-                            self.note_failure(&e);
-                            Err(e.to_string())
-                        }
-                    };
+                SinkRequest::InitFences {
+                    partitions,
+                    deadline,
+                    reply,
+                } => {
+                    let result = self.init(&partitions, deadline, &abort).await;
                     let _ = reply.send(result);
                 }
             }
@@ -319,7 +323,11 @@ impl Sink {
         if let Some(conn) = &self.conn {
             return Ok(conn.clone());
         }
-        let mut conn = self.connector.connect().await?;
+        // While a failover is followed, seed only from nodes that answer the watch.
+        let mut conn = match &self.seeds {
+            Some(seeds) => self.connector.connect_via(seeds).await?,
+            None => self.connector.connect().await?,
+        };
         self.check_eviction(&mut conn).await?;
         self.load_script(&mut conn).await?;
         self.health.redis.store(true, Ordering::Relaxed);
@@ -338,35 +346,22 @@ impl Sink {
     /// soon as the primaries change: a request caught by a failover can otherwise hang
     /// until its response timeout, long after the replica took over.
     async fn attempt(&mut self, plan: &encode::Plan) -> Result<FlushOutcome, AttemptError> {
-        let Some(mut watch) = self.topology.take() else {
-            return self.try_flush(plan).await;
-        };
-        let result = {
-            let flush = self.try_flush(plan);
-            tokio::pin!(flush);
-            // A healthy flush needs no watch; one that takes long (a node stopped answering)
-            // arms it, so a failover during the attempt ends it.
-            let early = if watch.armed() {
-                None
-            } else {
-                tokio::select! {
-                    result = &mut flush => Some(result),
-                    _ = tokio::time::sleep(topology::SLOW_ATTEMPT) => None,
-                }
-            };
-            match early {
-                Some(result) => result,
-                None => {
-                    watch.arm().await;
-                    tokio::select! {
-                        result = &mut flush => result,
-                        _ = watch.changed() => Err(AttemptError::TopologyChanged),
-                    }
-                }
-            }
-        };
-        self.topology = Some(watch);
+        let mut watch = self.lend_watch();
+        let result = topology::watched(
+            watch.as_mut(),
+            self.try_flush(plan),
+            AttemptError::TopologyChanged,
+        )
+        .await;
+        self.topology = watch;
         result
+    }
+
+    /// Take the topology watch to run an attempt under it (put it back after), noting first
+    /// which seeds answered it: the attempt connects through those.
+    fn lend_watch(&mut self) -> Option<topology::TopologyWatch> {
+        self.seeds = self.topology.as_ref().and_then(|w| w.answering());
+        self.topology.take()
     }
 
     /// Send every shard's calls (concurrently across shards, chunk after chunk within one) and

@@ -6,9 +6,13 @@
 //! caught by the failover may otherwise hang until its response timeout). Measured before (five
 //! failovers, node timeout 2 s): counting resumed 0.65-2.4 s after the promotion, spent in the
 //! grown backoff (1-3 s by then) and in attempts waiting on the dead primary; with it, within
-//! ~[`POLL`] plus one flush.
+//! ~[`POLL`] plus one flush. Fence reads (partitions being opened, e.g. in a rebalance) run
+//! under the same watch ([`watched`]). While the watch is armed the sink reconnects only through
+//! the seeds that answered it ([`TopologyWatch::answering`]): a frozen seed held every new
+//! cluster connection for the connect timeout (counting resumed ~5.4 s after the promotion).
 
 use std::collections::HashSet;
+use std::future::Future;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -30,7 +34,8 @@ type Assignment = Vec<String>;
 /// The seed nodes' views of which primaries serve slots, with one connection per node kept between polls.
 pub struct TopologyWatch {
     nodes: Vec<Seed>,
-    /// The views seen when the current wait began (`None`: no wait began yet).
+    /// The answering nodes' views when the current wait began or last changed (`None`: no
+    /// wait began yet).
     known: Option<HashSet<Assignment>>,
 }
 
@@ -38,6 +43,8 @@ pub struct TopologyWatch {
 struct Seed {
     client: Client,
     conn: Option<MultiplexedConnection>,
+    /// It answered the last poll (a frozen node accepts connections but never answers).
+    answered: bool,
 }
 
 impl TopologyWatch {
@@ -46,7 +53,11 @@ impl TopologyWatch {
         TopologyWatch {
             nodes: seeds
                 .into_iter()
-                .map(|client| Seed { client, conn: None })
+                .map(|client| Seed {
+                    client,
+                    conn: None,
+                    answered: true,
+                })
                 .collect(),
             known: None,
         }
@@ -76,17 +87,30 @@ impl TopologyWatch {
         self.known.is_some()
     }
 
-    /// Wait until some node reports a set of primaries that differs from every view seen when
-    /// watching began (the first call after [`TopologyWatch::reset`] records those views).
-    /// Never returns if nothing changes: race it with the retry's own delay.
+    /// While armed, the seeds (by index) that answered the last poll, if some did not: a new
+    /// cluster connection waits for every seed it is given, so one given a frozen node would
+    /// wait its connect timeout (~5 s) before it could serve. `None`: use every seed.
+    pub fn answering(&self) -> Option<Vec<usize>> {
+        let answered = || self.nodes.iter().enumerate().filter(|(_, s)| s.answered);
+        let n = answered().count();
+        (self.armed() && n > 0 && n < self.nodes.len())
+            .then(|| answered().map(|(i, _)| i).collect())
+    }
+
+    /// Wait until the answering nodes' views differ from those seen when watching began or
+    /// when this last returned (the first call after [`TopologyWatch::reset`] records them):
+    /// once when the promoted replica reports itself, and again when the others agree with
+    /// it. The second matters: an attempt retried in between may have read its slot map from
+    /// a node that still named the old primary, and a frozen one would hold it for the whole
+    /// response timeout. Never returns if nothing changes: race it with the retry's own delay.
     pub async fn changed(&mut self) {
         loop {
             let views = self.views().await;
             match &mut self.known {
                 None => self.known = Some(views),
                 Some(known) => {
-                    if views.iter().any(|v| !known.contains(v)) {
-                        known.extend(views);
+                    if !views.is_empty() && views != *known {
+                        *known = views;
                         return;
                     }
                 }
@@ -97,8 +121,13 @@ impl TopologyWatch {
 
     /// Every answering node's view, asked concurrently.
     async fn views(&mut self) -> HashSet<Assignment> {
+        let some_answered = self.nodes.iter().any(|s| s.answered);
         let asks = self.nodes.iter_mut().map(|seed| async move {
-            let Seed { client, conn } = seed;
+            let Seed {
+                client,
+                conn,
+                answered,
+            } = seed;
             let ask = async {
                 if conn.is_none() {
                     let config = AsyncConnectionConfig::new()
@@ -116,19 +145,53 @@ impl TopologyWatch {
                     .query_async::<Value>(c)
                     .await
             };
-            match tokio::time::timeout(NODE_TIMEOUT, ask).await {
+            // A node that did not answer last time gets one poll's time while others do: a
+            // frozen one would otherwise hold every poll for the whole node timeout.
+            let limit = if *answered || !some_answered {
+                NODE_TIMEOUT
+            } else {
+                POLL
+            };
+            let view = match tokio::time::timeout(limit, ask).await {
                 Ok(Ok(slots)) => Some(assignment(&slots)),
-                _ => {
-                    *conn = None;
-                    None
-                }
+                _ => None,
+            };
+            *answered = view.is_some();
+            if view.is_none() {
+                *conn = None;
             }
+            view
         });
         futures::future::join_all(asks)
             .await
             .into_iter()
             .flatten()
             .collect()
+    }
+}
+
+/// Run one attempt (`op`) under the watch. A healthy attempt needs none; one that fails or
+/// takes [`SLOW_ATTEMPT`] arms it, and from then on a change of the primaries (a failover)
+/// abandons the attempt with `changed` rather than waiting for its response timeout.
+pub async fn watched<T, E>(
+    watch: Option<&mut TopologyWatch>,
+    op: impl Future<Output = Result<T, E>>,
+    changed: E,
+) -> Result<T, E> {
+    let Some(watch) = watch else {
+        return op.await;
+    };
+    tokio::pin!(op);
+    if !watch.armed() {
+        tokio::select! {
+            result = &mut op => return result,
+            _ = tokio::time::sleep(SLOW_ATTEMPT) => {}
+        }
+    }
+    watch.arm().await;
+    tokio::select! {
+        result = &mut op => result,
+        _ = watch.changed() => Err(changed),
     }
 }
 

@@ -1,17 +1,19 @@
-//! Redis Cluster failover time: a primary is killed (kill -9) under a steady stream, five times
-//! in a row, with the defaults a user gets (`redis.*_timeout`, `flush.retry_*`) and a node
-//! timeout of 2 s. Each round measures when the cluster reports the new primary (the promoted
-//! replica says it is one) and when tally's first flush lands on the moved slots (an applied
-//! offset held by the promoted node moves), and asserts resume ≤ 1 s after the promotion and
-//! ≤ 5 s after the kill; the counts are exact at the end. To see where time goes, set
-//! `TALLY_FAILOVER_LOG=<file>`: tally's log (timestamps, each retry and topology change) is kept
-//! there, and each kill's wall-clock time is printed. `TALLY_FAILOVER_STALL=1` freezes the
-//! primary with SIGSTOP in rounds 1 and 3 instead (its connections hang rather than fail, like a
-//! host gone silent): a known gap, resumed ~6.5 s after the promotion (~10 s after the stall).
+//! Redis Cluster failover time: a primary fails under a steady stream, five times in a row, with
+//! the defaults a user gets (`redis.*_timeout`, `flush.retry_*`) and a node timeout of 2 s.
+//! Rounds 0, 2 and 4 kill it (kill -9); rounds 1 and 3 freeze it (SIGSTOP: its connections hang
+//! rather than fail, like a host gone silent; before tally reconnected only through seeds that
+//! answer, counting resumed ~5.4 s after the promotion there). Each round measures when the
+//! cluster reports the new primary (the promoted replica says it is one) and when tally's first
+//! flush lands on the moved slots (an applied offset held by the promoted node moves), and
+//! asserts resume ≤ 1 s after the promotion (and ≤ 5 s after the failure whenever the cluster
+//! itself promoted within 4 s: under load on 2 cores its own failover once took 4.85 s); the
+//! counts are exact at the end. To see where time goes, set `TALLY_FAILOVER_LOG=<file>`:
+//! tally's log (timestamps, each retry and topology change) is kept there, and each kill's
+//! wall-clock time is printed. `TALLY_FAILOVER_KILL_ONLY=1` kills in every round.
 
 use std::time::{Duration, Instant};
 
-use crate::cluster::{config, finish, replica_of, PARTITIONS};
+use crate::cluster::{config, finish, PARTITIONS};
 use crate::common::process::{BrokerProcess, TallyProcess};
 use crate::common::stream::Stream;
 use tally_testkit::local_redis::LocalCluster;
@@ -47,6 +49,44 @@ fn is_primary(c: &mut redis::Connection) -> bool {
     matches!(role.ok().and_then(|r| r.into_iter().next()), Some(redis::Value::BulkString(b)) if b == b"master")
 }
 
+/// The ports of the replicas connected to `port`, if it says (ROLE) it is a primary. Asked of
+/// the node itself: another node's `CLUSTER NODES` may still be stale after the previous round
+/// (under load a rejoined node was once listed as a primary, and the round picked a replica).
+fn replicas_of(port: u16) -> Vec<u16> {
+    let role: Vec<redis::Value> = match redis::cmd("ROLE").query(&mut conn(port)) {
+        Ok(role) => role,
+        Err(_) => return Vec::new(),
+    };
+    let text = |v: &redis::Value| match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        _ => String::new(),
+    };
+    match role.as_slice() {
+        [kind, _, redis::Value::Array(replicas)] if text(kind) == "master" => replicas
+            .iter()
+            .filter_map(|r| match r {
+                redis::Value::Array(parts) => parts.get(1).and_then(|p| text(p).parse().ok()),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// The `index`-th of the three primaries and its synced replica, once the nodes agree.
+fn victim(cluster: &LocalCluster, index: usize) -> (u16, u16) {
+    let mut found = None;
+    when(Duration::from_secs(60), || {
+        let primaries = cluster.primaries();
+        found = (primaries.len() == 3)
+            .then(|| primaries[index % 3])
+            .and_then(|p| Some((p, *replicas_of(p).first()?)))
+            .filter(|(_, r)| is_synced_replica(*r));
+        found.is_some()
+    });
+    found.expect("three primaries, each with a synced replica")
+}
+
 fn is_synced_replica(port: u16) -> bool {
     let info: Option<String> = redis::Client::open(format!("redis://127.0.0.1:{port}"))
         .ok()
@@ -76,11 +116,10 @@ fn when(timeout: Duration, mut cond: impl FnMut() -> bool) -> Option<Instant> {
 /// rejoins as a replica. Returns (promoted, resumed) after the kill.
 fn failover(
     cluster: &mut LocalCluster,
-    victim: u16,
+    (victim, replica): (u16, u16),
     stall: bool,
     t: &TallyProcess,
 ) -> (Duration, Duration) {
-    let replica = replica_of(victim);
     let keys = applied_keys(victim);
     assert!(
         !keys.is_empty(),
@@ -148,21 +187,21 @@ fn cluster_five_failovers_resume_within_a_second() {
             !producer.is_finished(),
             "the stream ended before failover {round}"
         );
-        let victim = cluster.primaries()[round % 3];
-        // Known gap, measured on demand: a frozen primary (see the module doc).
-        let stall = round % 2 == 1 && std::env::var("TALLY_FAILOVER_STALL").is_ok();
-        let (promoted, resumed) = failover(&mut cluster, victim, stall, &t);
+        let (victim, replica) = victim(&cluster, round);
+        let stall = round % 2 == 1 && std::env::var("TALLY_FAILOVER_KILL_ONLY").is_err();
+        let (promoted, resumed) = failover(&mut cluster, (victim, replica), stall, &t);
         let how = if stall { "stalled (SIGSTOP)" } else { "killed" };
         eprintln!(
             "failover {round}: primary {victim} {how}, new primary reported after {promoted:?}, counting resumed {:?} later ({resumed:?} after the kill)",
             resumed - promoted
         );
         rounds.push((promoted, resumed));
+        // Kept after each round, so a round that fails later still leaves the log.
+        if let Ok(path) = std::env::var("TALLY_FAILOVER_LOG") {
+            std::fs::write(path, t.log()).unwrap();
+        }
     }
     let produced = producer.join().unwrap();
-    if let Ok(path) = std::env::var("TALLY_FAILOVER_LOG") {
-        std::fs::write(path, t.log()).unwrap();
-    }
     drop(t);
     let (keys, mismatches, _) = finish(&cfg, &cluster, "g-five", topic, &produced, &stream);
     let after: Vec<String> = rounds
@@ -181,8 +220,10 @@ fn cluster_five_failovers_resume_within_a_second() {
             "failover {round}: resumed {:?} after the promotion",
             *resumed - *promoted
         );
+        // The cluster's own share (node timeout, election) is not tally's: bounded only when
+        // the cluster kept to its usual pace.
         assert!(
-            *resumed <= Duration::from_secs(5),
+            *promoted > Duration::from_secs(4) || *resumed <= Duration::from_secs(5),
             "failover {round}: resumed {resumed:?} after the kill (the cluster itself reported the new primary {promoted:?} after the kill)"
         );
     }

@@ -277,3 +277,46 @@ async fn undecodable_messages_go_to_the_dead_letter_topic_with_reasons() {
         assert_eq!(got[i].header("tally-source-topic"), Some("dlq-src"));
     }
 }
+
+/// Partitions assigned while Redis is down: their fences are read again and again until Redis
+/// answers (within the connect + response timeouts), rather than the partitions being parked
+/// after one failed read and retried only every 5 s. A rebalance during a cluster failover hit
+/// this: counting resumed seconds after the new primary took over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_are_read_again_until_redis_answers() {
+    let mut h = Harness::with_redis("init-retry", 2, &[]);
+    let mut config = h.config("g-init", hourly("ir"));
+    // The fence read's deadline is connect + response timeout: long enough to outlast the stop.
+    config.redis.connect_timeout = Duration::from_secs(1);
+    config.redis.response_timeout = Duration::from_secs(9);
+    // One lane: a second one joining later would add a rebalance to the measured time.
+    config.kafka.consumers = tally::config::Consumers::Count(1);
+    let now = Utc::now().timestamp_millis();
+    for i in 0..10 {
+        h.produce(i % 2, br#"{"app_id":"a","device_id":"d"}"#, Some(now));
+    }
+    h.flush_producer();
+    h.redis.stop();
+    let running = h.start(config);
+    let refused = running
+        .metrics
+        .redis
+        .redis_errors
+        .with_label_values(&["connect"]);
+    // Three refused reads: retried (a parked partition would be tried once per 5 s).
+    wait_for("fence reads refused", Duration::from_secs(30), || {
+        refused.get() >= 3
+    })
+    .await;
+    h.redis.restart().unwrap();
+    let restarted = std::time::Instant::now();
+    h.wait_applied("g-init", Duration::from_secs(30)).await;
+    let took = restarted.elapsed();
+    eprintln!("counted {took:?} after redis came back");
+    running.stop().await;
+    assert_eq!(total(&h, "ir:*"), 10);
+    assert!(
+        took < Duration::from_millis(2500),
+        "counted {took:?} after redis came back (parked partitions wait up to 5 s)"
+    );
+}

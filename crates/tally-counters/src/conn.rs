@@ -1,6 +1,8 @@
 //! One Redis connection handle for either deployment. Both kinds multiplex requests over their
 //! connections and are cheap to clone; the cluster one follows MOVED/ASK and refreshes slots.
 
+use std::time::Duration;
+
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
@@ -16,7 +18,14 @@ pub enum Connector {
     /// A single server.
     Single(Client, AsyncConnectionConfig),
     /// Redis Cluster seeded from a list of nodes.
-    Cluster(ClusterClient),
+    Cluster {
+        /// Seeded from every node.
+        client: ClusterClient,
+        /// Each seed's settings, in `seed_clients` order (to seed from some of them).
+        infos: Vec<redis::ConnectionInfo>,
+        /// Connect and response timeouts, for a client seeded from some of them.
+        timeouts: (Duration, Duration),
+    },
 }
 
 /// A live connection.
@@ -100,6 +109,28 @@ pub fn seed_clients(config: &RedisConfig) -> Result<Vec<Client>, RedisError> {
         .collect()
 }
 
+/// A cluster client seeded from `infos`, with these (connect, response) timeouts.
+fn cluster_client(
+    infos: Vec<redis::ConnectionInfo>,
+    (connect_timeout, response_timeout): (Duration, Duration),
+) -> Result<ClusterClient, RedisError> {
+    // rediss:// seeds use TLS with the system trust store (config validation refuses custom
+    // certificate files in cluster mode).
+    ClusterClient::builder(infos)
+        .connection_timeout(connect_timeout)
+        .response_timeout(response_timeout)
+        // tally retries whole flushes itself (they are idempotent); keep the client's own
+        // redirect/refresh retries short so failures surface.
+        .retries(4)
+        // And quick: the client's default waits at least 1.28 s before each retry, so a
+        // request caught by a failover surfaced ~5 s later and counting resumed ~7 s after the
+        // promotion. Now 10 ms to 200 ms each (≤ 0.6 s for all four).
+        .min_retry_wait(10)
+        .max_retry_wait(200)
+        .retry_wait_formula(25, 2)
+        .build()
+}
+
 impl Connector {
     /// A connector for the configured deployment; fails only on malformed settings.
     pub fn new(config: &RedisConfig) -> Result<Connector, RedisError> {
@@ -115,22 +146,12 @@ impl Connector {
                     .iter()
                     .map(|u| connection_info(u, config))
                     .collect::<Result<Vec<_>, _>>()?;
-                // rediss:// seeds use TLS with the system trust store (config validation
-                // refuses custom certificate files in cluster mode).
-                let client = ClusterClient::builder(infos)
-                    .connection_timeout(config.connect_timeout)
-                    .response_timeout(config.response_timeout)
-                    // tally retries whole flushes itself (they are idempotent); keep the
-                    // client's own redirect/refresh retries short so failures surface.
-                    .retries(4)
-                    // And quick: the client's default waits at least 1.28 s before each retry,
-                    // so a request caught by a failover surfaced ~5 s later and counting resumed
-                    // ~7 s after the promotion. Now 10 ms to 200 ms each (≤ 0.6 s for all four).
-                    .min_retry_wait(10)
-                    .max_retry_wait(200)
-                    .retry_wait_formula(25, 2)
-                    .build()?;
-                Ok(Connector::Cluster(client))
+                let timeouts = (config.connect_timeout, config.response_timeout);
+                Ok(Connector::Cluster {
+                    client: cluster_client(infos.clone(), timeouts)?,
+                    infos,
+                    timeouts,
+                })
             }
         }
     }
@@ -143,8 +164,31 @@ impl Connector {
                     .get_multiplexed_async_connection_with_config(config)
                     .await?,
             )),
-            Connector::Cluster(client) => Ok(Conn::Cluster(client.get_async_connection().await?)),
+            Connector::Cluster { client, .. } => {
+                Ok(Conn::Cluster(client.get_async_connection().await?))
+            }
         }
+    }
+
+    /// Open a connection seeded from some of the seed nodes only (indices in `seed_clients`
+    /// order): a new cluster connection waits for every seed it is given, so a frozen one
+    /// (it accepts connections, never answers) would hold it for the connect timeout.
+    pub async fn connect_via(&self, seeds: &[usize]) -> RedisResult<Conn> {
+        let Connector::Cluster {
+            infos, timeouts, ..
+        } = self
+        else {
+            return self.connect().await;
+        };
+        let some: Vec<_> = seeds
+            .iter()
+            .filter_map(|&i| infos.get(i).cloned())
+            .collect();
+        if some.is_empty() {
+            return self.connect().await;
+        }
+        let client = cluster_client(some, *timeouts)?;
+        Ok(Conn::Cluster(client.get_async_connection().await?))
     }
 }
 
