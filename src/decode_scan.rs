@@ -97,15 +97,13 @@ impl<'a> Scanner<'a> {
     fn string(&mut self) -> Option<&'a str> {
         self.expect(b'"')?;
         let start = self.pos;
-        loop {
-            match self.next()? {
-                b'"' => break,
-                b'\\' | 0..=0x1f => return None,
-                _ => {}
-            }
+        let end = string_end(self.bytes, start)?;
+        if self.bytes[end] != b'"' {
+            return None;
         }
+        self.pos = end + 1;
         // Both ends are next to an ASCII quote, so they are char boundaries of valid UTF-8.
-        self.text.get(start..self.pos - 1)
+        self.text.get(start..end)
     }
 
     /// Digits from here; how many.
@@ -211,4 +209,30 @@ impl<'a> Scanner<'a> {
         }
         Some(())
     }
+}
+
+/// The first quote, backslash or control character at or after `pos`, eight bytes at a time.
+fn string_end(bytes: &[u8], mut pos: usize) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    while let Some(chunk) = bytes.get(pos..pos + 8) {
+        let w = u64::from_le_bytes(chunk.try_into().expect("eight bytes"));
+        let quote = w ^ (ONES * u64::from(b'"'));
+        let backslash = w ^ (ONES * u64::from(b'\\'));
+        // Each term flags its lowest matching byte exactly (false flags only lie above a true
+        // one), so the lowest flag of all is the first special byte.
+        let hits = ((quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash)
+            | (w.wrapping_sub(ONES * 0x20) & !w))
+            & HIGH;
+        if hits != 0 {
+            return Some(pos + (hits.trailing_zeros() / 8) as usize);
+        }
+        pos += 8;
+    }
+    let tail = bytes.get(pos..)?;
+    let at = tail
+        .iter()
+        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+    Some(pos + at)
 }

@@ -379,3 +379,39 @@ fn common_payloads_take_the_fast_scan_and_unusual_ones_fall_back() {
         assert!(!scanned(p), "{p}");
     }
 }
+
+#[test]
+fn strings_of_every_length_with_a_special_byte_anywhere() {
+    // The scan looks for the end of a string eight bytes at a time: every length and position.
+    for len in 0..26 {
+        let plain: String = (0..len)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        for value in [plain.clone(), format!("{plain}é"), format!("ü{plain}")] {
+            assert_same_answer(
+                format!(r#"{{"x":"{value}","app_id":"{value}","ip":"b","bytes":1,"ts":1}}"#)
+                    .as_bytes(),
+            );
+        }
+        for at in 0..len {
+            for special in ["\\\"", "\\n", "\\u0041", "\u{1}", "\u{1f}", "\t", "\u{7f}"] {
+                let mut value = plain.clone();
+                value.insert_str(at, special);
+                for payload in [
+                    format!(r#"{{"x":"{value}","app_id":"a","ip":"b","bytes":1,"ts":1}}"#),
+                    format!(r#"{{"app_id":"{value}","ip":"b","bytes":1,"ts":1}}"#),
+                ] {
+                    assert_same_answer(payload.as_bytes());
+                }
+            }
+        }
+    }
+    let d = decoder(None, TimeFormat::EpochMs);
+    let e = d
+        .decode(
+            Some(br#"{"app_id":"abcdefghijklm","ip":"n","bytes":1}"#),
+            Some(1),
+        )
+        .unwrap();
+    assert_eq!(e.dims[0], "abcdefghijklm");
+}
