@@ -2,6 +2,8 @@
 //!
 //! Only the configured top-level fields are extracted; everything else is skipped without
 //! allocating. String values borrow from the message buffer unless they contain escapes.
+//! A borrowed scan (`decode_scan.rs`) handles the common shape; anything else (escapes, floats
+//! in wanted fields, invalid JSON) goes to serde_json, which gives the reference answer.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -197,6 +199,26 @@ impl Decoder {
         payload: Option<&'a [u8]>,
         kafka_ts_ms: Option<i64>,
     ) -> Result<Event<'a>, DecodeError> {
+        self.decode_with(payload, kafka_ts_ms, true)
+    }
+
+    /// [`Decoder::decode`] with the full parser only (no fast scan): the reference the fast
+    /// path is checked against (tests and the fuzz target compare the two).
+    #[doc(hidden)]
+    pub fn decode_reference<'a>(
+        &self,
+        payload: Option<&'a [u8]>,
+        kafka_ts_ms: Option<i64>,
+    ) -> Result<Event<'a>, DecodeError> {
+        self.decode_with(payload, kafka_ts_ms, false)
+    }
+
+    fn decode_with<'a>(
+        &self,
+        payload: Option<&'a [u8]>,
+        kafka_ts_ms: Option<i64>,
+        fast: bool,
+    ) -> Result<Event<'a>, DecodeError> {
         let payload = payload.ok_or(DecodeError::Empty)?;
         if payload.is_empty() {
             return Err(DecodeError::Empty);
@@ -207,14 +229,18 @@ impl Decoder {
         let text = std::str::from_utf8(payload).map_err(|_| DecodeError::NotUtf8)?;
         let mut raw: SmallVec<[Option<FieldValue<'a>>; 4]> = SmallVec::new();
         raw.resize(self.names.len(), None);
-        let mut de = serde_json::Deserializer::from_str(text);
-        ObjectSeed {
-            names: &self.names,
-            out: &mut raw,
+        if !fast || scan::scan(text, &self.names, &mut raw).is_none() {
+            // Escapes, floats, long integers, deep nesting or invalid JSON: the full parser.
+            raw.fill(None);
+            let mut de = serde_json::Deserializer::from_str(text);
+            ObjectSeed {
+                names: &self.names,
+                out: &mut raw,
+            }
+            .deserialize(&mut de)
+            .map_err(|_| DecodeError::NotJson)?;
+            de.end().map_err(|_| DecodeError::NotJson)?;
         }
-        .deserialize(&mut de)
-        .map_err(|_| DecodeError::NotJson)?;
-        de.end().map_err(|_| DecodeError::NotJson)?;
 
         let mut dims = SmallVec::new();
         let mut nums = SmallVec::new();
@@ -391,6 +417,9 @@ impl<'de> Visitor<'de> for FieldValueVisitor {
         Ok(FieldValue::Other)
     }
 }
+
+#[path = "decode_scan.rs"]
+mod scan;
 
 #[cfg(test)]
 #[path = "decode_tests.rs"]

@@ -175,3 +175,243 @@ fn every_reason_has_its_index_and_a_distinct_label() {
         DecodeError::ALL.iter().map(|e| e.reason()).collect();
     assert_eq!(labels.len(), DecodeError::ALL.len());
 }
+
+/// Decoders with every time source, for comparing the fast scan with the full parser.
+fn reference_decoders() -> Vec<(Decoder, Option<i64>)> {
+    let mut out = vec![(decoder(None, TimeFormat::EpochMs), Some(1))];
+    for format in [TimeFormat::EpochMs, TimeFormat::EpochS, TimeFormat::Rfc3339] {
+        out.push((decoder(Some("ts"), format), None));
+    }
+    out
+}
+
+/// `decode` (fast scan, falling back) and `decode_reference` (full parser only) give the same
+/// answer for `payload` with every decoder.
+fn assert_same_answer(payload: &[u8]) {
+    for (d, kafka_ts) in reference_decoders() {
+        let fast = d.decode(Some(payload), kafka_ts);
+        let full = d.decode_reference(Some(payload), kafka_ts);
+        let shown = String::from_utf8_lossy(payload);
+        match (fast, full) {
+            (Ok(a), Ok(b)) => {
+                assert_eq!(a.dims, b.dims, "dims of {shown}");
+                assert_eq!(a.nums, b.nums, "nums of {shown}");
+                assert_eq!(a.ts_ms, b.ts_ms, "time of {shown}");
+            }
+            (Err(a), Err(b)) => assert_eq!(a, b, "error for {shown}"),
+            (a, b) => panic!("{shown}: fast {:?} vs full {:?}", a.err(), b.err()),
+        }
+    }
+}
+
+/// Whether the fast scan alone accepts `payload` (no fallback to the full parser).
+fn scanned(payload: &str) -> bool {
+    let d = decoder(Some("ts"), TimeFormat::EpochMs);
+    let mut raw = vec![None; d.names.len()];
+    scan::scan(payload, &d.names, &mut raw).is_some()
+}
+
+const EDGE_CASES: &[&str] = &[
+    r#"{"app_id":"a","ip":"b","bytes":1,"ts":1722531600123}"#,
+    " \t\r\n{ \"app_id\" : \"a\" ,\n\"ip\"\t:\"b\",\"bytes\" :1 ,\"ts\":1722531600} \n",
+    r#"{}"#,
+    r#"{ }"#,
+    r#"{"app_id":"a","ip":"b","bytes":1,"ts":1,}"#,
+    r#"{"app_id":"a","ip":"b","bytes":1 "ts":1}"#,
+    r#"{"app_id":"a","ip":"b","bytes":1,"ts":1}}"#,
+    r#"{"app_id":"a","ip":"b","bytes":1,"ts":1"#,
+    "\u{feff}{\"app_id\":\"a\",\"ip\":\"b\",\"bytes\":1,\"ts\":1}",
+    // Escapes: in a wanted value, in a key, in a skipped value.
+    r#"{"app_id":"a\"b","ip":"\u00e9","bytes":1,"ts":1}"#,
+    r#"{"app\u005fid":"a","ip":"b","bytes":1,"ts":1}"#,
+    r#"{"x":"\\\/\b\f\n\r\t","app_id":"a","ip":"b","bytes":1,"ts":1}"#,
+    r#"{"x":"\q","app_id":"a","ip":"b","bytes":1,"ts":1}"#,
+    r#"{"x":"\u12g4","app_id":"a","ip":"b","bytes":1,"ts":1}"#,
+    "{\"x\":\"tab\there\",\"app_id\":\"a\",\"ip\":\"b\",\"bytes\":1,\"ts\":1}",
+    r#"{"app_id":"ü€😀","ip":"b","bytes":1,"ts":1}"#,
+    // Nested values skipped, or wanted (then the wrong type).
+    r#"{"n":{"a":[1,{"b":[]},"c",true,false,null,-1.5e3]},"app_id":"a","ip":"b","bytes":1,"ts":1}"#,
+    r#"{"n":[[],{},[{}]],"app_id":"a","ip":"b","bytes":1,"ts":1}"#,
+    r#"{"n":{"a":1,},"app_id":"a","ip":"b","bytes":1,"ts":1}"#,
+    r#"{"n":[1,],"app_id":"a","ip":"b","bytes":1,"ts":1}"#,
+    r#"{"n":{"a" 1},"app_id":"a","ip":"b","bytes":1,"ts":1}"#,
+    r#"{"n":{1:1},"app_id":"a","ip":"b","bytes":1,"ts":1}"#,
+    r#"{"app_id":["a"],"ip":"b","bytes":1,"ts":1}"#,
+    r#"{"app_id":"a","ip":"b","bytes":{"v":1},"ts":1}"#,
+    r#"{"app_id":"a","ip":"b","bytes":1,"ts":[1]}"#,
+    // Duplicate keys: the last one counts, whatever the first was.
+    r#"{"app_id":"a","app_id":"z","ip":"b","bytes":1,"ts":1}"#,
+    r#"{"app_id":{},"ip":"b","bytes":1,"ts":1,"app_id":"z"}"#,
+    r#"{"app_id":"z","ip":"b","bytes":1,"ts":1,"app_id":null}"#,
+    r#"{"app_id":"a","ip":"b","bytes":1,"bytes":2.5,"ts":1}"#,
+    // Literals.
+    r#"{"app_id":true,"ip":false,"bytes":1,"ts":1,"x":null}"#,
+    r#"{"app_id":tru,"ip":"b","bytes":1,"ts":1}"#,
+    r#"{"app_id":"a","ip":"b","bytes":1,"ts":1,"x":nul}"#,
+    r#"{"app_id":"a","ip":"b","bytes":1,"ts":1,"x":True}"#,
+    r#"{"app_id":null,"ip":"b","bytes":1,"ts":1}"#,
+];
+
+/// Numbers in every form, each as a dimension, a value, the time and a skipped field.
+const NUMBERS: &[&str] = &[
+    "0",
+    "-0",
+    "01",
+    "-01",
+    "7",
+    "-7",
+    "1.0",
+    "1.5",
+    "-0.0",
+    "1e3",
+    "1E+3",
+    "1e-3",
+    "1.5e2",
+    "1.",
+    ".5",
+    "-",
+    "+1",
+    "1e",
+    "1e+",
+    "--1",
+    "0x10",
+    "1_000",
+    "123456789012345678",
+    "-123456789012345678",
+    "1234567890123456789",
+    "9223372036854775807",
+    "9223372036854775808",
+    "-9223372036854775808",
+    "-9223372036854775809",
+    "18446744073709551615",
+    "18446744073709551616",
+    "100000000000000000000000000",
+    "1722531600",
+    "1722531600.5",
+    "1722531600123",
+    "1e400",
+    "-1e400",
+    "4.9e-324",
+    "Infinity",
+    "NaN",
+];
+
+#[test]
+fn fast_scan_gives_the_full_parsers_answer_on_edge_cases() {
+    for case in EDGE_CASES {
+        assert_same_answer(case.as_bytes());
+    }
+    let base = r#"{"app_id":"a","ip":"b","bytes":1,"ts":1722531600123,"x":1}"#;
+    for n in NUMBERS {
+        for field in [
+            "\"app_id\":\"a\"",
+            "\"bytes\":1",
+            "\"ts\":1722531600123",
+            "\"x\":1",
+        ] {
+            let (name, _) = field.split_once(':').unwrap();
+            let payload = base.replacen(field, &format!("{name}:{n}"), 1);
+            assert_same_answer(payload.as_bytes());
+        }
+    }
+    for depth in [1, 60, 63, 64, 65, 127, 128, 129, 300] {
+        for (open, close) in [("[", "]"), ("{\"k\":", "}")] {
+            let nested = format!("{}1{}", open.repeat(depth), close.repeat(depth));
+            let payload = format!(r#"{{"n":{nested},"app_id":"a","ip":"b","bytes":1,"ts":1}}"#);
+            assert_same_answer(payload.as_bytes());
+            let wanted = format!(r#"{{"app_id":{nested},"ip":"b","bytes":1,"ts":1}}"#);
+            assert_same_answer(wanted.as_bytes());
+        }
+    }
+}
+
+#[test]
+fn fast_scan_gives_the_full_parsers_answer_on_mangled_input() {
+    let payload = br#" {"n":{"a":[1,-2.5e-3,"s",true,null]},"app_id":"ab","ip":"c\"d","bytes":-12,"ts":1722531600123,"r":"2024-08-01T18:00:00Z"} "#;
+    // Every prefix, and every byte replaced by each of a few structural or odd bytes.
+    for end in 0..=payload.len() {
+        if end > 0 {
+            assert_same_answer(&payload[..end]);
+        }
+    }
+    let odd = b"{}[]\":,\\ 0-+.eE1tnx\x00\x1f\x7f\xc3\xff";
+    for i in 0..payload.len() {
+        for &b in odd {
+            let mut mangled = payload.to_vec();
+            mangled[i] = b;
+            assert_same_answer(&mangled);
+            mangled.insert(i, b);
+            assert_same_answer(&mangled);
+        }
+        let mut cut = payload.to_vec();
+        cut.remove(i);
+        assert_same_answer(&cut);
+    }
+}
+
+#[test]
+fn common_payloads_take_the_fast_scan_and_unusual_ones_fall_back() {
+    let fast = [
+        r#"{"app_id":"a","ip":"b","bytes":1,"ts":1722531600123}"#,
+        r#"{"x":"a\"b","app_id":"a","ip":"b","bytes":-1,"ts":0,"y":[1.5,{"z":null}]}"#,
+        r#"{"app_id":"a","app_id":true,"ip":7,"bytes":1,"ts":1,"f":-2.5e-3}"#,
+    ];
+    let fallback = [
+        // Escape in a wanted value, a float or a long integer in a wanted field, deep nesting.
+        r#"{"app_id":"a\"b","ip":"b","bytes":1,"ts":1}"#,
+        r#"{"app_id":"a","ip":"b","bytes":1,"ts":1.5}"#,
+        r#"{"app_id":"a","ip":"b","bytes":1234567890123456789,"ts":1}"#,
+        r#"{"app_id":"a","ip":"b","bytes":-0,"ts":1}"#,
+        &format!(
+            r#"{{"n":{}{},"app_id":"a"}}"#,
+            "[".repeat(65),
+            "]".repeat(65)
+        ),
+        r#"{"app_id":"a","ip":"b","bytes":1,"ts":1} x"#,
+    ];
+    let base = r#"{"app_id":"a","ip":"b","bytes":1,"ts":1}"#;
+    assert!(scanned(base));
+    for p in fast {
+        // Escapes in skipped strings go to the full parser too (checked there, not copied).
+        assert_eq!(scanned(p), !p.contains('\\'), "{p}");
+    }
+    for p in fallback {
+        assert!(!scanned(p), "{p}");
+    }
+}
+
+#[test]
+fn strings_of_every_length_with_a_special_byte_anywhere() {
+    // The scan looks for the end of a string eight bytes at a time: every length and position.
+    for len in 0..26 {
+        let plain: String = (0..len)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        for value in [plain.clone(), format!("{plain}é"), format!("ü{plain}")] {
+            assert_same_answer(
+                format!(r#"{{"x":"{value}","app_id":"{value}","ip":"b","bytes":1,"ts":1}}"#)
+                    .as_bytes(),
+            );
+        }
+        for at in 0..len {
+            for special in ["\\\"", "\\n", "\\u0041", "\u{1}", "\u{1f}", "\t", "\u{7f}"] {
+                let mut value = plain.clone();
+                value.insert_str(at, special);
+                for payload in [
+                    format!(r#"{{"x":"{value}","app_id":"a","ip":"b","bytes":1,"ts":1}}"#),
+                    format!(r#"{{"app_id":"{value}","ip":"b","bytes":1,"ts":1}}"#),
+                ] {
+                    assert_same_answer(payload.as_bytes());
+                }
+            }
+        }
+    }
+    let d = decoder(None, TimeFormat::EpochMs);
+    let e = d
+        .decode(
+            Some(br#"{"app_id":"abcdefghijklm","ip":"n","bytes":1}"#),
+            Some(1),
+        )
+        .unwrap();
+    assert_eq!(e.dims[0], "abcdefghijklm");
+}

@@ -74,7 +74,18 @@ pub fn decode(data: &[u8]) {
     let mut key = Vec::new();
     let mut time = String::new();
     for (decoder, kafka_ts) in decoders() {
-        let Ok(event) = decoder.decode(Some(data), *kafka_ts) else {
+        let decoded = decoder.decode(Some(data), *kafka_ts);
+        // The fast scan must give the full parser's answer, value for value or error for error.
+        match (&decoded, decoder.decode_reference(Some(data), *kafka_ts)) {
+            (Ok(fast), Ok(full)) => {
+                assert_eq!(fast.dims, full.dims);
+                assert_eq!(fast.nums, full.nums);
+                assert_eq!(fast.ts_ms, full.ts_ms);
+            }
+            (Err(fast), Err(full)) => assert_eq!(*fast, full),
+            (fast, full) => panic!("fast {:?} vs full {:?}", fast.is_ok(), full.is_ok()),
+        }
+        let Ok(event) = decoded else {
             continue;
         };
         // The dimensions, `bytes`, and `ts` when it is a field.
