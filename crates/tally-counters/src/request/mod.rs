@@ -16,6 +16,7 @@
 //! [`RequestError`], never panics; what to do without Redis (fail open or closed) is the
 //! caller's choice, and [`RateLimiter`] carries it per policy.
 
+mod batch;
 mod client;
 mod hit;
 mod limit;
@@ -24,6 +25,7 @@ mod pool;
 mod quota;
 mod unique;
 
+pub use batch::Batching;
 pub use client::Client;
 pub use hit::{Counters, Hit, HitReply};
 pub use limit::{
