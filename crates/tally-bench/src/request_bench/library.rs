@@ -9,7 +9,8 @@ use tally::config::{CounterConfig, RedisConfig, RedisMode};
 use tally_counters::model::layout::Layout;
 use tally_counters::model::CounterSpec;
 use tally_counters::request::{
-    Algorithm, Client, Counters, FailureMode, Hit, LimitPolicy, Quota, RateLimiter, Unique,
+    Algorithm, Batching, Client, Counters, FailureMode, Hit, LimitPolicy, Quota, RateLimiter,
+    Unique,
 };
 use tally_testkit::local_redis::{LocalCluster, LocalRedis};
 
@@ -99,7 +100,12 @@ where
 
 use rand::SeedableRng;
 
-pub async fn run(target: &Target, tasks: usize, phase: Duration) -> anyhow::Result<()> {
+pub async fn run(
+    target: &Target,
+    tasks: usize,
+    phase: Duration,
+    batching: Batching,
+) -> anyhow::Result<()> {
     let client = Client::new(&target.config)?;
     let mut counter = CounterConfig::reference();
     counter.name = "bench".into();
@@ -134,37 +140,69 @@ pub async fn run(target: &Target, tasks: usize, phase: Duration) -> anyhow::Resu
         }
     })
     .await?;
+    // The limit rows side by side: every call alone, then batched (group commit).
+    let off = Client::with_batching(&target.config, Batching::OFF)?;
+    let on = Client::with_batching(&target.config, batching)?;
+    let modes = [
+        ("alone", off),
+        (
+            if batching.max_calls > 1 {
+                "batched"
+            } else {
+                "alone"
+            },
+            on,
+        ),
+    ];
+    for (mode, client) in &modes {
+        let limiter = RateLimiter::new(client.clone(), vec![policy("fixed", Algorithm::Fixed)])?;
+        measure(
+            &format!("limit: fixed, 1 caller, {mode}"),
+            1,
+            phase,
+            move |s| {
+                let limiter = limiter.clone();
+                async move { limiter.check(&["fixed"], &s.to_string(), 1).await.is_ok() }
+            },
+        )
+        .await?;
+    }
     for (name, algorithm) in [
         ("fixed", Algorithm::Fixed),
         ("sliding_log", Algorithm::SlidingLog),
         ("sliding_counter", Algorithm::SlidingCounter),
         ("gcra", Algorithm::Gcra),
     ] {
-        let limiter = RateLimiter::new(client.clone(), vec![policy(name, algorithm)])?;
-        measure(&format!("limit: {name}"), tasks, phase, move |s| {
-            let limiter = limiter.clone();
+        for (mode, client) in &modes {
+            let limiter = RateLimiter::new(client.clone(), vec![policy(name, algorithm)])?;
+            measure(&format!("limit: {name}, {mode}"), tasks, phase, move |s| {
+                let limiter = limiter.clone();
+                async move {
+                    let subject = s.to_string();
+                    limiter.check(&[name], &subject, 1).await.is_ok()
+                }
+            })
+            .await?;
+        }
+    }
+    for (mode, client) in &modes {
+        let two = RateLimiter::new(
+            client.clone(),
+            vec![
+                policy("burst", Algorithm::Gcra),
+                policy("daily", Algorithm::Fixed),
+            ],
+        )?;
+        let label = format!("limit: gcra + fixed in one call, {mode}");
+        measure(&label, tasks, phase, move |s| {
+            let two = two.clone();
             async move {
                 let subject = s.to_string();
-                limiter.check(&[name], &subject, 1).await.is_ok()
+                two.check(&["burst", "daily"], &subject, 1).await.is_ok()
             }
         })
         .await?;
     }
-    let two = RateLimiter::new(
-        client.clone(),
-        vec![
-            policy("burst", Algorithm::Gcra),
-            policy("daily", Algorithm::Fixed),
-        ],
-    )?;
-    measure("limit: gcra + fixed in one call", tasks, phase, move |s| {
-        let two = two.clone();
-        async move {
-            let subject = s.to_string();
-            two.check(&["burst", "daily"], &subject, 1).await.is_ok()
-        }
-    })
-    .await?;
     let far = (std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
         .as_millis() as i64)

@@ -34,6 +34,13 @@ struct Cli {
     /// Concurrent callers of the library.
     #[arg(long, default_value_t = 256)]
     tasks: usize,
+    /// Most limit decisions sent as one script call (group commit) in the "batched" rows; each
+    /// limit row is also run with every call alone, side by side.
+    #[arg(long, default_value_t = 32)]
+    batch_max: usize,
+    /// Script calls in flight before further decisions queue and batch.
+    #[arg(long, default_value_t = 4)]
+    batch_in_flight: usize,
     /// wrk connections.
     #[arg(long, default_value_t = 64)]
     connections: usize,
@@ -66,9 +73,13 @@ fn main() -> anyhow::Result<()> {
         );
     }
     let runtime = tokio::runtime::Runtime::new()?;
+    let batching = tally_counters::request::Batching {
+        max_calls: cli.batch_max,
+        in_flight: cli.batch_in_flight,
+    };
     let standalone = library::Target::standalone(&redis);
     println!("\n## Library (`tally_counters::request`), standalone\n");
-    runtime.block_on(library::run(&standalone, cli.tasks, phase))?;
+    runtime.block_on(library::run(&standalone, cli.tasks, phase, batching))?;
     let cluster = if cli.cluster {
         let cluster = LocalCluster::start(3, 0)?;
         println!("\n## Library, 3-primary cluster\n");
@@ -76,6 +87,7 @@ fn main() -> anyhow::Result<()> {
             &library::Target::cluster(&cluster),
             cli.tasks,
             phase,
+            batching,
         ))?;
         Some(cluster)
     } else {

@@ -254,12 +254,20 @@ async fn send_group(link: &Link, mut jobs: Vec<Job>) {
     }
 }
 
-/// One call's element of the batch reply: its reply, or the error it raised.
+/// One call's element of the batch reply: its reply (an array), or the error it raised as a
+/// status `CODE message`, made the error Redis would have answered to the call alone.
 fn one_reply(reply: Value) -> Result<Value, RequestError> {
-    match reply {
-        Value::ServerError(e) => Err(RequestError::Redis(e.into())),
-        other => Ok(other),
-    }
+    let text = match reply {
+        Value::SimpleString(text) => text,
+        other => return Ok(other),
+    };
+    let line = format!("-{}\r\n", text.replace(['\r', '\n'], " "));
+    let error = match redis::parse_redis_value(line.as_bytes()) {
+        Ok(Value::ServerError(e)) => e.into(),
+        Err(e) => e,
+        Ok(_) => redis::RedisError::from(std::io::Error::other(text)),
+    };
+    Err(RequestError::Redis(error))
 }
 
 /// The error of a whole batch call, for each of its callers.

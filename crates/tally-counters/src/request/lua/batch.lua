@@ -5,7 +5,9 @@
 -- decisions share one reading of the server clock (they run in one atomic step).
 -- ARGV: the number of decisions D, then per decision its key count and its ARGV count, then each
 -- decision's ARGV in order. KEYS: each decision's keys in order.
--- Reply: one element per decision, in order: that decision's reply, or an error reply.
+-- Reply: one element per decision, in order: that decision's reply (an array), or the error it
+-- raised as a status string 'CODE message' (not a nested error reply: clients such as redis-rs
+-- turn a nested error into an error of the whole call, which would fail every caller).
 local count = tonumber(ARGV[1])
 local out = {}
 local kb, ab = 0, 1 + 2 * count
@@ -16,9 +18,9 @@ for d = 1, count do
   if ok then
     out[d] = r
   elseif type(r) == 'table' and r.err then
-    out[d] = r
+    out[d] = redis.status_reply(r.err)
   else
-    out[d] = redis.error_reply(tostring(r))
+    out[d] = redis.status_reply('ERR ' .. tostring(r))
   end
   kb, ab = kb + nk, ab + na
 end
