@@ -30,7 +30,7 @@ pub use client::Client;
 pub use hit::{Counters, Hit, HitReply};
 pub use limit::{
     decide, Algorithm, Ask, Decision, FailureMode, LimitPolicy, PolicyVerdict, RateLimiter,
-    MAX_LOG_COST,
+    LIMIT_BATCH_LUA, LIMIT_LUA, MAX_LOG_COST,
 };
 pub use once::Once;
 pub use pool::{Claim, Pool};
