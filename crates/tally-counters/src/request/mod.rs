@@ -12,6 +12,10 @@
 //! * [`Pool`]: distinct items handed out, at most one per user.
 //! * [`Unique`]: distinct items seen in a sliding window.
 //!
+//! Concurrent rate-limit decisions share script calls when every in-flight slot of the
+//! [`Client`] is taken (group commit, [`Batching`]): each decision still runs as if alone and
+//! gets its own reply; see `batch.rs`.
+//!
 //! Each has `peek` (read without changing) and `reset`. Redis errors are returned as
 //! [`RequestError`], never panics; what to do without Redis (fail open or closed) is the
 //! caller's choice, and [`RateLimiter`] carries it per policy.
