@@ -15,7 +15,7 @@
 //! Cluster: a script call may only touch keys of one slot, so the driver sends one call per
 //! slot among what it took (each call's own keys already share one slot); they run concurrently.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Once};
 
 use redis::{Cmd, Value};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
@@ -76,6 +76,8 @@ pub(crate) struct Batcher {
     tx: mpsc::UnboundedSender<Job>,
     /// The driver's end, taken when the first call queues (the driver needs a runtime).
     rx: Mutex<Option<mpsc::UnboundedReceiver<Job>>>,
+    /// The driver was started (checked on every queued call without taking the lock).
+    started: Once,
 }
 
 impl Batcher {
@@ -90,6 +92,7 @@ impl Batcher {
             slots: Arc::new(Semaphore::new(in_flight)),
             tx,
             rx: Mutex::new(Some(rx)),
+            started: Once::new(),
         }
     }
 
@@ -116,21 +119,25 @@ impl Batcher {
             args,
             reply,
         };
-        if self.tx.send(job).is_err() {
-            return Err(dropped());
+        if let Err(unsent) = self.tx.send(job) {
+            // The driver is gone (its runtime ended): nothing was sent, so send it alone.
+            let job = unsent.0;
+            return run_alone(link, job.pair, &job.keys, &job.args).await;
         }
         answer.await.unwrap_or_else(|_| Err(dropped()))
     }
 
     fn start_driver(&self, link: &Arc<Link>) {
-        let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(rx) = rx {
-            tokio::spawn(drive(link.clone(), rx, self.slots.clone(), self.settings));
-        }
+        self.started.call_once(|| {
+            let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(rx) = rx {
+                tokio::spawn(drive(link.clone(), rx, self.slots.clone(), self.settings));
+            }
+        });
     }
 }
 
-/// The batch was lost before it answered (the runtime is shutting down): it may have run.
+/// The batch was lost before it answered (the driver's runtime ended): it may have run.
 fn dropped() -> RequestError {
     RequestError::OutcomeUnknown(redis::RedisError::from(std::io::Error::other(
         "the request batch was dropped before it answered",
