@@ -7,13 +7,17 @@
 //!
 //! 1. **Ceiling**: `redis-benchmark` INCR on the same server (no pipelining, 50 clients; and
 //!    pipelined ×16), what Redis itself does with the simplest write.
+//!    And `redis-benchmark -P 16 EVALSHA` of the limit script, one decision per call beside its
+//!    batch script with 8 and 32 decisions per call (decisions/s, Redis CPU per decision).
 //! 2. **Library**: `tally_counters::request` called by many concurrent tasks over one
-//!    multiplexed connection (auto-pipelined), per primitive: decisions/s, p50/p99.
+//!    multiplexed connection (auto-pipelined), per primitive: decisions/s, p50/p99; each limit row
+//!    with every decision sent alone and batched (group commit), side by side.
 //! 3. **HTTP**: `tally serve`'s router (in this process) driven by `wrk` over loopback keep-alive
 //!    connections: requests/s, p50/p99.
 //!
 //! Subjects are drawn from 10,000 so a limiter is not one hot key; a quota is one key by nature.
 
+mod ceiling;
 mod library;
 mod wrk;
 
@@ -34,6 +38,13 @@ struct Cli {
     /// Concurrent callers of the library.
     #[arg(long, default_value_t = 256)]
     tasks: usize,
+    /// Most limit decisions sent as one script call (group commit) in the "batched" rows; each
+    /// limit row is also run with every call alone, side by side.
+    #[arg(long, default_value_t = 32)]
+    batch_max: usize,
+    /// Script calls in flight before further decisions queue and batch.
+    #[arg(long, default_value_t = 4)]
+    batch_in_flight: usize,
     /// wrk connections.
     #[arg(long, default_value_t = 64)]
     connections: usize,
@@ -65,10 +76,16 @@ fn main() -> anyhow::Result<()> {
             redis_benchmark(redis.port, &args)?
         );
     }
+    println!("\n## Ceiling of the limit script: one decision per EVALSHA vs a batch\n");
+    ceiling::run(&redis)?;
     let runtime = tokio::runtime::Runtime::new()?;
+    let batching = tally_counters::request::Batching {
+        max_calls: cli.batch_max,
+        in_flight: cli.batch_in_flight,
+    };
     let standalone = library::Target::standalone(&redis);
     println!("\n## Library (`tally_counters::request`), standalone\n");
-    runtime.block_on(library::run(&standalone, cli.tasks, phase))?;
+    runtime.block_on(library::run(&standalone, cli.tasks, phase, batching))?;
     let cluster = if cli.cluster {
         let cluster = LocalCluster::start(3, 0)?;
         println!("\n## Library, 3-primary cluster\n");
@@ -76,6 +93,7 @@ fn main() -> anyhow::Result<()> {
             &library::Target::cluster(&cluster),
             cli.tasks,
             phase,
+            batching,
         ))?;
         Some(cluster)
     } else {

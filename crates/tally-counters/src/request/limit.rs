@@ -19,13 +19,23 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::batch::ScriptPair;
 use super::{ints, Client, RequestError};
 use crate::model::{default_spread_ms, stored_expire_at};
 use crate::script::Script;
 
 /// The limit script; see its header for the contract.
-pub const LIMIT_LUA: &str = include_str!("lua/limit.lua");
-static LIMIT: LazyLock<Script> = LazyLock::new(|| Script::new("limit", LIMIT_LUA));
+pub const LIMIT_LUA: &str = concat!(
+    include_str!("lua/limit.lua"),
+    include_str!("lua/single.lua")
+);
+/// Several callers' limit decisions in one call (group commit: `batch.rs`, `lua/batch.lua`).
+pub const LIMIT_BATCH_LUA: &str =
+    concat!(include_str!("lua/limit.lua"), include_str!("lua/batch.lua"));
+static LIMIT: LazyLock<ScriptPair> = LazyLock::new(|| ScriptPair {
+    single: Script::new("limit", LIMIT_LUA),
+    batch: Script::new("limit_batch", LIMIT_BATCH_LUA),
+});
 
 /// How a policy counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -399,7 +409,7 @@ pub async fn decide(
             a.cost
         )));
     }
-    let mut cmd = LIMIT.cmd(&keys);
+    let mut cmd = redis::Cmd::new();
     cmd.arg(request_id())
         .arg(if peek { "peek" } else { "apply" });
     for a in &merged {
@@ -420,7 +430,7 @@ pub async fn decide(
     for (a, key) in merged.iter().zip(&keys) {
         cmd.arg(a.policy.expiry_offset_ms(key));
     }
-    let reply: redis::Value = match client.run(&LIMIT, &cmd).await {
+    let reply: redis::Value = match client.run_batched(&LIMIT, keys, cmd).await {
         Ok(v) => v,
         Err(e) if e.is_unavailable() => {
             let chosen: Vec<&LimitPolicy> = asks.iter().map(|a| a.policy).collect();

@@ -12,10 +12,15 @@
 //! * [`Pool`]: distinct items handed out, at most one per user.
 //! * [`Unique`]: distinct items seen in a sliding window.
 //!
+//! Concurrent rate-limit decisions share script calls when every in-flight slot of the
+//! [`Client`] is taken (group commit, [`Batching`]): each decision still runs as if alone and
+//! gets its own reply; see `batch.rs`.
+//!
 //! Each has `peek` (read without changing) and `reset`. Redis errors are returned as
 //! [`RequestError`], never panics; what to do without Redis (fail open or closed) is the
 //! caller's choice, and [`RateLimiter`] carries it per policy.
 
+mod batch;
 mod client;
 mod hit;
 mod limit;
@@ -24,11 +29,12 @@ mod pool;
 mod quota;
 mod unique;
 
+pub use batch::Batching;
 pub use client::Client;
 pub use hit::{Counters, Hit, HitReply};
 pub use limit::{
     decide, Algorithm, Ask, Decision, FailureMode, LimitPolicy, PolicyVerdict, RateLimiter,
-    MAX_LOG_COST,
+    LIMIT_BATCH_LUA, LIMIT_LUA, MAX_LOG_COST,
 };
 pub use once::Once;
 pub use pool::{Claim, Pool};

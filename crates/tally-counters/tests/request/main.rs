@@ -1,6 +1,7 @@
 //! The request path against real redis-server processes (standalone and a 3-primary cluster):
 //! concurrency, forced timeouts, script flushes and restarts, with every key's expiry checked.
 
+mod batched;
 mod exact;
 mod limits;
 mod spread;
@@ -241,6 +242,8 @@ async fn run_all(dep: Arc<Deployment>) {
     limits::a_peek_reports_what_is_left_now(&dep).await;
     limits::changing_the_algorithm_does_not_fail_open(&dep).await;
     limits::sliding_log_cost_is_capped(&dep).await;
+    batched::mixed_batches_answer_each_caller_exactly(&dep).await;
+    batched::an_error_in_a_batch_touches_only_its_caller(&dep).await;
     exact::hits_are_exact_across_the_64_bit_range(&dep).await;
     exact::quota_counts_are_exact(&dep).await;
     spread::boundary_keys_expire_spread(&dep).await;

@@ -14,130 +14,138 @@
 -- left now.
 -- Written as one loop without per-call closures or tables per policy: the script runs on every
 -- request, and Lua allocations are most of its cost.
+-- The decision is the function `decide(kb, ab, n, now_us)`: its keys are KEYS[kb + 1 .. kb + n],
+-- its ARGV starts at ARGV[ab + 1]. The single script ends `return decide(0, 0, #KEYS, clock())`;
+-- the batch script (batch.lua) runs several callers' decisions, each with its own keys and ARGV,
+-- in one call.
 local tonumber, floor, call = tonumber, math.floor, redis.call
-local t = call('TIME')
-local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local now = floor(now_us / 1000)
-local n = #KEYS
-local reply = {1, now}
-local wa = {}
-local admitted = 1
-local peek = ARGV[2] == 'peek'
-for i = 1, n do
-  local b = 2 + (i - 1) * 6
-  local algo, limit, window = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
-  local kind, given = ARGV[b + 5], tonumber(ARGV[b + 6])
-  -- A check (0) is decided as one unit; a usage charge is recorded whatever is left.
-  local cost = given == 0 and 1 or given
-  local force = kind == '2' and given > 0
-  local key = KEYS[i]
-  local allowed, remaining, reset, retry = 0, 0, 0, 0
-  if algo == 1 then
-    -- Fixed window: hash {w = window index, n = units}.
-    local cur = floor(now / window)
-    reset = (cur + 1) * window - now
-    local h = call('HMGET', key, 'w', 'n')
-    local used = 0
-    local same = tonumber(h[1]) == cur
-    if same then used = tonumber(h[2]) or 0 end
-    if used + cost <= limit or force then
-      allowed, remaining = 1, math.max(0, limit - used - cost)
-      wa[i] = same and 1 or 0
-    else
-      remaining = limit - used
-      retry = cost > limit and -1 or reset
-    end
-  elseif algo == 2 then
-    -- Sliding log: sorted set of admitted units scored by time.
-    local from = now - window
-    local used = call('ZCOUNT', key, '(' .. from, '+inf')
-    reset = window
-    if used + cost <= limit or force then
-      allowed, remaining = 1, math.max(0, limit - used - cost)
-      wa[i] = 1
-    elseif cost > limit then
-      remaining, retry = limit - used, -1
-    else
-      -- It fits once the (used + cost - limit) oldest live entries have left the window.
-      local live = call('ZRANGEBYSCORE', key, '(' .. from, '+inf', 'WITHSCORES', 'LIMIT', used + cost - limit - 1, 1)
-      remaining = limit - used
-      retry = tonumber(live[2]) + window - now
-      reset = retry
-    end
-  elseif algo == 3 then
-    -- Sliding window counter: the previous window weighted by its overlap.
-    local cur = floor(now / window)
-    local elapsed = now - cur * window
-    local h = call('HMGET', key, cur, cur - 1)
-    local curr, prev = tonumber(h[1]) or 0, tonumber(h[2]) or 0
-    local estimate = prev * (window - elapsed) / window + curr
-    reset = (cur + 1) * window - now
-    if estimate + cost <= limit or force then
-      allowed, remaining = 1, math.max(0, floor(limit - estimate - cost))
-      wa[i] = 1
-    else
-      remaining = math.max(0, floor(limit - estimate))
-      if cost > limit then
-        retry = -1
-      elseif prev > 0 and curr + cost <= limit then
-        retry = math.max(1, math.ceil(window - (limit - curr - cost) * window / prev) - elapsed)
-      else
-        retry = reset
-      end
-    end
-  else
-    -- GCRA: the theoretical arrival time, µs.
-    local interval = floor(window * 1000 / limit)
-    local burst = tonumber(ARGV[b + 4])
-    local tat = math.max(tonumber(call('GET', key)) or now_us, now_us)
-    local new_tat = tat + interval * cost
-    local diff = now_us - (new_tat - interval * burst)
-    if diff >= 0 or force then
-      allowed, remaining = 1, math.max(0, floor(diff / interval))
-      reset = math.ceil((new_tat - now_us) / 1000)
-      wa[i] = new_tat
-    else
-      reset = math.ceil((tat - now_us) / 1000)
-      retry = cost > burst and -1 or math.ceil(-diff / 1000)
-    end
-  end
-  if allowed == 0 and kind ~= '1' then admitted = 0 end
-  if given == 0 then wa[i] = nil end
-  if (peek or given == 0) and allowed == 1 then remaining = remaining + cost end
-  local r = #reply
-  reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = allowed, remaining, reset, retry
+-- Redis server time, µs; read once per script call (a batch's decisions share one instant).
+local function clock()
+  local t = call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-reply[1] = admitted
-if admitted == 0 or peek then return reply end
-for i = 1, n do
-  local w = wa[i]
-  if w then
-    local b = 2 + (i - 1) * 6
-    local algo, window, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 6])
-    local key = KEYS[i]
+local function decide(kb, ab, n, now_us)
+  local now = floor(now_us / 1000)
+  local reply = {1, now}
+  local wa = {}
+  local admitted = 1
+  local peek = ARGV[ab + 2] == 'peek'
+  for i = 1, n do
+    local b = ab + 2 + (i - 1) * 6
+    local algo, limit, window = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3])
+    local kind, given = ARGV[b + 5], tonumber(ARGV[b + 6])
+    -- A check (0) is decided as one unit; a usage charge is recorded whatever is left.
+    local cost = given == 0 and 1 or given
+    local force = kind == '2' and given > 0
+    local key = KEYS[kb + i]
+    local allowed, remaining, reset, retry = 0, 0, 0, 0
     if algo == 1 then
-      if w == 1 then
-        call('HINCRBY', key, 'n', cost)
+      -- Fixed window: hash {w = window index, n = units}.
+      local cur = floor(now / window)
+      reset = (cur + 1) * window - now
+      local h = call('HMGET', key, 'w', 'n')
+      local used = 0
+      local same = tonumber(h[1]) == cur
+      if same then used = tonumber(h[2]) or 0 end
+      if used + cost <= limit or force then
+        allowed, remaining = 1, math.max(0, limit - used - cost)
+        wa[i] = same and 1 or 0
       else
-        -- A new window: its first write sets the expiry (the hash never outlives its window).
-        local cur = floor(now / window)
-        call('HSET', key, 'w', cur, 'n', cost)
-        call('PEXPIREAT', key, (cur + 1) * window + (tonumber(ARGV[2 + 6 * n + i]) or 0))
+        remaining = limit - used
+        retry = cost > limit and -1 or reset
       end
     elseif algo == 2 then
-      call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-      for j = 1, cost do call('ZADD', key, now, ARGV[1] .. ':' .. i .. ':' .. j) end
-      call('PEXPIRE', key, window)
+      -- Sliding log: sorted set of admitted units scored by time.
+      local from = now - window
+      local used = call('ZCOUNT', key, '(' .. from, '+inf')
+      reset = window
+      if used + cost <= limit or force then
+        allowed, remaining = 1, math.max(0, limit - used - cost)
+        wa[i] = 1
+      elseif cost > limit then
+        remaining, retry = limit - used, -1
+      else
+        -- It fits once the (used + cost - limit) oldest live entries have left the window.
+        local live = call('ZRANGEBYSCORE', key, '(' .. from, '+inf', 'WITHSCORES', 'LIMIT', used + cost - limit - 1, 1)
+        remaining = limit - used
+        retry = tonumber(live[2]) + window - now
+        reset = retry
+      end
     elseif algo == 3 then
+      -- Sliding window counter: the previous window weighted by its overlap.
       local cur = floor(now / window)
-      if call('HINCRBY', key, cur, cost) == cost then
-        -- The window's first write: drop the one before the previous, move the expiry.
-        call('HDEL', key, cur - 2)
-        call('PEXPIREAT', key, (cur + 2) * window + (tonumber(ARGV[2 + 6 * n + i]) or 0))
+      local elapsed = now - cur * window
+      local h = call('HMGET', key, cur, cur - 1)
+      local curr, prev = tonumber(h[1]) or 0, tonumber(h[2]) or 0
+      local estimate = prev * (window - elapsed) / window + curr
+      reset = (cur + 1) * window - now
+      if estimate + cost <= limit or force then
+        allowed, remaining = 1, math.max(0, floor(limit - estimate - cost))
+        wa[i] = 1
+      else
+        remaining = math.max(0, floor(limit - estimate))
+        if cost > limit then
+          retry = -1
+        elseif prev > 0 and curr + cost <= limit then
+          retry = math.max(1, math.ceil(window - (limit - curr - cost) * window / prev) - elapsed)
+        else
+          retry = reset
+        end
       end
     else
-      call('SET', key, string.format('%d', w), 'PX', math.ceil((w - now_us) / 1000) + 1)
+      -- GCRA: the theoretical arrival time, µs.
+      local interval = floor(window * 1000 / limit)
+      local burst = tonumber(ARGV[b + 4])
+      local tat = math.max(tonumber(call('GET', key)) or now_us, now_us)
+      local new_tat = tat + interval * cost
+      local diff = now_us - (new_tat - interval * burst)
+      if diff >= 0 or force then
+        allowed, remaining = 1, math.max(0, floor(diff / interval))
+        reset = math.ceil((new_tat - now_us) / 1000)
+        wa[i] = new_tat
+      else
+        reset = math.ceil((tat - now_us) / 1000)
+        retry = cost > burst and -1 or math.ceil(-diff / 1000)
+      end
+    end
+    if allowed == 0 and kind ~= '1' then admitted = 0 end
+    if given == 0 then wa[i] = nil end
+    if (peek or given == 0) and allowed == 1 then remaining = remaining + cost end
+    local r = #reply
+    reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = allowed, remaining, reset, retry
+  end
+  reply[1] = admitted
+  if admitted == 0 or peek then return reply end
+  for i = 1, n do
+    local w = wa[i]
+    if w then
+      local b = ab + 2 + (i - 1) * 6
+      local algo, window, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 6])
+      local key = KEYS[kb + i]
+      if algo == 1 then
+        if w == 1 then
+          call('HINCRBY', key, 'n', cost)
+        else
+          -- A new window: its first write sets the expiry (the hash never outlives its window).
+          local cur = floor(now / window)
+          call('HSET', key, 'w', cur, 'n', cost)
+          call('PEXPIREAT', key, (cur + 1) * window + (tonumber(ARGV[ab + 2 + 6 * n + i]) or 0))
+        end
+      elseif algo == 2 then
+        call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+        for j = 1, cost do call('ZADD', key, now, ARGV[ab + 1] .. ':' .. i .. ':' .. j) end
+        call('PEXPIRE', key, window)
+      elseif algo == 3 then
+        local cur = floor(now / window)
+        if call('HINCRBY', key, cur, cost) == cost then
+          -- The window's first write: drop the one before the previous, move the expiry.
+          call('HDEL', key, cur - 2)
+          call('PEXPIREAT', key, (cur + 2) * window + (tonumber(ARGV[ab + 2 + 6 * n + i]) or 0))
+        end
+      else
+        call('SET', key, string.format('%d', w), 'PX', math.ceil((w - now_us) / 1000) + 1)
+      end
     end
   end
+  return reply
 end
-return reply

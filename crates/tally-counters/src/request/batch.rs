@@ -1,0 +1,294 @@
+//! Group commit: concurrent callers' script calls sent as one call of a batch script, so Redis
+//! runs one EVALSHA (one command parse, one Lua call setup, one reply) for many decisions.
+//!
+//! A caller that finds a free slot among [`Batching::in_flight`] calls sends its own call at
+//! once with the single script: a lone caller waits for nothing. When every slot is taken, calls
+//! queue; one driver task (started on first use, ended when the last [`super::Client`] is
+//! dropped) waits for a slot, takes whatever is queued (up to [`Batching::max_calls`]) and sends
+//! it as one call of the batch script, so while one batch is in flight the next one fills.
+//!
+//! A batch is not a transaction across callers: the script runs each call as if it had been
+//! sent alone, in queue order, and a call that raises an error (a key of the wrong type) gets
+//! that error and no other call is touched. An error of the whole batch call (a timeout, a lost
+//! connection) is an unknown outcome for exactly its callers, as it is for one call.
+//!
+//! Cluster: a script call may only touch keys of one slot, so the driver sends one call per
+//! slot among what it took (each call's own keys already share one slot); they run concurrently.
+
+use std::sync::{Arc, Mutex, Once};
+
+use redis::{Cmd, Value};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+use super::client::Link;
+use super::RequestError;
+use crate::script::Script;
+
+/// How a client groups concurrent script calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batching {
+    /// Most calls sent as one batch; 1 turns batching off (every call is sent alone).
+    pub max_calls: usize,
+    /// Script calls in flight at once before further calls queue (and batch).
+    pub in_flight: usize,
+}
+
+impl Default for Batching {
+    /// 32 calls per batch, 4 in flight (measured in docs/benchmarks.md).
+    fn default() -> Batching {
+        Batching {
+            max_calls: 32,
+            in_flight: 4,
+        }
+    }
+}
+
+impl Batching {
+    /// Every call sent alone, as before batching.
+    pub const OFF: Batching = Batching {
+        max_calls: 1,
+        in_flight: usize::MAX >> 4,
+    };
+}
+
+/// A script that can run batched: the text for one call, and the text that runs several calls
+/// of it (the same decision function followed by `lua/batch.lua`).
+pub(crate) struct ScriptPair {
+    /// One call: `EVALSHA single n keys... args...`.
+    pub single: Script,
+    /// Several calls: see `lua/batch.lua` for its KEYS and ARGV.
+    pub batch: Script,
+}
+
+/// One caller's call, waiting in the queue.
+struct Job {
+    pair: &'static ScriptPair,
+    keys: Vec<String>,
+    /// The call's ARGV (a `Cmd` used as an argument buffer).
+    args: Cmd,
+    reply: oneshot::Sender<Result<Value, RequestError>>,
+}
+
+/// The queue and the slots of one client.
+pub(crate) struct Batcher {
+    settings: Batching,
+    slots: Arc<Semaphore>,
+    tx: mpsc::UnboundedSender<Job>,
+    /// The driver's end, taken when the first call queues (the driver needs a runtime).
+    rx: Mutex<Option<mpsc::UnboundedReceiver<Job>>>,
+    /// The driver was started (checked on every queued call without taking the lock).
+    started: Once,
+}
+
+impl Batcher {
+    pub(crate) fn new(settings: Batching) -> Batcher {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let in_flight = settings.in_flight.clamp(1, Semaphore::MAX_PERMITS);
+        Batcher {
+            settings: Batching {
+                max_calls: settings.max_calls.max(1),
+                in_flight,
+            },
+            slots: Arc::new(Semaphore::new(in_flight)),
+            tx,
+            rx: Mutex::new(Some(rx)),
+            started: Once::new(),
+        }
+    }
+
+    /// Run one call of `pair` with `keys` and `args`: alone if a slot is free (or batching is
+    /// off), else queued for the next batch.
+    pub(crate) async fn run(
+        &self,
+        link: &Arc<Link>,
+        pair: &'static ScriptPair,
+        keys: Vec<String>,
+        args: Cmd,
+    ) -> Result<Value, RequestError> {
+        if self.settings.max_calls <= 1 {
+            return run_alone(link, pair, &keys, &args).await;
+        }
+        if let Ok(_slot) = self.slots.try_acquire() {
+            return run_alone(link, pair, &keys, &args).await;
+        }
+        self.start_driver(link);
+        let (reply, answer) = oneshot::channel();
+        let job = Job {
+            pair,
+            keys,
+            args,
+            reply,
+        };
+        if let Err(unsent) = self.tx.send(job) {
+            // The driver is gone (its runtime ended): nothing was sent, so send it alone.
+            let job = unsent.0;
+            return run_alone(link, job.pair, &job.keys, &job.args).await;
+        }
+        answer.await.unwrap_or_else(|_| Err(dropped()))
+    }
+
+    fn start_driver(&self, link: &Arc<Link>) {
+        self.started.call_once(|| {
+            let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(rx) = rx {
+                tokio::spawn(drive(link.clone(), rx, self.slots.clone(), self.settings));
+            }
+        });
+    }
+}
+
+/// The batch was lost before it answered (the driver's runtime ended): it may have run.
+fn dropped() -> RequestError {
+    RequestError::OutcomeUnknown(redis::RedisError::from(std::io::Error::other(
+        "the request batch was dropped before it answered",
+    )))
+}
+
+/// `EVALSHA` of the single script with `keys` and `args`.
+async fn run_alone(
+    link: &Link,
+    pair: &ScriptPair,
+    keys: &[String],
+    args: &Cmd,
+) -> Result<Value, RequestError> {
+    let mut cmd = pair.single.cmd(keys);
+    for arg in args.args_iter() {
+        if let redis::Arg::Simple(bytes) = arg {
+            cmd.arg(bytes);
+        }
+    }
+    link.run(&pair.single, &cmd).await
+}
+
+/// The driver: waits for a free slot, then sends everything queued (up to `max_calls`).
+async fn drive(
+    link: Arc<Link>,
+    mut rx: mpsc::UnboundedReceiver<Job>,
+    slots: Arc<Semaphore>,
+    settings: Batching,
+) {
+    while let Some(first) = rx.recv().await {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut jobs = vec![first];
+        while jobs.len() < settings.max_calls {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        tokio::spawn(send(link.clone(), jobs, slot));
+    }
+}
+
+/// Send `jobs` (one call per script and cluster slot) and answer each caller; the slot is
+/// free again once every call has answered.
+async fn send(link: Arc<Link>, jobs: Vec<Job>, _slot: OwnedSemaphorePermit) {
+    let mut groups: Vec<(usize, u16, Vec<Job>)> = Vec::new();
+    for job in jobs {
+        let script = job.pair as *const ScriptPair as usize;
+        let slot = match link.is_cluster() {
+            true => job
+                .keys
+                .first()
+                .map_or(0, |k| crate::model::layout::key_slot(k.as_bytes())),
+            false => 0,
+        };
+        match groups
+            .iter_mut()
+            .find(|(s, sl, _)| *s == script && *sl == slot)
+        {
+            Some(group) => group.2.push(job),
+            None => groups.push((script, slot, vec![job])),
+        }
+    }
+    let last = groups.pop();
+    let mut others = Vec::with_capacity(groups.len());
+    for (_, _, group) in groups {
+        let link = link.clone();
+        others.push(tokio::spawn(async move { send_group(&link, group).await }));
+    }
+    if let Some((_, _, group)) = last {
+        send_group(&link, group).await;
+    }
+    for task in others {
+        let _ = task.await;
+    }
+}
+
+/// One script call for `jobs` (same script, same slot): the single script when alone.
+async fn send_group(link: &Link, mut jobs: Vec<Job>) {
+    if jobs.len() == 1 {
+        let job = jobs.remove(0);
+        let result = run_alone(link, job.pair, &job.keys, &job.args).await;
+        let _ = job.reply.send(result);
+        return;
+    }
+    let pair = jobs[0].pair;
+    let keys: Vec<&String> = jobs.iter().flat_map(|j| &j.keys).collect();
+    let mut cmd = pair.batch.cmd(&keys);
+    cmd.arg(jobs.len());
+    for job in &jobs {
+        cmd.arg(job.keys.len()).arg(job.args.args_iter().len());
+    }
+    for job in &jobs {
+        for arg in job.args.args_iter() {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
+    }
+    match link.run::<Value>(&pair.batch, &cmd).await {
+        Ok(Value::Array(replies)) if replies.len() == jobs.len() => {
+            for (job, reply) in jobs.into_iter().zip(replies) {
+                let _ = job.reply.send(one_reply(reply));
+            }
+        }
+        Ok(other) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(RequestError::Reply {
+                    script: pair.batch.name(),
+                    detail: format!("{other:?}"),
+                }));
+            }
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(same_error(&e)));
+            }
+        }
+    }
+}
+
+/// One call's element of the batch reply: its reply (an array), or the error it raised as a
+/// status `CODE message`, made the error Redis would have answered to the call alone.
+fn one_reply(reply: Value) -> Result<Value, RequestError> {
+    let text = match reply {
+        Value::SimpleString(text) => text,
+        other => return Ok(other),
+    };
+    let line = format!("-{}\r\n", text.replace(['\r', '\n'], " "));
+    let error = match redis::parse_redis_value(line.as_bytes()) {
+        Ok(Value::ServerError(e)) => e.into(),
+        Err(e) => e,
+        Ok(_) => redis::RedisError::from(std::io::Error::other(text)),
+    };
+    Err(RequestError::Redis(error))
+}
+
+/// The error of a whole batch call, for each of its callers.
+fn same_error(e: &RequestError) -> RequestError {
+    match e {
+        RequestError::Redis(r) => RequestError::Redis(r.clone()),
+        RequestError::Unreachable(r) => RequestError::Unreachable(r.clone()),
+        RequestError::OutcomeUnknown(r) => RequestError::OutcomeUnknown(r.clone()),
+        RequestError::Reply { script, detail } => RequestError::Reply {
+            script,
+            detail: detail.clone(),
+        },
+        other => RequestError::OutcomeUnknown(redis::RedisError::from(std::io::Error::other(
+            other.to_string(),
+        ))),
+    }
+}
