@@ -94,7 +94,7 @@ impl Client {
 impl Link {
     /// Whether the deployment is a cluster (script calls are batched per slot).
     pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self.connector, Connector::Cluster(_))
+        matches!(self.connector, Connector::Cluster { .. })
     }
 
     async fn conn(&self) -> Result<Conn, RequestError> {
