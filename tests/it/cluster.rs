@@ -4,6 +4,8 @@
 use crate::common;
 
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::process::{BrokerProcess, TallyProcess};
@@ -368,7 +370,10 @@ fn cluster_failover_losing_acknowledged_writes_stays_exact() {
         partitions: PARTITIONS,
         now_ms: chrono::Utc::now().timestamp_millis(),
     };
-    let (producer, _) = stream.produce(&broker.bootstrap, topic, 5_000);
+    // The last quarter of the events waits for the promotion: tally can only notice the rolled
+    // back offsets when it flushes again (however long the steps before take under load).
+    let open = Arc::new(AtomicU64::new(stream.n * 3 / 4));
+    let (producer, _) = stream.produce_gated(&broker.bootstrap, topic, 5_000, &[], open.clone());
     let t = TallyProcess::start(&cfg, "lost");
     assert!(
         t.wait_metric("tally_keys_flushed_total", 1.0, Duration::from_secs(60)),
@@ -418,6 +423,7 @@ fn cluster_failover_losing_acknowledged_writes_stays_exact() {
         std::thread::sleep(Duration::from_millis(50));
     }
     cluster.wait_ok(Duration::from_secs(60)).unwrap();
+    open.store(u64::MAX, Ordering::Relaxed);
     let produced = producer.join().unwrap();
     // Resynchronisations happen when the next flush meets the rolled-back offsets.
     t.wait_metric("tally_fence_conflicts_total", 1.0, Duration::from_secs(30));

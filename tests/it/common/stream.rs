@@ -185,6 +185,20 @@ impl Stream {
         rate: u64,
         properties: &[(&str, &str)],
     ) -> (std::thread::JoinHandle<Vec<i64>>, Arc<AtomicU64>) {
+        let open = Arc::new(AtomicU64::new(u64::MAX));
+        self.produce_gated(bootstrap, topic, rate, properties, open)
+    }
+
+    /// [`Stream::produce_with`] that sends event `i` only once `i < open` (the caller raises
+    /// `open` to let the rest go).
+    pub fn produce_gated(
+        self,
+        bootstrap: &str,
+        topic: &str,
+        rate: u64,
+        properties: &[(&str, &str)],
+        open: Arc<AtomicU64>,
+    ) -> (std::thread::JoinHandle<Vec<i64>>, Arc<AtomicU64>) {
         let mut config = ClientConfig::new();
         config
             .set("bootstrap.servers", bootstrap)
@@ -201,7 +215,9 @@ impl Stream {
             let start = Instant::now();
             let mut per_partition = vec![0i64; self.partitions as usize];
             for i in 0..self.n {
-                while (start.elapsed().as_secs_f64() * rate as f64) < i as f64 {
+                while i >= open.load(Ordering::Relaxed)
+                    || (start.elapsed().as_secs_f64() * rate as f64) < i as f64
+                {
                     std::thread::sleep(Duration::from_millis(2));
                 }
                 let e = self.event(i);
