@@ -32,7 +32,7 @@ pub use http::HttpConfig;
 pub use jobs::{JobsConfig, PublishConfig, ReconcileConfig, TtlAuditConfig};
 pub use kafka::{AutoWord, Consumers, KafkaConfig, StartFrom};
 pub use model::Model;
-pub use request::{OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
+pub use request::{BatchConfig, OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use rls::RlsConfig;
 pub use status::StatusConfig;
 pub use tally_counters::config::{

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tally_counters::request::LimitPolicy;
+use tally_counters::request::{Batching, LimitPolicy};
 
 use super::validate::invalid;
 use super::ConfigError;
@@ -23,6 +23,59 @@ pub struct RequestConfig {
     pub unique: Vec<UniqueConfig>,
     /// Pools of items handed out once each (`[[request.pools]]`).
     pub pools: Vec<PoolConfig>,
+    /// How concurrent limit decisions share Redis script calls (`[request.batch]`).
+    pub batch: BatchConfig,
+}
+
+/// `[request.batch]`: limit decisions that arrive while `in_flight` script calls are already
+/// out queue and go as one call of the batch script (group commit); each keeps its own answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BatchConfig {
+    /// Most decisions in one script call; 1 turns batching off (every decision is sent alone,
+    /// none waits for a slot).
+    pub max_calls: usize,
+    /// Script calls in flight before further decisions queue and share a call.
+    pub in_flight: usize,
+}
+
+impl Default for BatchConfig {
+    fn default() -> Self {
+        let b = Batching::default();
+        BatchConfig {
+            max_calls: b.max_calls,
+            in_flight: b.in_flight,
+        }
+    }
+}
+
+impl BatchConfig {
+    /// The client's batching: [`Batching::OFF`] when `max_calls` is 1.
+    pub fn batching(&self) -> Batching {
+        if self.max_calls <= 1 {
+            return Batching::OFF;
+        }
+        Batching {
+            max_calls: self.max_calls,
+            in_flight: self.in_flight,
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(1..=1000).contains(&self.max_calls) {
+            return Err(invalid(
+                "request.batch.max_calls",
+                "must be between 1 and 1000",
+            ));
+        }
+        if !(1..=1024).contains(&self.in_flight) {
+            return Err(invalid(
+                "request.batch.in_flight",
+                "must be between 1 and 1024",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// One quota.
@@ -96,6 +149,7 @@ fn utc() -> String {
 impl RequestConfig {
     /// Names unique per kind, numbers in range, windows usable.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.batch.validate()?;
         let mut names = std::collections::HashSet::new();
         for (i, p) in self.limits.iter().enumerate() {
             p.validate()

@@ -258,3 +258,42 @@ fn an_output_needs_a_topic_a_value_and_a_lateness_within_retention() {
     top.member = Some("device_id".into());
     assert_eq!(refusal(vec![top]).0, "counters[0].output");
 }
+
+#[test]
+fn request_batch_sizes_are_checked_and_one_call_turns_batching_off() {
+    use super::super::BatchConfig;
+    use tally_counters::request::Batching;
+
+    let refused = |batch: BatchConfig| {
+        let mut config = Config::default();
+        config.request.batch = batch;
+        match config.validate() {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+    };
+    let default = BatchConfig::default();
+    assert_eq!(default.batching(), Batching::default());
+    let zero_calls = BatchConfig {
+        max_calls: 0,
+        ..default
+    };
+    assert_eq!(refused(zero_calls), "request.batch.max_calls");
+    let no_slot = BatchConfig {
+        in_flight: 0,
+        ..default
+    };
+    assert_eq!(refused(no_slot), "request.batch.in_flight");
+    let off = BatchConfig {
+        max_calls: 1,
+        in_flight: 1,
+    };
+    assert_eq!(
+        off.batching(),
+        Batching::OFF,
+        "alone, and no wait for a slot"
+    );
+    let mut config = Config::default();
+    config.request.batch = off;
+    config.validate().expect("max_calls = 1 is batching off");
+}

@@ -93,8 +93,8 @@ impl Requests {
     /// Build from a validated configuration; connects on first use.
     pub fn new(model: &Model, metrics: Metrics) -> anyhow::Result<Requests> {
         let config = &model.config;
-        let client = Client::new(&config.redis)?;
         let r = &config.request;
+        let client = Client::with_batching(&config.redis, r.batch.batching())?;
         let once = r
             .once
             .iter()
