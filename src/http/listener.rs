@@ -9,7 +9,7 @@ use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -30,6 +30,31 @@ pub(super) struct Limits {
 const BUSY: &[u8] =
     b"HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: 0\r\n\r\n";
 
+/// The next connection of `listener`, or `None` once `shutdown` is cancelled. A failed accept
+/// (out of file descriptors and the like) is logged (rate-limited, as `port`) and retried after
+/// 100 ms: no spinning, and the port keeps serving.
+pub(crate) async fn accept(
+    listener: &TcpListener,
+    shutdown: &CancellationToken,
+    log: &LogLimiter,
+    port: &str,
+) -> Option<TcpStream> {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => return Some(stream),
+                Err(e) => {
+                    if let Some(suppressed) = log.allow() {
+                        tracing::warn!(error = %e, suppressed, "{port} accept failed");
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
+}
+
 /// Serve `app` on `listener` until `shutdown`.
 pub(super) async fn run(
     listener: TcpListener,
@@ -43,19 +68,8 @@ pub(super) async fn run(
         .header_read_timeout(limits.header_timeout);
     let log = LogLimiter::new();
     loop {
-        let stream = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait, do not spin, keep serving.
-                    if let Some(suppressed) = log.allow() {
-                        tracing::warn!(error = %e, suppressed, "http accept failed");
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+        let Some(stream) = accept(&listener, &shutdown, &log, "http").await else {
+            return;
         };
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             // Non-blocking: a client that does not read cannot hold up the accept loop.

@@ -12,7 +12,7 @@
 
 mod auth;
 mod counters;
-mod listener;
+pub(crate) mod listener;
 mod locks;
 mod openapi;
 mod problem;

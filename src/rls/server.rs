@@ -23,6 +23,7 @@ use tonic::codegen::{http, Service};
 use tonic::server::NamedService;
 
 use super::{Rls, Tokens};
+use crate::http::listener::accept;
 use crate::log_limit::LogLimiter;
 
 /// Time a call in flight gets to finish on shutdown.
@@ -108,19 +109,8 @@ pub(super) async fn run<H: GrpcService>(
     let (open, mut closed) = tokio::sync::mpsc::channel::<()>(1);
     let log = LogLimiter::new();
     loop {
-        let stream = tokio::select! {
-            _ = stop.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(e) => {
-                    // Out of file descriptors and the like: wait, do not spin, keep serving.
-                    if let Some(suppressed) = log.allow() {
-                        tracing::warn!(error = %e, suppressed, "rls accept failed");
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+        let Some(stream) = accept(&listener, &stop, &log, "rls").await else {
+            break;
         };
         let _ = stream.set_nodelay(true);
         let connection = http.serve_connection(TokioIo::new(stream), routes.clone());

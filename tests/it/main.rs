@@ -41,6 +41,7 @@ mod rls;
 mod rls_envoy;
 mod rls_envoy_charge;
 mod rls_examples;
+mod rls_port;
 mod scripts;
 mod signals;
 mod state_loss;

@@ -25,6 +25,7 @@ mod client;
 mod hit;
 mod limit;
 mod once;
+mod policy;
 mod pool;
 mod quota;
 mod unique;
