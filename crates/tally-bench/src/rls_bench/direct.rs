@@ -13,6 +13,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tonic::transport::Channel;
 
+use super::h2conn::GrpcConn;
 use super::stats::Phase;
 use super::{Server, Usage};
 
@@ -25,29 +26,56 @@ pub struct Targets {
 /// One caller's connection.
 enum Caller {
     Grpc(RateLimitServiceClient<Channel>),
+    Lean(Box<GrpcConn>),
     Http(HttpConn),
+}
+
+/// The paths compared.
+#[derive(Clone, Copy)]
+enum Path {
+    /// tonic's client, the callers sharing `channels` connections.
+    Grpc,
+    /// The lean client ([`GrpcConn`]), the callers sharing `channels` connections.
+    Lean,
+    /// The lean client, one connection per caller.
+    LeanOwn,
+    /// `POST /v1/limit`, one hand-written HTTP/1.1 connection per caller.
+    Http,
+}
+
+const PATHS: [(&str, Path); 4] = [
+    ("gRPC, tonic client, shared connections", Path::Grpc),
+    ("gRPC, lean client, shared connections", Path::Lean),
+    ("gRPC, lean client, a connection each", Path::LeanOwn),
+    ("HTTP POST /v1/limit", Path::Http),
+];
+
+fn request(user: u32) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "bench".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".into(),
+                value: user.to_string(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    }
 }
 
 impl Caller {
     /// One decision for `user`; true when it was answered OK (admitted).
     async fn call(&mut self, user: u32) -> bool {
         match self {
-            Caller::Grpc(c) => {
-                let req = RateLimitRequest {
-                    domain: "bench".into(),
-                    descriptors: vec![RateLimitDescriptor {
-                        entries: vec![Entry {
-                            key: "user".into(),
-                            value: user.to_string(),
-                        }],
-                        ..Default::default()
-                    }],
-                    hits_addend: 0,
-                };
-                c.should_rate_limit(req)
-                    .await
-                    .is_ok_and(|r| r.into_inner().overall_code == Code::Ok as i32)
-            }
+            Caller::Grpc(c) => c
+                .should_rate_limit(request(user))
+                .await
+                .is_ok_and(|r| r.into_inner().overall_code == Code::Ok as i32),
+            Caller::Lean(c) => c
+                .call(&request(user))
+                .await
+                .is_ok_and(|r| r.overall_code == Code::Ok as i32),
             Caller::Http(h) => h.limit(user).await.is_ok_and(|s| s == 200),
         }
     }
@@ -69,18 +97,30 @@ pub async fn run(
                 .max_decoding_message_size(1 << 20),
         );
     }
-    let grpc_callers = |n: usize| -> Vec<Caller> {
-        (0..n)
-            .map(|i| Caller::Grpc(grpc[i % grpc.len()].clone()))
-            .collect()
+    let mut lean = Vec::new();
+    for _ in 0..channels.max(1) {
+        lean.push(GrpcConn::shared(t.rls).await?);
+    }
+    let callers = |path: Path, n: usize| {
+        let grpc = &grpc;
+        let lean = &lean;
+        async move {
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                out.push(match path {
+                    Path::Grpc => Caller::Grpc(grpc[i % grpc.len()].clone()),
+                    Path::Lean => Caller::Lean(Box::new(lean[i % lean.len()].caller())),
+                    Path::LeanOwn => Caller::Lean(Box::new(GrpcConn::connect(t.rls).await?)),
+                    Path::Http => Caller::Http(HttpConn::connect(t.http).await?),
+                });
+            }
+            anyhow::Ok(out)
+        }
     };
     // Warm up: connections, scripts loaded, the server's pools.
-    closed(grpc_callers(tasks), Duration::from_millis(500)).await;
-    closed(
-        http_callers(t.http, tasks).await?,
-        Duration::from_millis(500),
-    )
-    .await;
+    for (_, path) in PATHS {
+        closed(callers(path, tasks).await?, Duration::from_millis(500)).await;
+    }
 
     println!("## Direct: decisions/s and latency\n");
     println!("| path | offered | decisions/s | p50 ms | p99 ms | p99.9 ms | p99 from due ms | errors | server CPU-s per 100K decisions | server allocations per decision | server context switches per decision |");
@@ -88,14 +128,8 @@ pub async fn run(
     // Each phase connects its own callers just before it runs: an HTTP connection left idle
     // during the other phase would be closed by the server's `http.header_timeout` (5 s).
     let mut rows = Vec::new();
-    for (label, grpc_path) in [
-        ("gRPC ShouldRateLimit", true),
-        ("HTTP POST /v1/limit", false),
-    ] {
-        let callers = match grpc_path {
-            true => grpc_callers(tasks),
-            false => http_callers(t.http, tasks).await?,
-        };
+    for (label, path) in PATHS {
+        let callers = callers(path, tasks).await?;
         let before = server.usage();
         let mut p = closed(callers, phase).await;
         let used = server.usage() - before;
@@ -109,22 +143,18 @@ pub async fn run(
     }
     // 40 callers, each on its own schedule: `rate` in all.
     let n = 40usize;
-    for (label, grpc_path) in [
-        ("gRPC ShouldRateLimit", true),
-        ("HTTP POST /v1/limit", false),
-    ] {
-        let callers = match grpc_path {
-            true => grpc_callers(n),
-            false => http_callers(t.http, n).await?,
-        };
+    for (label, path) in PATHS {
+        let callers = callers(path, n).await?;
         let before = server.usage();
         let mut p = paced(callers, rate, phase).await;
         let used = server.usage() - before;
         print_row(label, &format!("{rate}/s"), &mut p, used);
     }
     println!(
-        "\ngRPC ÷ HTTP, closed loop decisions/s: {:.2}×",
-        rows[0] / rows[1].max(1e-9)
+        "\ngRPC ÷ HTTP, closed loop decisions/s: {:.2}× (tonic client), {:.2}× (lean client, shared), {:.2}× (lean, a connection each)",
+        rows[0] / rows[3].max(1e-9),
+        rows[1] / rows[3].max(1e-9),
+        rows[2] / rows[3].max(1e-9)
     );
     Ok(())
 }
@@ -146,14 +176,6 @@ fn print_row(label: &str, offered: &str, p: &mut Phase, used: Usage) {
         },
         p.errors
     );
-}
-
-async fn http_callers(port: u16, n: usize) -> anyhow::Result<Vec<Caller>> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(Caller::Http(HttpConn::connect(port).await?));
-    }
-    Ok(out)
 }
 
 /// Every caller calls again as soon as it is answered, for `phase`.

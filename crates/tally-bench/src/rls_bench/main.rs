@@ -20,6 +20,7 @@
 mod allocs;
 mod direct;
 mod envoy;
+mod h2conn;
 mod stats;
 
 use std::io::{BufRead as _, Write as _};
