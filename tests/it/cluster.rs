@@ -442,15 +442,11 @@ fn cluster_failover_losing_acknowledged_writes_stays_exact() {
 }
 
 pub(crate) fn replica_of(primary: u16) -> u16 {
-    let out = Command::new("redis-cli")
-        .args(["-p", &primary.to_string(), "CLUSTER", "NODES"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let id = node_id(primary);
-    text.lines()
-        .find(|l| l.contains("slave") && l.contains(&id))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|a| a.split('@').next()?.rsplit(':').next()?.parse().ok())
-        .expect("the primary has a replica")
+    // Asked of the primary itself (ROLE): a node's `CLUSTER NODES` can be stale.
+    let mut found = None;
+    tally_testkit::wait::wait_until(Duration::from_secs(30), || {
+        found = crate::failover::replicas_of(primary).first().copied();
+        found.is_some()
+    });
+    found.expect("the primary has a connected replica")
 }

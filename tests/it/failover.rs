@@ -52,7 +52,7 @@ fn is_primary(c: &mut redis::Connection) -> bool {
 /// The ports of the replicas connected to `port`, if it says (ROLE) it is a primary. Asked of
 /// the node itself: another node's `CLUSTER NODES` may still be stale after the previous round
 /// (under load a rejoined node was once listed as a primary, and the round picked a replica).
-fn replicas_of(port: u16) -> Vec<u16> {
+pub(crate) fn replicas_of(port: u16) -> Vec<u16> {
     let role: Vec<redis::Value> = match redis::cmd("ROLE").query(&mut conn(port)) {
         Ok(role) => role,
         Err(_) => return Vec::new(),
