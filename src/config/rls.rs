@@ -26,6 +26,16 @@ pub struct RlsConfig {
     /// file that is invalid keeps the previous limits (logged, `tally_rls_limits_loads_total`).
     #[serde(with = "humantime_serde")]
     pub reload_interval: Duration,
+    /// Connections served at once (Envoy keeps one per worker thread); one more is closed as it
+    /// is accepted (logged), so a flood of connections cannot exhaust file descriptors.
+    pub max_connections: usize,
+    /// An HTTP/2 PING is sent on a connection silent for this long; a peer that does not answer
+    /// within `keepalive_timeout` loses the connection (a vanished Envoy frees its slot).
+    #[serde(with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// How long a PING's answer may take.
+    #[serde(with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
 }
 
 impl Default for RlsConfig {
@@ -34,6 +44,9 @@ impl Default for RlsConfig {
             listen: String::new(),
             limits_file: None,
             reload_interval: Duration::from_secs(1),
+            max_connections: 1024,
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -54,6 +67,17 @@ impl RlsConfig {
             "rls.reload_interval",
             "must be positive",
         )?;
+        ensure(
+            self.max_connections >= 1,
+            "rls.max_connections",
+            "must be at least 1",
+        )?;
+        for (name, d) in [
+            ("rls.keepalive_interval", self.keepalive_interval),
+            ("rls.keepalive_timeout", self.keepalive_timeout),
+        ] {
+            ensure(!d.is_zero(), name, "must be positive")?;
+        }
         let Some(path) = &self.limits_file else {
             return Err(invalid(
                 "rls.limits_file",

@@ -198,7 +198,12 @@ pub async fn serve(
         health,
         tokens,
     };
-    let server = server::run(listener, routes, shutdown.clone());
+    let limits = server::Limits {
+        max_connections: config.max_connections,
+        keepalive_interval: config.keepalive_interval,
+        keepalive_timeout: config.keepalive_timeout,
+    };
+    let server = server::run(listener, routes, limits, shutdown.clone());
     let reloader = watch(rls.clone(), path, config.reload_interval, shutdown);
     Ok(Serving {
         local,

@@ -9,6 +9,7 @@
 //! is one path match.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -17,6 +18,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tonic::codegen::{http, Service};
@@ -96,15 +98,29 @@ impl<H: GrpcService> hyper::service::Service<http::Request<Incoming>> for Routes
     }
 }
 
+/// How much the port's clients may take; from `rls.*`.
+pub(super) struct Limits {
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// A silent connection is PINGed after this long...
+    pub keepalive_interval: Duration,
+    /// ...and closed when the PING is not answered within this.
+    pub keepalive_timeout: Duration,
+}
+
 /// Serve `routes` on `listener` (HTTP/2 only, as gRPC is) until `stop`; each connection then
 /// finishes its calls in flight (up to [`DRAIN`]) and closes.
 pub(super) async fn run<H: GrpcService>(
     listener: TcpListener,
     routes: Routes<H>,
+    limits: Limits,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
     let mut http = http2::Builder::new(TokioExecutor::new());
-    http.timer(TokioTimer::new());
+    http.timer(TokioTimer::new())
+        .keep_alive_interval(limits.keepalive_interval)
+        .keep_alive_timeout(limits.keepalive_timeout);
     // Each connection holds a sender: once all are dropped, every connection has closed.
     let (open, mut closed) = tokio::sync::mpsc::channel::<()>(1);
     let log = LogLimiter::new();
@@ -112,12 +128,22 @@ pub(super) async fn run<H: GrpcService>(
         let Some(stream) = accept(&listener, &stop, &log, "rls").await else {
             break;
         };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
+            if let Some(suppressed) = log.allow() {
+                tracing::warn!(
+                    max = limits.max_connections,
+                    suppressed,
+                    "rls connection refused: rls.max_connections reached"
+                );
+            }
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let connection = http.serve_connection(TokioIo::new(stream), routes.clone());
         let stop = stop.clone();
         let open = open.clone();
         tokio::spawn(async move {
-            let _open = open;
+            let _held = (open, permit);
             tokio::pin!(connection);
             let result = tokio::select! {
                 result = connection.as_mut() => result,

@@ -39,9 +39,20 @@ impl Rls {
         name: &str,
         token: Option<&str>,
     ) -> Rls {
+        Rls::start_with(redis, limits, name, token, "")
+    }
+
+    /// With more `[rls]` settings (`rls` is appended to the table).
+    pub fn start_with(
+        redis: &LocalRedis,
+        limits: &Path,
+        name: &str,
+        token: Option<&str>,
+        rls: &str,
+    ) -> Rls {
         let port = free_port().unwrap();
         let config = format!(
-            "[redis]\nurl = \"{}\"\n\n[rls]\nlisten = \"127.0.0.1:{port}\"\nlimits_file = \"{}\"\nreload_interval = \"100ms\"\n",
+            "[redis]\nurl = \"{}\"\n\n[rls]\nlisten = \"127.0.0.1:{port}\"\nlimits_file = \"{}\"\nreload_interval = \"100ms\"\n{rls}\n",
             redis.url(),
             limits.display()
         );

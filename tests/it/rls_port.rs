@@ -122,3 +122,103 @@ impl tonic::codec::Decoder for Empty {
         Ok(Some(()))
     }
 }
+
+/// The port's limits: with `rls.max_connections = 2`, a third connection is closed as it is
+/// accepted (no HTTP/2 settings sent); a peer that never answers the keep-alive PING loses its
+/// connection (its slot is then free), while a live client, which answers, keeps its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_capped_and_silent_peers_are_dropped() {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let redis = LocalRedis::start(&[]).unwrap();
+    let dir = limits_dir("limits");
+    std::fs::write(dir.join("api.yaml"), API).unwrap();
+    let rls = Rls::start_with(
+        &redis,
+        &dir,
+        "rls-limits",
+        None,
+        "max_connections = 2\nkeepalive_interval = \"1s\"\nkeepalive_timeout = \"1s\"",
+    );
+    let call = |c: &mut super::rls::Client| {
+        let mut c = c.clone();
+        let user = unique("limits");
+        async move {
+            c.should_rate_limit(RateLimitRequest {
+                domain: "api".into(),
+                descriptors: vec![descriptor(&[("user", &user)], None)],
+                hits_addend: 0,
+            })
+            .await
+            .map(|r| r.into_inner().overall_code == Code::Ok as i32)
+        }
+    };
+    let mut live = rls.client().await;
+    assert!(call(&mut live).await.unwrap(), "the first client is served");
+
+    // A peer that opens HTTP/2 and then never reads or answers.
+    let connect = || async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", rls.port))
+            .await
+            .unwrap();
+        // The client preface and an empty SETTINGS frame.
+        s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+            .await
+            .unwrap();
+        s
+    };
+    // Bytes the server sends until it closes (or `within` passes: None).
+    async fn until_closed(s: &mut tokio::net::TcpStream, within: Duration) -> Option<usize> {
+        let mut got = 0;
+        let mut buf = [0u8; 1024];
+        tokio::time::timeout(within, async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return got,
+                    Ok(n) => got += n,
+                }
+            }
+        })
+        .await
+        .ok()
+    }
+    let mut silent = connect().await;
+    let mut first = [0u8; 9];
+    tokio::time::timeout(Duration::from_secs(10), silent.read_exact(&mut first))
+        .await
+        .expect("the server's SETTINGS")
+        .unwrap();
+    assert_eq!(
+        first[3], 4,
+        "a SETTINGS frame first: the silent peer holds a slot"
+    );
+    let held = Instant::now();
+
+    let mut third = connect().await;
+    assert_eq!(
+        until_closed(&mut third, Duration::from_secs(5)).await,
+        Some(0),
+        "over rls.max_connections: closed at once, nothing served"
+    );
+
+    let sent = until_closed(&mut silent, Duration::from_secs(15))
+        .await
+        .expect("the silent peer is dropped after its unanswered PING");
+    assert!(sent > 0, "it was PINGed before being dropped");
+    assert!(
+        held.elapsed() >= Duration::from_millis(900),
+        "dropped for its silence ({:?}), not at once",
+        held.elapsed()
+    );
+    // The live client answered its PINGs: still served, and the freed slot takes a new one.
+    assert!(
+        call(&mut live).await.unwrap(),
+        "the live client kept its connection"
+    );
+    let mut again = rls.client().await;
+    assert!(
+        call(&mut again).await.unwrap(),
+        "the freed slot serves a new client"
+    );
+}
