@@ -21,8 +21,41 @@ pub struct Cell {
     pub key: String,
     /// Dimension values, in the counter's dimension order.
     pub dims: Vec<String>,
-    /// The count or sum; distinct counters: the number of distinct values.
+    /// The count or sum; distinct counters: the number of distinct values; leaderboards: the
+    /// number of members.
     pub value: i64,
+    /// Leaderboards: the best members and their scores, best first (the query's answer).
+    pub top: Option<Vec<(String, i64)>>,
+}
+
+impl Cell {
+    /// The cell's answer as the publisher records it (the published-values hash): the integer,
+    /// or for a leaderboard the JSON of `[value, top]`, comparable as text.
+    pub fn answer(&self) -> String {
+        match &self.top {
+            None => self.value.to_string(),
+            Some(top) => serde_json::to_string(&(self.value, top)).expect("plain data serializes"),
+        }
+    }
+
+    /// The cell of `key` (a record key), `dims`, whose recorded [`Cell::answer`] is `text`.
+    pub fn from_answer(key: String, dims: Vec<String>, text: &str) -> Option<Cell> {
+        if let Ok(value) = text.parse::<i64>() {
+            return Some(Cell {
+                key,
+                dims,
+                value,
+                top: None,
+            });
+        }
+        let (value, top) = serde_json::from_str::<(i64, Vec<(String, i64)>)>(text).ok()?;
+        Some(Cell {
+            key,
+            dims,
+            value,
+            top: Some(top),
+        })
+    }
 }
 
 /// The counter's stored keys per window start: the window and the keys (with their tags).
@@ -96,7 +129,12 @@ pub async fn read(
                     continue;
                 };
                 let key = String::from_utf8_lossy(untagged(key)).into_owned();
-                cells.push(Cell { key, dims, value });
+                cells.push(Cell {
+                    key,
+                    dims,
+                    value,
+                    top: None,
+                });
             }
             cells
         }
@@ -130,7 +168,12 @@ async fn read_hashes(
             let values: Vec<&str> = dims.iter().map(String::as_str).collect();
             spec.template.render(&mut rendered, &values, time);
             let key = String::from_utf8_lossy(&rendered).into_owned();
-            cells.push(Cell { key, dims, value });
+            cells.push(Cell {
+                key,
+                dims,
+                value,
+                top: None,
+            });
         }
     }
     Ok(cells)

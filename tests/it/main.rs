@@ -48,4 +48,5 @@ mod state_loss;
 mod status_page;
 mod tansu;
 mod window_results;
+mod window_retry;
 mod window_updates;
