@@ -104,6 +104,7 @@ pub async fn read(
     spec.template.format_time(window.local_start, &mut time);
     let mut cells = match &spec.kind {
         Kind::HashCount { .. } => read_hashes(conn, spec, &time, keys).await?,
+        Kind::Leaderboard { .. } => read_boards(conn, spec, keys).await?,
         kind => {
             let command = match kind {
                 Kind::Distinct { exact: true, .. } => "SCARD",
@@ -140,6 +141,51 @@ pub async fn read(
         }
     };
     cells.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(cells)
+}
+
+/// Leaderboards: per key the number of members and the best `output.top` (as a query answers:
+/// ZREVRANGE, best first, equal scores in reverse member order).
+async fn read_boards(
+    conn: &mut Conn,
+    spec: &CounterSpec,
+    keys: &[Vec<u8>],
+) -> anyhow::Result<Vec<Cell>> {
+    let top = spec
+        .output
+        .as_ref()
+        .and_then(|o| o.top)
+        .unwrap_or(crate::query::TOP as usize);
+    let mut cmds = Vec::with_capacity(keys.len() * 2);
+    for k in keys {
+        let mut card = redis::cmd("ZCARD");
+        card.arg(k);
+        let mut best = redis::cmd("ZREVRANGE");
+        best.arg(k).arg(0).arg(top - 1).arg("WITHSCORES");
+        cmds.push((k.clone(), card));
+        cmds.push((k.clone(), best));
+    }
+    let replies = conn.pipe_keyed(cmds).await?;
+    let mut cells = Vec::with_capacity(keys.len());
+    for (key, pair) in keys.iter().zip(replies.chunks(2)) {
+        // Expired (no member) or not a sorted set (another writer): nothing to publish.
+        let Some(value) = integer(&pair[0]).filter(|&n| n > 0) else {
+            continue;
+        };
+        let Ok(best) = redis::from_redis_value_ref::<Vec<(String, i64)>>(&pair[1]) else {
+            continue;
+        };
+        let Some((dims, _)) = spec.template.decode(untagged(key)) else {
+            continue;
+        };
+        let key = String::from_utf8_lossy(untagged(key)).into_owned();
+        cells.push(Cell {
+            key,
+            dims,
+            value,
+            top: Some(best),
+        });
+    }
     Ok(cells)
 }
 

@@ -24,7 +24,11 @@ use crate::common::process::{kafka_toml, BrokerProcess, TallyProcess};
 pub(crate) const PARTITIONS: i32 = 4;
 pub(crate) const MIN: i64 = 60_000;
 
-/// Three counters with an output to `out`, published `when` (`final` or `updates`).
+/// Members a leaderboard record lists.
+pub(crate) const TOP: usize = 3;
+
+/// Four counters (a count, a sum, an exact distinct count, a leaderboard of devices per app) with
+/// an output to `out`, published `when` (`final` or `updates`).
 pub(crate) fn config(bootstrap: &str, redis: &str, topic: &str, out: &str, when: &str) -> String {
     let output = format!(r#"output = {{ topic = "{out}", when = "{when}", idle_timeout = "2s" }}"#);
     let kafka = kafka_toml(bootstrap, topic, "g-win");
@@ -67,6 +71,16 @@ key = "win:users:{{app}}:{{yyyyMMddHHmm}}"
 window = "1m"
 retention = "1d"
 {output}
+
+[[counters]]
+name = "devs"
+kind = "leaderboard"
+member = "dev"
+dimensions = ["app"]
+key = "win:devs:{{app}}:{{yyyyMMddHHmm}}"
+window = "1m"
+retention = "1d"
+output = {{ topic = "{out}", when = "{when}", idle_timeout = "2s", top = {TOP} }}
 "#
     )
 }
@@ -153,9 +167,38 @@ pub(crate) fn truth(events: &[Ev], closed_end: i64) -> BTreeMap<String, i64> {
             .insert(&e.dev);
     }
     for (k, set) in users {
+        // The leaderboard of devices per app has as many members as the app has users.
+        out.insert(k.replace("win:users:", "win:devs:"), set.len() as i64);
         out.insert(k, set.len() as i64);
     }
     out
+}
+
+/// The truth of the leaderboard's `top` per record key (its best [`TOP`] devices per app and
+/// minute, as Redis ranks them: score descending, then member descending), for windows ending at
+/// or before `closed_end`.
+pub(crate) fn tops(events: &[Ev], closed_end: i64) -> BTreeMap<String, Value> {
+    let mut scores: BTreeMap<String, BTreeMap<&str, i64>> = BTreeMap::new();
+    for e in events {
+        let start = e.ts - e.ts.rem_euclid(MIN);
+        if start + MIN <= closed_end {
+            let key = format!("win:devs:{}:{}", e.app, minute_text(e.ts));
+            *scores.entry(key).or_default().entry(&e.dev).or_insert(0) += 1;
+        }
+    }
+    scores
+        .into_iter()
+        .map(|(key, members)| {
+            let mut ranked: Vec<(&str, i64)> = members.into_iter().collect();
+            ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(a.0)));
+            let top: Vec<Value> = ranked
+                .into_iter()
+                .take(TOP)
+                .map(|(m, s)| serde_json::json!({"member": m, "score": s}))
+                .collect();
+            (key, Value::Array(top))
+        })
+        .collect()
 }
 
 /// Every record of the output topic so far (key, JSON value), in order.
@@ -219,6 +262,22 @@ fn check_records(records: &[(String, Value)]) {
             c => format!("win:{c}:{app}:{t}"),
         };
         assert_eq!(key, &want, "{v}");
+    }
+}
+
+/// The leaderboard's records carry the truth's `top`: each of them with `every`, else the last
+/// record of each key; and every key of `want` is published.
+fn check_tops(records: &[(String, Value)], want: &BTreeMap<String, Value>, every: bool) {
+    let mut last: BTreeMap<&str, &Value> = BTreeMap::new();
+    for (k, v) in records.iter().filter(|(_, v)| v["counter"] == "devs") {
+        if every {
+            assert_eq!(v["top"], want[k], "{k}: {v}");
+        }
+        last.insert(k, v);
+    }
+    assert_eq!(last.len(), want.len(), "every leaderboard key is published");
+    for (k, v) in last {
+        assert_eq!(v["top"], want[k], "{k}: its last record's top: {v}");
     }
 }
 
@@ -339,6 +398,7 @@ fn scenario(bootstrap: &str) {
         want.keys().collect::<Vec<_>>(),
         "only the closed windows (minutes 0 to 2) are published"
     );
+    check_tops(&records, &tops(&all, closed), true);
 
     // Late events into minute 1 (within retention), then events in minute 5 on every active
     // partition: minutes 3 and 4 close, and minute 1's changed keys are corrected.
@@ -380,6 +440,7 @@ fn scenario(bootstrap: &str) {
         seen.keys().all(|k| want.contains_key(k)),
         "minute 5 stays open"
     );
+    check_tops(&records, &tops(&all, base + 5 * MIN), false);
     let status = last.terminate(Duration::from_secs(30));
     assert!(status.success());
 }
