@@ -22,8 +22,8 @@ const MIN: i64 = 60_000;
 const OUT: &str = "wr-out";
 const APPS: i64 = 24;
 
-/// Every record of `partitions` of the output topic (key, JSON value), per partition in order.
-fn read(bootstrap: &str, partitions: &[i32]) -> Vec<(i32, String, Value)> {
+/// Every record of `partitions` of `topic` (partition, key, JSON value), per partition in order.
+pub(crate) fn read(bootstrap: &str, topic: &str, partitions: &[i32]) -> Vec<(i32, String, Value)> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "wr-reader")
@@ -33,9 +33,12 @@ fn read(bootstrap: &str, partitions: &[i32]) -> Vec<(i32, String, Value)> {
     let mut tpl = TopicPartitionList::new();
     let mut want = 0;
     for &p in partitions {
-        let (_, high) = c.fetch_watermarks(OUT, p, Duration::from_secs(10)).unwrap();
+        let (_, high) = c
+            .fetch_watermarks(topic, p, Duration::from_secs(10))
+            .unwrap();
         want += high;
-        tpl.add_partition_offset(OUT, p, Offset::Beginning).unwrap();
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
     }
     c.assign(&tpl).unwrap();
     let mut got = Vec::new();
@@ -103,10 +106,10 @@ async fn a_retry_after_a_failed_publish_produces_the_first_attempts_values_then_
     h.produce(0, br#"{"app":"closer"}"#, Some(base + MIN + 1));
     h.flush_producer();
     wait_for("a final record stored", Duration::from_secs(30), || {
-        !read(&bootstrap, &[0]).is_empty()
+        !read(&bootstrap, OUT, &[0]).is_empty()
     })
     .await;
-    let (_, late_key, first) = read(&bootstrap, &[0]).remove(0);
+    let (_, late_key, first) = read(&bootstrap, OUT, &[0]).remove(0);
     let v0 = first["value"].as_i64().unwrap();
 
     // A late event to that key, applied by the stream before the retry can succeed.
@@ -125,7 +128,7 @@ async fn a_retry_after_a_failed_publish_produces_the_first_attempts_values_then_
     let minute = late_key.rsplit(':').next().unwrap().to_string();
     let mut records = Vec::new();
     wait_for("every key published", Duration::from_secs(60), || {
-        records = read(&bootstrap, &[0, 1]);
+        records = read(&bootstrap, OUT, &[0, 1]);
         let keys: BTreeMap<&str, i64> = records
             .iter()
             .map(|(_, k, v)| (k.as_str(), v["value"].as_i64().unwrap()))
