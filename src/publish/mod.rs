@@ -303,7 +303,7 @@ impl Publisher {
         let closed_by = self
             .start(conn, spec, window, &hash, wm, Emit::Final)
             .await?;
-        let snap = snapshot::take(conn, spec, &hash, cells).await?;
+        let snap = snapshot::take(conn, spec, window, &hash, cells).await?;
         for chunk in snap.chunks(10_000) {
             self.produce(spec, window, chunk, closed_by, Emit::Final)
                 .await?;
@@ -340,12 +340,8 @@ impl Publisher {
         let closed_by = self.start(conn, spec, window, &hash, wm, how).await?;
         for chunk in cells.chunks(10_000) {
             self.produce(spec, window, chunk, closed_by, how).await?;
-            let mut hset = redis::cmd("HSET");
-            hset.arg(&hash);
-            for c in chunk {
-                hset.arg(&c.key).arg(c.answer());
-            }
-            let _: i64 = conn.query(&hset).await?;
+            let open = how == Emit::Update;
+            snapshot::record(conn, spec, window, &hash, chunk, open).await?;
         }
         self.count_records(spec, how, cells.len());
         Ok(())
@@ -376,7 +372,7 @@ impl Publisher {
             .arg(1)
             .arg(hash)
             .arg(wm)
-            .arg(spec.expire_at(window.end_ms))
+            .arg(snapshot::expire_at(spec, window))
             .arg(u8::from(how != Emit::Update));
         Ok(conn.query(&first).await?)
     }

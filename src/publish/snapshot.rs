@@ -14,17 +14,27 @@ use std::collections::BTreeMap;
 
 use tally_counters::conn::Conn;
 use tally_counters::model::CounterSpec;
+use tally_counters::window::Window;
 
 use super::cells::Cell;
 
 /// Cells per HSET of the snapshot (two arguments each: Lua's `unpack` takes at most ~8,000).
 const CHUNK: usize = 2_000;
 
-/// The snapshot of the window recorded in `hash`: written from `cells` if the hash has none
+/// When the published-values hash of `window` expires: with the last of its keys (window end +
+/// retention + the counter's expiry spread). Every write sets it again, so that a write after
+/// it passed does not leave a hash without expiry.
+pub fn expire_at(spec: &CounterSpec, window: &Window) -> i64 {
+    spec.expire_at(window.end_ms)
+        .saturating_add(spec.expiry_spread_ms)
+}
+
+/// The snapshot of `window` recorded in `hash`: written from `cells` if the hash has none
 /// complete, then read back. Sorted by record key.
 pub async fn take(
     conn: &mut Conn,
     spec: &CounterSpec,
+    window: &Window,
     hash: &str,
     cells: &[Cell],
 ) -> anyhow::Result<Vec<Cell>> {
@@ -32,21 +42,55 @@ pub async fn take(
         .query(redis::cmd("HEXISTS").arg(hash).arg("@snap"))
         .await?;
     if !done {
-        write(conn, hash, cells).await?;
+        write(conn, hash, expire_at(spec, window), cells).await?;
     }
     read(conn, spec, hash).await
 }
 
+/// Record `cells`' answers as published in `hash` (a correction, or with `open` an update of
+/// an open window, that Kafka acknowledged). An update never changes a snapshot (a former
+/// leader's pass finishing after the window closed).
+pub async fn record(
+    conn: &mut Conn,
+    spec: &CounterSpec,
+    window: &Window,
+    hash: &str,
+    cells: &[Cell],
+    open: bool,
+) -> anyhow::Result<()> {
+    let expire = expire_at(spec, window);
+    for chunk in cells.chunks(CHUNK) {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(
+            "if ARGV[2] == '1' and redis.call('HEXISTS', KEYS[1], '@snap') == 1 then \
+             return 0 end \
+             redis.call('HSET', KEYS[1], unpack(ARGV, 3)) \
+             redis.call('PEXPIREAT', KEYS[1], ARGV[1]) return 1",
+        )
+        .arg(1)
+        .arg(hash)
+        .arg(expire)
+        .arg(u8::from(open));
+        for c in chunk {
+            cmd.arg(&c.key).arg(c.answer());
+        }
+        let _: i64 = conn.query(&cmd).await?;
+    }
+    Ok(())
+}
+
 /// Write `cells` into `hash` unless a snapshot is complete there, then mark it complete.
-async fn write(conn: &mut Conn, hash: &str, cells: &[Cell]) -> anyhow::Result<()> {
+async fn write(conn: &mut Conn, hash: &str, expire: i64, cells: &[Cell]) -> anyhow::Result<()> {
     for chunk in cells.chunks(CHUNK) {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(
             "if redis.call('HEXISTS', KEYS[1], '@snap') == 1 then return 0 end \
-             redis.call('HSET', KEYS[1], unpack(ARGV)) return 1",
+             redis.call('HSET', KEYS[1], unpack(ARGV, 2)) \
+             redis.call('PEXPIREAT', KEYS[1], ARGV[1]) return 1",
         )
         .arg(1)
-        .arg(hash);
+        .arg(hash)
+        .arg(expire);
         for c in chunk {
             cmd.arg(&c.key).arg(c.answer());
         }
@@ -56,9 +100,15 @@ async fn write(conn: &mut Conn, hash: &str, cells: &[Cell]) -> anyhow::Result<()
             return Ok(());
         }
     }
-    let _: i64 = conn
-        .query(redis::cmd("HSETNX").arg(hash).arg("@snap").arg(1))
-        .await?;
+    let mut done = redis::cmd("EVAL");
+    done.arg(
+        "redis.call('HSETNX', KEYS[1], '@snap', 1) \
+         redis.call('PEXPIREAT', KEYS[1], ARGV[1]) return 1",
+    )
+    .arg(1)
+    .arg(hash)
+    .arg(expire);
+    let _: i64 = conn.query(&done).await?;
     Ok(())
 }
 

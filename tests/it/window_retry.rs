@@ -169,5 +169,17 @@ async fn a_retry_after_a_failed_publish_produces_the_first_attempts_values_then_
         last["correction"], true,
         "the late change is a correction: {late:#?}"
     );
+    // The window's snapshot (its published values) expires with the window's keys.
+    let hashes: Vec<String> = redis::cmd("KEYS")
+        .arg("tally:values:*")
+        .query(&mut conn)
+        .unwrap();
+    assert_eq!(hashes.len(), 1, "{hashes:?}");
+    let ttl: i64 = redis::cmd("PTTL").arg(&hashes[0]).query(&mut conn).unwrap();
+    let stored: i64 = redis::cmd("PTTL").arg(&late_key).query(&mut conn).unwrap();
+    assert!(
+        ttl > 0 && ttl + 5_000 >= stored,
+        "{ttl} ms, the key {stored} ms"
+    );
     tally.stop().await;
 }
