@@ -148,3 +148,52 @@ pub fn changed_since(snapshot: &[Cell], now: Vec<Cell>) -> Vec<Cell> {
         .filter(|c| had.get(c.key.as_str()) != Some(&c.answer()))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(key: &str, value: i64, top: Option<Vec<(&str, i64)>>) -> Cell {
+        Cell {
+            key: key.into(),
+            dims: vec![key.into()],
+            value,
+            top: top.map(|t| t.into_iter().map(|(m, s)| (m.into(), s)).collect()),
+        }
+    }
+
+    #[test]
+    fn an_answer_reads_back_as_the_cell_it_was_written_from() {
+        for c in [
+            cell("a", 7, None),
+            cell("b", -3, None),
+            cell("c", 2, Some(vec![("d1", 9), ("d:0", 9)])),
+            cell("d", 0, Some(vec![])),
+        ] {
+            let back = Cell::from_answer(c.key.clone(), c.dims.clone(), &c.answer());
+            assert_eq!(back, Some(c.clone()), "{}", c.answer());
+        }
+        assert_eq!(Cell::from_answer("k".into(), vec![], "not an answer"), None);
+    }
+
+    #[test]
+    fn the_corrections_after_a_snapshot_are_the_changed_and_the_new_keys() {
+        let snap = [
+            cell("a", 1, None),
+            cell("b", 2, None),
+            cell("t", 2, Some(vec![("x", 3), ("y", 1)])),
+        ];
+        let now = vec![
+            cell("a", 1, None),
+            cell("b", 3, None),
+            cell("c", 1, None),
+            // Same number of members, another ranking: a change.
+            cell("t", 2, Some(vec![("y", 4), ("x", 3)])),
+        ];
+        let keys: Vec<String> = changed_since(&snap, now)
+            .into_iter()
+            .map(|c| c.key)
+            .collect();
+        assert_eq!(keys, ["b", "c", "t"]);
+    }
+}
