@@ -232,18 +232,22 @@ impl Publisher {
                 self.emit_changes(conn, spec, window, cells, wm, Emit::Correction)
                     .await?;
             } else {
-                let snap = self.emit_final(conn, spec, window, &cells, wm).await?;
+                let taken = self.emit_final(conn, spec, window, &cells, wm).await?;
                 self.metrics
                     .publish
                     .windows
                     .with_label_values(&[&spec.name])
                     .inc();
                 advance(conn, &progress_key, window.end_ms).await?;
-                // A late event between a failed attempt and this one: its keys differ from
-                // the snapshot, and are corrected now.
-                let late = snapshot::changed_since(&snap, cells);
-                self.emit(conn, spec, window, &late, wm, Emit::Correction)
-                    .await?;
+                if taken.again {
+                    // A re-publish: a late event since the first attempt (even one during this
+                    // attempt's sends) makes a key differ from the snapshot; read the keys again
+                    // now that Kafka acknowledged, and correct those.
+                    let now = cells::read(conn, spec, window, keys).await?;
+                    let late = snapshot::changed_since(&taken.cells, now);
+                    self.emit(conn, spec, window, &late, wm, Emit::Correction)
+                        .await?;
+                }
             }
         }
         if closing {
@@ -295,7 +299,7 @@ impl Publisher {
         window: &Window,
         cells: &[Cell],
         wm: i64,
-    ) -> anyhow::Result<Vec<Cell>> {
+    ) -> anyhow::Result<snapshot::Taken> {
         let hash = self
             .model
             .scope
@@ -303,13 +307,20 @@ impl Publisher {
         let closed_by = self
             .start(conn, spec, window, &hash, wm, Emit::Final)
             .await?;
-        let snap = snapshot::take(conn, spec, window, &hash, cells).await?;
-        for chunk in snap.chunks(10_000) {
+        let taken = snapshot::take(conn, spec, window, &hash, cells).await?;
+        if taken.again {
+            self.metrics
+                .publish
+                .republished
+                .with_label_values(&[&spec.name])
+                .inc();
+        }
+        for chunk in taken.cells.chunks(10_000) {
             self.produce(spec, window, chunk, closed_by, Emit::Final)
                 .await?;
         }
-        self.count_records(spec, Emit::Final, snap.len());
-        Ok(snap)
+        self.count_records(spec, Emit::Final, taken.cells.len());
+        Ok(taken)
     }
 
     /// Produce `cells` of `window` (a correction or an update), wait for Kafka's

@@ -29,22 +29,32 @@ pub fn expire_at(spec: &CounterSpec, window: &Window) -> i64 {
         .saturating_add(spec.expiry_spread_ms)
 }
 
+/// A window's snapshot, as [`take`] found it.
+#[derive(Debug)]
+pub struct Taken {
+    /// The cells to produce, sorted by record key.
+    pub cells: Vec<Cell>,
+    /// It was complete before this attempt: a re-publish.
+    pub again: bool,
+}
+
 /// The snapshot of `window` recorded in `hash`: written from `cells` if the hash has none
-/// complete, then read back. Sorted by record key.
+/// complete, then read back.
 pub async fn take(
     conn: &mut Conn,
     spec: &CounterSpec,
     window: &Window,
     hash: &str,
     cells: &[Cell],
-) -> anyhow::Result<Vec<Cell>> {
-    let done: bool = conn
+) -> anyhow::Result<Taken> {
+    let again: bool = conn
         .query(redis::cmd("HEXISTS").arg(hash).arg("@snap"))
         .await?;
-    if !done {
+    if !again {
         write(conn, hash, expire_at(spec, window), cells).await?;
     }
-    read(conn, spec, hash).await
+    let cells = read(conn, spec, hash).await?;
+    Ok(Taken { cells, again })
 }
 
 /// Record `cells`' answers as published in `hash` (a correction, or with `open` an update of

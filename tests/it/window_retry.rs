@@ -122,6 +122,13 @@ async fn a_retry_after_a_failed_publish_produces_the_first_attempts_values_then_
         value(&mut conn, &late_key) == Some(v0 + 1)
     })
     .await;
+    // The first attempt failed (a retry started) before the broker comes back.
+    let again = tally
+        .metrics
+        .publish
+        .republished
+        .with_label_values(&["hits"]);
+    wait_for("a retry", Duration::from_secs(30), || again.get() >= 1).await;
     h.mock.broker_up(2).unwrap();
 
     // Every key of minute 0 published; the late key's last record is the new truth.
