@@ -18,6 +18,10 @@ use tally_counters::window::Window;
 
 use super::cells::Cell;
 
+/// The hash's fields that are the publisher's state, not record keys (a record key has its
+/// window's time in it, so it is never one of these, even when it starts with `@`).
+const STATE: [&str; 3] = ["@snap", "@watermark", "@open"];
+
 /// Cells per HSET of the snapshot (two arguments each: Lua's `unpack` takes at most ~8,000).
 const CHUNK: usize = 2_000;
 
@@ -122,8 +126,8 @@ async fn write(conn: &mut Conn, hash: &str, expire: i64, cells: &[Cell]) -> anyh
     Ok(())
 }
 
-/// The snapshot in `hash` (HSCAN, so that a large window does not block Redis), its `@`
-/// fields (state, not keys) left out.
+/// The snapshot in `hash` (HSCAN, so that a large window does not block Redis), its
+/// [`STATE`] fields left out.
 async fn read(conn: &mut Conn, spec: &CounterSpec, hash: &str) -> anyhow::Result<Vec<Cell>> {
     let mut fields = BTreeMap::new();
     let mut cursor: u64 = 0;
@@ -132,7 +136,10 @@ async fn read(conn: &mut Conn, spec: &CounterSpec, hash: &str) -> anyhow::Result
         scan.arg(hash).arg(cursor).arg("COUNT").arg(1000);
         let (next, page): (u64, Vec<(String, String)>) = conn.query(&scan).await?;
         // HSCAN may return a field twice (a rehash in between): the map keeps one.
-        fields.extend(page.into_iter().filter(|(k, _)| !k.starts_with('@')));
+        fields.extend(
+            page.into_iter()
+                .filter(|(k, _)| !STATE.contains(&k.as_str())),
+        );
         cursor = next;
         if cursor == 0 {
             break;
