@@ -232,7 +232,11 @@ impl Publisher {
                 self.emit_changes(conn, spec, window, cells, wm, Emit::Correction)
                     .await?;
             } else {
-                let taken = self.emit_final(conn, spec, window, &cells, wm).await?;
+                let attempt = self.emit_final(conn, spec, window, &cells, wm, &progress_key);
+                // None: another publisher finished it meanwhile.
+                let Some(taken) = attempt.await? else {
+                    continue;
+                };
                 self.metrics
                     .publish
                     .windows
@@ -291,7 +295,10 @@ impl Publisher {
 
     /// Publish the closed `window`: its write-ahead [`snapshot`] (taken now from `cells` at the
     /// first attempt, read back at every later one) is produced and acknowledged by Kafka; the
-    /// caller then records the progress. Returns the snapshot.
+    /// caller then records the progress. Returns the snapshot; None when another publisher (a
+    /// former leader) published the window meanwhile: its corrections may be in the hash, which
+    /// is then no snapshot to produce. The progress is read after the snapshot: a publisher
+    /// advances it before it records any correction.
     async fn emit_final(
         &self,
         conn: &mut Conn,
@@ -299,7 +306,8 @@ impl Publisher {
         window: &Window,
         cells: &[Cell],
         wm: i64,
-    ) -> anyhow::Result<snapshot::Taken> {
+        progress_key: &str,
+    ) -> anyhow::Result<Option<snapshot::Taken>> {
         let hash = self
             .model
             .scope
@@ -308,6 +316,10 @@ impl Publisher {
             .start(conn, spec, window, &hash, wm, Emit::Final)
             .await?;
         let taken = snapshot::take(conn, spec, window, &hash, cells).await?;
+        let progress: Option<i64> = conn.query(redis::cmd("GET").arg(progress_key)).await?;
+        if progress.is_some_and(|p| p >= window.end_ms) {
+            return Ok(None);
+        }
         if taken.again {
             self.metrics
                 .publish
@@ -320,7 +332,7 @@ impl Publisher {
                 .await?;
         }
         self.count_records(spec, Emit::Final, taken.cells.len());
-        Ok(taken)
+        Ok(Some(taken))
     }
 
     /// Produce `cells` of `window` (a correction or an update), wait for Kafka's
