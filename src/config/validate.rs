@@ -158,7 +158,7 @@ impl Config {
     }
 }
 
-/// A counter's `output`: a topic Kafka accepts, a kind that has a value to publish, and a
+/// A counter's `output`: a topic Kafka accepts, a `top` for leaderboards only, and a
 /// lateness that leaves the window's keys in Redis until the publisher has read them.
 fn validate_output(
     o: &tally_counters::config::OutputConfig,
@@ -171,11 +171,19 @@ fn validate_output(
         at("output.topic"),
         "a Kafka topic name: 1 to 249 of letters, digits, '.', '_', '-'",
     )?;
-    ensure(
-        c.kind != tally_counters::config::CounterKind::Leaderboard,
-        at("output"),
-        "leaderboard counters cannot be published yet (count, sum and distinct can)",
-    )?;
+    if let Some(top) = o.top {
+        ensure(
+            c.kind == tally_counters::config::CounterKind::Leaderboard,
+            at("output.top"),
+            "only a leaderboard's records list members: remove it",
+        )?;
+        // The most a query lists (`query::MAX_TOP`; config does not depend on query).
+        ensure(
+            (1..=1000).contains(&top),
+            at("output.top"),
+            "must be between 1 and 1000",
+        )?;
+    }
     ensure(
         o.allowed_lateness < c.retention,
         at("output.allowed_lateness"),

@@ -230,7 +230,7 @@ fn redis_refusals_name_the_key_under_redis_and_hide_the_password() {
 }
 
 #[test]
-fn an_output_needs_a_topic_a_value_and_a_lateness_within_retention() {
+fn an_output_needs_a_topic_a_lateness_within_retention_and_top_for_leaderboards_only() {
     use tally_counters::config::{CounterKind, OutputConfig};
     let with = |topic: &str, lateness: u64, retention: u64| {
         let mut c = counter("views", "v:{app_id}:{yyyyMMddHH}", 3600);
@@ -240,6 +240,7 @@ fn an_output_needs_a_topic_a_value_and_a_lateness_within_retention() {
             when: Default::default(),
             allowed_lateness: Duration::from_secs(lateness),
             idle_timeout: Duration::from_secs(60),
+            top: None,
         });
         c
     };
@@ -253,10 +254,26 @@ fn an_output_needs_a_topic_a_value_and_a_lateness_within_retention() {
     let (key, reason) = refusal(vec![with("t", 300, 300)]);
     assert_eq!(key, "counters[0].output.allowed_lateness");
     assert!(reason.contains("retention"), "{reason}");
-    let mut top = with("t", 0, 60);
-    top.kind = CounterKind::Leaderboard;
-    top.member = Some("device_id".into());
-    assert_eq!(refusal(vec![top]).0, "counters[0].output");
+    let board = |top: Option<usize>| {
+        let mut c = with("t", 0, 60);
+        c.kind = CounterKind::Leaderboard;
+        c.member = Some("device_id".into());
+        c.output.as_mut().unwrap().top = top;
+        c
+    };
+    for top in [None, Some(1), Some(1000)] {
+        let ok = Config {
+            counters: vec![board(top)],
+            ..Config::default()
+        };
+        assert!(ok.validate().is_ok(), "{top:?}");
+    }
+    for top in [0, 1001] {
+        assert_eq!(refusal(vec![board(Some(top))]).0, "counters[0].output.top");
+    }
+    let mut count = with("t", 0, 60);
+    count.output.as_mut().unwrap().top = Some(5);
+    assert_eq!(refusal(vec![count]).0, "counters[0].output.top");
 }
 
 #[test]

@@ -20,6 +20,8 @@ pub struct PublishMetrics {
     pub records: IntCounterVec,
     /// Keys whose value changed after their window was published, by counter.
     pub corrections: IntCounterVec,
+    /// Final attempts that produced a window's stored snapshot again, by counter.
+    pub republished: IntCounterVec,
     /// How far publishing is behind the windows that closed (seconds of event time), by counter.
     pub behind_seconds: IntGaugeVec,
 }
@@ -63,6 +65,12 @@ impl PublishMetrics {
                 "Keys whose value changed after their window was published (late events), by counter.",
                 &["counter"],
             ),
+            republished: counter_vec(
+                registry,
+                "tally_publish_republished_total",
+                "Final attempts that produced a window's stored snapshot again (a retry after a failed or interrupted attempt), by counter.",
+                &["counter"],
+            ),
             behind_seconds: gauge_vec(
                 registry,
                 "tally_publish_behind_seconds",
@@ -74,6 +82,7 @@ impl PublishMetrics {
             m.counter_watermark_ms.with_label_values(&[c]);
             m.windows.with_label_values(&[c]);
             m.corrections.with_label_values(&[c]);
+            m.republished.with_label_values(&[c]);
             m.behind_seconds.with_label_values(&[c]);
             for kind in ["final", "correction", "update"] {
                 m.records.with_label_values(&[c, kind]);

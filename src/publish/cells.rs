@@ -21,8 +21,41 @@ pub struct Cell {
     pub key: String,
     /// Dimension values, in the counter's dimension order.
     pub dims: Vec<String>,
-    /// The count or sum; distinct counters: the number of distinct values.
+    /// The count or sum; distinct counters: the number of distinct values; leaderboards: the
+    /// number of members.
     pub value: i64,
+    /// Leaderboards: the best members and their scores, best first (the query's answer).
+    pub top: Option<Vec<(String, i64)>>,
+}
+
+impl Cell {
+    /// The cell's answer as the publisher records it (the published-values hash): the integer,
+    /// or for a leaderboard the JSON of `[value, top]`, comparable as text.
+    pub fn answer(&self) -> String {
+        match &self.top {
+            None => self.value.to_string(),
+            Some(top) => serde_json::to_string(&(self.value, top)).expect("plain data serializes"),
+        }
+    }
+
+    /// The cell of `key` (a record key), `dims`, whose recorded [`Cell::answer`] is `text`.
+    pub fn from_answer(key: String, dims: Vec<String>, text: &str) -> Option<Cell> {
+        if let Ok(value) = text.parse::<i64>() {
+            return Some(Cell {
+                key,
+                dims,
+                value,
+                top: None,
+            });
+        }
+        let (value, top) = serde_json::from_str::<(i64, Vec<(String, i64)>)>(text).ok()?;
+        Some(Cell {
+            key,
+            dims,
+            value,
+            top: Some(top),
+        })
+    }
 }
 
 /// The counter's stored keys per window start: the window and the keys (with their tags).
@@ -71,6 +104,7 @@ pub async fn read(
     spec.template.format_time(window.local_start, &mut time);
     let mut cells = match &spec.kind {
         Kind::HashCount { .. } => read_hashes(conn, spec, &time, keys).await?,
+        Kind::Leaderboard { .. } => read_boards(conn, spec, keys).await?,
         kind => {
             let command = match kind {
                 Kind::Distinct { exact: true, .. } => "SCARD",
@@ -96,12 +130,62 @@ pub async fn read(
                     continue;
                 };
                 let key = String::from_utf8_lossy(untagged(key)).into_owned();
-                cells.push(Cell { key, dims, value });
+                cells.push(Cell {
+                    key,
+                    dims,
+                    value,
+                    top: None,
+                });
             }
             cells
         }
     };
     cells.sort_by(|a, b| a.key.cmp(&b.key));
+    Ok(cells)
+}
+
+/// Leaderboards: per key the number of members and the best `output.top` (as a query answers:
+/// ZREVRANGE, best first, equal scores in reverse member order).
+async fn read_boards(
+    conn: &mut Conn,
+    spec: &CounterSpec,
+    keys: &[Vec<u8>],
+) -> anyhow::Result<Vec<Cell>> {
+    let top = spec
+        .output
+        .as_ref()
+        .and_then(|o| o.top)
+        .unwrap_or(crate::query::TOP as usize);
+    let mut cmds = Vec::with_capacity(keys.len() * 2);
+    for k in keys {
+        let mut card = redis::cmd("ZCARD");
+        card.arg(k);
+        let mut best = redis::cmd("ZREVRANGE");
+        best.arg(k).arg(0).arg(top - 1).arg("WITHSCORES");
+        cmds.push((k.clone(), card));
+        cmds.push((k.clone(), best));
+    }
+    let replies = conn.pipe_keyed(cmds).await?;
+    let mut cells = Vec::with_capacity(keys.len());
+    for (key, pair) in keys.iter().zip(replies.chunks(2)) {
+        // Expired (no member) or not a sorted set (another writer): nothing to publish.
+        let Some(value) = integer(&pair[0]).filter(|&n| n > 0) else {
+            continue;
+        };
+        let Ok(best) = redis::from_redis_value_ref::<Vec<(String, i64)>>(&pair[1]) else {
+            continue;
+        };
+        let Some((dims, _)) = spec.template.decode(untagged(key)) else {
+            continue;
+        };
+        let key = String::from_utf8_lossy(untagged(key)).into_owned();
+        cells.push(Cell {
+            key,
+            dims,
+            value,
+            top: Some(best),
+        });
+    }
     Ok(cells)
 }
 
@@ -130,7 +214,12 @@ async fn read_hashes(
             let values: Vec<&str> = dims.iter().map(String::as_str).collect();
             spec.template.render(&mut rendered, &values, time);
             let key = String::from_utf8_lossy(&rendered).into_owned();
-            cells.push(Cell { key, dims, value });
+            cells.push(Cell {
+                key,
+                dims,
+                value,
+                top: None,
+            });
         }
     }
     Ok(cells)

@@ -8,17 +8,23 @@
 //! * [`cells`]: a counter's keys, found with SCAN and decoded into (window, dimensions).
 //! * [`record`]: the record of one key (its Kafka key and JSON value).
 //!
+//! * [`snapshot`]: the write-ahead snapshot of a closing window, the answers its final records
+//!   carry.
+//!
 //! One replica at a time publishes (the jobs' leadership, [`crate::jobs`]). Per counter it keeps
-//! its progress in Redis (the end of the last window published), and per published window the
-//! values it published (a hash expiring with the window's keys). Progress and values are written
-//! only after Kafka acknowledged every record of the window, so a publisher killed mid-publish
-//! leaves the window unpublished and the next leader produces it again: the same keys with the
-//! same values, byte for byte (the watermark in a record is the one stored when the window was
-//! first attempted). A key whose value changed after it was published (a late event within
-//! retention) is produced again with `"correction": true`.
+//! its progress in Redis (the end of the last window published), and per window the answers it
+//! published (a hash expiring with the window's keys). At a window's first final attempt its
+//! answers are recorded in that hash before anything is produced (the snapshot); every attempt
+//! produces the snapshot, byte for byte the same (the watermark in a record is the one stored
+//! at the first attempt), and the progress moves only after Kafka acknowledged every record. A
+//! publisher killed mid-publish, or a send whose outcome is unknown, leaves the window
+//! unpublished and the next attempt produces the same records again, even if a late event
+//! changed a key in between. A key whose answer differs from the one published (a late event
+//! within retention) is produced again with `"correction": true`.
 
 pub mod cells;
 pub mod record;
+pub mod snapshot;
 pub mod watermark;
 
 use std::collections::BTreeMap;
@@ -226,14 +232,26 @@ impl Publisher {
                 self.emit_changes(conn, spec, window, cells, wm, Emit::Correction)
                     .await?;
             } else {
-                self.emit(conn, spec, window, &cells, wm, Emit::Final)
-                    .await?;
+                let attempt = self.emit_final(conn, spec, window, &cells, wm, &progress_key);
+                // None: another publisher finished it meanwhile.
+                let Some(taken) = attempt.await? else {
+                    continue;
+                };
                 self.metrics
                     .publish
                     .windows
                     .with_label_values(&[&spec.name])
                     .inc();
                 advance(conn, &progress_key, window.end_ms).await?;
+                if taken.again {
+                    // A re-publish: a late event since the first attempt (even one during this
+                    // attempt's sends) makes a key differ from the snapshot; read the keys again
+                    // now that Kafka acknowledged, and correct those.
+                    let now = cells::read(conn, spec, window, keys).await?;
+                    let late = snapshot::changed_since(&taken.cells, now);
+                    self.emit(conn, spec, window, &late, wm, Emit::Correction)
+                        .await?;
+                }
             }
         }
         if closing {
@@ -265,28 +283,60 @@ impl Publisher {
         for c in &cells {
             hmget.arg(&c.key);
         }
-        let had: Vec<Option<i64>> = conn.query(&hmget).await?;
+        let had: Vec<Option<String>> = conn.query(&hmget).await?;
         let changed: Vec<Cell> = cells
             .into_iter()
             .zip(had)
-            .filter(|(c, had)| *had != Some(c.value))
+            .filter(|(c, had)| had.as_deref() != Some(c.answer().as_str()))
             .map(|(c, _)| c)
             .collect();
-        if changed.is_empty() {
-            return Ok(());
-        }
-        if how == Emit::Correction {
-            self.metrics
-                .publish
-                .corrections
-                .with_label_values(&[&spec.name])
-                .inc_by(changed.len() as u64);
-        }
         self.emit(conn, spec, window, &changed, wm, how).await
     }
 
-    /// Produce `cells` of `window`, wait for Kafka's acknowledgement of every record, then
-    /// record the values as published (expiring with the window's keys).
+    /// Publish the closed `window`: its write-ahead [`snapshot`] (taken now from `cells` at the
+    /// first attempt, read back at every later one) is produced and acknowledged by Kafka; the
+    /// caller then records the progress. Returns the snapshot; None when another publisher (a
+    /// former leader) published the window meanwhile: its corrections may be in the hash, which
+    /// is then no snapshot to produce. The progress is read after the snapshot: a publisher
+    /// advances it before it records any correction.
+    async fn emit_final(
+        &self,
+        conn: &mut Conn,
+        spec: &CounterSpec,
+        window: &Window,
+        cells: &[Cell],
+        wm: i64,
+        progress_key: &str,
+    ) -> anyhow::Result<Option<snapshot::Taken>> {
+        let hash = self
+            .model
+            .scope
+            .published_values(&spec.name, window.start_ms);
+        let closed_by = self
+            .start(conn, spec, window, &hash, wm, Emit::Final)
+            .await?;
+        let taken = snapshot::take(conn, spec, window, &hash, cells).await?;
+        let progress: Option<i64> = conn.query(redis::cmd("GET").arg(progress_key)).await?;
+        if progress.is_some_and(|p| p >= window.end_ms) {
+            return Ok(None);
+        }
+        if taken.again {
+            self.metrics
+                .publish
+                .republished
+                .with_label_values(&[&spec.name])
+                .inc();
+        }
+        for chunk in taken.cells.chunks(10_000) {
+            self.produce(spec, window, chunk, closed_by, Emit::Final)
+                .await?;
+        }
+        self.count_records(spec, Emit::Final, taken.cells.len());
+        Ok(Some(taken))
+    }
+
+    /// Produce `cells` of `window` (a correction or an update), wait for Kafka's
+    /// acknowledgement of every record, then record the values as published.
     async fn emit(
         &self,
         conn: &mut Conn,
@@ -296,18 +346,43 @@ impl Publisher {
         wm: i64,
         how: Emit,
     ) -> anyhow::Result<()> {
-        let output = spec
-            .output
-            .as_ref()
-            .expect("called for counters with an output");
+        if cells.is_empty() {
+            return Ok(());
+        }
+        if how == Emit::Correction {
+            self.metrics
+                .publish
+                .corrections
+                .with_label_values(&[&spec.name])
+                .inc_by(cells.len() as u64);
+        }
         let hash = self
             .model
             .scope
             .published_values(&spec.name, window.start_ms);
-        // The watermark a closed window's records carry is the one of its first final attempt,
-        // so that a re-publish after a crash is byte for byte the same. Updates of an open
-        // window carry the watermark of their pass and leave `@watermark` to the close (the
-        // hash is created, with its expiry, either way).
+        let closed_by = self.start(conn, spec, window, &hash, wm, how).await?;
+        for chunk in cells.chunks(10_000) {
+            self.produce(spec, window, chunk, closed_by, how).await?;
+            let open = how == Emit::Update;
+            snapshot::record(conn, spec, window, &hash, chunk, open).await?;
+        }
+        self.count_records(spec, how, cells.len());
+        Ok(())
+    }
+
+    /// Create the window's published-values `hash` (with its expiry) and return the watermark
+    /// its records carry. A closed window's is the one of its first final attempt, so that a
+    /// re-publish is byte for byte the same. Updates of an open window carry the watermark of
+    /// their pass and leave `@watermark` to the close.
+    async fn start(
+        &self,
+        conn: &mut Conn,
+        spec: &CounterSpec,
+        window: &Window,
+        hash: &str,
+        wm: i64,
+        how: Emit,
+    ) -> anyhow::Result<i64> {
         let mut first = redis::cmd("EVAL");
         first
             .arg(
@@ -318,39 +393,50 @@ impl Publisher {
                  return ARGV[1]",
             )
             .arg(1)
-            .arg(&hash)
+            .arg(hash)
             .arg(wm)
-            .arg(spec.expire_at(window.end_ms))
+            .arg(snapshot::expire_at(spec, window))
             .arg(u8::from(how != Emit::Update));
-        let closed_by: i64 = conn.query(&first).await?;
+        Ok(conn.query(&first).await?)
+    }
+
+    /// Produce `cells` of `window` to the counter's topic and wait for Kafka's acknowledgement
+    /// of every record.
+    async fn produce(
+        &self,
+        spec: &CounterSpec,
+        window: &Window,
+        cells: &[Cell],
+        closed_by: i64,
+        how: Emit,
+    ) -> anyhow::Result<()> {
+        let output = spec
+            .output
+            .as_ref()
+            .expect("called for counters with an output");
         let timeout = self.model.config.jobs.publish.send_timeout;
-        for chunk in cells.chunks(10_000) {
-            let payloads: Vec<String> = chunk
-                .iter()
-                .map(|c| record::value(spec, window, c, closed_by, how))
-                .collect();
-            let sends = chunk.iter().zip(&payloads).map(|(c, payload)| {
-                let rec = FutureRecord::to(&output.topic).key(&c.key).payload(payload);
-                self.producer.send(rec, timeout)
-            });
-            for result in join_all(sends).await {
-                if let Err((e, _)) = result {
-                    anyhow::bail!("kafka refused a window result: {e}");
-                }
+        let payloads: Vec<String> = cells
+            .iter()
+            .map(|c| record::value(spec, window, c, closed_by, how))
+            .collect();
+        let sends = cells.iter().zip(&payloads).map(|(c, payload)| {
+            let rec = FutureRecord::to(&output.topic).key(&c.key).payload(payload);
+            self.producer.send(rec, timeout)
+        });
+        for result in join_all(sends).await {
+            if let Err((e, _)) = result {
+                anyhow::bail!("kafka refused a window result: {e}");
             }
-            let mut hset = redis::cmd("HSET");
-            hset.arg(&hash);
-            for c in chunk {
-                hset.arg(&c.key).arg(c.value);
-            }
-            let _: i64 = conn.query(&hset).await?;
         }
+        Ok(())
+    }
+
+    fn count_records(&self, spec: &CounterSpec, how: Emit, n: usize) {
         self.metrics
             .publish
             .records
             .with_label_values(&[&spec.name, how.label()])
-            .inc_by(cells.len() as u64);
-        Ok(())
+            .inc_by(n as u64);
     }
 }
 

@@ -39,12 +39,22 @@ struct Value<'a> {
     window_start: i64,
     window_end: i64,
     value: i64,
+    /// Leaderboards: the best members, best first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top: Option<Vec<Member<'a>>>,
     /// The watermark (after allowed lateness, Unix ms) the window was first published at.
     watermark: i64,
     /// false for an update of an open window.
     #[serde(rename = "final")]
     is_final: bool,
     correction: bool,
+}
+
+/// One member of a leaderboard's record.
+#[derive(Debug, Serialize)]
+struct Member<'a> {
+    member: &'a str,
+    score: i64,
 }
 
 /// The JSON value of `cell` of `window`.
@@ -67,6 +77,14 @@ pub fn value(
         window_start: window.start_ms,
         window_end: window.end_ms,
         value: cell.value,
+        top: cell.top.as_ref().map(|top| {
+            top.iter()
+                .map(|(member, score)| Member {
+                    member,
+                    score: *score,
+                })
+                .collect()
+        }),
         watermark,
         is_final: how != Emit::Update,
         correction: how == Emit::Correction,

@@ -47,5 +47,7 @@ mod signals;
 mod state_loss;
 mod status_page;
 mod tansu;
+mod window_cluster;
 mod window_results;
+mod window_retry;
 mod window_updates;

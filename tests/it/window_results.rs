@@ -24,7 +24,11 @@ use crate::common::process::{kafka_toml, BrokerProcess, TallyProcess};
 pub(crate) const PARTITIONS: i32 = 4;
 pub(crate) const MIN: i64 = 60_000;
 
-/// Three counters with an output to `out`, published `when` (`final` or `updates`).
+/// Members a leaderboard record lists.
+pub(crate) const TOP: usize = 3;
+
+/// Four counters (a count, a sum, an exact distinct count, a leaderboard of devices per app) with
+/// an output to `out`, published `when` (`final` or `updates`).
 pub(crate) fn config(bootstrap: &str, redis: &str, topic: &str, out: &str, when: &str) -> String {
     let output = format!(r#"output = {{ topic = "{out}", when = "{when}", idle_timeout = "2s" }}"#);
     let kafka = kafka_toml(bootstrap, topic, "g-win");
@@ -67,6 +71,16 @@ key = "win:users:{{app}}:{{yyyyMMddHHmm}}"
 window = "1m"
 retention = "1d"
 {output}
+
+[[counters]]
+name = "devs"
+kind = "leaderboard"
+member = "dev"
+dimensions = ["app"]
+key = "win:devs:{{app}}:{{yyyyMMddHHmm}}"
+window = "1m"
+retention = "1d"
+output = {{ topic = "{out}", when = "{when}", idle_timeout = "2s", top = {TOP} }}
 "#
     )
 }
@@ -153,9 +167,38 @@ pub(crate) fn truth(events: &[Ev], closed_end: i64) -> BTreeMap<String, i64> {
             .insert(&e.dev);
     }
     for (k, set) in users {
+        // The leaderboard of devices per app has as many members as the app has users.
+        out.insert(k.replace("win:users:", "win:devs:"), set.len() as i64);
         out.insert(k, set.len() as i64);
     }
     out
+}
+
+/// The truth of the leaderboard's `top` per record key (its best [`TOP`] devices per app and
+/// minute, as Redis ranks them: score descending, then member descending), for windows ending at
+/// or before `closed_end`.
+pub(crate) fn tops(events: &[Ev], closed_end: i64) -> BTreeMap<String, Value> {
+    let mut scores: BTreeMap<String, BTreeMap<&str, i64>> = BTreeMap::new();
+    for e in events {
+        let start = e.ts - e.ts.rem_euclid(MIN);
+        if start + MIN <= closed_end {
+            let key = format!("win:devs:{}:{}", e.app, minute_text(e.ts));
+            *scores.entry(key).or_default().entry(&e.dev).or_insert(0) += 1;
+        }
+    }
+    scores
+        .into_iter()
+        .map(|(key, members)| {
+            let mut ranked: Vec<(&str, i64)> = members.into_iter().collect();
+            ranked.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| b.0.cmp(a.0)));
+            let top: Vec<Value> = ranked
+                .into_iter()
+                .take(TOP)
+                .map(|(m, s)| serde_json::json!({"member": m, "score": s}))
+                .collect();
+            (key, Value::Array(top))
+        })
+        .collect()
 }
 
 /// Every record of the output topic so far (key, JSON value), in order.
@@ -222,6 +265,31 @@ fn check_records(records: &[(String, Value)]) {
     }
 }
 
+/// The last record of each leaderboard key carries the truth's `top`, and every key of `want`
+/// is published.
+fn check_tops(records: &[(String, Value)], want: &BTreeMap<String, Value>) {
+    let mut last: BTreeMap<&str, &Value> = BTreeMap::new();
+    for (k, v) in records.iter().filter(|(_, v)| v["counter"] == "devs") {
+        last.insert(k, v);
+    }
+    assert_eq!(last.len(), want.len(), "every leaderboard key is published");
+    for (k, v) in last {
+        assert_eq!(v["top"], want[k], "{k}: its last record's top: {v}");
+    }
+}
+
+/// Every key's final (not correction) records are one and the same record, byte for byte (the
+/// JSON as parsed): re-publishes after kills and retries repeat the first attempt.
+fn one_final(records: &[(String, Value)]) {
+    let mut finals: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
+    for (k, v) in records.iter().filter(|(_, v)| v["correction"] == false) {
+        finals.entry(k).or_default().insert(v.to_string());
+    }
+    for (k, f) in finals {
+        assert_eq!(f.len(), 1, "{k}: one final record: {f:#?}");
+    }
+}
+
 fn wait_output(bootstrap: &str, out: &str, done: impl Fn(&Seen) -> bool) -> Vec<(String, Value)> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -253,8 +321,10 @@ fn closed_windows_are_published_once_on_tansu() {
 }
 
 /// Minutes 0..4 produced, 10 kill -9 of tally (the publisher mid-publish among them, a second
-/// replica every other round), every closed window's keys checked against the truth; then late
-/// events and a window close: corrections equal to the new truth.
+/// replica every other round), late events into the closed minutes right after the first kill
+/// mid-publish; every key of the closed windows has one final record, its value between the
+/// truths before and after the late events; then more late events and a window close: the last
+/// record of every key is the new truth.
 fn scenario(bootstrap: &str) {
     let (topic, out) = (TOPIC, OUT);
     let redis = LocalRedis::start(&[]).unwrap();
@@ -271,6 +341,7 @@ fn scenario(bootstrap: &str) {
     let mut kills = 0;
     let mut leader_kills = 0;
     let mut mid_publish = 0;
+    let mut late_mid_publish: Vec<Ev> = Vec::new();
     let mut conn = redis::Client::open(redis.url())
         .unwrap()
         .get_connection()
@@ -306,10 +377,16 @@ fn scenario(bootstrap: &str) {
         drop(a);
         kills += 1;
         // Some windows acknowledged, not all: the kill interrupted the publisher's work.
-        let done = ["views", "bytes", "users"].map(|c| progress(&mut conn, c));
+        let done = ["views", "bytes", "users", "devs"].map(|c| progress(&mut conn, c));
         let started = done.iter().any(Option::is_some);
         let unfinished = done.iter().any(|p| p.is_none_or(|p| p < base + 3 * MIN));
         mid_publish += usize::from(started && unfinished);
+        if started && unfinished && late_mid_publish.is_empty() {
+            // Late events into the closed minutes while windows are half published: their
+            // retries must produce the first attempt's records, the change comes as corrections.
+            late_mid_publish = events(base, 0..3, 300, 11);
+            produce(bootstrap, topic, &late_mid_publish);
+        }
     }
     eprintln!(
         "{kills} kill -9, {leader_kills} with the publisher leading, {mid_publish} mid-publish"
@@ -318,19 +395,23 @@ fn scenario(bootstrap: &str) {
 
     let mut last = TallyProcess::start(&cfg, "win-final");
     let closed = base + 3 * MIN;
+    let before = truth(&all, closed);
+    all.extend(late_mid_publish);
     let want = truth(&all, closed);
     let records = wait_output(bootstrap, out, |s| {
-        want.iter()
-            .all(|(k, v)| s.get(k).is_some_and(|(f, _)| f.contains(v)))
+        want.keys()
+            .all(|k| s.get(k).is_some_and(|(f, _)| !f.is_empty()))
     });
     check_records(&records);
+    one_final(&records);
     let seen = summarize(&records);
     for (k, v) in &want {
+        // Taken before, during or after the late events landed: between the two truths.
         let finals = seen.get(k).map(|s| s.0.clone()).unwrap_or_default();
-        assert_eq!(
-            finals,
-            BTreeSet::from([*v]),
-            "{k}: every final record of a key carries the truth\n{}",
+        assert!(
+            finals.len() == 1 && finals.iter().all(|f| (before[k]..=*v).contains(f)),
+            "{k}: one final value, between {} and {v}: {finals:?}\n{}",
+            before[k],
             last.log()
         );
     }
@@ -354,6 +435,7 @@ fn scenario(bootstrap: &str) {
             .all(|(k, v)| s.get(k).is_some_and(|(_, last)| last == v))
     });
     check_records(&records);
+    one_final(&records);
     let seen = summarize(&records);
     let mut corrected = 0;
     for (k, v) in &want {
@@ -380,6 +462,7 @@ fn scenario(bootstrap: &str) {
         seen.keys().all(|k| want.contains_key(k)),
         "minute 5 stays open"
     );
+    check_tops(&records, &tops(&all, base + 5 * MIN));
     let status = last.terminate(Duration::from_secs(30));
     assert!(status.success());
 }

@@ -10,7 +10,9 @@ use serde_json::Value;
 use tally_testkit::local_redis::LocalRedis;
 
 use crate::common::process::{BrokerProcess, TallyProcess};
-use crate::window_results::{config, events, produce, read_output, truth, Ev, MIN, PARTITIONS};
+use crate::window_results::{
+    config, events, produce, read_output, tops, truth, Ev, MIN, PARTITIONS,
+};
 
 /// Per key, its records in the order of the topic.
 fn by_key(records: &[(String, Value)]) -> BTreeMap<String, Vec<Value>> {
@@ -116,6 +118,13 @@ fn updates_publish_each_change_of_an_open_window_then_its_final_truth() {
                 );
             }
         }
+    }
+    for (key, top) in tops(&all, base + MIN) {
+        let last = keys[&key].last().unwrap();
+        assert_eq!(
+            last["top"], top,
+            "{key}: the leaderboard's final top: {last}"
+        );
     }
     // Minute 1 is open: its keys have updates only.
     let open: Vec<&String> = keys.keys().filter(|k| !want.contains_key(*k)).collect();

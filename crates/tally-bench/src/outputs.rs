@@ -32,6 +32,7 @@ pub fn role_outputs(
             when: Default::default(),
             allowed_lateness: std::time::Duration::ZERO,
             idle_timeout: std::time::Duration::from_secs(60),
+            top: None,
         });
     }
     let msgs = Messages::generate(keys, 1.1, 7, messages, partitions);

@@ -126,6 +126,10 @@ pub struct OutputConfig {
     /// watermark back (an idle partition would otherwise keep every window open).
     #[serde(with = "humantime_serde", default = "default_idle_timeout")]
     pub idle_timeout: Duration,
+    /// Leaderboards: how many of the best members a record lists (1 to 1000; unset: 10, as a
+    /// query answers). Only for leaderboard counters.
+    #[serde(default)]
+    pub top: Option<usize>,
 }
 
 /// When window results are published.

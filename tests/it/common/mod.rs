@@ -64,8 +64,18 @@ impl Harness {
     }
 
     pub fn with_redis(topic: &str, partitions: i32, redis_args: &[&str]) -> Harness {
+        Self::with_brokers(topic, partitions, redis_args, 1)
+    }
+
+    /// A mock cluster of `brokers` brokers (ids 1 to `brokers`).
+    pub fn with_brokers(
+        topic: &str,
+        partitions: i32,
+        redis_args: &[&str],
+        brokers: i32,
+    ) -> Harness {
         init_logs();
-        let mock = MockCluster::new(1).expect("mock cluster");
+        let mock = MockCluster::new(brokers).expect("mock cluster");
         mock.create_topic(topic, partitions, 1)
             .expect("create topic");
         let producer: BaseProducer = ClientConfig::new()
