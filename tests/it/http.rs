@@ -258,21 +258,29 @@ async fn a_client_that_does_not_read_its_answers_loses_its_connection() {
         .1;
     // Enough answers to fill any loopback socket buffers (a few MiB each way) several times.
     let n = (64 << 20) / body.len().max(1) + 1;
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut stuck = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
     // One answered request first: the server has accepted this connection, so it holds the only
-    // slot before anything below is timed.
-    stuck
-        .write_all(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut first = [0u8; 12];
-    stuck.read_exact(&mut first).await.unwrap();
-    assert_eq!(
-        &first, b"HTTP/1.1 200",
-        "the first answer on the held connection"
-    );
+    // slot before anything below is timed. The metrics request's connection may still hold the
+    // slot for a moment after it closed (answered 503): connect again until it is free.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut stuck = loop {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut s = socket.connect(([127, 0, 0, 1], port).into()).await.unwrap();
+        s.write_all(b"GET /health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut first = [0u8; 12];
+        let answered = s.read_exact(&mut first).await.is_ok();
+        if answered && &first == b"HTTP/1.1 200" {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the held connection never got the only slot: {:?}",
+            String::from_utf8_lossy(&first)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let requests = "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n".repeat(n.min(20_000));
     // The server stops reading once its writes block: send what it takes, without waiting.
     let sending = tokio::spawn(async move {
