@@ -62,6 +62,10 @@ struct Cli {
     /// Skip the Envoy part (no `envoy` on the PATH).
     #[arg(long)]
     no_envoy: bool,
+    /// tokio worker threads of the `tally serve` child only (`TOKIO_WORKER_THREADS`, which
+    /// tally's runtime reads); default: one per core.
+    #[arg(long)]
+    server_workers: Option<usize>,
 }
 
 #[derive(Subcommand)]
@@ -108,15 +112,17 @@ fn main() -> anyhow::Result<()> {
             "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {{name: per_user, unit: hour, requests_per_unit: {LIMIT}}}\n"
         ),
     )?;
-    let server = Server::start(&redis, &limits, &dir)?;
+    let server = Server::start(&redis, &limits, &dir, cli.server_workers)?;
     println!("# tally RLS benchmark (issue 26)\n");
     println!(
-        "{} cores, load average at start {}; phases of {phase:?}; {} callers over {} gRPC channels; offered rate {}/s\n",
+        "{} cores, load average at start {}; phases of {phase:?}; {} callers over {} gRPC channels; offered rate {}/s; server workers {}\n",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         loadavg(),
         cli.tasks,
         cli.channels,
-        cli.rate
+        cli.rate,
+        cli.server_workers
+            .map_or("one per core".to_string(), |n| n.to_string())
     );
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
@@ -160,9 +166,18 @@ pub struct Server {
 }
 
 impl Server {
-    fn start(redis: &LocalRedis, limits: &Path, dir: &Path) -> anyhow::Result<Server> {
+    fn start(
+        redis: &LocalRedis,
+        limits: &Path,
+        dir: &Path,
+        workers: Option<usize>,
+    ) -> anyhow::Result<Server> {
         let (http, rls) = (free_port()?, free_port()?);
-        let child = Command::new(std::env::current_exe()?)
+        let mut command = Command::new(std::env::current_exe()?);
+        if let Some(n) = workers {
+            command.env("TOKIO_WORKER_THREADS", n.to_string());
+        }
+        let child = command
             .args(["serve", "--redis", &redis.url()])
             .args(["--http", &http.to_string(), "--rls", &rls.to_string()])
             .arg("--limits")
