@@ -10,7 +10,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::write_timeout::WriteTimeout;
@@ -55,6 +55,42 @@ pub(crate) async fn accept(
     }
 }
 
+/// At most a configured number of connections at once (one permit each, held by the
+/// connection's task).
+pub(crate) struct Slots {
+    permits: Arc<Semaphore>,
+    max: usize,
+    /// The setting that sets `max`, for the log line.
+    setting: &'static str,
+}
+
+impl Slots {
+    pub(crate) fn new(max: usize, setting: &'static str) -> Slots {
+        Slots {
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+            setting,
+        }
+    }
+
+    /// A slot for a connection just accepted, or None when all are taken (logged,
+    /// rate-limited): the caller then closes the connection.
+    pub(crate) fn take(&self, log: &LogLimiter) -> Option<OwnedSemaphorePermit> {
+        let permit = self.permits.clone().try_acquire_owned().ok();
+        if permit.is_none() {
+            if let Some(suppressed) = log.allow() {
+                tracing::warn!(
+                    max = self.max,
+                    suppressed,
+                    "connection refused: {} reached",
+                    self.setting
+                );
+            }
+        }
+        permit
+    }
+}
+
 /// Serve `app` on `listener` until `shutdown`.
 pub(super) async fn run(
     listener: TcpListener,
@@ -62,7 +98,7 @@ pub(super) async fn run(
     limits: Limits,
     shutdown: CancellationToken,
 ) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = Slots::new(limits.max_connections, "http.max_connections");
     let mut http = http1::Builder::new();
     http.timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
@@ -71,16 +107,9 @@ pub(super) async fn run(
         let Some(stream) = accept(&listener, &shutdown, &log, "http").await else {
             return;
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
+        let Some(permit) = slots.take(&log) else {
             // Non-blocking: a client that does not read cannot hold up the accept loop.
             let _ = stream.try_write(BUSY);
-            if let Some(suppressed) = log.allow() {
-                tracing::warn!(
-                    max = limits.max_connections,
-                    suppressed,
-                    "http connection refused: http.max_connections reached"
-                );
-            }
             continue;
         };
         let _ = stream.set_nodelay(true);

@@ -38,6 +38,24 @@ impl Cell {
         }
     }
 
+    /// The cell stored in the Redis key `stored` (its dimensions decoded from the key; None for
+    /// another writer's key under the same prefix).
+    fn stored(
+        spec: &CounterSpec,
+        stored: &[u8],
+        value: i64,
+        top: Option<Vec<(String, i64)>>,
+    ) -> Option<Cell> {
+        let key = untagged(stored);
+        let (dims, _) = spec.template.decode(key)?;
+        Some(Cell {
+            key: String::from_utf8_lossy(key).into_owned(),
+            dims,
+            value,
+            top,
+        })
+    }
+
     /// The cell of `key` (a record key), `dims`, whose recorded [`Cell::answer`] is `text`.
     pub fn from_answer(key: String, dims: Vec<String>, text: &str) -> Option<Cell> {
         if let Ok(value) = text.parse::<i64>() {
@@ -123,19 +141,8 @@ pub async fn read(
             let mut cells = Vec::with_capacity(keys.len());
             for (key, reply) in keys.iter().zip(replies) {
                 // Expired or not an integer (another writer): nothing to publish.
-                let Some(value) = integer(&reply) else {
-                    continue;
-                };
-                let Some((dims, _)) = spec.template.decode(untagged(key)) else {
-                    continue;
-                };
-                let key = String::from_utf8_lossy(untagged(key)).into_owned();
-                cells.push(Cell {
-                    key,
-                    dims,
-                    value,
-                    top: None,
-                });
+                let cell = integer(&reply).and_then(|value| Cell::stored(spec, key, value, None));
+                cells.extend(cell);
             }
             cells
         }
@@ -175,16 +182,7 @@ async fn read_boards(
         let Ok(best) = redis::from_redis_value_ref::<Vec<(String, i64)>>(&pair[1]) else {
             continue;
         };
-        let Some((dims, _)) = spec.template.decode(untagged(key)) else {
-            continue;
-        };
-        let key = String::from_utf8_lossy(untagged(key)).into_owned();
-        cells.push(Cell {
-            key,
-            dims,
-            value,
-            top: Some(best),
-        });
+        cells.extend(Cell::stored(spec, key, value, Some(best)));
     }
     Ok(cells)
 }

@@ -159,6 +159,13 @@ impl Publisher {
         self.metrics.status.clear_watermarks();
     }
 
+    /// The hash of what was published for `window` of `spec` (and the snapshot's state).
+    fn values_hash(&self, spec: &CounterSpec, window: &Window) -> String {
+        self.model
+            .scope
+            .published_values(&spec.name, window.start_ms)
+    }
+
     /// Metrics and state of the partitions (idle as seen with the shortest `idle_timeout`).
     fn observe(&self, marks: &BTreeMap<i32, Mark>, now: i64, quiet: Duration) {
         let mut state = self.state.lock();
@@ -274,10 +281,7 @@ impl Publisher {
         if cells.is_empty() {
             return Ok(());
         }
-        let hash = self
-            .model
-            .scope
-            .published_values(&spec.name, window.start_ms);
+        let hash = self.values_hash(spec, window);
         let mut hmget = redis::cmd("HMGET");
         hmget.arg(&hash);
         for c in &cells {
@@ -308,10 +312,7 @@ impl Publisher {
         wm: i64,
         progress_key: &str,
     ) -> anyhow::Result<Option<snapshot::Taken>> {
-        let hash = self
-            .model
-            .scope
-            .published_values(&spec.name, window.start_ms);
+        let hash = self.values_hash(spec, window);
         let closed_by = self
             .start(conn, spec, window, &hash, wm, Emit::Final)
             .await?;
@@ -356,10 +357,7 @@ impl Publisher {
                 .with_label_values(&[&spec.name])
                 .inc_by(cells.len() as u64);
         }
-        let hash = self
-            .model
-            .scope
-            .published_values(&spec.name, window.start_ms);
+        let hash = self.values_hash(spec, window);
         let closed_by = self.start(conn, spec, window, &hash, wm, how).await?;
         for chunk in cells.chunks(10_000) {
             self.produce(spec, window, chunk, closed_by, how).await?;

@@ -9,7 +9,6 @@
 //! is one path match.
 
 use std::convert::Infallible;
-use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -18,14 +17,13 @@ use hyper::body::Incoming;
 use hyper::server::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tonic::codegen::{http, Service};
 use tonic::server::NamedService;
 
 use super::{Rls, Tokens};
-use crate::http::listener::accept;
+use crate::http::listener::{accept, Slots};
 use crate::log_limit::LogLimiter;
 
 /// Time a call in flight gets to finish on shutdown.
@@ -116,7 +114,7 @@ pub(super) async fn run<H: GrpcService>(
     limits: Limits,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let slots = Slots::new(limits.max_connections, "rls.max_connections");
     let mut http = http2::Builder::new(TokioExecutor::new());
     http.timer(TokioTimer::new())
         .keep_alive_interval(limits.keepalive_interval)
@@ -128,14 +126,7 @@ pub(super) async fn run<H: GrpcService>(
         let Some(stream) = accept(&listener, &stop, &log, "rls").await else {
             break;
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            if let Some(suppressed) = log.allow() {
-                tracing::warn!(
-                    max = limits.max_connections,
-                    suppressed,
-                    "rls connection refused: rls.max_connections reached"
-                );
-            }
+        let Some(permit) = slots.take(&log) else {
             continue;
         };
         let _ = stream.set_nodelay(true);
