@@ -30,6 +30,7 @@
 //! `memprobe.rs`; `store.rs` is where part 2 writes (one server or a cluster); shared
 //! measurement helpers in `child.rs`, `proc_stats.rs` and `redis_stats.rs`.
 
+mod alloc_switch;
 mod broker;
 mod child;
 mod e2e;
@@ -48,6 +49,10 @@ mod report_scaling;
 mod report_targets;
 mod store;
 mod tally;
+
+/// jemalloc, as `tally` (or glibc's malloc: `TALLY_BENCH_ALLOCATOR=system`).
+#[global_allocator]
+static ALLOCATOR: alloc_switch::Switch = alloc_switch::Switch;
 
 use std::path::PathBuf;
 

@@ -9,6 +9,8 @@
 //! tally-status-bench --port 9100 --token "$TALLY_TOKEN"   # any running tally
 //! ```
 
+mod alloc_switch;
+
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -148,6 +150,10 @@ fn row(route: &str, mut s: Samples) {
         s.ms.last().copied().unwrap_or(f64::NAN)
     );
 }
+
+/// jemalloc, as `tally` (or glibc's malloc: `TALLY_BENCH_ALLOCATOR=system`).
+#[global_allocator]
+static ALLOCATOR: alloc_switch::Switch = alloc_switch::Switch;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();

@@ -6,6 +6,8 @@
 //! cargo run --release -p tally-bench --bin tally-storage-bench -- [--counters 1000000]
 //! ```
 
+mod alloc_switch;
+
 use std::time::Instant;
 
 use clap::Parser;
@@ -83,6 +85,10 @@ fn run(url: &str, n: u64, storage: Storage) -> anyhow::Result<(f64, f64, i64)> {
     let dbsize: i64 = redis::cmd("DBSIZE").query(&mut conn)?;
     Ok(((after - before) as f64 / n as f64, secs, dbsize))
 }
+
+/// jemalloc, as `tally` (or glibc's malloc: `TALLY_BENCH_ALLOCATOR=system`).
+#[global_allocator]
+static ALLOCATOR: alloc_switch::Switch = alloc_switch::Switch;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();

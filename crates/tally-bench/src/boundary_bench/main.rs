@@ -19,6 +19,8 @@
 //!   window's first flush, or between. Redis's own latency monitor
 //!   (`latency-monitor-threshold 1`) is read and reset per mode (`LATENCY LATEST`).
 
+#[path = "../alloc_switch.rs"]
+mod alloc_switch;
 mod stream;
 
 use std::sync::Arc;
@@ -69,6 +71,10 @@ struct ModeResult {
     stream: stream::StreamResult,
     latency: Vec<(String, i64, i64)>,
 }
+
+/// jemalloc, as `tally` (or glibc's malloc: `TALLY_BENCH_ALLOCATOR=system`).
+#[global_allocator]
+static ALLOCATOR: alloc_switch::Switch = alloc_switch::Switch;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();

@@ -17,6 +17,8 @@
 //!
 //! Subjects are drawn from 10,000 so a limiter is not one hot key; a quota is one key by nature.
 
+#[path = "../alloc_switch.rs"]
+mod alloc_switch;
 mod ceiling;
 mod library;
 mod wrk;
@@ -49,6 +51,10 @@ struct Cli {
     #[arg(long, default_value_t = 64)]
     connections: usize,
 }
+
+/// jemalloc, as `tally` (or glibc's malloc: `TALLY_BENCH_ALLOCATOR=system`).
+#[global_allocator]
+static ALLOCATOR: alloc_switch::Switch = alloc_switch::Switch;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();

@@ -1,14 +1,17 @@
 //! Allocations per decision: this binary's global allocator counts every allocation of the
-//! `serve` role (the system allocator underneath, as `tally` uses), so the bench can divide a
+//! `serve` role (the benchmarks' allocator underneath: jemalloc, as `tally` uses), so the bench
+//! can divide a
 //! phase's allocations by its decisions. The client role does not count (one relaxed load per
 //! allocation). Counts are striped per thread (one cache line each), so counting does not make
 //! the server's threads share a hot line.
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
+
+use crate::alloc_switch::Switch;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-/// The system allocator, counting while [`enable`]d.
+/// The benchmarks' allocator, counting while [`enable`]d.
 pub struct Counting;
 
 /// Whether allocations are counted (the `serve` role turns it on at start).
@@ -42,25 +45,25 @@ fn count() {
     });
 }
 
-// SAFETY: every call is passed to `System` unchanged; counting touches no allocation.
+// SAFETY: every call is passed to `Switch` unchanged; counting touches no allocation.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count();
-        unsafe { System.alloc(layout) }
+        unsafe { Switch.alloc(layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count();
-        unsafe { System.alloc_zeroed(layout) }
+        unsafe { Switch.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count();
-        unsafe { System.realloc(ptr, layout, new_size) }
+        unsafe { Switch.realloc(ptr, layout, new_size) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe { Switch.dealloc(ptr, layout) }
     }
 }
 

@@ -14,6 +14,7 @@ use tokio::net::TcpStream;
 use tonic::transport::Channel;
 
 use super::h2conn::GrpcConn;
+use super::pacing::{self, Arrivals};
 use super::stats::Phase;
 use super::{Server, Usage};
 
@@ -85,7 +86,7 @@ pub async fn run(
     t: &Targets,
     tasks: usize,
     channels: usize,
-    rate: u64,
+    (rate, arrivals): (u64, Arrivals),
     phase: Duration,
     server: &Server,
 ) -> anyhow::Result<()> {
@@ -146,9 +147,17 @@ pub async fn run(
     for (label, path) in PATHS {
         let callers = callers(path, n).await?;
         let before = server.usage();
-        let mut p = paced(callers, rate, phase).await;
+        let mut p = match arrivals {
+            Arrivals::Ticks => ticks(callers, rate, phase).await,
+            _ => paced(callers, rate, arrivals, phase).await,
+        };
         let used = server.usage() - before;
-        print_row(label, &format!("{rate}/s"), &mut p, used);
+        print_row(
+            label,
+            &format!("{rate}/s, {}", arrivals.label()),
+            &mut p,
+            used,
+        );
     }
     println!(
         "\ngRPC ÷ HTTP, closed loop decisions/s: {:.2}× (tonic client), {:.2}× (lean client, shared), {:.2}× (lean, a connection each)",
@@ -200,10 +209,36 @@ async fn closed(callers: Vec<Caller>, phase: Duration) -> Phase {
     collect(handles, started).await
 }
 
-/// `rate` calls per second in all, each caller on its own schedule (period = callers ÷ rate,
-/// staggered); each call is timed from sending it and from when it was due (so a slow answer is not hidden by
-/// the calls it delayed: no coordinated omission).
-async fn paced(callers: Vec<Caller>, rate: u64, phase: Duration) -> Phase {
+/// `rate` calls per second in all, spaced by `arrivals` and handed to the callers in turn by
+/// the pacer thread; each call is timed from sending it and from when it was due (so a slow
+/// answer is not hidden by the calls it delayed: no coordinated omission).
+async fn paced(callers: Vec<Caller>, rate: u64, arrivals: Arrivals, phase: Duration) -> Phase {
+    let started = Instant::now() + Duration::from_millis(5);
+    let dues = pacing::start(arrivals, callers.len(), rate, started, phase);
+    let handles: Vec<_> = callers
+        .into_iter()
+        .zip(dues)
+        .map(|(mut c, mut dues)| {
+            tokio::spawn(async move {
+                let mut p = Phase::default();
+                while let Some(due) = dues.recv().await {
+                    let user = rand::thread_rng().gen_range(0..10_000);
+                    let sent = Instant::now();
+                    let ok = c.call(user).await;
+                    p.micros.push(sent.elapsed().as_micros() as u64);
+                    p.due_micros.push(due.elapsed().as_micros() as u64);
+                    p.errors += u64::from(!ok);
+                }
+                p
+            })
+        })
+        .collect();
+    collect(handles, started).await
+}
+
+/// The same on tokio's timer (the default): each caller on its own schedule (period = callers ÷
+/// rate, staggered), woken on 1 ms ticks (see [`pacing`]).
+async fn ticks(callers: Vec<Caller>, rate: u64, phase: Duration) -> Phase {
     let n = callers.len() as u64;
     let period = Duration::from_nanos(n * 1_000_000_000 / rate.max(1));
     let started = Instant::now();

@@ -17,10 +17,13 @@
 //!    server in this process), with and without the rate-limit filter (descriptor from `x-user`,
 //!    random of 10,000): requests/s, p50/p99, and the filter's cost as ratios.
 
+#[path = "../alloc_switch.rs"]
+mod alloc_switch;
 mod allocs;
 mod direct;
 mod envoy;
 mod h2conn;
+mod pacing;
 mod stats;
 
 use std::io::{BufRead as _, Write as _};
@@ -53,6 +56,9 @@ struct Cli {
     /// Offered decisions/s of the fixed-rate phase.
     #[arg(long, default_value_t = 20_000)]
     rate: u64,
+    /// How the fixed-rate phase's calls are spaced.
+    #[arg(long, value_enum, default_value_t = pacing::Arrivals::Ticks)]
+    arrivals: pacing::Arrivals,
     /// wrk connections to Envoy.
     #[arg(long, default_value_t = 32)]
     connections: usize,
@@ -66,6 +72,26 @@ struct Cli {
     /// tally's runtime reads); default: one per core.
     #[arg(long)]
     server_workers: Option<usize>,
+    /// tokio worker threads of this process, the callers (default: one per core).
+    #[arg(long)]
+    client_workers: Option<usize>,
+    /// The `tally serve` child's `[request.batch]`: `max_calls,in_flight` (default: tally's).
+    #[arg(long, value_parser = parse_batch)]
+    batch: Option<(usize, usize)>,
+}
+
+fn parse_batch(s: &str) -> Result<(usize, usize), String> {
+    let (calls, in_flight) = s.split_once(',').ok_or("expected max_calls,in_flight")?;
+    Ok((
+        calls
+            .trim()
+            .parse()
+            .map_err(|e| format!("max_calls: {e}"))?,
+        in_flight
+            .trim()
+            .parse()
+            .map_err(|e| format!("in_flight: {e}"))?,
+    ))
 }
 
 #[derive(Subcommand)]
@@ -81,6 +107,8 @@ enum Role {
         rls: u16,
         #[arg(long)]
         limits: PathBuf,
+        #[arg(long, value_parser = parse_batch)]
+        batch: Option<(usize, usize)>,
     },
 }
 
@@ -97,9 +125,10 @@ fn main() -> anyhow::Result<()> {
         http,
         rls,
         limits,
+        batch,
     }) = cli.role
     {
-        return serve(redis, http, rls, &limits);
+        return serve(redis, http, rls, &limits, batch);
     }
     let phase = Duration::from_secs(if cli.quick { 1 } else { 5 });
     let redis = LocalRedis::start(&[])?;
@@ -112,25 +141,44 @@ fn main() -> anyhow::Result<()> {
             "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {{name: per_user, unit: hour, requests_per_unit: {LIMIT}}}\n"
         ),
     )?;
-    let server = Server::start(&redis, &limits, &dir, cli.server_workers)?;
+    let server = Server::start(&redis, &limits, &dir, cli.server_workers, cli.batch)?;
     println!("# tally RLS benchmark (issue 26)\n");
     println!(
-        "{} cores, load average at start {}; phases of {phase:?}; {} callers over {} gRPC channels; offered rate {}/s; server workers {}\n",
+        "{} cores, load average at start {}; phases of {phase:?}; {} callers over {} gRPC channels; offered rate {}/s, {} arrivals; server workers {}; client workers {}; batch {}; allocator {}\n",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         loadavg(),
         cli.tasks,
         cli.channels,
         cli.rate,
+        cli.arrivals.label(),
         cli.server_workers
-            .map_or("one per core".to_string(), |n| n.to_string())
+            .map_or("one per core".to_string(), |n| n.to_string()),
+        cli.client_workers
+            .map_or("one per core".to_string(), |n| n.to_string()),
+        cli.batch.map_or("tally's default".to_string(), |(c, f)| format!(
+            "{c} calls, {f} in flight"
+        )),
+        alloc_switch::name(),
     );
-    let runtime = tokio::runtime::Runtime::new()?;
+    let mut runtime = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = cli.client_workers {
+        runtime.worker_threads(n);
+    }
+    let runtime = runtime.enable_all().build()?;
     runtime.block_on(async {
         let targets = direct::Targets {
             rls: server.rls,
             http: server.http,
         };
-        direct::run(&targets, cli.tasks, cli.channels, cli.rate, phase, &server).await?;
+        direct::run(
+            &targets,
+            cli.tasks,
+            cli.channels,
+            (cli.rate, cli.arrivals),
+            phase,
+            &server,
+        )
+        .await?;
         if cli.no_envoy {
             return Ok(());
         }
@@ -171,17 +219,22 @@ impl Server {
         limits: &Path,
         dir: &Path,
         workers: Option<usize>,
+        batch: Option<(usize, usize)>,
     ) -> anyhow::Result<Server> {
         let (http, rls) = (free_port()?, free_port()?);
         let mut command = Command::new(std::env::current_exe()?);
         if let Some(n) = workers {
             command.env("TOKIO_WORKER_THREADS", n.to_string());
         }
-        let child = command
+        command
             .args(["serve", "--redis", &redis.url()])
             .args(["--http", &http.to_string(), "--rls", &rls.to_string()])
             .arg("--limits")
-            .arg(limits)
+            .arg(limits);
+        if let Some((calls, in_flight)) = batch {
+            command.args(["--batch", &format!("{calls},{in_flight}")]);
+        }
+        let child = command
             .env("TALLY_LOG", "warn")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -298,7 +351,13 @@ impl Drop for Server {
 }
 
 /// The `serve` role: the RLS and the HTTP request path with the same fixed-window policy.
-fn serve(redis: String, http: u16, rls: u16, limits: &Path) -> anyhow::Result<()> {
+fn serve(
+    redis: String,
+    http: u16,
+    rls: u16,
+    limits: &Path,
+    batch: Option<(usize, usize)>,
+) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
         .with_writer(std::io::stderr)
@@ -309,6 +368,10 @@ fn serve(redis: String, http: u16, rls: u16, limits: &Path) -> anyhow::Result<()
     config.http.max_connections = 4096;
     config.rls.listen = format!("127.0.0.1:{rls}");
     config.rls.limits_file = Some(limits.to_path_buf());
+    if let Some((max_calls, in_flight)) = batch {
+        config.request.batch.max_calls = max_calls;
+        config.request.batch.in_flight = in_flight;
+    }
     config
         .request
         .limits

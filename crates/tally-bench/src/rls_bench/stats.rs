@@ -8,7 +8,7 @@ pub struct Phase {
     /// Every call's latency from when it was sent, microseconds.
     pub micros: Vec<u64>,
     /// At a fixed offered rate: every call's latency from when it was due (the schedule's
-    /// time; includes the wait behind a slow call, and tokio's 1 ms timer granularity).
+    /// time; includes the wait behind a slow call, and the wake-up of the caller).
     pub due_micros: Vec<u64>,
     /// Calls that failed (transport error, gRPC error, non-2xx).
     pub errors: u64,

@@ -14,6 +14,8 @@
 //! `verdict.csv`: each series' slope over the last two thirds of the run against its bound.
 //! Exit code 0 only when every series is flat and no key differs.
 
+#[path = "../alloc_switch.rs"]
+mod alloc_switch;
 mod load;
 mod sample;
 
@@ -195,6 +197,10 @@ fn compare(redis: &mut redis::Connection, truth: &BTreeMap<String, i64>) -> (usi
     }
     (compared, mismatches)
 }
+
+/// jemalloc, as `tally` (or glibc's malloc: `TALLY_BENCH_ALLOCATOR=system`).
+#[global_allocator]
+static ALLOCATOR: alloc_switch::Switch = alloc_switch::Switch;
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
