@@ -15,6 +15,7 @@ use tonic::transport::Channel;
 
 use super::h2conn::GrpcConn;
 use super::pacing::{self, Arrivals};
+use super::server_time::{self, Which};
 use super::stats::Phase;
 use super::{Server, Usage};
 
@@ -42,6 +43,16 @@ enum Path {
     LeanOwn,
     /// `POST /v1/limit`, one hand-written HTTP/1.1 connection per caller.
     Http,
+}
+
+impl Path {
+    /// The server's histogram of this path's decisions.
+    fn which(self) -> Which {
+        match self {
+            Path::Http => Which::HttpLimit,
+            _ => Which::Rls,
+        }
+    }
 }
 
 const PATHS: [(&str, Path); 4] = [
@@ -124,21 +135,27 @@ pub async fn run(
     }
 
     println!("## Direct: decisions/s and latency\n");
-    println!("| path | offered | decisions/s | p50 ms | p99 ms | p99.9 ms | p99 from due ms | errors | server CPU-s per 100K decisions | server allocations per decision | server context switches per decision |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| path | offered | decisions/s | p50 ms | p99 ms | p99.9 ms | p99 from due ms | tally's own p99 ms | errors | server CPU-s per 100K decisions | server allocations per decision | server context switches per decision |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Each phase connects its own callers just before it runs: an HTTP connection left idle
     // during the other phase would be closed by the server's `http.header_timeout` (5 s).
     let mut rows = Vec::new();
     for (label, path) in PATHS {
         let callers = callers(path, tasks).await?;
-        let before = server.usage();
+        let (before, own) = (
+            server.usage(),
+            server_time::read(t.http, path.which()).await,
+        );
         let mut p = closed(callers, phase).await;
         let used = server.usage() - before;
+        let own = server_time::read(t.http, path.which())
+            .await
+            .quantile_ms_since(&own, 0.99);
         print_row(
             label,
             &format!("closed loop, {tasks} callers"),
             &mut p,
-            used,
+            (used, own),
         );
         rows.push(p.per_second());
     }
@@ -146,17 +163,23 @@ pub async fn run(
     let n = 40usize;
     for (label, path) in PATHS {
         let callers = callers(path, n).await?;
-        let before = server.usage();
+        let (before, own) = (
+            server.usage(),
+            server_time::read(t.http, path.which()).await,
+        );
         let mut p = match arrivals {
             Arrivals::Ticks => ticks(callers, rate, phase).await,
             _ => paced(callers, rate, arrivals, phase).await,
         };
         let used = server.usage() - before;
+        let own = server_time::read(t.http, path.which())
+            .await
+            .quantile_ms_since(&own, 0.99);
         print_row(
             label,
             &format!("{rate}/s, {}", arrivals.label()),
             &mut p,
-            used,
+            (used, own),
         );
     }
     println!(
@@ -168,13 +191,13 @@ pub async fn run(
     Ok(())
 }
 
-fn print_row(label: &str, offered: &str, p: &mut Phase, used: Usage) {
+fn print_row(label: &str, offered: &str, p: &mut Phase, (used, own): (Usage, Option<f64>)) {
     let decisions = p.micros.len().max(1) as f64;
     let per_100k = used.cpu / decisions * 100_000.0;
     let allocs = used.allocs as f64 / decisions;
     let switches = used.switches as f64 / decisions;
     println!(
-        "| {label} | {offered} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {per_100k:.2} | {allocs:.1} | {switches:.2} |",
+        "| {label} | {offered} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {per_100k:.2} | {allocs:.1} | {switches:.2} |",
         p.per_second(),
         p.quantile_ms(0.5),
         p.quantile_ms(0.99),
@@ -183,6 +206,7 @@ fn print_row(label: &str, offered: &str, p: &mut Phase, used: Usage) {
             true => "–".to_string(),
             false => format!("{:.2}", p.due_quantile_ms(0.99)),
         },
+        own.map_or("–".to_string(), |ms| format!("{ms:.2}")),
         p.errors
     );
 }

@@ -24,6 +24,7 @@ mod direct;
 mod envoy;
 mod h2conn;
 mod pacing;
+mod server_time;
 mod stats;
 
 use std::io::{BufRead as _, Write as _};
