@@ -135,8 +135,8 @@ pub async fn run(
     }
 
     println!("## Direct: decisions/s and latency\n");
-    println!("| path | offered | decisions/s | p50 ms | p99 ms | p99.9 ms | p99 from due ms | tally's own p99 ms | errors | server CPU-s per 100K decisions | server allocations per decision | server context switches per decision |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| path | offered | decisions/s | p50 ms | p99 ms | p99.9 ms | p99 from due ms | tally's own p99 ms | errors | server CPU-s per 100K decisions | server allocations per decision | server context switches per decision | Redis CPU-s per 100K | client CPU-s per 100K | cores busy (all three) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Each phase connects its own callers just before it runs: an HTTP connection left idle
     // during the other phase would be closed by the server's `http.header_timeout` (5 s).
     let mut rows = Vec::new();
@@ -196,8 +196,11 @@ fn print_row(label: &str, offered: &str, p: &mut Phase, (used, own): (Usage, Opt
     let per_100k = used.cpu / decisions * 100_000.0;
     let allocs = used.allocs as f64 / decisions;
     let switches = used.switches as f64 / decisions;
+    let redis = used.redis_cpu / decisions * 100_000.0;
+    let client = used.client_cpu / decisions * 100_000.0;
+    let busy = (used.cpu + used.redis_cpu + used.client_cpu) / p.elapsed.as_secs_f64().max(1e-9);
     println!(
-        "| {label} | {offered} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {per_100k:.2} | {allocs:.1} | {switches:.2} |",
+        "| {label} | {offered} | {:.0} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {per_100k:.2} | {allocs:.1} | {switches:.2} | {redis:.2} | {client:.2} | {busy:.2} |",
         p.per_second(),
         p.quantile_ms(0.5),
         p.quantile_ms(0.99),

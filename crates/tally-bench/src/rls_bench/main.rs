@@ -212,6 +212,8 @@ pub struct Server {
     ask: Mutex<Option<(ChildStdin, std::io::BufReader<ChildStdout>)>>,
     pub rls: u16,
     pub http: u16,
+    /// The redis-server beside it, whose CPU is counted too.
+    redis_pid: Option<u32>,
 }
 
 impl Server {
@@ -252,6 +254,7 @@ impl Server {
             ask: Mutex::new(ask),
             rls,
             http,
+            redis_pid: redis.pid(),
         };
         for port in [http, rls] {
             let deadline = Instant::now() + Duration::from_secs(60);
@@ -265,17 +268,22 @@ impl Server {
 
     /// User + system CPU seconds of the server process so far.
     pub fn cpu_seconds(&self) -> f64 {
-        let stat =
-            std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap_or_default();
-        // Fields after the command name (which is in parentheses): utime is the 12th, stime 13th.
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<f64> = rest
-            .split_whitespace()
-            .map(|x| x.parse().unwrap_or(0.0))
-            .collect();
-        let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / tick
+        process_cpu_seconds(self.child.id())
     }
+}
+
+/// User + system CPU seconds of process `pid` so far (0 when it is gone).
+fn process_cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which is in parentheses): utime is the 12th, stime 13th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    // SAFETY: sysconf only reads a constant of the system.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / tick
 }
 
 impl Server {
@@ -317,6 +325,8 @@ impl Server {
     pub fn usage(&self) -> Usage {
         Usage {
             cpu: self.cpu_seconds(),
+            redis_cpu: self.redis_pid.map_or(0.0, process_cpu_seconds),
+            client_cpu: process_cpu_seconds(std::process::id()),
             allocs: self.allocations(),
             switches: self.context_switches(),
         }
@@ -327,6 +337,10 @@ impl Server {
 #[derive(Clone, Copy)]
 pub struct Usage {
     pub cpu: f64,
+    /// The redis-server's CPU seconds.
+    pub redis_cpu: f64,
+    /// This process' (the callers') CPU seconds.
+    pub client_cpu: f64,
     pub allocs: u64,
     pub switches: u64,
 }
@@ -337,6 +351,8 @@ impl std::ops::Sub for Usage {
     fn sub(self, before: Usage) -> Usage {
         Usage {
             cpu: self.cpu - before.cpu,
+            redis_cpu: self.redis_cpu - before.redis_cpu,
+            client_cpu: self.client_cpu - before.client_cpu,
             allocs: self.allocs.saturating_sub(before.allocs),
             switches: self.switches.saturating_sub(before.switches),
         }
