@@ -24,6 +24,10 @@ mod direct;
 mod envoy;
 mod h2conn;
 mod pacing;
+// The stream bench's /proc readers (this binary uses one of them).
+#[allow(dead_code)]
+#[path = "../proc_stats.rs"]
+mod proc_stats;
 mod server_time;
 mod stats;
 
@@ -268,22 +272,8 @@ impl Server {
 
     /// User + system CPU seconds of the server process so far.
     pub fn cpu_seconds(&self) -> f64 {
-        process_cpu_seconds(self.child.id())
+        proc_stats::proc_cpu(self.child.id())
     }
-}
-
-/// User + system CPU seconds of process `pid` so far (0 when it is gone).
-fn process_cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command name (which is in parentheses): utime is the 12th, stime 13th.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<f64> = rest
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0.0))
-        .collect();
-    // SAFETY: sysconf only reads a constant of the system.
-    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / tick
 }
 
 impl Server {
@@ -325,8 +315,8 @@ impl Server {
     pub fn usage(&self) -> Usage {
         Usage {
             cpu: self.cpu_seconds(),
-            redis_cpu: self.redis_pid.map_or(0.0, process_cpu_seconds),
-            client_cpu: process_cpu_seconds(std::process::id()),
+            redis_cpu: self.redis_pid.map_or(0.0, proc_stats::proc_cpu),
+            client_cpu: proc_stats::proc_cpu(std::process::id()),
             allocs: self.allocations(),
             switches: self.context_switches(),
         }
