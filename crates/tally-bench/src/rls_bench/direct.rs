@@ -249,12 +249,7 @@ async fn paced(callers: Vec<Caller>, rate: u64, arrivals: Arrivals, phase: Durat
             tokio::spawn(async move {
                 let mut p = Phase::default();
                 while let Some(due) = dues.recv().await {
-                    let user = rand::thread_rng().gen_range(0..10_000);
-                    let sent = Instant::now();
-                    let ok = c.call(user).await;
-                    p.micros.push(sent.elapsed().as_micros() as u64);
-                    p.due_micros.push(due.elapsed().as_micros() as u64);
-                    p.errors += u64::from(!ok);
+                    call_due(&mut c, due, &mut p).await;
                 }
                 p
             })
@@ -279,12 +274,7 @@ async fn ticks(callers: Vec<Caller>, rate: u64, phase: Duration) -> Phase {
                 let mut due = first;
                 while due < started + phase {
                     tokio::time::sleep_until(due.into()).await;
-                    let user = rand::thread_rng().gen_range(0..10_000);
-                    let sent = Instant::now();
-                    let ok = c.call(user).await;
-                    p.micros.push(sent.elapsed().as_micros() as u64);
-                    p.due_micros.push(due.elapsed().as_micros() as u64);
-                    p.errors += u64::from(!ok);
+                    call_due(&mut c, due, &mut p).await;
                     due += period;
                 }
                 p
@@ -292,6 +282,16 @@ async fn ticks(callers: Vec<Caller>, rate: u64, phase: Duration) -> Phase {
         })
         .collect();
     collect(handles, started).await
+}
+
+/// One call that was due at `due`, timed from sending it and from `due`, into `p`.
+async fn call_due(c: &mut Caller, due: Instant, p: &mut Phase) {
+    let user = rand::thread_rng().gen_range(0..10_000);
+    let sent = Instant::now();
+    let ok = c.call(user).await;
+    p.micros.push(sent.elapsed().as_micros() as u64);
+    p.due_micros.push(due.elapsed().as_micros() as u64);
+    p.errors += u64::from(!ok);
 }
 
 async fn collect(handles: Vec<tokio::task::JoinHandle<Phase>>, started: Instant) -> Phase {
