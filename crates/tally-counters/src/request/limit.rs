@@ -90,19 +90,29 @@ impl Decision {
     /// IETF `RateLimit-Policy` and `RateLimit` field values (draft-ietf-httpapi-ratelimit-headers):
     /// `"name";q=limit;w=seconds` and `"name";r=remaining;t=seconds`, one item per policy.
     pub fn headers(&self) -> (String, String) {
+        use std::fmt::Write as _;
         let secs = |ms: u64| ms.div_ceil(1000);
-        let policy = self
-            .policies
-            .iter()
-            .map(|v| format!("\"{}\";q={};w={}", v.policy, v.limit, secs(v.window_ms)))
-            .collect::<Vec<_>>()
-            .join(", ");
-        let state = self
-            .policies
-            .iter()
-            .map(|v| format!("\"{}\";r={};t={}", v.policy, v.remaining, secs(v.reset_ms)))
-            .collect::<Vec<_>>()
-            .join(", ");
+        // One buffer per field (not a string per policy joined after: this is on every
+        // decision's path).
+        let mut policy = String::with_capacity(32 * self.policies.len());
+        let mut state = String::with_capacity(32 * self.policies.len());
+        for (i, v) in self.policies.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            let _ = write!(
+                policy,
+                "{sep}\"{}\";q={};w={}",
+                v.policy,
+                v.limit,
+                secs(v.window_ms)
+            );
+            let _ = write!(
+                state,
+                "{sep}\"{}\";r={};t={}",
+                v.policy,
+                v.remaining,
+                secs(v.reset_ms)
+            );
+        }
         (policy, state)
     }
 }
@@ -370,4 +380,47 @@ fn without_redis(chosen: &[&LimitPolicy]) -> Decision {
 /// A unique id for a request's sliding-log entries (128 random bits).
 fn request_id() -> String {
     format!("{:032x}", rand::random::<u128>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Decision, PolicyVerdict};
+
+    fn verdict(policy: &str, limit: u64, remaining: u64, reset_ms: u64) -> PolicyVerdict {
+        PolicyVerdict {
+            policy: policy.into(),
+            allowed: true,
+            remaining,
+            reset_ms,
+            retry_after_ms: None,
+            shadow: false,
+            limit,
+            window_ms: 60_000,
+        }
+    }
+
+    #[test]
+    fn ietf_fields_list_every_policy_in_order_with_seconds_rounded_up() {
+        let d = Decision {
+            admitted: true,
+            policies: vec![
+                verdict("burst", 10, 9, 1),
+                verdict("daily", 1000, 12, 59_001),
+            ],
+            without_redis: false,
+            now_ms: 0,
+        };
+        assert_eq!(
+            d.headers(),
+            (
+                "\"burst\";q=10;w=60, \"daily\";q=1000;w=60".to_string(),
+                "\"burst\";r=9;t=1, \"daily\";r=12;t=60".to_string()
+            )
+        );
+        let none = Decision {
+            policies: vec![],
+            ..d
+        };
+        assert_eq!(none.headers(), (String::new(), String::new()));
+    }
 }
