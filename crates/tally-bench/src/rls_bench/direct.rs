@@ -142,20 +142,12 @@ pub async fn run(
     let mut rows = Vec::new();
     for (label, path) in PATHS {
         let callers = callers(path, tasks).await?;
-        let (before, own) = (
-            server.usage(),
-            server_time::read(t.http, path.which()).await,
-        );
-        let mut p = closed(callers, phase).await;
-        let used = server.usage() - before;
-        let own = server_time::read(t.http, path.which())
-            .await
-            .quantile_ms_since(&own, 0.99);
+        let (mut p, used) = observed(server, t, path, closed(callers, phase)).await;
         print_row(
             label,
             &format!("closed loop, {tasks} callers"),
             &mut p,
-            (used, own),
+            used,
         );
         rows.push(p.per_second());
     }
@@ -163,23 +155,18 @@ pub async fn run(
     let n = 40usize;
     for (label, path) in PATHS {
         let callers = callers(path, n).await?;
-        let (before, own) = (
-            server.usage(),
-            server_time::read(t.http, path.which()).await,
-        );
-        let mut p = match arrivals {
-            Arrivals::Ticks => ticks(callers, rate, phase).await,
-            _ => paced(callers, rate, arrivals, phase).await,
+        let run = async {
+            match arrivals {
+                Arrivals::Ticks => ticks(callers, rate, phase).await,
+                _ => paced(callers, rate, arrivals, phase).await,
+            }
         };
-        let used = server.usage() - before;
-        let own = server_time::read(t.http, path.which())
-            .await
-            .quantile_ms_since(&own, 0.99);
+        let (mut p, used) = observed(server, t, path, run).await;
         print_row(
             label,
             &format!("{rate}/s, {}", arrivals.label()),
             &mut p,
-            (used, own),
+            used,
         );
     }
     println!(
@@ -189,6 +176,23 @@ pub async fn run(
         rows[2] / rows[3].max(1e-9)
     );
     Ok(())
+}
+
+/// Run one phase, with what the server used meanwhile and tally's own p99 (its histogram).
+async fn observed(
+    server: &Server,
+    t: &Targets,
+    path: Path,
+    phase: impl std::future::Future<Output = Phase>,
+) -> (Phase, (Usage, Option<f64>)) {
+    let before = server.usage();
+    let own = server_time::read(t.http, path.which()).await;
+    let p = phase.await;
+    let used = server.usage() - before;
+    let own = server_time::read(t.http, path.which())
+        .await
+        .quantile_ms_since(&own, 0.99);
+    (p, (used, own))
 }
 
 fn print_row(label: &str, offered: &str, p: &mut Phase, (used, own): (Usage, Option<f64>)) {
