@@ -1,53 +1,57 @@
-//! # tally: exact, time-windowed counters from Kafka into Redis
+//! # tally: exact, time-windowed counters from Kafka into Redis, and a request path over them
 //!
-//! The counter model, the Redis connection, the script registry and the request path (hit,
-//! rate limits, quotas, once, unique, pools) live in the `tally_counters` library crate
-//! (`crates/tally-counters`), which needs no Kafka; this crate re-exports its model modules
-//! ([`key`], [`model`], [`window`]) and builds the stream path and the service on it.
+//! The counter model, the Redis connection, the script registry and the request primitives
+//! (hit, rate limits, quotas, once, unique, pools, locks) live in the `tally_counters` library
+//! crate (`crates/tally-counters`), which needs no Kafka; this crate re-exports its model modules
+//! ([`key`], [`model`], [`window`]) and builds the service on it.
 //!
-//! A configuration is loaded, validated and compiled once into a [`config::Model`] (the counters'
-//! specs, the key layout, the fence scope), shared behind an `Arc` by every path below. [`app`]
-//! wires the processes from it: `tally run` ([`app::Tally`]: `kafka.consumers` consumer *lanes*,
-//! HTTP, jobs) and `tally serve` ([`app::serve`]: HTTP and jobs, no Kafka), every long-lived
-//! task under one [`app::Supervisor`] (the first that fails stops the others; a signal drains
-//! them all). [`request`] puts the library's request path behind the configuration and metrics;
-//! [`jobs`] are led by one replica at a time (the TTL auditor, the reconciler, and [`publish`],
-//! which produces the final values of closed windows to the counters' output topics).
+//! # Layout
 //!
-//! Data flows through these stages, one module each:
+//! Each folder is a stage; imports run one way, down this list (`scripts/check_layers.py`
+//! checks it in the test command):
 //!
-//! 1. [`consumer`]: in each lane, one thread owns a Kafka consumer (a member of the group; lanes
-//!    and replicas share partitions). Rebalance callbacks run on it, so revoked partitions are
-//!    flushed first. Its worker routes between small owners: the flush in flight
+//! * `main.rs` and `cli/` (binary only): arguments, `tally key`/`state`/`request`/`top`/`demo`.
+//! * [`app`]: one [`app::Tally`] per process, built by one function for `tally run` (consumer
+//!   lanes + what `serve` serves) and `tally serve` (no Kafka); every long-lived task under one
+//!   [`app::Supervisor`] (the first that fails stops the others; a signal drains them all).
+//! * [`api`]: the request path's ports: [`api::http`] (REST, metrics, health, status page,
+//!   OpenAPI), [`api::rls`] (Envoy's rate limit service over gRPC), [`api::edge`] (what both
+//!   ports share: bounded accept, the bearer-token check), [`api::primitives`] (the library's
+//!   primitives behind the configuration and metrics), [`api::query`] (ranges of windows).
+//! * [`jobs`]: work led by one replica at a time: the TTL auditor, the reconciler, and the
+//!   window publisher's loop ([`stream::publish`]).
+//! * [`stream`]: the stream path, in data order (below).
+//! * [`ops`]: what every stage reports into: [`ops::metrics`] (one registry), [`ops::status`]
+//!   (the live view of the status page and `tally top`), [`ops::health`] (readiness).
+//! * [`config`]: inert serde sections, validated up front, compiled once into a
+//!   [`config::Model`] (counters, key layout, fence scope, the RLS limits file, the tokens),
+//!   shared behind an `Arc` by every path.
+//!
+//! # The stream path
+//!
+//! 1. [`stream::consumer`]: in each lane, one thread owns a Kafka consumer (a member of the
+//!    group; lanes and replicas share partitions). Rebalance callbacks run on it, so revoked
+//!    partitions are flushed first. Its worker routes between small owners: the flush in flight
 //!    (`consumer::flush`), commits (`consumer::commit`), partition states and recovery (a pure
 //!    decision from what Redis and Kafka hold, `consumer::recovery`).
-//! 2. [`decode`]: a JSON payload becomes an [`decode::Event`]: dimension values (borrowed from
-//!    the message), integer values and an event time. Bad messages are counted by reason and
-//!    skipped; they never stop the stream.
+//! 2. [`stream::decode`]: a JSON payload becomes an event: dimension values (borrowed from the
+//!    message), integer values and an event time. Bad messages are counted by reason and
+//!    skipped (or dead-lettered); they never stop the stream.
 //! 3. [`model`]: every counter is compiled once into a [`model::CounterSpec`] — its [`window`]
 //!    (aligned in a time zone, DST-safe), its [`key`] template (values escaped so keys are
 //!    injective) and its expiry — and [`model::layout`] decides key names: plain keys standalone;
 //!    in a cluster each key gets the hash tag of its shard, so a unit and its applied offset share
-//!    one slot. [`model::state_keys`] names tally's own keys; [`model::overlap`] proves that no
-//!    two counters (and no counter and tally's state) can write one key. The model is pure (no
-//!    I/O); the stream path, queries and `tally state` all use it.
-//! 4. [`aggregate`]: deltas are summed in memory per key and window, grouped into *units*:
-//!    the contributions of one partition's offsets `[start, end)` to one shard.
-//! 5. [`sink`]: one task owns the Redis connection (standalone or cluster, [`sink::conn`]) and
-//!    applies units with a pipelined Lua script (INCRBY + absolute expiry), retrying until they
-//!    land. The scripts live in `src/sink/lua/` (one prelude holds the fence check every write
-//!    script uses); [`sink::script`] builds the calls and parses their replies into types.
+//!    one slot. [`model::overlap`] proves that no two counters (and no counter and tally's state)
+//!    can write one key.
+//! 4. [`stream::aggregate`]: deltas are summed in memory per key and window, grouped into
+//!    *units*: the contributions of one partition's offsets `[start, end)` to one shard.
+//! 5. [`stream::sink`]: one task owns the Redis connection (standalone or cluster) and applies
+//!    units with pipelined Lua scripts (INCRBY + absolute expiry), retrying until they land. The
+//!    scripts live in `src/stream/sink/lua/` (one prelude holds the fence check every write
+//!    script uses); [`stream::sink::script`] builds the calls, `sink/reply.rs` parses replies.
 //! 6. Offsets are committed to Kafka after the flush that contains them has landed.
 //!
-//! [`consumer`]'s recovery decides where a partition starts from what Redis holds (see "What
-//! makes a count exact"), and [`state`] is `tally state`, which inspects and repairs it.
-//! [`query`] computes a counter's key for given values and reads values over ranges of windows
-//! (CLI, `GET /v1/count`, `GET /v1/counters/{name}`, the batch form); [`http`]
-//! serves it with `/metrics` and [`health`] (ready while a Kafka broker was reachable lately,
-//! Redis answers and no partition is halted); [`status`] keeps what the stages report about
-//! themselves per batch (offsets, halts with their repair command, rates, flush latency, the
-//! hottest keys, decisions, jobs) for the page at `GET /`, `GET /v1/status` and `tally top`; the
-//! demo (in the binary) and the `tally-testkit` crate run the pieces locally.
+//! [`stream::state`] is `tally state`, which inspects and repairs the fences.
 //!
 //! ## What makes a count exact
 //!
@@ -78,22 +82,11 @@
 //!
 //! Start reading at [`app::Tally::run`].
 
-pub mod aggregate;
+pub mod api;
 pub mod app;
 pub mod config;
-pub mod consumer;
-pub mod decode;
-pub mod health;
-pub mod http;
 pub mod jobs;
-mod log_limit;
-pub mod metrics;
-pub mod publish;
-pub mod query;
-pub mod request;
-pub mod rls;
-pub mod sink;
-pub mod state;
-pub mod status;
+pub mod ops;
+pub mod stream;
 
 pub use tally_counters::{key, model, window};

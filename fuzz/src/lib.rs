@@ -11,8 +11,8 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use tally::config::{Config, DecodeConfig, TimeFormat};
-use tally::decode::{Decoder, FieldRole};
 use tally::key::{escape_into, KeyTemplate};
+use tally::stream::decode::{Decoder, FieldRole};
 use tally::window::{WindowSpec, MAX_TS_MS, MIN_TS_MS};
 
 /// The reference counter's dimensions, in template order; also the decoder's first fields.

@@ -15,13 +15,13 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::aggregate::Aggregator;
 use crate::config::{FlushConfig, KafkaConfig, Model};
-use crate::consumer::{self, StateAccess, TallyContext, Worker};
-use crate::decode::Decoder;
-use crate::health::Health;
-use crate::metrics::Metrics;
-use crate::sink::{Sink, SinkRequest};
+use crate::ops::health::Health;
+use crate::ops::metrics::Metrics;
+use crate::stream::aggregate::Aggregator;
+use crate::stream::consumer::{self, StateAccess, TallyContext, Worker};
+use crate::stream::decode::Decoder;
+use crate::stream::sink::{Sink, SinkRequest};
 
 use super::kafka_client_config;
 
@@ -97,7 +97,7 @@ impl Lane {
     pub(super) async fn start(shared: &Shared<'_>, index: usize) -> anyhow::Result<Lane> {
         let model = shared.model;
         let config = &model.config;
-        let (decoder, counters) = crate::aggregate::stages(model);
+        let (decoder, counters) = crate::stream::aggregate::stages(model);
         let scope = model.scope.clone();
         let agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call)
             .with_layout(scope.layout.clone())
@@ -112,7 +112,7 @@ impl Lane {
         )
         .context("redis configuration")?;
         if index == 0 {
-            sink.preflight().await.map_err(|e| anyhow::anyhow!(e))?;
+            sink.preflight().await?;
         }
         let (sink_tx, sink_rx) = mpsc::unbounded_channel();
         let worker = lane_worker(shared, index, agg, decoder, sink_tx, flush)?;
@@ -209,8 +209,9 @@ fn lane_worker(
         },
     );
     if let Some(topic) = &config.decode.dead_letter_topic {
-        let dlq = crate::consumer::DeadLetters::new(&config.kafka, topic, shared.metrics.clone())
-            .context("dead-letter producer")?;
+        let dlq =
+            crate::stream::consumer::DeadLetters::new(&config.kafka, topic, shared.metrics.clone())
+                .context("dead-letter producer")?;
         worker = worker.with_dead_letters(dlq);
     }
     Ok(worker)

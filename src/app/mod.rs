@@ -1,7 +1,9 @@
-//! The application: the processes `tally run` ([`Tally`]: consumer lanes, HTTP, jobs) and
-//! `tally serve` ([`serve`]: HTTP and jobs, no Kafka) built from one compiled [`Model`], every
-//! long-lived task under one [`Supervisor`]. Wiring only: each stage builds itself from the
-//! model (`Decoder::for_counters`, `Counter::for_decoder`, `Sink::new`, ...).
+//! The application: the processes `tally run` and `tally serve`, both a [`Tally`] built by one
+//! function from one compiled [`Model`] (they differ by [`Role`]: `run` adds the consumer
+//! lanes, [`lane`]), every long-lived task under one [`Supervisor`]. [`serve`] starts what both
+//! serve: HTTP, Envoy's RLS, the jobs, over one request-side Redis client. Wiring only: each
+//! stage builds itself from the model (`Decoder::for_counters`, `Counter::for_decoder`,
+//! `Sink::new`, ...).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,11 +11,10 @@ use std::time::Duration;
 use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
 
-use anyhow::Context as _;
-
 use crate::config::{KafkaConfig, Model};
-use crate::health::Health;
-use crate::metrics::Metrics;
+use crate::ops::health::Health;
+use crate::ops::metrics::Metrics;
+use crate::stream::decode::DecodeError;
 
 mod lane;
 pub mod serve;
@@ -47,7 +48,7 @@ pub fn kafka_client_config(kafka: &KafkaConfig) -> ClientConfig {
         // enough that `unreachable_after` spans at least three reports.
         .set(
             "statistics.interval.ms",
-            statistics_interval_ms(kafka.unreachable_after).to_string(),
+            crate::config::statistics_interval_ms(kafka.unreachable_after).to_string(),
         )
         .set("session.timeout.ms", "10000");
     for (k, v) in &kafka.properties {
@@ -56,15 +57,32 @@ pub fn kafka_client_config(kafka: &KafkaConfig) -> ClientConfig {
     cc
 }
 
-/// librdkafka's statistics interval for `unreachable_after`: a third of it, 100 ms to 5 s.
-pub fn statistics_interval_ms(unreachable_after: Duration) -> u128 {
-    (unreachable_after.as_millis() / 3).clamp(100, 5_000)
+/// The process's one request-side Redis client (multiplexed, batching per `request.batch`),
+/// shared by the request path, queries, the RLS and the jobs.
+pub fn request_client(model: &Model) -> anyhow::Result<tally_counters::request::Client> {
+    let config = &model.config;
+    Ok(tally_counters::request::Client::with_batching(
+        &config.redis,
+        config.request.batch.batching(),
+    )?)
 }
 
-/// One `tally run` process: metrics and health are created up front so callers can observe them.
+/// What a process does besides serving the request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// `tally run`: consume Kafka too (`kafka.consumers` lanes); readiness follows the brokers.
+    Run,
+    /// `tally serve`: the request path, queries, jobs and the RLS only; no Kafka.
+    Serve,
+}
+
+/// One process (`tally run` or `tally serve`), wired by one function: metrics and health are
+/// created up front so callers can observe them.
 pub struct Tally {
     /// The configuration, compiled once.
     model: Arc<Model>,
+    /// What the process runs.
+    role: Role,
     /// Every exported metric.
     pub metrics: Metrics,
     /// Readiness of Kafka and Redis.
@@ -72,20 +90,64 @@ pub struct Tally {
 }
 
 impl Tally {
-    /// Prepare a process for a compiled configuration.
+    /// Prepare a `tally run` process for a compiled configuration.
     pub fn new(model: Arc<Model>) -> Tally {
+        Tally::with_role(model, Role::Run)
+    }
+
+    /// Prepare a process of either role.
+    pub fn with_role(model: Arc<Model>, role: Role) -> Tally {
+        let (health, hot_keys) = match role {
+            Role::Run => (
+                Health::new(model.config.kafka.unreachable_after),
+                model.config.status.hot_keys,
+            ),
+            Role::Serve => (Health::without_kafka(), 0),
+        };
+        let metrics = Metrics::new(&model.counter_names()).with_status(hot_keys);
+        metrics
+            .decode
+            .register_reasons(DecodeError::ALL.map(DecodeError::reason));
         Tally {
-            health: Arc::new(Health::new(model.config.kafka.unreachable_after)),
-            metrics: Metrics::new(&model.counter_names()).with_status(model.config.status.hot_keys),
+            health: Arc::new(health),
+            metrics,
             model,
+            role,
         }
     }
 
     /// Run until `shutdown` is cancelled (or a task fails), then flush, commit and return.
     pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let config = &self.model.config;
-        let lanes = config.kafka.consumers.resolve();
         let mut tasks = Supervisor::new(shutdown.clone());
+        if self.role == Role::Run {
+            self.start_lanes(&mut tasks).await?;
+        }
+        if !shutdown.is_cancelled() {
+            let ports = serve::Ports {
+                model: &self.model,
+                role: self.role,
+                metrics: &self.metrics,
+                health: &self.health,
+            };
+            if let Err(e) = ports.start(&mut tasks).await {
+                tasks.fail(e);
+            }
+        }
+        // The final flush is bounded by `grace`; closing the Kafka consumer can hang on a group
+        // rebalance in progress, so it gets a bounded wait too. Nothing is lost if it is cut:
+        // Redis holds the applied offsets.
+        tasks
+            .wait(config.flush.shutdown_grace + Duration::from_secs(10))
+            .await
+    }
+
+    /// Start `kafka.consumers` consumer lanes under `tasks` (an error starting lane 0 is the
+    /// process's; a later lane's stops the lanes already started).
+    async fn start_lanes(&self, tasks: &mut Supervisor) -> anyhow::Result<()> {
+        let config = &self.model.config;
+        let shutdown = tasks.shutdown().clone();
+        let lanes = config.kafka.consumers.resolve();
         let close_gate = Arc::new(lane::CloseGate::new(lanes));
         let shared = Shared {
             model: &self.model,
@@ -114,51 +176,11 @@ impl Tally {
                         close_gate.arrive();
                     }
                     tasks.fail(e.context(format!("starting consumer lane {index}")));
-                    break;
+                    return Ok(());
                 }
             }
         }
-        if !shutdown.is_cancelled() {
-            if let Err(e) = self.serve_http(&mut tasks).await {
-                tasks.fail(e);
-            }
-            // Jobs led by one replica at a time.
-            let jobs = crate::jobs::run(self.model.clone(), self.metrics.clone(), shutdown.clone());
-            tasks.spawn("the jobs", jobs);
-            let sampler = self.metrics.status.clone().run_sampler(shutdown.clone());
-            tasks.spawn("the status sampler", sampler);
-            tracing::info!(topic = %config.kafka.topic, group = %config.kafka.group_id, lanes, "consuming");
-        }
-        // The final flush is bounded by `grace`; closing the Kafka consumer can hang on a group
-        // rebalance in progress, so it gets a bounded wait too. Nothing is lost if it is cut:
-        // Redis holds the applied offsets.
-        tasks.wait(grace + Duration::from_secs(10)).await
-    }
-
-    /// Start the HTTP server (metrics, health, queries, the request path) under `tasks`.
-    async fn serve_http(&self, tasks: &mut Supervisor) -> anyhow::Result<()> {
-        let config = &self.model.config;
-        if config.http.listen.is_empty() {
-            return Ok(());
-        }
-        let query = Arc::new(crate::query::Query::new(self.model.clone())?);
-        let requests = Arc::new(
-            crate::request::Requests::new(&self.model, self.metrics.clone())?
-                .with_deferral(crate::request::Deferral::new(&self.model)),
-        );
-        let (local, server) = crate::http::serve(
-            &config.http,
-            self.metrics.clone(),
-            self.health.clone(),
-            Some(query),
-            Some(requests),
-            tasks.shutdown().clone(),
-        )
-        .await?;
-        tracing::info!(%local, page = %format!("http://{local}/"), "serving /metrics, /health and the status page");
-        tasks.spawn("the http server", async move {
-            server.await.context("http server")
-        });
+        tracing::info!(topic = %config.kafka.topic, group = %config.kafka.group_id, lanes, "consuming");
         Ok(())
     }
 }

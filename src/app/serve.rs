@@ -1,94 +1,125 @@
-//! `tally serve`: the request path (and queries, metrics, health) over HTTP, and Envoy's rate
-//! limit service over gRPC when `rls.listen` is set ([`crate::rls`]), without consuming Kafka.
-//! Ready while Redis answers a PING (probed every second); the RLS's gRPC health follows it.
-//! The HTTP server, the RLS server and its reloader, the jobs and the probe run under one
-//! [`Supervisor`]: the first that fails stops the others.
+//! What `tally run` and `tally serve` both serve: the HTTP port (the request path, queries,
+//! metrics, health, the status page), Envoy's rate limit service over gRPC when `rls.listen` is
+//! set ([`crate::api::rls`]), the jobs and the status sampler, all over one request-side Redis
+//! client (multiplexed: concurrent calls pipeline over one connection per node).
+//!
+//! Without Kafka (`tally serve`) the process is ready while Redis answers a PING (probed every
+//! second); the RLS's gRPC health follows the same probe in both roles.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context as _;
+use tally_counters::request::Client;
 use tokio_util::sync::CancellationToken;
 
-use super::Supervisor;
+use super::{Role, Supervisor, Tally};
+use crate::api::primitives::{Deferral, Requests};
+use crate::api::query::Query;
 use crate::config::Model;
-use crate::health::Health;
-use crate::metrics::Metrics;
-use crate::request::Requests;
+use crate::ops::health::Health;
+use crate::ops::metrics::Metrics;
 
-/// Serve until `shutdown` (or until a task fails).
+/// `tally serve`: serve until `shutdown` (or until a task fails).
 pub async fn run(model: Arc<Model>, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let metrics = Metrics::new(&model.counter_names()).with_status(0);
-    let health = Arc::new(Health::without_kafka());
-    let requests = Arc::new(Requests::new(&model, metrics.clone())?);
-    let query = Arc::new(crate::query::Query::new(model.clone())?);
-    let mut tasks = Supervisor::new(shutdown.clone());
-    let (local, server) = crate::http::serve(
-        &model.config.http,
-        metrics.clone(),
-        health.clone(),
-        Some(query),
-        Some(requests.clone()),
-        shutdown.clone(),
-    )
-    .await
-    .context("http")?;
-    tracing::info!(%local, page = %format!("http://{local}/"), "serving the request path");
-    tasks.spawn("the http server", async move {
-        server.await.context("http server")
-    });
-    let mut rls_health = None;
-    if !model.config.rls.listen.is_empty() {
-        let tokens = crate::rls::Tokens {
-            token: model.config.http.bearer_token()?,
-            admin: model.config.http.admin_token.clone(),
-        };
-        let rls = crate::rls::serve(
-            &model.config.rls,
-            tokens,
-            requests.client().clone(),
-            metrics.clone(),
-            shutdown.clone(),
-        )
-        .await
-        .context("rls")?;
-        tracing::info!(local = %rls.local, "serving envoy's rate limit service");
-        tasks.spawn("the rls server", rls.server);
-        tasks.spawn("the rls limits reloader", rls.reloader);
-        rls_health = Some(rls.health);
-    }
-    let jobs = crate::jobs::run(model.clone(), metrics, shutdown.clone());
-    tasks.spawn("the jobs", jobs);
-    tasks.spawn(
-        "the redis probe",
-        probe(requests, health, rls_health, shutdown),
-    );
-    tasks
-        .wait(model.config.flush.shutdown_grace + Duration::from_secs(10))
-        .await
+    Tally::with_role(model, Role::Serve).run(shutdown).await
 }
 
-/// Keep `health.redis` (and the RLS's gRPC health status) up to date until `stop`.
+/// The parts a process's ports are built from.
+pub(super) struct Ports<'a> {
+    pub(super) model: &'a Arc<Model>,
+    pub(super) role: Role,
+    pub(super) metrics: &'a Metrics,
+    pub(super) health: &'a Arc<Health>,
+}
+
+impl Ports<'_> {
+    /// Bind the ports (a taken port fails start-up) and start every task under `tasks`.
+    pub(super) async fn start(&self, tasks: &mut Supervisor) -> anyhow::Result<()> {
+        let (model, metrics) = (self.model, self.metrics);
+        let config = &model.config;
+        let shutdown = tasks.shutdown().clone();
+        let client = super::request_client(model)?;
+        let mut requests = Requests::new(model, client.clone(), metrics.clone())?;
+        if self.role == Role::Run {
+            // A hit Redis did not run can become an event of the topic this process consumes.
+            requests = requests.with_deferral(Deferral::new(model));
+        }
+        let requests = Arc::new(requests);
+        if !config.http.listen.is_empty() {
+            let query = Arc::new(Query::new(model.clone(), client.clone()));
+            let (local, server) = crate::api::http::serve(
+                &config.http,
+                metrics.clone(),
+                self.health.clone(),
+                Some(query),
+                Some(requests.clone()),
+                model.tokens.clone(),
+                shutdown.clone(),
+            )
+            .await
+            .context("http")?;
+            tracing::info!(%local, page = %format!("http://{local}/"), "serving the request path, /metrics, /health and the status page");
+            tasks.spawn("the http server", async move {
+                server.await.context("http server")
+            });
+        }
+        let mut rls_health = None;
+        if let Some(limits) = &model.rls_limits {
+            let rls = crate::api::rls::serve(
+                &config.rls,
+                limits.clone(),
+                model.tokens.clone(),
+                client.clone(),
+                metrics.clone(),
+                shutdown.clone(),
+            )
+            .await
+            .context("rls")?;
+            tracing::info!(local = %rls.local, "serving envoy's rate limit service");
+            tasks.spawn("the rls server", rls.server);
+            tasks.spawn("the rls limits reloader", rls.reloader);
+            rls_health = Some(rls.health);
+        }
+        // Jobs are led by one replica at a time.
+        let jobs = crate::jobs::run(
+            model.clone(),
+            client.clone(),
+            metrics.clone(),
+            shutdown.clone(),
+        );
+        tasks.spawn("the jobs", jobs);
+        let sampler = metrics.status.clone().run_sampler(shutdown.clone());
+        tasks.spawn("the status sampler", sampler);
+        // With Kafka, the sinks report Redis's reachability; without, the probe does.
+        let readiness = (self.role == Role::Serve).then(|| self.health.clone());
+        if readiness.is_some() || rls_health.is_some() {
+            let probe = probe(client, readiness, rls_health, shutdown);
+            tasks.spawn("the redis probe", probe);
+        }
+        Ok(())
+    }
+}
+
+/// Every second until `stop`: PING Redis, and keep `health.redis` (when given) and the RLS's
+/// gRPC health status (when given) up to date.
 async fn probe(
-    requests: Arc<Requests>,
-    health: Arc<Health>,
-    rls: Option<crate::rls::HealthStatus>,
+    client: Client,
+    health: Option<Arc<Health>>,
+    rls: Option<crate::api::rls::HealthStatus>,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let mut every = tokio::time::interval(Duration::from_secs(1));
+    let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
     let mut reported = None;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return Ok(()),
             _ = every.tick() => {
-                let ok = requests
-                    .client()
-                    .query::<String>(&redis::cmd("PING"))
-                    .await
-                    .is_ok();
-                if health.redis.swap(ok, Ordering::Relaxed) != ok {
-                    tracing::info!(redis = ok, "redis reachability changed");
+                let ok = client.query::<String>(&redis::cmd("PING")).await.is_ok();
+                if let Some(health) = &health {
+                    if health.redis.swap(ok, Ordering::Relaxed) != ok {
+                        tracing::info!(redis = ok, "redis reachability changed");
+                    }
                 }
                 if let Some(rls) = rls.as_ref().filter(|_| reported != Some(ok)) {
                     rls.set(ok).await;

@@ -101,8 +101,8 @@ impl HttpConfig {
             "http.admin_token",
             "must differ from http.token",
         )?;
-        // Read it now, so a missing or empty file fails before anything connects.
-        self.bearer_token()?;
+        // The token file is read once, by `Model::compile` (missing or empty: refused there,
+        // before anything connects).
         Ok(())
     }
 

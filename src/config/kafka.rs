@@ -177,3 +177,8 @@ impl KafkaConfig {
         Ok(())
     }
 }
+
+/// librdkafka's statistics interval for `unreachable_after`: a third of it, 100 ms to 5 s.
+pub fn statistics_interval_ms(unreachable_after: std::time::Duration) -> u128 {
+    (unreachable_after.as_millis() / 3).clamp(100, 5_000)
+}

@@ -9,7 +9,19 @@ use tally_counters::model::layout::Layout;
 use tally_counters::model::state_keys::FenceScope;
 use tally_counters::model::CounterSpec;
 
+use super::limits::Limits;
+use super::validate::invalid;
 use super::{Config, ConfigError};
+
+/// The secrets the request path's ports check (HTTP `/v1` and the RLS), read once.
+#[derive(Debug, Clone, Default)]
+pub struct Tokens {
+    /// Needed by every call (the admin token passes too); None: open. From `http.token` or
+    /// `http.token_file`.
+    pub token: Option<String>,
+    /// Needed by destructive calls (`http.admin_token`); None: every caller may make them.
+    pub admin: Option<String>,
+}
 
 /// A validated configuration and what is compiled from it. Immutable; shared behind an `Arc`.
 #[derive(Debug)]
@@ -22,13 +34,30 @@ pub struct Model {
     pub layout: Layout,
     /// The names of this consumer group's state keys (applied offsets, markers).
     pub scope: FenceScope,
+    /// The secrets of the request path's ports, read once (a token file is not read again).
+    pub tokens: Tokens,
+    /// The RLS limits file (`rls.limits_file`) as loaded at start; a reload replaces the
+    /// service's copy, not this one. None without `rls.listen`.
+    pub rls_limits: Option<Arc<Limits>>,
 }
 
 impl Model {
     /// Validate `config` and compile it; the errors are those of [`Config::validate`].
     pub fn compile(config: Config) -> Result<Arc<Model>, ConfigError> {
         let counters = config.validate()?;
+        let tokens = Tokens {
+            token: config.http.bearer_token()?,
+            admin: config.http.admin_token.clone(),
+        };
+        let rls_limits = match (&config.rls.listen[..], &config.rls.limits_file) {
+            ("", _) | (_, None) => None,
+            (_, Some(path)) => Some(Arc::new(
+                Limits::load(path).map_err(|e| invalid("rls.limits_file", e.to_string()))?,
+            )),
+        };
         Ok(Arc::new(Model {
+            tokens,
+            rls_limits,
             layout: Layout::for_config(&config.redis),
             scope: FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic),
             counters,

@@ -78,13 +78,13 @@ impl RlsConfig {
         ] {
             ensure(!d.is_zero(), name, "must be positive")?;
         }
-        let Some(path) = &self.limits_file else {
+        if self.limits_file.is_none() {
             return Err(invalid(
                 "rls.limits_file",
                 "required when rls.listen is set",
             ));
-        };
-        crate::rls::Limits::load(path).map_err(|e| invalid("rls.limits_file", e.to_string()))?;
+        }
+        // The file itself is read once, by `Model::compile` (after every section is valid).
         Ok(())
     }
 }

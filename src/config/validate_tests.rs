@@ -87,7 +87,7 @@ fn http_limits_and_token_sources() {
     let refused = |change: &dyn Fn(&mut Config)| {
         let mut config = Config::default();
         change(&mut config);
-        match config.validate() {
+        match crate::config::Model::compile(config) {
             Err(ConfigError::Invalid { key, .. }) => key,
             other => panic!("expected a refusal, got {other:?}"),
         }
@@ -121,11 +121,8 @@ fn http_limits_and_token_sources() {
     std::fs::write(&file, "from-a-file\n").unwrap();
     let mut config = Config::default();
     config.http.token_file = Some(file.clone());
-    config.validate().expect("a token file");
-    assert_eq!(
-        config.http.bearer_token().unwrap().as_deref(),
-        Some("from-a-file")
-    );
+    let model = crate::config::Model::compile(config.clone()).expect("a token file");
+    assert_eq!(model.tokens.token.as_deref(), Some("from-a-file"));
     config.http.token = Some("inline".into());
     assert!(config.validate().is_err(), "token and token_file together");
     std::fs::write(&file, "\n").unwrap();
@@ -167,11 +164,11 @@ fn readiness_needs_statistics_more_often_than_unreachable_after() {
         );
     }
     assert_eq!(
-        crate::app::statistics_interval_ms(Duration::from_secs(15)),
+        crate::config::statistics_interval_ms(Duration::from_secs(15)),
         5_000
     );
     assert_eq!(
-        crate::app::statistics_interval_ms(Duration::from_secs(3)),
+        crate::config::statistics_interval_ms(Duration::from_secs(3)),
         1_000
     );
 }

@@ -6,7 +6,7 @@
 //! - [`ttl_audit`]: counter keys without expiry get the one their window implies.
 //! - [`reconcile`]: recently closed windows are recounted from Kafka and compared with Redis;
 //!   mismatches are reported (metric and log naming the key), never "fixed".
-//! - [`crate::publish`]: closed windows of counters with an output go to Kafka.
+//! - [`crate::stream::publish`]: closed windows of counters with an output go to Kafka.
 
 pub mod reconcile;
 pub mod ttl_audit;
@@ -21,16 +21,16 @@ use tokio_util::sync::CancellationToken;
 use std::sync::Arc;
 
 use crate::config::Model;
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 
 /// Run every enabled job's leadership loop until `stop`.
 pub async fn run(
     model: Arc<Model>,
+    client: Client,
     metrics: Metrics,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let config = &model.config;
-    let client = Client::new(&config.redis)?;
     let locks = Locks::new(client.clone());
     let audit = &config.jobs.ttl_audit;
     let recount = &config.jobs.reconcile;
@@ -72,7 +72,7 @@ pub async fn run(
     let p = async {
         if model.has_outputs() {
             let publish = &config.jobs.publish;
-            let job = crate::publish::Publisher::new(model.clone(), &client, &metrics)?;
+            let job = crate::stream::publish::Publisher::new(model.clone(), &client, &metrics)?;
             let pass = || job.pass();
             lead(
                 "publish",
@@ -139,7 +139,7 @@ async fn lead<F, Fut>(
                 _ = stop.cancelled() => break,
                 _ = guard.lost() => break,
                 result = pass() => {
-                    let at = crate::status::unix_ms();
+                    let at = crate::ops::status::unix_ms();
                     match result {
                         Ok(()) => {
                             runs.inc();

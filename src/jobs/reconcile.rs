@@ -25,8 +25,8 @@ use tally_counters::model::Kind;
 use tally_counters::request::Client;
 
 use crate::config::Model;
-use crate::decode::Decoder;
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
+use crate::stream::decode::Decoder;
 
 /// One reconciler, built once per leadership.
 pub struct Reconciler {

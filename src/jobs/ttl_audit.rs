@@ -4,13 +4,14 @@
 //! implies (`PEXPIREAT … NX`: a key that got an expiry meanwhile keeps it). tally never writes a
 //! counter without expiry; such keys come from other writers, `PERSIST`, or restores.
 
+use crate::key::glob_prefix;
 use std::time::{Duration, Instant};
 
 use tally_counters::conn::{Conn, Node};
 use tally_counters::model::CounterSpec;
 use tally_counters::request::Client;
 
-use crate::metrics::Metrics;
+use crate::ops::metrics::Metrics;
 
 /// One walk over every counter's keys on every node; the number of keys repaired.
 pub async fn pass(
@@ -87,27 +88,5 @@ async fn audit_counter(
         if cursor == 0 {
             return Ok(repaired);
         }
-    }
-}
-
-/// A SCAN pattern matching keys that start with `prefix` (glob characters escaped).
-pub(crate) fn glob_prefix(prefix: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(prefix.len() + 2);
-    for &b in prefix {
-        if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {
-            out.push(b'\\');
-        }
-        out.push(b);
-    }
-    out.push(b'*');
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn scan_patterns_escape_glob_characters() {
-        assert_eq!(super::glob_prefix(b"flow:count:"), b"flow:count:*");
-        assert_eq!(super::glob_prefix(b"a*b?[c]\\"), b"a\\*b\\?\\[c\\]\\\\*");
     }
 }

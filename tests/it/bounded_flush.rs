@@ -1,4 +1,4 @@
-//! A flush larger than one encoding chunk (`tally::sink::CHUNK_KEYS`) is sent chunk after chunk
+//! A flush larger than one encoding chunk (`tally::stream::sink::CHUNK_KEYS`) is sent chunk after chunk
 //! and still lands exactly: every key once, with its whole count.
 
 use std::time::Duration;
@@ -8,7 +8,7 @@ use crate::common::{hourly, Harness};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flush_of_several_chunks_lands_every_key_exactly_once() {
     let mut h = Harness::new("chunks", 4);
-    let keys = 2 * tally::sink::CHUNK_KEYS + 5_000;
+    let keys = 2 * tally::stream::sink::CHUNK_KEYS + 5_000;
     let now = chrono::Utc::now().timestamp_millis();
     // Every key twice, in two partitions: merged calls add the pairs up.
     for i in 0..2 * keys {
@@ -36,7 +36,7 @@ async fn a_flush_of_several_chunks_lands_every_key_exactly_once() {
         "every key counted twice, once"
     );
     assert!(
-        flushed / flushes as f64 > tally::sink::CHUNK_KEYS as f64,
+        flushed / flushes as f64 > tally::stream::sink::CHUNK_KEYS as f64,
         "some flush spanned several chunks ({flushed} keys in {flushes} flushes)"
     );
 }

@@ -1,17 +1,18 @@
-//! Replays the fuzz corpus (`fuzz/seeds/` and `fuzz/corpus/`) through the fuzz targets' own
-//! bodies, so inputs that once found a bug, and the coverage the fuzzer reached, stay checked
-//! by the normal test suite without a fuzzer. See `fuzz/README.md`.
+//! Replays the fuzz inputs (`fuzz/seeds/`, `fuzz/regressions/`, and a local `fuzz/corpus/` when
+//! one was generated) through the fuzz targets' own bodies, so hand-written seeds and inputs
+//! that once found a bug stay checked by the normal test suite without a fuzzer. The generated
+//! corpus is not in git (cargo-fuzz's own convention). See `fuzz/README.md`.
 
 use std::path::Path;
 
 #[path = "../../fuzz/src/lib.rs"]
 mod targets;
 
-/// Feeds every file under `fuzz/{seeds,corpus}/<target>/` to `run`; returns how many.
+/// Feeds every file under `fuzz/{seeds,regressions,corpus}/<target>/` to `run`; returns how many.
 fn replay(target: &str, run: fn(&[u8])) -> usize {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
     let mut count = 0;
-    for dir in ["seeds", "corpus"] {
+    for dir in ["seeds", "regressions", "corpus"] {
         let dir = root.join(dir).join(target);
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::common::{counter, wait_for, Harness};
 use tally::config::HttpConfig;
-use tally::metrics::Metrics;
+use tally::ops::metrics::Metrics;
 use tally_testkit::http;
 
 /// The HTTP server alone (no Kafka, no Redis), on a free loopback port.
@@ -22,12 +22,16 @@ async fn server(config: HttpConfig) -> (u16, CancellationToken) {
         listen: "127.0.0.1:0".into(),
         ..config
     };
-    let (addr, _) = tally::http::serve(
+    let (addr, _) = tally::api::http::serve(
         &config,
         Metrics::new(&[]),
         Arc::new(Default::default()),
         None,
         None,
+        tally::config::Tokens {
+            token: config.bearer_token().expect("token"),
+            admin: config.admin_token.clone(),
+        },
         stop.clone(),
     )
     .await

@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::common::stream::{Stream, COUNTERS};
 use crate::common::Harness;
 use chrono::{TimeZone, Utc};
-use tally::query::{Query, Span};
+use tally::api::query::{Query, Span};
 use tally_testkit::http;
 
 const MINUTE: i64 = 60_000;
@@ -45,7 +45,8 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
     let running = h.start(config.clone());
     h.wait_applied("g-ranges", Duration::from_secs(120)).await;
     running.stop().await;
-    let query = Query::new(tally::config::Model::compile(config.clone()).unwrap()).unwrap();
+    let model = tally::config::Model::compile(config.clone()).unwrap();
+    let query = Query::new(model.clone(), tally::app::request_client(&model).unwrap());
 
     // "minute" counts events per ip per minute: the last 90 minutes, and a 2-hour range with
     // boundaries inside minutes, against the events themselves.
@@ -150,13 +151,14 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
     let mut http = config.http.clone();
     http.listen = format!("127.0.0.1:{port}");
     let stop = tokio_util::sync::CancellationToken::new();
-    let metrics = tally::metrics::Metrics::new(&[]);
-    tally::http::serve(
+    let metrics = tally::ops::metrics::Metrics::new(&[]);
+    tally::api::http::serve(
         &http,
         metrics,
         Arc::new(Default::default()),
         Some(Arc::new(query)),
         None,
+        Default::default(),
         stop.clone(),
     )
     .await

@@ -135,7 +135,7 @@ async fn redis_over_tls_with_a_private_ca() {
     }
     h.flush_producer();
     let running = h.start(config.clone());
-    let client = tally::sink::client(&config.redis).unwrap();
+    let client = tally::stream::sink::client(&config.redis).unwrap();
     let mut conn = None;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {

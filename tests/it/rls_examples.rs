@@ -1,5 +1,5 @@
 //! envoyproxy/ratelimit's README examples (its "Examples" section, quoted as files in
-//! `tests/data/envoy-ratelimit-examples`, which `src/rls/limits_tests.rs` reads too) load in
+//! `tests/data/envoy-ratelimit-examples`, which `src/config/limits/tests.rs` reads too) load in
 //! `tally serve` and behave as that README says, over gRPC with the generated stubs.
 
 use std::path::Path;

@@ -2,8 +2,8 @@
 //! fence scripts, parsed into the types the sink uses.
 
 use redis::Value;
-use tally::aggregate::{Delta, Unit};
-use tally::sink::script::{
+use tally::stream::aggregate::{Delta, Unit};
+use tally::stream::sink::script::{
     apply_cmd, ApplyReply, FenceState, StateKeys, APPLY_LUA, INIT_LUA, SET_FENCE_LUA,
 };
 use tally_testkit::local_redis::LocalRedis;
@@ -257,8 +257,8 @@ fn keys_whose_expiry_passed_are_skipped_as_late_beside_keys_in_time() {
 /// deltas added up, applied all together or not at all, each fence's state reported.
 #[test]
 fn a_merged_call_applies_every_range_or_none_and_names_each_fence() {
-    use tally::sink::merge::{Merged, Range};
-    use tally::sink::script::{apply_merged_cmd, MergedReply, APPLY_MERGED_LUA};
+    use tally::stream::sink::merge::{Merged, Range};
+    use tally::stream::sink::script::{apply_merged_cmd, MergedReply, APPLY_MERGED_LUA};
     let redis = LocalRedis::start(&[]).unwrap();
     let (mut conn, sha) = connect_and_load(&redis, APPLY_MERGED_LUA);
     let marker = "t:state:g:t:0";
@@ -365,9 +365,9 @@ fn a_merged_call_applies_every_range_or_none_and_names_each_fence() {
 
 #[test]
 fn watermarks_ride_with_the_applied_offset_in_every_flush_script() {
-    use tally::aggregate::{Op, Other};
-    use tally::sink::merge::{Merged, Range};
-    use tally::sink::script::{
+    use tally::stream::aggregate::{Op, Other};
+    use tally::stream::sink::merge::{Merged, Range};
+    use tally::stream::sink::script::{
         apply_kinds_cmd, apply_merged_cmd, APPLY_KINDS_LUA, APPLY_MERGED_LUA,
     };
     let redis = LocalRedis::start(&[]).unwrap();
@@ -473,8 +473,8 @@ fn watermarks_ride_with_the_applied_offset_in_every_flush_script() {
         .query(&mut conn)
         .unwrap();
     assert_eq!(
-        tally::sink::script::MergedReply::parse(&value).unwrap(),
-        tally::sink::script::MergedReply::All(applied)
+        tally::stream::sink::script::MergedReply::parse(&value).unwrap(),
+        tally::stream::sink::script::MergedReply::All(applied)
     );
     assert_eq!(field(&mut conn, "wm:3"), Some(7_000));
     assert_eq!(field(&mut conn, "wm:4"), None, "a range without events");

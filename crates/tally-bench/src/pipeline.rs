@@ -7,7 +7,7 @@ use anyhow::Context as _;
 use serde::{Deserialize, Serialize};
 
 use tally::config::{Config, RedisMode};
-use tally::sink::script::APPLY_LUA;
+use tally::stream::sink::script::APPLY_LUA;
 
 use crate::pipeline_loop::{
     apply_units, fence_scope, load_bench_config, new_aggregator, reset_fences, run_loop, Flusher,
@@ -136,7 +136,7 @@ pub fn role_pipeline(a: &PipelineArgs) -> anyhow::Result<()> {
         let (mut plain, mut hot) = (Vec::new(), Vec::new());
         for _ in 0..reps {
             plain.push(run_loop(&config, &msgs, a.partitions, None, None)?);
-            let status = tally::status::Status::new(capacity);
+            let status = tally::ops::status::Status::new(capacity);
             hot.push(run_loop(&config, &msgs, a.partitions, None, Some(&status))?);
         }
         res.agg_plain_secs = median(plain.iter().map(|r| r.secs).collect());

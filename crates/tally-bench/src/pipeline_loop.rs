@@ -7,12 +7,12 @@ use std::time::Instant;
 use anyhow::bail;
 use serde::{Deserialize, Serialize};
 
-use tally::aggregate::{Aggregator, Unit};
 use tally::config::{Config, RedisMode};
-use tally::consumer::policy::{FlushPolicy, Pending};
 use tally::model::layout::Layout;
-use tally::sink::script::{apply_cmd, ApplyReply, APPLY_LUA};
-use tally::sink::FenceScope;
+use tally::stream::aggregate::{Aggregator, Unit};
+use tally::stream::consumer::policy::{FlushPolicy, Pending};
+use tally::stream::sink::script::{apply_cmd, ApplyReply, APPLY_LUA};
+use tally::stream::sink::FenceScope;
 use tally_testkit::gen::EventGen;
 
 use crate::config_toml;
@@ -78,9 +78,9 @@ pub fn load_bench_config(redis_url: &str) -> anyhow::Result<Config> {
 pub fn new_aggregator(
     config: &Config,
     partitions: i32,
-) -> anyhow::Result<(tally::decode::Decoder, Aggregator)> {
+) -> anyhow::Result<(tally::stream::decode::Decoder, Aggregator)> {
     let model = tally::config::Model::compile(config.clone())?;
-    let (decoder, counters) = tally::aggregate::stages(&model);
+    let (decoder, counters) = tally::stream::aggregate::stages(&model);
     let layout = match config.redis.mode {
         RedisMode::Standalone => Layout::standalone(),
         RedisMode::Cluster => Layout::cluster(config.redis.cluster_shards),
@@ -207,7 +207,7 @@ pub fn run_loop(
     msgs: &Messages,
     partitions: i32,
     flusher: Option<&Flusher>,
-    status: Option<&tally::status::Status>,
+    status: Option<&tally::ops::status::Status>,
 ) -> anyhow::Result<LoopResult> {
     let (decoder, mut agg) = new_aggregator(config, partitions)?;
     let policy = FlushPolicy::new(&config.flush);
@@ -249,7 +249,7 @@ pub fn run_loop(
         let batch = agg.seal_up_to(None, policy.batch_keys());
         if let Some(status) = status {
             // What the consumer's flusher does with every sealed batch.
-            status.sealed(&batch.units);
+            status.sealed(batch.count_deltas(), batch.max_units_per_key());
         }
         if !batch.units.is_empty() {
             out.keys_sealed += batch.keys as u64;

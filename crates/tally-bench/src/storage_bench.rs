@@ -11,10 +11,10 @@ mod alloc_switch;
 use std::time::Instant;
 
 use clap::Parser;
-use tally::aggregate::Aggregator;
 use tally::config::{Config, Storage};
 use tally::model::state_keys::StateKeys;
-use tally::sink::script::{apply_cmd, apply_kinds_cmd, APPLY_KINDS_LUA, APPLY_LUA};
+use tally::stream::aggregate::Aggregator;
+use tally::stream::sink::script::{apply_cmd, apply_kinds_cmd, APPLY_KINDS_LUA, APPLY_LUA};
 use tally_testkit::gen::EventGen;
 use tally_testkit::local_redis::LocalRedis;
 
@@ -44,7 +44,7 @@ fn run(url: &str, n: u64, storage: Storage) -> anyhow::Result<(f64, f64, i64)> {
         config.counters[0].hash_key = Some("flow:h:{yyyyMMddHH}".into());
     }
     let model = tally::config::Model::compile(config.clone())?;
-    let (decoder, counters) = tally::aggregate::stages(&model);
+    let (decoder, counters) = tally::stream::aggregate::stages(&model);
     let mut agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call);
     agg.assign(0, &[0]);
     let keys = StateKeys {

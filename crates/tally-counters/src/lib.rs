@@ -15,7 +15,9 @@
 //! * [`script`]: Lua scripts loaded once (SCRIPT LOAD) and run by SHA, reloaded on NOSCRIPT.
 //! * [`request`]: the request path: hits, rate limits, quotas, once, unique, pools.
 //! * [`lock`]: locks with fencing tokens and a renewing guard.
+//! * [`clock`]: the host's wall clock (one helper for every path; never what decides a limit).
 
+pub mod clock;
 pub mod config;
 pub mod conn;
 pub mod key;

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use tally::app::Tally;
 use tally::config::{Config, CounterConfig};
-use tally::metrics::Metrics;
+use tally::ops::metrics::Metrics;
 use tally_testkit::local_redis::LocalRedis;
 
 pub struct Harness {
@@ -37,7 +37,7 @@ pub struct Running {
     pub token: CancellationToken,
     pub handle: JoinHandle<anyhow::Result<()>>,
     pub metrics: Metrics,
-    pub health: std::sync::Arc<tally::health::Health>,
+    pub health: std::sync::Arc<tally::ops::health::Health>,
 }
 
 impl Running {

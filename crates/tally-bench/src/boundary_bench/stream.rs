@@ -4,11 +4,11 @@
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use tally::aggregate::Aggregator;
 use tally::config::{Config, CounterConfig, Model};
-use tally::decode::Decoder;
-use tally::sink::script::{apply_cmd, ApplyReply, APPLY_LUA};
-use tally::sink::FenceScope;
+use tally::stream::aggregate::Aggregator;
+use tally::stream::decode::Decoder;
+use tally::stream::sink::script::{apply_cmd, ApplyReply, APPLY_LUA};
+use tally::stream::sink::FenceScope;
 
 use super::Cli;
 
@@ -106,7 +106,7 @@ impl Plan {
             .arg(scope.key(0, 0))
             .arg(0)
             .query::<()>(&mut self.conn)?;
-        let (decoder, counters) = tally::aggregate::stages(&self.model);
+        let (decoder, counters) = tally::stream::aggregate::stages(&self.model);
         let mut agg = Aggregator::new(counters, 1, self.model.config.flush.max_keys_per_call);
         agg.assign(0, &[0]);
         let mut result = StreamResult {
@@ -191,7 +191,7 @@ fn model(cli: &Cli, url: &str, spread: Option<Duration>) -> anyhow::Result<std::
 /// (no Redis): what spreading adds to the stream's CPU (a hash of each new key).
 pub fn aggregate_secs(cli: &Cli, spread: Option<Duration>) -> anyhow::Result<f64> {
     let model = model(cli, "redis://127.0.0.1:6379", spread)?;
-    let (decoder, counters) = tally::aggregate::stages(&model);
+    let (decoder, counters) = tally::stream::aggregate::stages(&model);
     let mut agg = Aggregator::new(counters, 1, model.config.flush.max_keys_per_call);
     agg.assign(0, &[0]);
     let payloads: Vec<String> = (0..cli.keys)

@@ -104,9 +104,9 @@ pub async fn batch_on_cluster(
 /// `Query::range` for 1,000 dimension tuples at a time (what `POST /v1/counters/{name}/batch`
 /// runs): keys read per second.
 async fn batch_queries(config: &Config, phase: Duration) -> anyhow::Result<()> {
-    let query = std::sync::Arc::new(tally::query::Query::new(tally::config::Model::compile(
-        config.clone(),
-    )?)?);
+    let model = tally::config::Model::compile(config.clone())?;
+    let client = tally::app::request_client(&model)?;
+    let query = std::sync::Arc::new(tally::api::query::Query::new(model, client));
     let tuples: Vec<std::collections::BTreeMap<String, String>> = (0..1000)
         .map(|i| [("subject".to_string(), (i * 7 % 10_000).to_string())].into())
         .collect();
@@ -122,7 +122,7 @@ async fn batch_queries(config: &Config, phase: Duration) -> anyhow::Result<()> {
                 let t = std::time::Instant::now();
                 let now = chrono::Utc::now().timestamp_millis();
                 let answers = query
-                    .range("bench", &tuples, tally::query::Span::At(now), now)
+                    .range("bench", &tuples, tally::api::query::Span::At(now), now)
                     .await
                     .expect("batch query");
                 lat.push(t.elapsed().as_secs_f64() * 1000.0);

@@ -225,6 +225,19 @@ pub fn escape_into(out: &mut Vec<u8>, value: &str) {
     out.extend_from_slice(&bytes[run_start..]);
 }
 
+/// A SCAN pattern matching keys that start with `prefix` (glob characters escaped).
+pub fn glob_prefix(prefix: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + 2);
+    for &b in prefix {
+        if matches!(b, b'*' | b'?' | b'[' | b']' | b'\\') {
+            out.push(b'\\');
+        }
+        out.push(b);
+    }
+    out.push(b'*');
+    out
+}
+
 /// Bytes that would break injectivity (`%`, `:`), form hash tags (`{`, `}`) or make keys hard
 /// to read in logs and redis-cli (ASCII control characters).
 pub(crate) const fn needs_escape(b: u8) -> bool {

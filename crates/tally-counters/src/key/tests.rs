@@ -379,3 +379,9 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn scan_patterns_escape_glob_characters() {
+    assert_eq!(glob_prefix(b"flow:count:"), b"flow:count:*");
+    assert_eq!(glob_prefix(b"a*b?[c]\\"), b"a\\*b\\?\\[c\\]\\\\*");
+}

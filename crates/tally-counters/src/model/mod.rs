@@ -12,6 +12,10 @@ pub mod state_keys;
 pub use expiry::{default_spread_ms, expire_at, stored_expire_at, DEFAULT_SPREAD_CAP_MS};
 pub use lookup::{check_at, LookupError};
 
+/// How many members of a leaderboard a read lists unless told otherwise (queries, and window
+/// results without `output.top`).
+pub const DEFAULT_TOP: usize = 10;
+
 use crate::config::CounterConfig;
 use crate::key::{KeyTemplate, TemplateError};
 use crate::window::{Window, WindowError, WindowSpec};

@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, Once};
 use redis::{Cmd, Value};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
-use super::client::Link;
+use super::link::Link;
 use super::RequestError;
 use crate::script::Script;
 

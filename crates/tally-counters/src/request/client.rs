@@ -2,14 +2,15 @@
 //! pipelined) over it; when it breaks, the next call opens a new one. Script calls that find
 //! every in-flight slot taken are batched (`batch.rs`).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use redis::{Cmd, FromRedisValue};
 
 use super::batch::{Batcher, Batching, ScriptPair};
+use super::link::Link;
 use super::RequestError;
 use crate::config::RedisConfig;
-use crate::conn::{Conn, Connector};
+use crate::conn::Conn;
 use crate::script::Script;
 
 /// A cheap-to-clone handle on a Redis server or cluster.
@@ -17,14 +18,6 @@ use crate::script::Script;
 pub struct Client {
     link: Arc<Link>,
     batch: Arc<Batcher>,
-}
-
-/// The connection, shared by the client's clones and its batch driver.
-pub(crate) struct Link {
-    connector: Connector,
-    conn: Mutex<Option<Conn>>,
-    connecting: tokio::sync::Mutex<()>,
-    prefix: String,
 }
 
 impl Client {
@@ -37,19 +30,14 @@ impl Client {
     /// A client as [`Client::new`] that batches concurrent script calls as `batching` says.
     pub fn with_batching(config: &RedisConfig, batching: Batching) -> Result<Client, RequestError> {
         Ok(Client {
-            link: Arc::new(Link {
-                connector: Connector::new(config)?,
-                conn: Mutex::new(None),
-                connecting: tokio::sync::Mutex::new(()),
-                prefix: config.state_prefix.clone(),
-            }),
+            link: Arc::new(Link::new(config)?),
             batch: Arc::new(Batcher::new(batching)),
         })
     }
 
     /// Prefix of the request path's own keys.
     pub fn prefix(&self) -> &str {
-        &self.link.prefix
+        self.link.prefix()
     }
 
     /// The live connection, opened if there is none.
@@ -88,62 +76,5 @@ impl Client {
     /// broken, so that the next call reconnects.
     pub fn forget(&self, e: &redis::RedisError) {
         self.link.forget(e)
-    }
-}
-
-impl Link {
-    /// Whether the deployment is a cluster (script calls are batched per slot).
-    pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self.connector, Connector::Cluster { .. })
-    }
-
-    async fn conn(&self) -> Result<Conn, RequestError> {
-        if let Some(conn) = self.current() {
-            return Ok(conn);
-        }
-        let _one = self.connecting.lock().await;
-        if let Some(conn) = self.current() {
-            return Ok(conn);
-        }
-        let conn = self
-            .connector
-            .connect()
-            .await
-            .map_err(RequestError::Unreachable)?;
-        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
-        Ok(conn)
-    }
-
-    fn current(&self) -> Option<Conn> {
-        self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
-    pub(crate) async fn run<T: FromRedisValue>(
-        &self,
-        script: &Script,
-        cmd: &Cmd,
-    ) -> Result<T, RequestError> {
-        let mut conn = self.conn().await?;
-        let result = script.run(&mut conn, cmd).await;
-        self.check(result)
-    }
-
-    async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RequestError> {
-        let mut conn = self.conn().await?;
-        let result = conn.query(cmd).await;
-        self.check(result)
-    }
-
-    fn check<T>(&self, result: redis::RedisResult<T>) -> Result<T, RequestError> {
-        result.map_err(|e| {
-            self.forget(&e);
-            e.into()
-        })
-    }
-
-    fn forget(&self, e: &redis::RedisError) {
-        if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-            *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        }
     }
 }

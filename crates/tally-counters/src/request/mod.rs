@@ -24,6 +24,7 @@ mod batch;
 mod client;
 mod hit;
 mod limit;
+mod link;
 mod once;
 mod policy;
 mod pool;
@@ -164,11 +165,7 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 }
 
 /// The current time, Unix ms (the caller's clock: used to pick a window, never to decide limits).
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
+pub(crate) use crate::clock::unix_ms as now_ms;
 
 /// Parse a reply that must be an array of integers, naming the script in the error.
 pub(crate) fn ints(script: &'static str, value: &redis::Value) -> Result<Vec<i64>, RequestError> {

@@ -1,0 +1,95 @@
+//! The connection under a [`super::Client`], shared by the client's clones and its batch
+//! driver: opened on first use, dropped when it breaks so that the next call reconnects.
+
+use std::sync::Mutex;
+
+use redis::{Cmd, FromRedisValue};
+
+use super::RequestError;
+use crate::config::RedisConfig;
+use crate::conn::{Conn, Connector};
+use crate::script::Script;
+
+/// The connection, shared by the client's clones and its batch driver.
+pub(crate) struct Link {
+    /// Makes connections (standalone or cluster, AUTH, TLS).
+    connector: Connector,
+    /// The live connection; None until first use and after it broke.
+    conn: Mutex<Option<Conn>>,
+    /// One reconnection at a time: the others wait for it and use its connection.
+    connecting: tokio::sync::Mutex<()>,
+    /// Prefix of the request path's own keys (`redis.state_prefix`).
+    prefix: String,
+}
+
+impl Link {
+    /// A link for `config`; connects on first use.
+    pub(crate) fn new(config: &RedisConfig) -> Result<Link, RequestError> {
+        Ok(Link {
+            connector: Connector::new(config)?,
+            conn: Mutex::new(None),
+            connecting: tokio::sync::Mutex::new(()),
+            prefix: config.state_prefix.clone(),
+        })
+    }
+
+    /// Prefix of the request path's own keys.
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Whether the deployment is a cluster (script calls are batched per slot).
+    pub(crate) fn is_cluster(&self) -> bool {
+        matches!(self.connector, Connector::Cluster { .. })
+    }
+
+    pub(crate) async fn conn(&self) -> Result<Conn, RequestError> {
+        if let Some(conn) = self.current() {
+            return Ok(conn);
+        }
+        let _one = self.connecting.lock().await;
+        if let Some(conn) = self.current() {
+            return Ok(conn);
+        }
+        let conn = self
+            .connector
+            .connect()
+            .await
+            .map_err(RequestError::Unreachable)?;
+        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    fn current(&self) -> Option<Conn> {
+        self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        cmd: &Cmd,
+    ) -> Result<T, RequestError> {
+        let mut conn = self.conn().await?;
+        let result = script.run(&mut conn, cmd).await;
+        self.check(result)
+    }
+
+    pub(crate) async fn query<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RequestError> {
+        let mut conn = self.conn().await?;
+        let result = conn.query(cmd).await;
+        self.check(result)
+    }
+
+    fn check<T>(&self, result: redis::RedisResult<T>) -> Result<T, RequestError> {
+        result.map_err(|e| {
+            self.forget(&e);
+            e.into()
+        })
+    }
+
+    pub(crate) fn forget(&self, e: &redis::RedisError) {
+        if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+            *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+}

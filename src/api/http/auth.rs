@@ -1,0 +1,74 @@
+//! Who may call `/v1`: the bearer token (`http.token`) for every route, and the admin token
+//! (`http.admin_token`), when it is set, for what destroys or hands out state: `reset` on any
+//! primitive, quota `release`, pool `fill`, and every `/v1/locks` call. The check itself is the
+//! edge's ([`crate::api::edge::auth`]), shared with the RLS port.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::problem::{Kind, Problem};
+use crate::api::edge::auth::{self, Access};
+use crate::config::Tokens;
+
+/// What the caller may do, found by [`authorize`] and read by the handlers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Count, decide, peek, acquire nothing destructive.
+    Caller {
+        /// Whether an `Authorization` header was sent (decides 401 or 403).
+        sent_credentials: bool,
+    },
+    /// Also reset, release, fill and locks.
+    Admin,
+}
+
+impl Scope {
+    /// `None` when this scope may do `what`; else the answer to give instead (401 without
+    /// credentials, 403 with the wrong ones).
+    pub fn refusal(self, what: &str) -> Option<Response> {
+        let Scope::Caller { sent_credentials } = self else {
+            return None;
+        };
+        let detail = format!("{what} needs the admin token (http.admin_token)");
+        Some(if sent_credentials {
+            Problem::new(Kind::Forbidden, detail).into_response()
+        } else {
+            unauthorized(Problem::new(Kind::Unauthorized, detail))
+        })
+    }
+}
+
+/// Check the bearer token (401 when it is needed and wrong) and record the caller's [`Scope`]
+/// for the handler.
+pub async fn authorize(
+    State(tokens): State<Arc<Tokens>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let scope = match auth::check(&tokens, request.headers()) {
+        Access::Denied => {
+            return unauthorized(Problem::new(
+                Kind::Unauthorized,
+                "missing or wrong bearer token",
+            ))
+        }
+        Access::Caller { sent_credentials } => Scope::Caller { sent_credentials },
+        Access::Admin => Scope::Admin,
+    };
+    request.extensions_mut().insert(scope);
+    next.run(request).await
+}
+
+/// A 401 with `WWW-Authenticate: Bearer`.
+pub fn unauthorized(problem: Problem) -> Response {
+    let mut response = problem.into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        header::HeaderValue::from_static("Bearer"),
+    );
+    response
+}

@@ -1,0 +1,179 @@
+//! HTTP: `/metrics` (Prometheus text), `/health/live`, `/health/ready`, `GET /v1/count` and the
+//! request path (`POST /v1/hit`, `/v1/limit`, `/v1/quota`, `/v1/once`, `/v1/unique`, `/v1/pool`).
+//!
+//! The server defends itself (`listener.rs`): a connection must send its request headers within
+//! `http.header_timeout`, a request is answered within `http.request_timeout`, and at most
+//! `http.max_connections` are served at once. With `http.token` (or `http.token_file`) set,
+//! `/v1/*` needs `Authorization: Bearer <token>`, and with `http.admin_token` destructive calls
+//! need that one (`auth.rs`); metrics, health and `/openapi.json` (the description of every
+//! route, `openapi/`) stay open for scrapers, probes and clients, and so does the status page
+//! `GET /` (it holds no data; it asks for the token to read `/v1/status`, `status.rs`). Every
+//! error answer is a problem detail (RFC 9457, [`Problem`]).
+
+mod auth;
+mod counters;
+pub(crate) mod listener;
+mod locks;
+mod openapi;
+mod problem;
+mod request;
+mod schemas;
+mod status;
+mod write_timeout;
+
+pub use locks::MAX_LOCK_WAIT_MS;
+pub use problem::{Body, Kind, Problem};
+pub use request::{MAX_COST, MAX_LOCK_TTL_MS, MAX_POLICIES};
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use tokio_util::sync::CancellationToken;
+
+use crate::api::query::{parse_time, Query};
+use crate::config::{HttpConfig, Tokens};
+use crate::ops::health::Health;
+use crate::ops::metrics::Metrics;
+
+#[derive(Clone)]
+struct AppState {
+    metrics: Metrics,
+    health: Arc<Health>,
+    query: Option<Arc<Query>>,
+}
+
+/// Bind `config.listen` now (so a taken port fails start-up) and serve until `shutdown`.
+pub async fn serve(
+    config: &HttpConfig,
+    metrics: Metrics,
+    health: Arc<Health>,
+    query: Option<Arc<Query>>,
+    requests: Option<Arc<crate::api::primitives::Requests>>,
+    tokens: Tokens,
+    shutdown: CancellationToken,
+) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let addr: SocketAddr = config.listen.parse().context("http.listen")?;
+    if tokens.token.is_none() && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "serving /v1/count beyond loopback without http.token");
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    let local = listener.local_addr()?;
+    let mut v1 = Router::new()
+        .route("/v1/count", get(count_handler))
+        .route("/v1/status", get(status_handler));
+    if let Some(query) = &query {
+        v1 = v1.merge(counters::routes(query.clone()));
+    }
+    if let Some(requests) = requests {
+        v1 = v1
+            .merge(locks::routes(requests.clone()))
+            .merge(request::routes(requests));
+    }
+    v1 = v1.route_layer(middleware::from_fn_with_state(
+        Arc::new(tokens),
+        auth::authorize,
+    ));
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/health/live", get(|| async { "ok\n" }))
+        .route("/health/ready", get(ready_handler))
+        .route("/openapi.json", get(openapi::handler))
+        .route("/", get(status::page))
+        .merge(v1)
+        .fallback(|| async { Problem::new(Kind::NotFound, "no such route") })
+        .method_not_allowed_fallback(|| async {
+            Problem::new(
+                Kind::MethodNotAllowed,
+                "this route does not take that method",
+            )
+        })
+        .layer(middleware::from_fn_with_state(
+            config.request_timeout,
+            limit_time,
+        ))
+        .with_state(AppState {
+            metrics,
+            health,
+            query,
+        });
+    let limits = listener::ConnLimits {
+        header_timeout: config.header_timeout,
+        request_timeout: config.request_timeout,
+        max_connections: config.max_connections,
+    };
+    let handle = tokio::spawn(listener::run(listener, app, limits, shutdown));
+    Ok((local, handle))
+}
+
+/// Answer 503 when a request takes longer than `limit`.
+async fn limit_time(State(limit): State<Duration>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(limit, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => Problem::new(
+            Kind::Timeout,
+            format!("no answer within http.request_timeout ({limit:?})"),
+        )
+        .into_response(),
+    }
+}
+
+/// `GET /v1/status`: the live status (see `status.rs`).
+async fn status_handler(State(state): State<AppState>) -> impl IntoResponse {
+    status::answer(&state.metrics.status, &state.health)
+}
+
+async fn metrics_handler(State(state): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+/// 200 when ready, else 503; the body says why either way.
+async fn ready_handler(State(state): State<AppState>) -> impl IntoResponse {
+    let code = if state.health.ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (code, state.health.describe())
+}
+
+/// `GET /v1/count?counter=flow&app_id=..&device_id=..&ip=..[&at=RFC3339|epoch_ms]`: the key,
+/// value and window of one counter (`counter` may be left out when only one is configured).
+/// Every parameter other than `counter` and `at` is a dimension.
+async fn count_handler(
+    State(state): State<AppState>,
+    axum::extract::Query(mut params): axum::extract::Query<
+        std::collections::BTreeMap<String, String>,
+    >,
+) -> Response {
+    let Some(query) = state.query else {
+        return Problem::new(Kind::NotFound, "queries are not enabled").into_response();
+    };
+    let counter = match query.counter_named(params.remove("counter")) {
+        Ok(counter) => counter,
+        Err(e) => return Problem::from_query(e).field("counter").into_response(),
+    };
+    let at = match parse_time(params.remove("at").as_deref()) {
+        Ok(at) => at,
+        Err(e) => return Problem::from_query(e).into_response(),
+    };
+    match query.fetch(&counter, &params, at).await {
+        Ok(answer) => axum::Json(answer).into_response(),
+        Err(e) => Problem::from_query(e).into_response(),
+    }
+}

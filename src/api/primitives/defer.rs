@@ -1,0 +1,293 @@
+//! Deferred hits: when Redis cannot be reached, a hit whose caller asked for it is written as an
+//! event to the topic the stream path consumes. Only when the error proves that Redis did not run
+//! the hit ([`RequestError::did_not_run`]): after a response timeout it may have, and deferring it
+//! would count it twice (the caller gets "outcome unknown" and retries with its idempotency key).
+//! The event is acknowledged by every in-sync replica (idempotent producer) and counted exactly
+//! once by the stream path when Redis is back.
+//!
+//! The event carries the counter's dimensions, its value (`value_field`) and its time
+//! (`decode.time_field`, or the message timestamp), all from the hit itself. The caller's
+//! `event` map may add only fields that no counter on the topic reads (a trace id, say): a field
+//! a counter reads is refused (400), or a caller could write other counters' dimensions, members
+//! and sums through a hit on one counter. It is decoded with the stream path's own decoder before
+//! it is sent: an event the stream path would skip (another counter on the topic reads a field
+//! this counter has not) is refused instead of sent. An event that decodes counts in every
+//! counter of the topic whose fields it has, exactly as a produced event would (counters have no
+//! filters). Guarantee: a 202 means the event is in Kafka and will be counted once;
+//! a caller that retries a deferred hit sends a second event (idempotency keys are for hits
+//! that reach Redis).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use serde::Serialize;
+use tally_counters::request::{Hit, HitReply, RequestError};
+
+use super::{Action, Requests};
+use crate::config::{Model, TimeFormat};
+use crate::stream::decode::Decoder;
+
+/// Where deferred hits go.
+pub struct Deferral {
+    /// Made on the first deferred hit (Redis outages are rare; an idle producer would keep
+    /// connections to the brokers).
+    producer: std::sync::OnceLock<Result<FutureProducer, String>>,
+    settings: ClientConfig,
+    topic: String,
+    decoder: Decoder,
+    time_field: Option<String>,
+    time_format: TimeFormat,
+}
+
+/// What became of a hit.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum HitOutcome {
+    /// Counted in Redis.
+    Counted(HitReply),
+    /// Redis was unreachable: the hit is an event in Kafka, counted when Redis is back.
+    Deferred {
+        /// Always true.
+        deferred: bool,
+        /// Partition of the event.
+        partition: i32,
+        /// Offset of the event.
+        offset: i64,
+    },
+}
+
+impl Deferral {
+    /// A producer to `kafka.topic` with the configured brokers and security properties.
+    pub fn new(model: &Model) -> Deferral {
+        let config = &model.config;
+        let mut c = ClientConfig::new();
+        for (k, v) in &config.kafka.properties {
+            // Consumer settings mean nothing to a producer.
+            if !k.starts_with("session.")
+                && !k.starts_with("heartbeat.")
+                && !k.starts_with("fetch.")
+            {
+                c.set(k, v);
+            }
+        }
+        c.set("bootstrap.servers", &config.kafka.brokers)
+            .set("acks", "all")
+            .set("enable.idempotence", "true")
+            .set("message.timeout.ms", "10000");
+        Deferral {
+            producer: std::sync::OnceLock::new(),
+            settings: c,
+            topic: config.kafka.topic.clone(),
+            decoder: Decoder::for_counters(&config.decode, &model.counters),
+            time_field: config.decode.time_field.clone(),
+            time_format: config.decode.time_format,
+        }
+    }
+
+    fn producer(&self) -> Result<&FutureProducer, RequestError> {
+        self.producer
+            .get_or_init(|| self.settings.create().map_err(|e| e.to_string()))
+            .as_ref()
+            .map_err(|e| RequestError::Invalid(format!("cannot defer: kafka producer: {e}")))
+    }
+
+    fn event(
+        &self,
+        spec: &crate::model::CounterSpec,
+        values: &BTreeMap<String, String>,
+        extra: &serde_json::Map<String, serde_json::Value>,
+        delta: i64,
+        at_ms: i64,
+    ) -> Result<Vec<u8>, RequestError> {
+        // Only fields no counter reads may come from the caller's map.
+        if let Some(field) = extra.keys().find(|k| self.decoder.field_index(k).is_some()) {
+            return Err(RequestError::Invalid(format!(
+                "cannot defer: `event` field `{field}` is read by the topic's counters; a deferred hit sets only counter `{}`'s fields, from `dimensions`, the value and `at`",
+                spec.name
+            )));
+        }
+        let mut event = extra.clone();
+        for (k, v) in values {
+            event.insert(k.clone(), serde_json::Value::String(v.clone()));
+        }
+        match &spec.value_field {
+            Some(f) => {
+                event.insert(f.clone(), delta.into());
+            }
+            None if delta != 1 => {
+                return Err(RequestError::Invalid(
+                    "a deferred hit of a count counter adds 1 (one event)".into(),
+                ))
+            }
+            None => {}
+        }
+        if let Some(f) = &self.time_field {
+            let t = match self.time_format {
+                TimeFormat::EpochMs => at_ms.into(),
+                TimeFormat::EpochS => serde_json::json!(at_ms as f64 / 1000.0),
+                TimeFormat::Rfc3339 => chrono::DateTime::from_timestamp_millis(at_ms)
+                    .map(|t| t.to_rfc3339())
+                    .unwrap_or_default()
+                    .into(),
+            };
+            event.insert(f.clone(), t);
+        }
+        let payload =
+            serde_json::to_vec(&event).map_err(|e| RequestError::Invalid(e.to_string()))?;
+        self.decoder
+            .decode(Some(&payload), Some(at_ms))
+            .map_err(|e| {
+                RequestError::Invalid(format!(
+                    "cannot defer: the stream path would skip this event ({}): another counter on the topic reads a field counter `{}` does not have",
+                    e.reason(),
+                    spec.name
+                ))
+            })?;
+        Ok(payload)
+    }
+}
+
+impl Requests {
+    /// Hit counter `name`; when Redis is unreachable and deferral is set up, write the hit to
+    /// the topic instead (see the module's guarantee).
+    pub async fn hit_or_defer(
+        &self,
+        name: &str,
+        values: &BTreeMap<String, String>,
+        hit: &Hit,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<HitOutcome, RequestError> {
+        let err = match self.hit(name, values, hit, Action::Apply).await {
+            Ok(reply) => return Ok(HitOutcome::Counted(reply)),
+            // Only when Redis surely did not run the hit: after a timeout it may have counted it.
+            Err(e) if e.did_not_run() => e,
+            Err(e) => return Err(e),
+        };
+        let Some(deferral) = &self.deferral else {
+            return Err(err);
+        };
+        let spec = self.counters.spec(name)?;
+        let at = hit
+            .at_ms
+            .unwrap_or_else(|| chrono::Utc::now().timestamp_millis());
+        let payload = deferral.event(spec, values, extra, hit.delta, at)?;
+        let record = FutureRecord::<(), [u8]>::to(&deferral.topic)
+            .payload(&payload)
+            .timestamp(at);
+        match deferral
+            .producer()?
+            .send(record, Duration::from_secs(10))
+            .await
+        {
+            Ok(delivery) => {
+                self.metrics.request.deferred.inc();
+                Ok(HitOutcome::Deferred {
+                    deferred: true,
+                    partition: delivery.partition,
+                    offset: delivery.offset,
+                })
+            }
+            Err((e, _)) => {
+                tracing::warn!(error = %e, "deferred hit could not be written to kafka");
+                Err(err)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, Model};
+
+    /// `flow` (per app and device), `daily` (per app, summing `bytes`) and `traffic` (per app
+    /// and device, summing `bytes`) on one topic.
+    fn model() -> std::sync::Arc<Model> {
+        let config: Config = toml::from_str(
+            r#"
+[kafka]
+brokers = "127.0.0.1:9"
+topic = "t"
+group_id = "g"
+[decode]
+time_field = "ts"
+[[counters]]
+name = "flow"
+dimensions = ["app_id", "device_id"]
+key = "f:{app_id}:{device_id}:{yyyyMMddHH}"
+window = "1h"
+retention = "1d"
+[[counters]]
+name = "daily"
+dimensions = ["app_id"]
+value_field = "bytes"
+key = "d:{app_id}:{yyyyMMdd}"
+window = "1d"
+retention = "2d"
+[[counters]]
+name = "traffic"
+dimensions = ["app_id", "device_id"]
+value_field = "bytes"
+key = "t:{app_id}:{device_id}:{yyyyMMddHH}"
+window = "1h"
+retention = "1d"
+"#,
+        )
+        .unwrap();
+        Model::compile(config).unwrap()
+    }
+
+    fn event(
+        name: &str,
+        values: &[(&str, &str)],
+        extra: serde_json::Value,
+        delta: i64,
+    ) -> Result<serde_json::Value, String> {
+        let model = model();
+        let deferral = Deferral::new(&model);
+        let spec = model.counters.iter().find(|c| c.name == name).unwrap();
+        let values = values
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let extra = extra.as_object().unwrap().clone();
+        let at = chrono::Utc::now().timestamp_millis();
+        deferral
+            .event(spec, &values, &extra, delta, at)
+            .map(|p| serde_json::from_slice(&p).unwrap())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_deferred_hit_writes_only_its_counters_fields() {
+        // Another counter's sum, a dimension, the time: all refused.
+        for field in ["bytes", "app_id", "ts"] {
+            let e = event(
+                "flow",
+                &[("app_id", "a"), ("device_id", "d")],
+                serde_json::json!({field: 9_000_000_000_000_000_000u64}),
+                1,
+            );
+            assert!(
+                e.as_ref().is_err_and(|e| e.contains(&format!("`{field}`"))),
+                "{field}: {e:?}"
+            );
+        }
+        // daily has no device_id, which flow reads: the stream path would skip it, refused.
+        let e = event("daily", &[("app_id", "a")], serde_json::json!({}), 5);
+        assert!(e.as_ref().is_err_and(|e| e.contains("missing")), "{e:?}");
+        // traffic has every field the topic reads; a field no counter reads travels along.
+        let e = event(
+            "traffic",
+            &[("app_id", "a"), ("device_id", "d")],
+            serde_json::json!({"trace": "t1"}),
+            7,
+        )
+        .unwrap();
+        let keys: Vec<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
+        assert_eq!(keys, ["app_id", "bytes", "device_id", "trace", "ts"], "{e}");
+        assert_eq!(e["bytes"], 7);
+    }
+}

@@ -1,0 +1,221 @@
+//! Envoy's rate limit service: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`
+//! over gRPC, so that Envoy, Istio, Contour, Emissary and kgateway can use tally as their rate
+//! limit service (RLS), with the limits written as for envoyproxy/ratelimit.
+//!
+//! * [`crate::config::limits`]: the limits file as written (envoyproxy/ratelimit's YAML plus
+//!   tally's keys), compiled into one descriptor tree per domain, and the lookup (its rules);
+//! * [`decide`]: one call: descriptors → limits → one atomic limiter call → Envoy's response;
+//! * this module: the gRPC server (with `grpc.health.v1.Health`, `NOT_SERVING` while Redis is
+//!   unreachable: [`HealthStatus`]) and the reload of the file (on change or SIGHUP; an invalid
+//!   file keeps the previous limits).
+//!
+//! Counts live in the request path's rate-limit keys (`<prefix>limit:<policy>:<subject>`), all
+//! of one domain under one hash tag, so one call is one script on one slot in a cluster too.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use futures::future::BoxFuture;
+use parking_lot::RwLock;
+use tally_counters::request::Client;
+use tokio_util::sync::CancellationToken;
+
+pub mod decide;
+mod server;
+
+pub use crate::config::limits::{Limits, LimitsError, Rule, Unit};
+
+use crate::config::{RlsConfig, Tokens};
+use crate::ops::metrics::Metrics;
+
+/// The service: the current limits (swapped whole on reload), the connection, the metrics.
+pub struct Rls {
+    /// Replaced by a reload; a call holds its snapshot to the end, so it never sees two files.
+    limits: RwLock<Arc<Limits>>,
+    client: Client,
+    metrics: Metrics,
+}
+
+impl Rls {
+    /// A service answering from `limits`.
+    pub fn new(limits: Arc<Limits>, client: Client, metrics: Metrics) -> Rls {
+        Rls {
+            limits: RwLock::new(limits),
+            client,
+            metrics,
+        }
+    }
+
+    /// The limits in force.
+    pub fn limits(&self) -> Arc<Limits> {
+        self.limits.read().clone()
+    }
+
+    /// Read `path` again: valid, it replaces the limits; invalid, the previous ones stay (the
+    /// error is returned, logged and counted).
+    pub fn reload(&self, path: &Path) -> Result<(), LimitsError> {
+        let m = &self.metrics.rls.reloads;
+        match Limits::load(path) {
+            Ok(limits) => {
+                *self.limits.write() = Arc::new(limits);
+                m.with_label_values(&["ok"]).inc();
+                tracing::info!(file = %path.display(), "rls limits loaded");
+                Ok(())
+            }
+            Err(e) => {
+                m.with_label_values(&["invalid"]).inc();
+                tracing::warn!(error = %e, "rls limits file refused; the previous limits stay");
+                Err(e)
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for Rls {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        let limits = self.limits();
+        let req = request.into_inner();
+        decide::should_rate_limit(&limits, &self.client, &self.metrics, &req)
+            .await
+            .map(tonic::Response::new)
+    }
+}
+
+/// What `grpc.health.v1.Health` answers, for the server (`""`) and the rate limit service
+/// alike: `SERVING` while Redis answers, `NOT_SERVING` while it does not (set by `tally
+/// serve`'s Redis probe), so a gRPC health check takes the instance out before calls fail.
+#[derive(Clone)]
+pub struct HealthStatus(tonic_health::server::HealthReporter);
+
+impl HealthStatus {
+    /// Report `serving` for both names.
+    pub async fn set(&self, serving: bool) {
+        use tonic::server::NamedService as _;
+        let status = if serving {
+            tonic_health::ServingStatus::Serving
+        } else {
+            tonic_health::ServingStatus::NotServing
+        };
+        for name in ["", RateLimitServiceServer::<Rls>::NAME] {
+            self.0.set_service_status(name, status).await;
+        }
+    }
+}
+
+/// The running service: its address and the tasks to supervise.
+pub struct Serving {
+    /// The bound address (`rls.listen`, with the port chosen when it was 0).
+    pub local: SocketAddr,
+    /// The service (for tests and benchmarks that call it in-process).
+    pub rls: Arc<Rls>,
+    /// Its gRPC health status (`SERVING` until told otherwise).
+    pub health: HealthStatus,
+    /// The gRPC server, until the shutdown token.
+    pub server: BoxFuture<'static, anyhow::Result<()>>,
+    /// The reloader of the limits file, until the shutdown token.
+    pub reloader: BoxFuture<'static, anyhow::Result<()>>,
+}
+
+/// Bind `config.listen` and answer from `limits` (the file as the configuration loaded it) until
+/// a reload replaces them.
+pub async fn serve(
+    config: &RlsConfig,
+    limits: Arc<Limits>,
+    tokens: Tokens,
+    client: Client,
+    metrics: Metrics,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Serving> {
+    let path = config
+        .limits_file
+        .clone()
+        .context("rls.limits_file is required")?;
+    let rls = Arc::new(Rls::new(limits, client, metrics.clone()));
+    metrics.rls.reloads.with_label_values(&["ok"]).inc();
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .with_context(|| format!("rls: bind {}", config.listen))?;
+    let local = listener.local_addr()?;
+    if tokens.token.is_none() && !local.ip().is_loopback() {
+        tracing::warn!(%local, "serving envoy's rate limit service beyond loopback without http.token");
+    }
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let health_status = HealthStatus(reporter);
+    health_status.set(true).await;
+    let routes = server::Routes {
+        rls: RateLimitServiceServer::from_arc(rls.clone()),
+        health,
+        tokens,
+    };
+    let conn_limits = server::GrpcLimits {
+        max_connections: config.max_connections,
+        keepalive_interval: config.keepalive_interval,
+        keepalive_timeout: config.keepalive_timeout,
+    };
+    let server = server::run(listener, routes, conn_limits, shutdown.clone());
+    let reloader = watch(rls.clone(), path, config.reload_interval, shutdown);
+    Ok(Serving {
+        local,
+        rls,
+        health: health_status,
+        server: Box::pin(server),
+        reloader: Box::pin(reloader),
+    })
+}
+
+/// Reload `path` when its content changes (checked every `every`) or on SIGHUP, until `stop`.
+async fn watch(
+    rls: Arc<Rls>,
+    path: PathBuf,
+    every: Duration,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .context("rls: listen for SIGHUP")?;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut seen = content(&path);
+    loop {
+        let forced = tokio::select! {
+            _ = stop.cancelled() => return Ok(()),
+            _ = tick.tick() => false,
+            _ = hup.recv() => true,
+        };
+        let now = content(&path);
+        if forced || now != seen {
+            seen = now;
+            let _ = rls.reload(&path);
+        }
+    }
+}
+
+/// The bytes of the file, or of every file of the directory with its name (unreadable: empty;
+/// the reload then says why).
+fn content(path: &Path) -> Vec<u8> {
+    if !path.is_dir() {
+        return std::fs::read(path).unwrap_or_default();
+    }
+    let mut names: Vec<PathBuf> = std::fs::read_dir(path)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    names.sort();
+    let mut out = Vec::new();
+    for n in names {
+        out.extend_from_slice(n.as_os_str().as_encoded_bytes());
+        out.push(0);
+        out.extend(std::fs::read(&n).unwrap_or_default());
+        out.push(0);
+    }
+    out
+}

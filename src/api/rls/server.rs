@@ -1,0 +1,163 @@
+//! The gRPC port: hyper's HTTP/2 connections serving the two generated tonic services, routed
+//! by path, the bearer token checked on the request's headers.
+//!
+//! Not tonic's `transport::Server`: per call it routes through an axum router (URL parameters
+//! percent-decoded into the request's extensions), inserts the peer's address, wraps a timeout
+//! and load-shedding layers and boxes the request and response bodies again; measured with the
+//! RLS bench's counting allocator that was ~15 of ~84 allocations per decision and several
+//! per cent of the server's CPU (docs/benchmarks.md, issue 26). What `ShouldRateLimit` needs
+//! is one path match.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
+use futures::future::BoxFuture;
+use hyper::body::Incoming;
+use hyper::server::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::body::Body;
+use tonic::codegen::{http, Service};
+use tonic::server::NamedService;
+
+use super::Rls;
+use crate::api::edge::auth::{self, Access};
+use crate::api::edge::listener::{accept, Slots};
+use crate::config::Tokens;
+use crate::ops::log_limit::LogLimiter;
+
+/// Time a call in flight gets to finish on shutdown.
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// The services of the port, routed by the call's path.
+#[derive(Clone)]
+pub(super) struct Routes<H> {
+    /// `envoy.service.ratelimit.v3.RateLimitService`.
+    pub rls: RateLimitServiceServer<Rls>,
+    /// `grpc.health.v1.Health` (open, as `/health/*` is).
+    pub health: H,
+    /// Who may call the rate limit service: with `http.token` set, a caller sending
+    /// `authorization: Bearer <http.token>` (or `http.admin_token`) as gRPC metadata. The
+    /// health service stays open, as `/health/*` does.
+    pub tokens: Tokens,
+}
+
+/// What a generated tonic service is.
+pub(super) trait GrpcService:
+    Service<
+        http::Request<Incoming>,
+        Response = http::Response<Body>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + NamedService
+    + Clone
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<S> GrpcService for S where
+    S: Service<
+            http::Request<Incoming>,
+            Response = http::Response<Body>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+impl<H: GrpcService> hyper::service::Service<http::Request<Incoming>> for Routes<H> {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<http::Response<Body>, Infallible>>;
+
+    fn call(&self, req: http::Request<Incoming>) -> Self::Future {
+        let service = req.uri().path().get(1..).and_then(|p| p.split_once('/'));
+        match service.map(|(s, _)| s) {
+            Some(RateLimitServiceServer::<Rls>::NAME) => {
+                if auth::check(&self.tokens, req.headers()) == Access::Denied {
+                    let status = tonic::Status::unauthenticated(
+                        "missing or wrong bearer token (authorization metadata)",
+                    );
+                    return Box::pin(async move { Ok(status.into_http()) });
+                }
+                // The generated services are always ready (no `poll_ready` to wait for).
+                let mut rls = self.rls.clone();
+                Box::pin(async move { rls.call(req).await })
+            }
+            Some(name) if name == H::NAME => {
+                let mut health = self.health.clone();
+                Box::pin(async move { health.call(req).await })
+            }
+            _ => Box::pin(async move {
+                Ok(tonic::Status::unimplemented("no such grpc service").into_http())
+            }),
+        }
+    }
+}
+
+/// How much the port's clients may take; from `rls.*`.
+pub(super) struct GrpcLimits {
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// A silent connection is PINGed after this long...
+    pub keepalive_interval: Duration,
+    /// ...and closed when the PING is not answered within this.
+    pub keepalive_timeout: Duration,
+}
+
+/// Serve `routes` on `listener` (HTTP/2 only, as gRPC is) until `stop`; each connection then
+/// finishes its calls in flight (up to [`DRAIN`]) and closes.
+pub(super) async fn run<H: GrpcService>(
+    listener: TcpListener,
+    routes: Routes<H>,
+    limits: GrpcLimits,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let slots = Slots::new(limits.max_connections, "rls.max_connections");
+    let mut http = http2::Builder::new(TokioExecutor::new());
+    http.timer(TokioTimer::new())
+        .keep_alive_interval(limits.keepalive_interval)
+        .keep_alive_timeout(limits.keepalive_timeout);
+    // Each connection holds a sender: once all are dropped, every connection has closed.
+    let (open, mut closed) = tokio::sync::mpsc::channel::<()>(1);
+    let log = LogLimiter::new();
+    loop {
+        let Some(stream) = accept(&listener, &stop, &log, "rls").await else {
+            break;
+        };
+        let Some(permit) = slots.take(&log) else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let connection = http.serve_connection(TokioIo::new(stream), routes.clone());
+        let stop = stop.clone();
+        let open = open.clone();
+        tokio::spawn(async move {
+            let _held = (open, permit);
+            tokio::pin!(connection);
+            let result = tokio::select! {
+                result = connection.as_mut() => result,
+                _ = stop.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    tokio::time::timeout(DRAIN, connection).await.unwrap_or(Ok(()))
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "rls connection closed");
+            }
+        });
+    }
+    // The port closes now; the connections drain.
+    drop(listener);
+    drop(open);
+    let _ = closed.recv().await;
+    Ok(())
+}

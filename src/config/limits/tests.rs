@@ -1,0 +1,244 @@
+//! The limits file and the lookup, on envoyproxy/ratelimit's README examples (its "Examples"
+//! section, quoted) and on the files it refuses.
+
+use super::*;
+
+/// An example of envoyproxy/ratelimit's README, as quoted in `tests/data/envoy-ratelimit-examples`
+/// (shared with the integration test `tests/it/rls_examples.rs`).
+macro_rules! example {
+    ($name:literal) => {
+        include_str!(concat!(
+            "../../../tests/data/envoy-ratelimit-examples/",
+            $name,
+            ".yaml"
+        ))
+    };
+}
+
+fn find<'a>(
+    limits: &'a Limits,
+    domain: &str,
+    entries: &[(&'static str, &'static str)],
+) -> Option<&'a Rule> {
+    limits.find(domain, entries.iter().copied())
+}
+
+fn per(rule: Option<&Rule>) -> Option<(u64, Unit)> {
+    rule.filter(|r| !r.unlimited)
+        .map(|r| (if r.blocked { 0 } else { r.policy.limit }, r.unit))
+}
+
+#[test]
+fn example_1_two_values_of_one_key() {
+    let l = Limits::parse(example!("example1")).unwrap();
+    let users = find(&l, "mongo_cps", &[("database", "users")]).unwrap();
+    assert_eq!(per(Some(users)), Some((500, Unit::Second)));
+    assert_eq!(users.policy.name, "mongo_cps.database_users");
+    assert!(find(&l, "mongo_cps", &[("database", "other")]).is_none());
+    assert!(find(&l, "other_domain", &[("database", "users")]).is_none());
+}
+
+const EXAMPLE_2: &str = example!("example2");
+
+#[test]
+fn example_2_nested_and_valueless_descriptors() {
+    let l = Limits::parse(EXAMPLE_2).unwrap();
+    let marketing = [("message_type", "marketing"), ("to_number", "2061111111")];
+    assert_eq!(per(find(&l, "messaging", &marketing)), Some((5, Unit::Day)));
+    assert_eq!(
+        per(find(&l, "messaging", &[("to_number", "2061111111")])),
+        Some((100, Unit::Day))
+    );
+    // The placeholder has no limit of its own.
+    assert!(find(&l, "messaging", &[("message_type", "marketing")]).is_none());
+    assert!(find(
+        &l,
+        "messaging",
+        &[("message_type", "other"), ("to_number", "1")]
+    )
+    .is_none());
+}
+
+#[test]
+fn example_3_the_most_specific_match_wins_and_zero_blocks() {
+    let l = Limits::parse(example!("example3")).unwrap();
+    let any = find(&l, "edge_proxy_per_ip", &[("remote_address", "50.0.0.1")]).unwrap();
+    assert_eq!(per(Some(any)), Some((10, Unit::Second)));
+    assert!(!any.blocked);
+    let black = find(&l, "edge_proxy_per_ip", &[("remote_address", "50.0.0.5")]).unwrap();
+    assert!(black.blocked);
+}
+
+#[test]
+fn example_4_descriptor_depth_must_match() {
+    let flat = Limits::parse(example!("example4-flat")).unwrap();
+    let two = [("key", "value"), ("subkey", "subvalue")];
+    assert!(find(&flat, "example4", &two).is_none());
+    let nested = Limits::parse(example!("example4-nested")).unwrap();
+    assert_eq!(
+        per(find(&nested, "example4", &two)),
+        Some((300, Unit::Second))
+    );
+}
+
+#[test]
+fn example_5_unlimited() {
+    let l = Limits::parse(example!("example5")).unwrap();
+    assert!(find(&l, "internal", &[("ldap", "x")]).unwrap().unlimited);
+    assert_eq!(
+        per(find(&l, "internal", &[("azure", "x")])),
+        Some((100, Unit::Minute))
+    );
+}
+
+#[test]
+fn example_6_shadow_mode() {
+    let l = Limits::parse(example!("example6")).unwrap();
+    let a = find(
+        &l,
+        "example6",
+        &[("service", "auth-service"), ("user", "user-a")],
+    )
+    .unwrap();
+    assert!(a.policy.shadow);
+    let b = find(
+        &l,
+        "example6",
+        &[("service", "auth-service"), ("user", "user-b")],
+    )
+    .unwrap();
+    assert!(!b.policy.shadow);
+    assert_eq!(b.policy.limit, 20);
+}
+
+#[test]
+fn example_7_replaces_is_read() {
+    let l = Limits::parse(example!("example7")).unwrap();
+    let one = find(
+        &l,
+        "example7",
+        &[("key_1", "value_1"), ("user", "bkthomps")],
+    )
+    .unwrap();
+    assert_eq!(one.name.as_deref(), Some("specific_limit"));
+    assert_eq!(one.label, "specific_limit");
+    let two = find(
+        &l,
+        "example7",
+        &[("key_2", "value_2"), ("user", "bkthomps")],
+    )
+    .unwrap();
+    assert_eq!(two.replaces, vec!["specific_limit".to_string()]);
+}
+
+#[test]
+fn examples_8_and_10_metric_flags_load() {
+    let l = Limits::parse(example!("example8")).unwrap();
+    assert_eq!(
+        per(find(&l, "example8", &[("key1", "zzz")])),
+        Some((10, Unit::Minute))
+    );
+    assert_eq!(
+        per(find(&l, "example8", &[("key1", "value1")])),
+        Some((20, Unit::Minute))
+    );
+}
+
+#[test]
+fn example_9_wildcards() {
+    let l = Limits::parse(example!("example9")).unwrap();
+    let limit =
+        |k: &'static str, v: &'static str| per(find(&l, "example9", &[(k, v)])).map(|p| p.0);
+    assert_eq!(limit("key1", "value1"), Some(20));
+    assert_eq!(limit("key1", "valueXYZ"), Some(20));
+    assert_eq!(limit("key1", "value"), Some(20));
+    assert_eq!(limit("key1", "valu"), None);
+    assert_eq!(limit("path", "/api/123/action"), Some(21));
+    assert_eq!(limit("path", "/api/user-id/action"), Some(21));
+    assert_eq!(limit("path", "/api/123/other"), None);
+    assert_eq!(limit("route", "/api/v1/resource/123/action"), Some(22));
+    assert_eq!(limit("route", "/api/v1/resource/action"), None);
+}
+
+#[test]
+fn wildcard_matching_edge_cases() {
+    let parts = |p: &str| p.split('*').map(str::to_string).collect::<Vec<_>>();
+    assert!(wildcard_match(&parts("a*a"), "aa"));
+    assert!(
+        !wildcard_match(&parts("a*a"), "a"),
+        "prefix and suffix may not overlap"
+    );
+    assert!(wildcard_match(&parts("*"), ""));
+    assert!(wildcard_match(&parts("x*y*z"), "xyz"));
+    assert!(!wildcard_match(&parts("x*y*z"), "xzy"));
+    assert!(wildcard_match(&parts("exact"), "exact"));
+    assert!(!wildcard_match(&parts("exact"), "exactly"));
+}
+
+#[test]
+fn tally_extensions_are_read() {
+    let l = Limits::parse(
+        "domain: llm
+descriptors:
+  - key: user
+    rate_limit:
+      unit: minute
+      requests_per_unit: 1000
+      algorithm: gcra
+      burst: 50
+      on_redis_error: closed
+      usage: true
+",
+    )
+    .unwrap();
+    let r = find(&l, "llm", &[("user", "u1")]).unwrap();
+    assert_eq!(r.policy.algorithm, Algorithm::Gcra);
+    assert_eq!(r.policy.burst, Some(50));
+    assert!(r.answers_without_redis && r.usage);
+    assert_eq!(r.policy.window, Duration::from_secs(60));
+}
+
+fn refused(text: &str) -> String {
+    Limits::parse(text).expect_err("must be refused")
+}
+
+#[test]
+fn refusals_say_what_and_where() {
+    let e = refused("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n");
+    assert!(
+        e.contains("descriptors[0].quota_mode") && e.contains("does not support"),
+        "{e}"
+    );
+    let e = refused("domain: d\ndescriptors:\n  - key: a\n    colour: red\n");
+    assert!(e.contains("unknown field `colour`"), "{e}");
+    let e = refused("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n");
+    assert!(e.contains("d.a") && e.contains("fortnight"), "{e}");
+    let e = refused(
+        "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, unit: second}\n",
+    );
+    assert!(e.contains("unlimited"), "{e}");
+    let e = refused("domain: d\ndescriptors:\n  - {key: a, value: b}\n  - {key: a, value: b}\n");
+    assert!(
+        e.contains("`d.a_b`: the descriptor is defined twice"),
+        "{e}"
+    );
+    let e = refused("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5, burst: 2}\n");
+    assert!(e.contains("burst"), "{e}");
+    let e = refused("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {name: x, replaces: [{name: x}], unit: second, requests_per_unit: 5}\n");
+    assert!(e.contains("replace itself"), "{e}");
+    let e = refused("domain: ''\n");
+    assert!(e.contains("domain"), "{e}");
+    assert!(
+        Limits::parse("domain: d\ndescriptors:\n  - key: a\n    share_threshold: false\n").is_ok()
+    );
+    // `false` is taken out at any depth; anything else is refused where it is.
+    let nested = |set: &str| {
+        format!("domain: d\ndescriptors:\n  - key: a\n    quota_mode: false\n    descriptors:\n      - key: b\n        share_threshold: {set}\n")
+    };
+    assert!(Limits::parse(&nested("false")).is_ok());
+    let e = refused(&nested("true"));
+    assert!(
+        e.contains("`descriptors[0].descriptors[0].share_threshold`"),
+        "{e}"
+    );
+}

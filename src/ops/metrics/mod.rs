@@ -1,0 +1,172 @@
+//! Every Prometheus metric tally exports, registered in one place on an explicit registry.
+//!
+//! Labels are bounded: counter name (from config), partition (topic size), error kind and
+//! decode reason (closed enums). A user's key or dimension value is never a label.
+//!
+//! One struct per stage, each in its own file with its constructor beside the label enums it
+//! uses, following the data: [`ConsumerMetrics`] (Kafka), [`DecodeMetrics`],
+//! [`AggregateMetrics`], [`SinkMetrics`] (flushes), [`RedisMetrics`] (the stream path's
+//! connection), [`RecoveryMetrics`], then [`RequestMetrics`] and [`JobMetrics`].
+
+mod aggregate;
+mod consumer;
+mod decode;
+mod jobs;
+mod labels;
+mod publish;
+mod recovery;
+mod redis;
+mod request;
+mod rls;
+mod share;
+mod sink;
+
+pub use aggregate::AggregateMetrics;
+pub use consumer::{ConsumerMetrics, RebalanceKind};
+pub use decode::DecodeMetrics;
+pub use jobs::JobMetrics;
+pub use publish::PublishMetrics;
+pub use recovery::{HaltReason, RecoveryMetrics, ResetReason};
+pub use redis::{RedisErrorKind, RedisMetrics};
+pub use request::{Outcome, Primitive, RequestMetrics};
+pub use rls::RlsMetrics;
+pub use share::{GaugeShare, LaneGauges};
+pub use sink::{RejectReason, SinkMetrics};
+
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+/// All metrics of one tally process.
+#[derive(Clone)]
+pub struct Metrics {
+    /// The registry `/metrics` renders.
+    pub registry: Registry,
+    /// Messages read, offsets committed, rebalances, backpressure.
+    pub consumer: ConsumerMetrics,
+    /// Messages that could not be decoded.
+    pub decode: DecodeMetrics,
+    /// Events counted, late or replayed; keys pending.
+    pub aggregate: AggregateMetrics,
+    /// What the flushes wrote.
+    pub sink: SinkMetrics,
+    /// The stream path's Redis errors and retries.
+    pub redis: RedisMetrics,
+    /// Partitions halted, rebuilt or reset.
+    pub recovery: RecoveryMetrics,
+    /// The request path's metrics.
+    pub request: RequestMetrics,
+    /// The jobs' metrics.
+    pub jobs: JobMetrics,
+    /// Not Prometheus: the live status (`/v1/status`), which the stages write beside their
+    /// metrics (per batch) and which is read as program state. It rides here because every stage
+    /// already holds the metrics.
+    pub status: std::sync::Arc<crate::ops::status::Status>,
+    /// Envoy's rate limit service.
+    pub rls: RlsMetrics,
+    /// Watermarks and the window publisher.
+    pub publish: PublishMetrics,
+}
+
+pub(super) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("static metric definition");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric registered once");
+    c
+}
+
+pub(super) fn counter_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    registry
+        .register(Box::new(c.clone()))
+        .expect("metric registered once");
+    c
+}
+
+pub(super) fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("static metric definition");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("metric registered once");
+    g
+}
+
+pub(super) fn gauge_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> IntGaugeVec {
+    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    registry
+        .register(Box::new(g.clone()))
+        .expect("metric registered once");
+    g
+}
+
+pub(super) fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    buckets: Vec<f64>,
+) -> Histogram {
+    let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+        .expect("static metric definition");
+    registry
+        .register(Box::new(h.clone()))
+        .expect("metric registered once");
+    h
+}
+
+impl Metrics {
+    /// Create and register every metric, including process CPU and memory.
+    pub fn new(counter_names: &[String]) -> Metrics {
+        let registry = Registry::new();
+        #[cfg(target_os = "linux")]
+        {
+            let pc = prometheus::process_collector::ProcessCollector::for_self();
+            let _ = registry.register(Box::new(pc));
+        }
+        let (consumer, decode) = (
+            ConsumerMetrics::new(&registry),
+            DecodeMetrics::new(&registry),
+        );
+        let aggregate = AggregateMetrics::new(&registry, counter_names);
+        let (sink, redis) = (SinkMetrics::new(&registry), RedisMetrics::new(&registry));
+        let recovery = RecoveryMetrics::new(&registry);
+        Metrics {
+            request: RequestMetrics::new(&registry),
+            jobs: JobMetrics::new(&registry, counter_names),
+            rls: RlsMetrics::new(&registry),
+            publish: PublishMetrics::new(&registry, counter_names),
+            consumer,
+            decode,
+            aggregate,
+            sink,
+            redis,
+            recovery,
+            registry,
+            status: Default::default(),
+        }
+    }
+
+    /// Keep a live status with a heavy-hitters summary of `hot_keys` keys (0: none).
+    pub fn with_status(mut self, hot_keys: usize) -> Metrics {
+        self.status = std::sync::Arc::new(crate::ops::status::Status::new(hot_keys));
+        self
+    }
+
+    /// Prometheus text exposition of everything registered.
+    pub fn render(&self) -> String {
+        let encoder = prometheus::TextEncoder::new();
+        encoder
+            .encode_to_string(&self.registry.gather())
+            .unwrap_or_else(|e| format!("# encode error: {e}\n"))
+    }
+}

@@ -1,0 +1,294 @@
+//! The live status behind `GET /v1/status`, the page at `GET /` and `tally top`: what the
+//! stages report about themselves, kept in process (no Prometheus needed, and no metric is
+//! read back). The stages write per batch: a lane's offsets when a flush lands, its halted
+//! partitions when they change, Kafka's end offsets with librdkafka's statistics, the request
+//! path's decisions per call, the jobs' leadership per pass. A sampler turns the stream's
+//! totals into a one-minute history every second ([`Status::sample`]). [`view`] assembles the
+//! answer.
+//!
+//! Files: `rates.rs` (totals, the history, flush latencies), `hot.rs` (the heavy-hitters
+//! summary), `view.rs` (the JSON answer).
+
+mod hot;
+mod rates;
+pub mod view;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+pub use hot::{HotKey, HotKeys};
+pub use rates::{History, Latencies, Totals, HISTORY};
+
+/// What one partition of the stream looks like.
+#[derive(Debug, Clone, Default)]
+struct Partition {
+    /// The consumer lane that owns it.
+    lane: usize,
+    /// Next offset to count: everything before has landed in Redis.
+    applied: Option<i64>,
+    /// Kafka's end of the partition (high watermark), from librdkafka's statistics.
+    end: Option<i64>,
+    /// Why it is halted or waiting, if it is.
+    halt: Option<Halt>,
+}
+
+/// A halted (or waiting) partition.
+#[derive(Debug, Clone)]
+pub struct Halt {
+    /// The reason's label (as `tally_partitions_halted{reason}`).
+    pub reason: &'static str,
+    /// What happened and what to do.
+    pub detail: String,
+    /// The `tally state repair` arguments that fix it, if an operator must act.
+    pub repair: Option<String>,
+}
+
+/// Rate-limit decisions of one policy.
+#[derive(Debug, Clone, Copy, Default)]
+struct Decisions {
+    admitted: u64,
+    denied: u64,
+    /// Decided by the policy's `on_redis_error` (counted in admitted or denied too).
+    without_redis: u64,
+}
+
+/// A job's leadership and last run.
+#[derive(Debug, Clone, Default)]
+struct Job {
+    leader: bool,
+    runs: u64,
+    /// Unix ms of the last pass, and its error if it failed.
+    last_run_ms: Option<i64>,
+    last_error: Option<String>,
+}
+
+/// The stream's state: partitions, totals, history, flush latencies, hot keys.
+#[derive(Debug)]
+struct Stream {
+    partitions: Mutex<BTreeMap<i32, Partition>>,
+    totals: Totals,
+    history: Mutex<History>,
+    latencies: Mutex<Latencies>,
+    /// None when `status.hot_keys = 0`.
+    hot: Option<Mutex<HotKeys>>,
+    /// Event-time watermarks, as the publishing leader last read them (empty elsewhere).
+    watermarks: Mutex<Watermarks>,
+}
+
+/// What the window publisher last saw ([`crate::stream::publish`]); kept while this process leads it.
+#[derive(Debug, Clone, Default)]
+struct Watermarks {
+    /// Per partition of the topic: the highest event time applied (Unix ms), and whether the
+    /// partition is idle (not holding the topic's watermark back).
+    partitions: BTreeMap<i32, (Option<i64>, bool)>,
+    /// Per counter with an output: its watermark after `allowed_lateness` (Unix ms).
+    counters: BTreeMap<String, Option<i64>>,
+}
+
+/// The process' live status.
+#[derive(Debug)]
+pub struct Status {
+    /// For the uptime.
+    started: Instant,
+    stream: Stream,
+    /// Rate-limit decisions per policy (names from the configuration: bounded).
+    requests: Mutex<BTreeMap<String, Decisions>>,
+    jobs: Mutex<BTreeMap<&'static str, Job>>,
+    /// What the repair command needs besides its own arguments (`--config <file>`).
+    command_prefix: Mutex<String>,
+}
+
+impl Status {
+    /// An empty status; `hot_keys` is the heavy-hitters summary's capacity (0: none).
+    pub fn new(hot_keys: usize) -> Status {
+        Status {
+            started: Instant::now(),
+            stream: Stream {
+                partitions: Mutex::new(BTreeMap::new()),
+                totals: Totals::default(),
+                history: Mutex::new(History::default()),
+                latencies: Mutex::new(Latencies::default()),
+                hot: (hot_keys > 0).then(|| Mutex::new(HotKeys::new(hot_keys))),
+                watermarks: Mutex::default(),
+            },
+            requests: Mutex::new(BTreeMap::new()),
+            jobs: Mutex::new(BTreeMap::new()),
+            command_prefix: Mutex::new("tally state".into()),
+        }
+    }
+
+    /// Name the configuration file in repair commands (`tally state --config <path> repair …`).
+    pub fn set_config_path(&self, path: &std::path::Path) {
+        *self.command_prefix.lock() = format!("tally state --config {}", path.display());
+    }
+
+    // ---- the stream path (consumer lanes) ----
+
+    /// `partition` was assigned to `lane` and starts at `start`.
+    pub fn assigned(&self, lane: usize, partition: i32, start: i64) {
+        let mut parts = self.stream.partitions.lock();
+        let p = parts.entry(partition).or_default();
+        p.lane = lane;
+        p.applied = Some(start);
+    }
+
+    /// `partition` left this process.
+    pub fn revoked(&self, partition: i32) {
+        self.stream.partitions.lock().remove(&partition);
+    }
+
+    /// A flush landed: `ends` are the partitions' new applied offsets; it wrote `keys` keys in
+    /// `took`.
+    pub fn flush_landed(
+        &self,
+        ends: impl IntoIterator<Item = (i32, i64)>,
+        keys: usize,
+        took: Duration,
+    ) {
+        {
+            let mut parts = self.stream.partitions.lock();
+            for (partition, end) in ends {
+                if let Some(p) = parts.get_mut(&partition) {
+                    p.applied = Some(end);
+                }
+            }
+        }
+        let totals = &self.stream.totals;
+        totals
+            .flushed_keys
+            .fetch_add(keys as u64, Ordering::Relaxed);
+        totals.flushes.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.stream.latencies.lock().push(micros);
+    }
+
+    /// Kafka's end offset of `partition` (ignored for partitions this process does not own).
+    pub fn kafka_end(&self, partition: i32, end: i64) {
+        if let Some(p) = self.stream.partitions.lock().get_mut(&partition) {
+            p.end = Some(end);
+        }
+    }
+
+    /// `n` messages were read.
+    pub fn consumed(&self, n: u64) {
+        self.stream.totals.consumed.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Replace what `lane` reports as halted.
+    pub fn set_halted(&self, lane: usize, halted: impl IntoIterator<Item = (i32, Halt)>) {
+        let mut parts = self.stream.partitions.lock();
+        for p in parts.values_mut().filter(|p| p.lane == lane) {
+            p.halt = None;
+        }
+        for (partition, halt) in halted {
+            let p = parts.entry(partition).or_default();
+            p.lane = lane;
+            p.halt = Some(halt);
+        }
+    }
+
+    /// A batch was sealed for a flush: feed its count deltas (already summed per key within a
+    /// unit) to the heavy-hitters summary, once per flush, never per message; nothing is
+    /// allocated or cloned per unit or key.
+    /// `deltas` are `(key, delta, expire_at_ms)`; `repeats` is how many times one key can
+    /// appear among them (the aggregator's `max_units_per_key`).
+    pub fn sealed<'a, I>(&self, deltas: I, repeats: usize)
+    where
+        I: IntoIterator<Item = (&'a [u8], i64, i64)> + Clone,
+    {
+        let Some(hot) = &self.stream.hot else {
+            return;
+        };
+        hot.lock().feed(deltas, repeats, unix_ms());
+    }
+
+    /// The window publisher read the partitions' `(partition, highest event time, idle)`.
+    pub fn partition_watermarks(&self, marks: impl IntoIterator<Item = (i32, Option<i64>, bool)>) {
+        let mut w = self.stream.watermarks.lock();
+        w.partitions.clear();
+        w.partitions
+            .extend(marks.into_iter().map(|(p, t, idle)| (p, (t, idle))));
+    }
+
+    /// The window publisher computed `counter`'s watermark after lateness (None: not known yet).
+    pub fn counter_watermark(&self, counter: &str, watermark: Option<i64>) {
+        let mut w = self.stream.watermarks.lock();
+        match w.counters.get_mut(counter) {
+            Some(v) => *v = watermark,
+            None => {
+                w.counters.insert(counter.to_string(), watermark);
+            }
+        }
+    }
+
+    /// This process stopped publishing: its watermarks would go stale.
+    pub fn clear_watermarks(&self) {
+        *self.stream.watermarks.lock() = Watermarks::default();
+    }
+
+    /// Take a reading of the totals into the history; call once a second.
+    pub fn sample(&self) {
+        let now = self.stream.totals.read();
+        self.stream.history.lock().push(now);
+    }
+
+    /// Sample every second until `stop`.
+    pub async fn run_sampler(
+        self: std::sync::Arc<Self>,
+        stop: CancellationToken,
+    ) -> anyhow::Result<()> {
+        let mut every = tokio::time::interval(Duration::from_secs(1));
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                _ = every.tick() => self.sample(),
+            }
+        }
+    }
+
+    // ---- the request path and the jobs ----
+
+    /// A rate-limit decision of `policy`.
+    pub fn decided(&self, policy: &str, allowed: bool, without_redis: bool) {
+        let mut requests = self.requests.lock();
+        let d = match requests.get_mut(policy) {
+            Some(d) => d,
+            None => requests.entry(policy.to_string()).or_default(),
+        };
+        if allowed {
+            d.admitted += 1;
+        } else {
+            d.denied += 1;
+        }
+        if without_redis {
+            d.without_redis += 1;
+        }
+    }
+
+    /// `job` took or lost its leadership.
+    pub fn job_leader(&self, job: &'static str, leader: bool) {
+        self.jobs.lock().entry(job).or_default().leader = leader;
+    }
+
+    /// `job` ran a pass at `at_ms`.
+    pub fn job_ran(&self, job: &'static str, at_ms: i64, error: Option<String>) {
+        let mut jobs = self.jobs.lock();
+        let j = jobs.entry(job).or_default();
+        j.runs += u64::from(error.is_none());
+        j.last_run_ms = Some(at_ms);
+        j.last_error = error;
+    }
+}
+
+impl Default for Status {
+    fn default() -> Status {
+        Status::new(0)
+    }
+}
+
+pub use tally_counters::clock::unix_ms;

@@ -1,2 +1,0 @@
--- Every key is a counter key.
-local ncount = #KEYS - 2

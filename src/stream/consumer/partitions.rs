@@ -1,0 +1,320 @@
+//! What the worker knows about its partitions beyond the aggregator: how they start (the I/O
+//! around [`recovery`](super::recovery)'s decision), which are parked and why, which are being
+//! rebuilt, which are being revoked.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{Offset, TopicPartitionList};
+
+use crate::config::{RecoveryConfig, StartFrom};
+use crate::ops::health::Health;
+use crate::ops::log_limit::LogLimiter;
+use crate::ops::metrics::{HaltReason, LaneGauges, Metrics, ResetReason};
+use crate::stream::aggregate::Aggregator;
+
+use super::recovery::{self, Halt, Origin, Start};
+use super::{TallyContext, KAFKA_TIMEOUT};
+
+/// How often parked partitions are tried again.
+const RETRY_PARKED: Duration = Duration::from_secs(5);
+
+/// How the worker reaches and recovers tally's state in Redis.
+pub struct StateAccess {
+    /// Where a partition tally never counted starts.
+    pub start_from: StartFrom,
+    /// What to do when Redis lost tally's state.
+    pub recovery: RecoveryConfig,
+    /// Readiness, which lists halted partitions.
+    pub health: Arc<Health>,
+    /// Longest wait for Redis' answer about fences.
+    pub init_timeout: Duration,
+    /// Which consumer lane of the process this is (0 for the first).
+    pub lane: usize,
+}
+
+/// What Kafka holds for a partition, for [`recovery::decide`].
+#[derive(Debug, Clone, Copy)]
+pub(super) struct KafkaOffsets {
+    /// The group has committed an offset for the partition.
+    pub(super) has_commit: bool,
+    /// The earliest retained offset.
+    pub(super) low: i64,
+    /// The end of the partition (next offset to be written).
+    pub(super) high: i64,
+}
+
+/// Read the commit and watermarks of each of `parts`.
+pub(super) fn kafka_offsets(
+    consumer: &BaseConsumer<TallyContext>,
+    topic: &str,
+    parts: &[i32],
+) -> Vec<(i32, Result<KafkaOffsets, Halt>)> {
+    let mut tpl = TopicPartitionList::new();
+    for &p in parts {
+        tpl.add_partition(topic, p);
+    }
+    let committed = consumer.committed_offsets(tpl, KAFKA_TIMEOUT);
+    let read = |p: i32| {
+        let has_commit = match &committed {
+            Ok(c) => c
+                .find_partition(topic, p)
+                .is_some_and(|e| matches!(e.offset(), Offset::Offset(n) if n >= 0)),
+            Err(e) => return Err(Halt::KafkaUnavailable(e.to_string())),
+        };
+        let (low, high) = consumer
+            .fetch_watermarks(topic, p, KAFKA_TIMEOUT)
+            .map_err(|e| Halt::KafkaUnavailable(e.to_string()))?;
+        Ok(KafkaOffsets {
+            has_commit,
+            low,
+            high,
+        })
+    };
+    parts.iter().map(|&p| (p, read(p))).collect()
+}
+
+/// A partition being recounted after Redis lost its state.
+struct Rebuild {
+    /// End of the partition when the rebuild began: done once the position passes it.
+    end: i64,
+    /// Where it began (the earliest retained offset), for progress.
+    from: i64,
+    /// When it began, for the rate and the estimate of what is left.
+    started: Instant,
+}
+
+/// The partitions' states besides counting: parked, rebuilding, being revoked.
+pub(super) struct PartitionStates {
+    /// Start policy, recovery policy, readiness, Redis wait.
+    access: StateAccess,
+    /// Assigned partitions not consumed until their state allows it, and why.
+    parked: BTreeMap<i32, Halt>,
+    /// Parked partitions are retried every [`RETRY_PARKED`], not at every tick.
+    last_parked_retry: Instant,
+    /// Partitions being recounted after Redis lost their state.
+    rebuilding: HashMap<i32, Rebuild>,
+    /// Rebuild progress is logged once per interval.
+    progress_log: LogLimiter,
+    /// Partitions being revoked right now: never seek or recover them.
+    revoking: Vec<i32>,
+    /// The live status, which lists halted partitions with their repair command.
+    status: Arc<crate::ops::status::Status>,
+}
+
+impl PartitionStates {
+    pub(super) fn new(
+        access: StateAccess,
+        status: Arc<crate::ops::status::Status>,
+    ) -> PartitionStates {
+        PartitionStates {
+            status,
+            access,
+            parked: BTreeMap::new(),
+            last_parked_retry: Instant::now(),
+            rebuilding: HashMap::new(),
+            progress_log: LogLimiter::after_interval(),
+            revoking: Vec::new(),
+        }
+    }
+
+    /// Which consumer lane of the process this is.
+    pub(super) fn lane(&self) -> usize {
+        self.access.lane
+    }
+
+    /// Longest wait for Redis' answer about fences.
+    pub(super) fn init_timeout(&self) -> Duration {
+        self.access.init_timeout
+    }
+
+    /// Where Redis should create the state of a partition it has none for (-1: nowhere).
+    pub(super) fn fresh_start(&self, kafka: &KafkaOffsets) -> i64 {
+        recovery::fresh_start(
+            kafka.has_commit,
+            self.access.recovery.on_state_lost,
+            self.access.start_from,
+            kafka.low,
+            kafka.high,
+        )
+        .unwrap_or(-1)
+    }
+
+    /// Report how `partition` opens, and track its rebuild if it is one.
+    pub(super) fn opened(&mut self, partition: i32, start: &Start, metrics: &Metrics) {
+        match start.origin {
+            Origin::Rebuild { from, end } => {
+                metrics.recovery.state_rebuilds.inc();
+                tracing::error!(
+                    partition,
+                    from,
+                    to = end,
+                    "redis lost tally's state for this partition; recounting it from the earliest retained offset (windows whose events are no longer retained stay undercounted)"
+                );
+                let started = Instant::now();
+                let rebuild = Rebuild { end, from, started };
+                self.rebuilding.insert(partition, rebuild);
+            }
+            Origin::New => {
+                tracing::info!(
+                    partition,
+                    start = start.offset,
+                    "partition new to tally's state"
+                )
+            }
+            Origin::Fence => {}
+        }
+        if let Some(applied) = start.gap_from {
+            metrics.recovery.offset_reset(ResetReason::BeforeLogStart);
+            tracing::error!(
+                partition,
+                applied,
+                log_start = start.offset,
+                lost = start.offset - applied,
+                "offsets between the applied offset and the start of the topic were deleted by retention before tally counted them; continuing at the start of the topic"
+            );
+        }
+    }
+
+    pub(super) fn is_parked(&self, partition: i32) -> bool {
+        self.parked.contains_key(&partition)
+    }
+
+    /// The parked partitions.
+    pub(super) fn parked(&self) -> impl Iterator<Item = i32> + '_ {
+        self.parked.keys().copied()
+    }
+
+    /// Stop counting `partition` until it can be opened again (the caller pauses it).
+    pub(super) fn park(&mut self, partition: i32, halt: Halt, gauges: &mut LaneGauges) {
+        self.rebuilding.remove(&partition);
+        if self.parked.get(&partition) == Some(&halt) {
+            return;
+        }
+        match &halt {
+            Halt::RedisUnavailable(_) | Halt::KafkaUnavailable(_) => {
+                tracing::warn!(partition, reason = %halt.describe(partition), "partition waiting")
+            }
+            _ => tracing::error!(partition, reason = %halt.describe(partition), "partition halted"),
+        }
+        self.parked.insert(partition, halt);
+        self.publish_halts(gauges);
+    }
+
+    /// Forget a parked partition (opened again).
+    pub(super) fn unpark(&mut self, partition: i32, gauges: &mut LaneGauges) {
+        if self.parked.remove(&partition).is_some() {
+            self.publish_halts(gauges);
+        }
+    }
+
+    /// Forget everything about a revoked partition.
+    pub(super) fn revoked(&mut self, partition: i32, gauges: &mut LaneGauges) {
+        self.unpark(partition, gauges);
+        self.rebuilding.remove(&partition);
+    }
+
+    /// Readiness and the per-reason gauge follow the parked set.
+    fn publish_halts(&self, gauges: &mut LaneGauges) {
+        for &reason in HaltReason::ALL {
+            let n = self
+                .parked
+                .values()
+                .filter(|h| h.reason() == reason)
+                .count();
+            gauges.set_halted(reason, n);
+        }
+        self.access.health.set_halted(
+            self.access.lane,
+            self.parked.iter().map(|(p, h)| h.describe(*p)),
+        );
+        self.status.set_halted(
+            self.access.lane,
+            self.parked.iter().map(|(&p, h)| {
+                let halt = crate::ops::status::Halt {
+                    reason: h.reason().label(),
+                    detail: h.describe(p),
+                    repair: h.repair_args(p),
+                };
+                (p, halt)
+            }),
+        );
+    }
+
+    /// The parked partitions to try again now (every few seconds), except those being revoked.
+    pub(super) fn retry_due(&mut self) -> Vec<i32> {
+        if self.parked.is_empty() || self.last_parked_retry.elapsed() < RETRY_PARKED {
+            return Vec::new();
+        }
+        self.last_parked_retry = Instant::now();
+        self.parked()
+            .filter(|p| !self.revoking.contains(p))
+            .collect()
+    }
+
+    /// `partitions` are being revoked (until [`PartitionStates::revoke_done`]).
+    pub(super) fn revoking(&mut self, partitions: &[i32]) {
+        self.revoking = partitions.to_vec();
+    }
+
+    pub(super) fn revoke_done(&mut self) {
+        self.revoking.clear();
+    }
+
+    pub(super) fn is_revoking(&self, partition: i32) -> bool {
+        self.revoking.contains(&partition)
+    }
+
+    /// Report how far rebuilding partitions have come (metric always, log every 10 s).
+    pub(super) fn report_rebuilds(&mut self, agg: &Aggregator, gauges: &mut LaneGauges) {
+        if self.rebuilding.is_empty() {
+            gauges.rebuild_remaining.set(0);
+            return;
+        }
+        let log = self.progress_log.allow().is_some();
+        let mut total_remaining = 0;
+        self.rebuilding.retain(|&p, rebuild| {
+            let Some(position) = agg.position(p) else {
+                return true;
+            };
+            let remaining = (rebuild.end - position).max(0);
+            if remaining == 0 {
+                tracing::info!(
+                    partition = p,
+                    offsets = rebuild.end - rebuild.from,
+                    seconds = rebuild.started.elapsed().as_secs_f64(),
+                    "rebuild read everything the topic held when it began"
+                );
+                return false;
+            }
+            total_remaining += remaining;
+            if log {
+                rebuild.log_progress(p, position, remaining);
+            }
+            true
+        });
+        gauges.rebuild_remaining.set(total_remaining);
+    }
+}
+
+impl Rebuild {
+    fn log_progress(&self, partition: i32, position: i64, remaining: i64) {
+        let done = position - self.from;
+        let rate = done as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
+        let eta_s = if rate > 0.0 {
+            remaining as f64 / rate
+        } else {
+            f64::INFINITY
+        };
+        tracing::info!(
+            partition,
+            done,
+            remaining,
+            rate = rate.round(),
+            eta_s = eta_s.round(),
+            "rebuilding from the earliest retained offset"
+        );
+    }
+}

@@ -1,0 +1,424 @@
+//! Decode: a Kafka payload (JSON object) into the few fields the counters need.
+//!
+//! Only the configured top-level fields are extracted; everything else is skipped without
+//! allocating. String values borrow from the message buffer unless they contain escapes.
+//! A borrowed scan (`decode_scan.rs`) handles the common shape; anything else (escapes, floats
+//! in wanted fields, invalid JSON) goes to serde_json, which gives the reference answer.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+use smallvec::SmallVec;
+
+use crate::config::{DecodeConfig, TimeFormat};
+use crate::model::{CounterSpec, Kind};
+
+/// Why a message was skipped. Each maps to one `reason` label value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// The message had no payload.
+    #[error("empty payload")]
+    Empty,
+    /// The payload or a dimension value exceeded its configured limit.
+    #[error("payload or value too large")]
+    TooLarge,
+    /// The payload is not valid UTF-8.
+    #[error("payload is not UTF-8")]
+    NotUtf8,
+    /// The payload is not a JSON object.
+    #[error("payload is not a JSON object")]
+    NotJson,
+    /// A required field is absent (or null).
+    #[error("a required field is missing")]
+    MissingField,
+    /// A field has a type the counter cannot use (e.g. an object as a dimension, a float value).
+    #[error("a field has the wrong type")]
+    WrongType,
+    /// The event time could not be read, or no timestamp was available.
+    #[error("bad event timestamp")]
+    BadTimestamp,
+    /// The event time lies further in the future than `decode.max_future` allows.
+    #[error("event time too far in the future")]
+    FutureTime,
+    /// Adding the event's value would overflow a counter's 64-bit sum.
+    #[error("value would overflow the counter")]
+    Overflow,
+}
+
+impl DecodeError {
+    /// Every reason, in `index` order.
+    pub const ALL: [DecodeError; 9] = [
+        DecodeError::Empty,
+        DecodeError::TooLarge,
+        DecodeError::NotUtf8,
+        DecodeError::NotJson,
+        DecodeError::MissingField,
+        DecodeError::WrongType,
+        DecodeError::BadTimestamp,
+        DecodeError::FutureTime,
+        DecodeError::Overflow,
+    ];
+
+    /// The metric label for this error.
+    pub fn reason(self) -> &'static str {
+        match self {
+            DecodeError::Empty => "empty",
+            DecodeError::TooLarge => "too_large",
+            DecodeError::NotUtf8 => "not_utf8",
+            DecodeError::NotJson => "not_json",
+            DecodeError::MissingField => "missing_field",
+            DecodeError::WrongType => "wrong_type",
+            DecodeError::BadTimestamp => "bad_timestamp",
+            DecodeError::FutureTime => "future_time",
+            DecodeError::Overflow => "overflow",
+        }
+    }
+
+    /// Index into [`DecodeError::ALL`], for per-batch counting without string lookups.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// A scalar JSON value, borrowed from the payload where possible.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FieldValue<'a> {
+    /// A string (borrowed unless it had escapes).
+    Str(Cow<'a, str>),
+    /// An integer that fits i64.
+    Int(i64),
+    /// Any other number.
+    Float(f64),
+    /// true / false.
+    Bool(bool),
+    /// null, an array or an object.
+    Other,
+}
+
+/// What one field is used for; decides which JSON types are accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldRole {
+    /// Part of a key: strings, integers and booleans are accepted.
+    Dimension,
+    /// An integer summed by a counter.
+    Value,
+    /// The event time.
+    Time,
+}
+
+/// One decoded event: field values in the decoder's field order, and the event time.
+#[derive(Debug)]
+pub struct Event<'a> {
+    /// `values[i]` belongs to `Decoder::fields()[i]`; dimensions are strings, values integers.
+    pub dims: SmallVec<[Cow<'a, str>; 4]>,
+    /// Integer values of `Value` fields, in field order (0 for other fields).
+    pub nums: SmallVec<[i64; 4]>,
+    /// Event time, Unix epoch milliseconds.
+    pub ts_ms: i64,
+}
+
+/// Turns payloads into events. Built once from the config; cheap to call per message.
+pub struct Decoder {
+    names: Vec<Box<str>>,
+    roles: Vec<FieldRole>,
+    time_field: Option<usize>,
+    time_format: TimeFormat,
+    max_message_bytes: usize,
+    max_value_bytes: usize,
+    /// `decode.max_future` in ms: later event times are bad input, not keys living for millennia.
+    max_future_ms: i64,
+}
+
+impl Decoder {
+    /// `fields` are the distinct field names the counters need, with their roles.
+    pub fn new(config: &DecodeConfig, fields: &[(String, FieldRole)]) -> Decoder {
+        let mut names: Vec<Box<str>> = fields.iter().map(|(n, _)| n.as_str().into()).collect();
+        let mut roles: Vec<FieldRole> = fields.iter().map(|(_, r)| *r).collect();
+        let time_field = config.time_field.as_ref().map(|t| {
+            names.push(t.as_str().into());
+            roles.push(FieldRole::Time);
+            names.len() - 1
+        });
+        Decoder {
+            names,
+            roles,
+            time_field,
+            time_format: config.time_format,
+            max_message_bytes: config.max_message_bytes,
+            max_value_bytes: config.max_value_bytes,
+            max_future_ms: i64::try_from(config.max_future.as_millis()).unwrap_or(i64::MAX),
+        }
+    }
+
+    /// The decoder for `counters`: every field they group by, rank or sum, once each, in
+    /// counter order (dimensions, then the member, then the value field).
+    pub fn for_counters(config: &DecodeConfig, counters: &[CounterSpec]) -> Decoder {
+        let mut fields: Vec<(String, FieldRole)> = Vec::new();
+        let mut add = |name: &str, role: FieldRole| {
+            if !fields.iter().any(|(n, _)| n == name) {
+                fields.push((name.to_string(), role));
+            }
+        };
+        for c in counters {
+            for d in &c.dimensions {
+                add(d, FieldRole::Dimension);
+            }
+            if let Kind::Distinct { member, .. } | Kind::Leaderboard { member } = &c.kind {
+                add(member, FieldRole::Dimension);
+            }
+            if let Some(v) = &c.value_field {
+                add(v, FieldRole::Value);
+            }
+        }
+        Decoder::new(config, &fields)
+    }
+
+    /// Index of a field by name, as used in `Event::dims` / `Event::nums`.
+    pub fn field_index(&self, name: &str) -> Option<usize> {
+        self.names.iter().position(|n| &**n == name)
+    }
+
+    /// Decode one payload and refuse an event time more than `decode.max_future` after `now_ms`.
+    pub fn decode_at<'a>(
+        &self,
+        payload: Option<&'a [u8]>,
+        kafka_ts_ms: Option<i64>,
+        now_ms: i64,
+    ) -> Result<Event<'a>, DecodeError> {
+        let event = self.decode(payload, kafka_ts_ms)?;
+        if event.ts_ms > now_ms.saturating_add(self.max_future_ms) {
+            return Err(DecodeError::FutureTime);
+        }
+        Ok(event)
+    }
+
+    /// Decode one payload. `kafka_ts_ms` is the message timestamp, used when no time field is set.
+    pub fn decode<'a>(
+        &self,
+        payload: Option<&'a [u8]>,
+        kafka_ts_ms: Option<i64>,
+    ) -> Result<Event<'a>, DecodeError> {
+        self.decode_with(payload, kafka_ts_ms, true)
+    }
+
+    /// [`Decoder::decode`] with the full parser only (no fast scan): the reference the fast
+    /// path is checked against (tests and the fuzz target compare the two).
+    #[doc(hidden)]
+    pub fn decode_reference<'a>(
+        &self,
+        payload: Option<&'a [u8]>,
+        kafka_ts_ms: Option<i64>,
+    ) -> Result<Event<'a>, DecodeError> {
+        self.decode_with(payload, kafka_ts_ms, false)
+    }
+
+    fn decode_with<'a>(
+        &self,
+        payload: Option<&'a [u8]>,
+        kafka_ts_ms: Option<i64>,
+        fast: bool,
+    ) -> Result<Event<'a>, DecodeError> {
+        let payload = payload.ok_or(DecodeError::Empty)?;
+        if payload.is_empty() {
+            return Err(DecodeError::Empty);
+        }
+        if payload.len() > self.max_message_bytes {
+            return Err(DecodeError::TooLarge);
+        }
+        let text = std::str::from_utf8(payload).map_err(|_| DecodeError::NotUtf8)?;
+        let mut raw: SmallVec<[Option<FieldValue<'a>>; 4]> = SmallVec::new();
+        raw.resize(self.names.len(), None);
+        if !fast || scan::scan(text, &self.names, &mut raw).is_none() {
+            // Escapes, floats, long integers, deep nesting or invalid JSON: the full parser.
+            raw.fill(None);
+            let mut de = serde_json::Deserializer::from_str(text);
+            ObjectSeed {
+                names: &self.names,
+                out: &mut raw,
+            }
+            .deserialize(&mut de)
+            .map_err(|_| DecodeError::NotJson)?;
+            de.end().map_err(|_| DecodeError::NotJson)?;
+        }
+
+        let mut dims = SmallVec::new();
+        let mut nums = SmallVec::new();
+        for (i, value) in raw.into_iter().enumerate() {
+            let value = match value {
+                None | Some(FieldValue::Other) if self.roles[i] != FieldRole::Time => {
+                    return Err(match value {
+                        Some(_) => DecodeError::WrongType,
+                        None => DecodeError::MissingField,
+                    })
+                }
+                None => return Err(DecodeError::MissingField),
+                Some(v) => v,
+            };
+            match self.roles[i] {
+                FieldRole::Dimension => {
+                    let s = match value {
+                        FieldValue::Str(s) => s,
+                        FieldValue::Int(n) => Cow::Owned(n.to_string()),
+                        FieldValue::Bool(b) => Cow::Borrowed(if b { "true" } else { "false" }),
+                        _ => return Err(DecodeError::WrongType),
+                    };
+                    if s.len() > self.max_value_bytes {
+                        return Err(DecodeError::TooLarge);
+                    }
+                    dims.push(s);
+                    nums.push(0);
+                }
+                FieldRole::Value => {
+                    let FieldValue::Int(n) = value else {
+                        return Err(DecodeError::WrongType);
+                    };
+                    dims.push(Cow::Borrowed(""));
+                    nums.push(n);
+                }
+                FieldRole::Time => {
+                    let ts = self.parse_time(&value)?;
+                    if Some(i) == self.time_field {
+                        // Stored separately below; keep indexes aligned.
+                        dims.push(Cow::Borrowed(""));
+                        nums.push(ts);
+                    }
+                }
+            }
+        }
+        let ts_ms = match self.time_field {
+            Some(i) => nums[i],
+            None => kafka_ts_ms
+                .filter(|t| (crate::window::MIN_TS_MS..=crate::window::MAX_TS_MS).contains(t))
+                .ok_or(DecodeError::BadTimestamp)?,
+        };
+        Ok(Event { dims, nums, ts_ms })
+    }
+
+    fn parse_time(&self, value: &FieldValue<'_>) -> Result<i64, DecodeError> {
+        let ms = match (self.time_format, value) {
+            (TimeFormat::EpochMs, FieldValue::Int(n)) => *n,
+            (TimeFormat::EpochMs, FieldValue::Float(f)) if f.is_finite() => f.floor() as i64,
+            (TimeFormat::EpochS, FieldValue::Int(n)) => {
+                n.checked_mul(1000).ok_or(DecodeError::BadTimestamp)?
+            }
+            (TimeFormat::EpochS, FieldValue::Float(f)) if f.is_finite() => {
+                (f * 1000.0).floor() as i64
+            }
+            (TimeFormat::Rfc3339, FieldValue::Str(s)) => chrono::DateTime::parse_from_rfc3339(s)
+                .map_err(|_| DecodeError::BadTimestamp)?
+                .timestamp_millis(),
+            _ => return Err(DecodeError::BadTimestamp),
+        };
+        // Years 1..9999 only: windows and key time formats are defined there.
+        if !(crate::window::MIN_TS_MS..=crate::window::MAX_TS_MS).contains(&ms) {
+            return Err(DecodeError::BadTimestamp);
+        }
+        Ok(ms)
+    }
+}
+
+/// Walks one JSON object, keeping only the wanted fields.
+struct ObjectSeed<'d, 'a> {
+    names: &'d [Box<str>],
+    out: &'d mut SmallVec<[Option<FieldValue<'a>>; 4]>,
+}
+
+impl<'de, 'd> DeserializeSeed<'de> for ObjectSeed<'d, 'de> {
+    type Value = ();
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de, 'd> Visitor<'de> for ObjectSeed<'d, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(slot) = map.next_key_seed(KeySeed { names: self.names })? {
+            match slot {
+                Some(i) => self.out[i] = Some(map.next_value::<FieldValue<'de>>()?),
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Matches an object key against the wanted names without allocating.
+struct KeySeed<'d> {
+    names: &'d [Box<str>],
+}
+
+impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
+    type Value = Option<usize>;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Option<usize>, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed<'_> {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a field name")
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Option<usize>, E> {
+        Ok(self.names.iter().position(|n| &**n == v))
+    }
+}
+
+impl<'de> de::Deserialize<'de> for FieldValue<'de> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(FieldValueVisitor)
+    }
+}
+
+struct FieldValueVisitor;
+
+impl<'de> Visitor<'de> for FieldValueVisitor {
+    type Value = FieldValue<'de>;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(FieldValue::Str(Cow::Borrowed(v)))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(FieldValue::Str(Cow::Owned(v.to_owned())))
+    }
+    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
+        Ok(FieldValue::Str(Cow::Owned(v)))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        Ok(FieldValue::Int(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        Ok(i64::try_from(v).map_or(FieldValue::Float(v as f64), FieldValue::Int))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        Ok(FieldValue::Float(v))
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+        Ok(FieldValue::Bool(v))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(FieldValue::Other)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(FieldValue::Other)
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(FieldValue::Other)
+    }
+}
+
+mod scan;
+
+#[cfg(test)]
+mod tests;

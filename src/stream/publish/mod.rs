@@ -1,0 +1,461 @@
+//! Window results downstream: the final value of every key of each closed window, produced to
+//! the counter's output topic.
+//!
+//! * [`watermark`]: per partition, the highest event time applied is recorded by the flush
+//!   script with the applied offset (same fenced call); the topic watermark is the least over the
+//!   partitions that are not idle. A window closes when that, minus the counter's
+//!   `allowed_lateness`, has reached its end.
+//! * [`cells`]: a counter's keys, found with SCAN and decoded into (window, dimensions).
+//! * [`record`]: the record of one key (its Kafka key and JSON value).
+//!
+//! * [`snapshot`]: the write-ahead snapshot of a closing window, the answers its final records
+//!   carry.
+//!
+//! One replica at a time publishes (the jobs' leadership, [`crate::jobs`]). Per counter it keeps
+//! its progress in Redis (the end of the last window published), and per window the answers it
+//! published (a hash expiring with the window's keys). At a window's first final attempt its
+//! answers are recorded in that hash before anything is produced (the snapshot); every attempt
+//! produces the snapshot, byte for byte the same (the watermark in a record is the one stored
+//! at the first attempt), and the progress moves only after Kafka acknowledged every record. A
+//! publisher killed mid-publish, or a send whose outcome is unknown, leaves the window
+//! unpublished and the next attempt produces the same records again, even if a late event
+//! changed a key in between. A key whose answer differs from the one published (a late event
+//! within retention) is produced again with `"correction": true`.
+
+pub mod cells;
+pub mod record;
+pub mod snapshot;
+pub mod watermark;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use parking_lot::Mutex;
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::ClientConfig;
+use tally_counters::config::OutputWhen;
+use tally_counters::conn::Conn;
+use tally_counters::model::CounterSpec;
+use tally_counters::request::Client;
+use tally_counters::window::Window;
+
+use crate::config::Model;
+use crate::ops::metrics::Metrics;
+use cells::Cell;
+use record::Emit;
+use watermark::Mark;
+
+/// How often published windows are read again for late changes when no window closes.
+const CORRECTIONS_EVERY: Duration = Duration::from_secs(60);
+
+/// The publisher, built once per process; [`Publisher::pass`] runs under the leadership.
+pub struct Publisher {
+    model: Arc<Model>,
+    client: Client,
+    producer: FutureProducer,
+    /// Kafka metadata and end offsets (no group, nothing consumed).
+    consumer: BaseConsumer,
+    metrics: Metrics,
+    /// Per counter index: when its published windows were last read for corrections.
+    last_scan: Mutex<BTreeMap<usize, Instant>>,
+    /// What the last pass saw, for status pages: per partition, and per counter its watermark.
+    pub state: Arc<Mutex<Snapshot>>,
+}
+
+/// The publisher's last view (program state, beside the metrics).
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Per partition: what Redis and Kafka hold, and whether it is idle.
+    pub partitions: BTreeMap<i32, (Mark, bool)>,
+    /// Per counter name: its watermark after lateness (Unix ms), if known.
+    pub counters: BTreeMap<String, Option<i64>>,
+}
+
+impl Publisher {
+    /// The publisher of `model`'s counters with an output.
+    pub fn new(model: Arc<Model>, client: &Client, metrics: &Metrics) -> anyhow::Result<Self> {
+        let kafka = &model.config.kafka;
+        let mut c = ClientConfig::new();
+        for (k, v) in &kafka.properties {
+            // Consumer settings mean nothing to a producer or a metadata client.
+            if !k.starts_with("session.")
+                && !k.starts_with("heartbeat.")
+                && !k.starts_with("fetch.")
+            {
+                c.set(k, v);
+            }
+        }
+        c.set("bootstrap.servers", &kafka.brokers);
+        let consumer: BaseConsumer = c
+            .clone()
+            .set("group.id", format!("{}-publish", kafka.group_id))
+            .set("enable.auto.commit", "false")
+            .create()?;
+        let timeout = model
+            .config
+            .jobs
+            .publish
+            .send_timeout
+            .as_millis()
+            .to_string();
+        let producer: FutureProducer = c
+            .set("acks", "all")
+            .set("enable.idempotence", "true")
+            .set("message.timeout.ms", timeout)
+            .create()?;
+        Ok(Publisher {
+            model,
+            client: client.clone(),
+            producer,
+            consumer,
+            metrics: metrics.clone(),
+            last_scan: Mutex::new(BTreeMap::new()),
+            state: Arc::default(),
+        })
+    }
+
+    /// One pass: read the watermarks, then for every counter with an output publish the windows
+    /// that closed and the corrections found.
+    pub async fn pass(&self) -> anyhow::Result<()> {
+        let mut conn = self.client.conn().await?;
+        let marks = watermark::read(&self.model, &mut conn, &self.consumer).await?;
+        let now = redis_now_ms(&mut conn).await?;
+        let quiet = self
+            .model
+            .counters
+            .iter()
+            .filter_map(|c| c.output.as_ref().map(|o| o.idle_timeout))
+            .min()
+            .unwrap_or(Duration::MAX);
+        self.observe(&marks, now, quiet);
+        for (i, spec) in self.model.counters.iter().enumerate() {
+            let Some(output) = &spec.output else { continue };
+            let raw = watermark::topic_watermark(&marks, now, output.idle_timeout);
+            let lateness = output.allowed_lateness.as_millis() as i64;
+            let wm = raw.map(|t| t.saturating_sub(lateness));
+            self.state.lock().counters.insert(spec.name.clone(), wm);
+            self.metrics.status.counter_watermark(&spec.name, wm);
+            let Some(wm) = wm else { continue };
+            self.metrics
+                .publish
+                .counter_watermark_ms
+                .with_label_values(&[&spec.name])
+                .set(wm);
+            self.counter_pass(&mut conn, i, spec, wm).await?;
+        }
+        Ok(())
+    }
+
+    /// The leadership ended: the gauges only the leader updates go back to 0, so that a former
+    /// leader does not report a lag it no longer watches.
+    pub fn step_down(&self) {
+        for spec in self.model.counters.iter().filter(|c| c.output.is_some()) {
+            let behind = &self.metrics.publish.behind_seconds;
+            behind.with_label_values(&[&spec.name]).set(0);
+        }
+        self.metrics.status.clear_watermarks();
+    }
+
+    /// The hash of what was published for `window` of `spec` (and the snapshot's state).
+    fn values_hash(&self, spec: &CounterSpec, window: &Window) -> String {
+        self.model
+            .scope
+            .published_values(&spec.name, window.start_ms)
+    }
+
+    /// Metrics and state of the partitions (idle as seen with the shortest `idle_timeout`).
+    fn observe(&self, marks: &BTreeMap<i32, Mark>, now: i64, quiet: Duration) {
+        let mut state = self.state.lock();
+        state.partitions.clear();
+        for (p, mark) in marks {
+            let label = p.to_string();
+            let idle = mark.idle(now, quiet);
+            if let Some(t) = mark.max_event_ms {
+                self.metrics
+                    .publish
+                    .watermark_ms
+                    .with_label_values(&[&label])
+                    .set(t);
+            }
+            self.metrics
+                .publish
+                .idle
+                .with_label_values(&[&label])
+                .set(i64::from(idle));
+            state.partitions.insert(*p, (*mark, idle));
+        }
+        let marks = state.partitions.iter();
+        let marks = marks.map(|(p, (mark, idle))| (*p, mark.max_event_ms, *idle));
+        self.metrics.status.partition_watermarks(marks);
+    }
+
+    /// One counter: publish its windows that closed (up to `wm`), look for corrections, and
+    /// in `updates` mode publish the changes of its open windows.
+    async fn counter_pass(
+        &self,
+        conn: &mut Conn,
+        index: usize,
+        spec: &CounterSpec,
+        wm: i64,
+    ) -> anyhow::Result<()> {
+        let output = spec
+            .output
+            .as_ref()
+            .expect("called for counters with an output");
+        let scope = &self.model.scope;
+        let progress_key = scope.publish_progress(&spec.name);
+        let progress: Option<i64> = conn.query(redis::cmd("GET").arg(&progress_key)).await?;
+        // Every window ending at or before the start of the window holding `wm` is closed.
+        let closed_end = spec.window.window_of(wm).start_ms;
+        let behind = (closed_end - progress.unwrap_or(closed_end)).max(0) / 1000;
+        self.metrics
+            .publish
+            .behind_seconds
+            .with_label_values(&[&spec.name])
+            .set(behind);
+        let closing = progress.is_none_or(|p| p < closed_end);
+        let updates = output.when == OutputWhen::Updates;
+        let rescan = self
+            .last_scan
+            .lock()
+            .get(&index)
+            .is_none_or(|at| at.elapsed() >= CORRECTIONS_EVERY);
+        if !closing && !rescan && !updates {
+            return Ok(());
+        }
+        self.last_scan.lock().insert(index, Instant::now());
+        let found = cells::scan(conn, spec).await?;
+        for (window, keys) in found.values() {
+            let cells = cells::read(conn, spec, window, keys).await?;
+            if window.end_ms > closed_end {
+                if updates {
+                    self.emit_changes(conn, spec, window, cells, wm, Emit::Update)
+                        .await?;
+                }
+            } else if progress.is_some_and(|p| window.end_ms <= p) {
+                self.emit_changes(conn, spec, window, cells, wm, Emit::Correction)
+                    .await?;
+            } else {
+                let attempt = self.emit_final(conn, spec, window, &cells, wm, &progress_key);
+                // None: another publisher finished it meanwhile.
+                let Some(taken) = attempt.await? else {
+                    continue;
+                };
+                self.metrics
+                    .publish
+                    .windows
+                    .with_label_values(&[&spec.name])
+                    .inc();
+                advance(conn, &progress_key, window.end_ms).await?;
+                if taken.again {
+                    // A re-publish: a late event since the first attempt (even one during this
+                    // attempt's sends) makes a key differ from the snapshot; read the keys again
+                    // now that Kafka acknowledged, and correct those.
+                    let now = cells::read(conn, spec, window, keys).await?;
+                    let late = snapshot::changed_since(&taken.cells, now);
+                    self.emit(conn, spec, window, &late, wm, Emit::Correction)
+                        .await?;
+                }
+            }
+        }
+        if closing {
+            advance(conn, &progress_key, closed_end).await?;
+        }
+        Ok(())
+    }
+
+    /// Produce the cells of `cells` whose value differs from what was published for the window
+    /// (all of them if nothing was).
+    async fn emit_changes(
+        &self,
+        conn: &mut Conn,
+        spec: &CounterSpec,
+        window: &Window,
+        cells: Vec<Cell>,
+        wm: i64,
+        how: Emit,
+    ) -> anyhow::Result<()> {
+        if cells.is_empty() {
+            return Ok(());
+        }
+        let hash = self.values_hash(spec, window);
+        let mut hmget = redis::cmd("HMGET");
+        hmget.arg(&hash);
+        for c in &cells {
+            hmget.arg(&c.key);
+        }
+        let had: Vec<Option<String>> = conn.query(&hmget).await?;
+        let changed: Vec<Cell> = cells
+            .into_iter()
+            .zip(had)
+            .filter(|(c, had)| had.as_deref() != Some(c.answer().as_str()))
+            .map(|(c, _)| c)
+            .collect();
+        self.emit(conn, spec, window, &changed, wm, how).await
+    }
+
+    /// Publish the closed `window`: its write-ahead [`snapshot`] (taken now from `cells` at the
+    /// first attempt, read back at every later one) is produced and acknowledged by Kafka; the
+    /// caller then records the progress. Returns the snapshot; None when another publisher (a
+    /// former leader) published the window meanwhile: its corrections may be in the hash, which
+    /// is then no snapshot to produce. The progress is read after the snapshot: a publisher
+    /// advances it before it records any correction.
+    async fn emit_final(
+        &self,
+        conn: &mut Conn,
+        spec: &CounterSpec,
+        window: &Window,
+        cells: &[Cell],
+        wm: i64,
+        progress_key: &str,
+    ) -> anyhow::Result<Option<snapshot::Taken>> {
+        let hash = self.values_hash(spec, window);
+        let closed_by = self
+            .start(conn, spec, window, &hash, wm, Emit::Final)
+            .await?;
+        let taken = snapshot::take(conn, spec, window, &hash, cells).await?;
+        let progress: Option<i64> = conn.query(redis::cmd("GET").arg(progress_key)).await?;
+        if progress.is_some_and(|p| p >= window.end_ms) {
+            return Ok(None);
+        }
+        if taken.again {
+            self.metrics
+                .publish
+                .republished
+                .with_label_values(&[&spec.name])
+                .inc();
+        }
+        for chunk in taken.cells.chunks(10_000) {
+            self.produce(spec, window, chunk, closed_by, Emit::Final)
+                .await?;
+        }
+        self.count_records(spec, Emit::Final, taken.cells.len());
+        Ok(Some(taken))
+    }
+
+    /// Produce `cells` of `window` (a correction or an update), wait for Kafka's
+    /// acknowledgement of every record, then record the values as published.
+    async fn emit(
+        &self,
+        conn: &mut Conn,
+        spec: &CounterSpec,
+        window: &Window,
+        cells: &[Cell],
+        wm: i64,
+        how: Emit,
+    ) -> anyhow::Result<()> {
+        if cells.is_empty() {
+            return Ok(());
+        }
+        if how == Emit::Correction {
+            self.metrics
+                .publish
+                .corrections
+                .with_label_values(&[&spec.name])
+                .inc_by(cells.len() as u64);
+        }
+        let hash = self.values_hash(spec, window);
+        let closed_by = self.start(conn, spec, window, &hash, wm, how).await?;
+        for chunk in cells.chunks(10_000) {
+            self.produce(spec, window, chunk, closed_by, how).await?;
+            let open = how == Emit::Update;
+            snapshot::record(conn, spec, window, &hash, chunk, open).await?;
+        }
+        self.count_records(spec, how, cells.len());
+        Ok(())
+    }
+
+    /// Create the window's published-values `hash` (with its expiry) and return the watermark
+    /// its records carry. A closed window's is the one of its first final attempt, so that a
+    /// re-publish is byte for byte the same. Updates of an open window carry the watermark of
+    /// their pass and leave `@watermark` to the close.
+    async fn start(
+        &self,
+        conn: &mut Conn,
+        spec: &CounterSpec,
+        window: &Window,
+        hash: &str,
+        wm: i64,
+        how: Emit,
+    ) -> anyhow::Result<i64> {
+        let mut first = redis::cmd("EVAL");
+        first
+            .arg(
+                "local closing = ARGV[3] == '1' \
+                 redis.call('HSETNX', KEYS[1], closing and '@watermark' or '@open', ARGV[1]) \
+                 redis.call('PEXPIREAT', KEYS[1], ARGV[2]) \
+                 if closing then return redis.call('HGET', KEYS[1], '@watermark') end \
+                 return ARGV[1]",
+            )
+            .arg(1)
+            .arg(hash)
+            .arg(wm)
+            .arg(snapshot::expire_at(spec, window))
+            .arg(u8::from(how != Emit::Update));
+        Ok(conn.query(&first).await?)
+    }
+
+    /// Produce `cells` of `window` to the counter's topic and wait for Kafka's acknowledgement
+    /// of every record.
+    async fn produce(
+        &self,
+        spec: &CounterSpec,
+        window: &Window,
+        cells: &[Cell],
+        closed_by: i64,
+        how: Emit,
+    ) -> anyhow::Result<()> {
+        let output = spec
+            .output
+            .as_ref()
+            .expect("called for counters with an output");
+        let timeout = self.model.config.jobs.publish.send_timeout;
+        let payloads: Vec<String> = cells
+            .iter()
+            .map(|c| record::value(spec, window, c, closed_by, how))
+            .collect();
+        let sends = cells.iter().zip(&payloads).map(|(c, payload)| {
+            let rec = FutureRecord::to(&output.topic).key(&c.key).payload(payload);
+            self.producer.send(rec, timeout)
+        });
+        for result in join_all(sends).await {
+            if let Err((e, _)) = result {
+                anyhow::bail!("kafka refused a window result: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    fn count_records(&self, spec: &CounterSpec, how: Emit, n: usize) {
+        self.metrics
+            .publish
+            .records
+            .with_label_values(&[&spec.name, how.label()])
+            .inc_by(n as u64);
+    }
+}
+
+/// Raise the progress key to `end` (never lower it: a replica that lost the leadership and
+/// still finishes a window cannot move it back).
+async fn advance(conn: &mut Conn, key: &str, end: i64) -> anyhow::Result<()> {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(
+        "local have = tonumber(redis.call('GET', KEYS[1])) \
+         if have == nil or have < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end \
+         return 1",
+    )
+    .arg(1)
+    .arg(key)
+    .arg(end);
+    let _: i64 = conn.query(&cmd).await?;
+    Ok(())
+}
+
+/// Redis' clock (the one `seen:` times are written with), Unix ms.
+async fn redis_now_ms(conn: &mut Conn) -> anyhow::Result<i64> {
+    let (secs, micros): (i64, i64) = conn.query(&redis::cmd("TIME")).await?;
+    Ok(secs * 1000 + micros / 1000)
+}

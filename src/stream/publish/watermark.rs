@@ -1,0 +1,248 @@
+//! Watermarks: how far event time has progressed on the topic.
+//!
+//! Each flush records, in its partition's state marker and in the same fenced script call as
+//! the applied offset (`note_watermark` in `src/stream/sink/lua/prelude.lua`), the highest event time
+//! applied (`wm:<partition>`, only ever raised) and Redis' time of the call (`seen:<partition>`).
+//! [`read`] gathers them per partition with Kafka's end offsets; [`topic_watermark`] is the pure
+//! rule that turns them into the topic-wide event time up to which every partition has shown
+//! its events.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use tally_counters::conn::Conn;
+
+use crate::config::Model;
+
+/// What is known of one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Mark {
+    /// The offset Redis has applied the partition up to (the least over the shards), if any.
+    pub applied: Option<i64>,
+    /// The highest event time applied (the greatest over the shards), if any.
+    pub max_event_ms: Option<i64>,
+    /// Redis' time of the last applied range (the greatest over the shards), if any.
+    pub seen_ms: Option<i64>,
+    /// Kafka's first and next offsets of the partition.
+    pub low: i64,
+    pub high: i64,
+}
+
+impl Mark {
+    /// Everything Kafka holds has been applied (an empty partition is caught up).
+    pub fn caught_up(&self) -> bool {
+        self.applied.unwrap_or(self.low) >= self.high
+    }
+
+    /// Idle: caught up, and nothing applied for `idle_timeout` (or ever). An idle partition does
+    /// not hold the watermark back; one with a backlog always does, however long ago it was
+    /// last seen (after a restart, every partition was last seen before it).
+    pub fn idle(&self, now_ms: i64, idle_timeout: Duration) -> bool {
+        let quiet = idle_timeout.as_millis() as i64;
+        self.caught_up() && self.seen_ms.is_none_or(|s| now_ms - s >= quiet)
+    }
+}
+
+/// The topic-wide watermark before lateness: the least highest-event-time over the partitions
+/// that are not idle. None while a partition that is not idle has shown no event time yet (it
+/// could still hold anything). With every partition idle, everything Kafka holds is applied:
+/// the greatest event time seen.
+pub fn topic_watermark(
+    marks: &BTreeMap<i32, Mark>,
+    now_ms: i64,
+    idle_timeout: Duration,
+) -> Option<i64> {
+    let mut least: Option<i64> = None;
+    let mut active = false;
+    for mark in marks.values() {
+        if mark.idle(now_ms, idle_timeout) {
+            continue;
+        }
+        active = true;
+        let t = mark.max_event_ms?;
+        least = Some(least.map_or(t, |l| l.min(t)));
+    }
+    if active {
+        return least;
+    }
+    marks.values().filter_map(|m| m.max_event_ms).max()
+}
+
+/// Every partition's [`Mark`]: Kafka's offsets from `consumer`, the rest from the state markers.
+pub async fn read(
+    model: &Model,
+    conn: &mut Conn,
+    consumer: &BaseConsumer,
+) -> anyhow::Result<BTreeMap<i32, Mark>> {
+    let topic = model.config.kafka.topic.clone();
+    let offsets = tokio::task::block_in_place(|| -> anyhow::Result<Vec<(i32, i64, i64)>> {
+        let timeout = Duration::from_secs(10);
+        let meta = consumer.fetch_metadata(Some(&topic), timeout)?;
+        let mut out = Vec::new();
+        for t in meta.topics() {
+            for p in t.partitions() {
+                let (low, high) = consumer.fetch_watermarks(&topic, p.id(), timeout)?;
+                out.push((p.id(), low, high));
+            }
+        }
+        Ok(out)
+    })?;
+    anyhow::ensure!(!offsets.is_empty(), "topic {topic} has no partitions");
+    let mut marks: BTreeMap<i32, Mark> = offsets
+        .into_iter()
+        .map(|(p, low, high)| {
+            let mark = Mark {
+                low,
+                high,
+                ..Mark::default()
+            };
+            (p, mark)
+        })
+        .collect();
+    for shard in 0..model.layout.shards() {
+        let kind: String = conn
+            .query(redis::cmd("TYPE").arg(model.scope.marker(shard)))
+            .await?;
+        if kind != "hash" {
+            // No state for this shard: no partition's applied offset is known everywhere.
+            for mark in marks.values_mut() {
+                mark.applied = None;
+            }
+            continue;
+        }
+        let fields: Vec<(String, String)> = conn
+            .query(redis::cmd("HGETALL").arg(model.scope.marker(shard)))
+            .await?;
+        merge_marker(&mut marks, &fields, shard == 0);
+    }
+    Ok(marks)
+}
+
+/// Fold one shard's marker fields into `marks`: applied offsets by least (`first`: the first
+/// shard read), event times and seen times by greatest.
+fn merge_marker(marks: &mut BTreeMap<i32, Mark>, fields: &[(String, String)], first: bool) {
+    let mut applied: BTreeMap<i32, i64> = BTreeMap::new();
+    for (field, value) in fields {
+        let Ok(v) = value.parse::<i64>() else {
+            continue;
+        };
+        let (what, partition) = match field.split_once(':') {
+            Some((what, p)) => (what, p),
+            None => ("applied", field.as_str()),
+        };
+        let Ok(p) = partition.parse::<i32>() else {
+            continue;
+        };
+        let Some(mark) = marks.get_mut(&p) else {
+            continue;
+        };
+        match what {
+            "applied" => {
+                applied.insert(p, v);
+            }
+            "wm" => mark.max_event_ms = mark.max_event_ms.max(Some(v)),
+            "seen" => mark.seen_ms = mark.seen_ms.max(Some(v)),
+            _ => {}
+        }
+    }
+    for (p, mark) in marks.iter_mut() {
+        let here = applied.get(p).copied();
+        mark.applied = match (first, mark.applied, here) {
+            (true, _, h) => h,
+            (false, Some(a), Some(h)) => Some(a.min(h)),
+            (false, _, _) => None,
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(applied: i64, high: i64, max_event_ms: Option<i64>, seen_ms: Option<i64>) -> Mark {
+        Mark {
+            applied: Some(applied),
+            max_event_ms,
+            seen_ms,
+            low: 0,
+            high,
+        }
+    }
+
+    const IDLE: Duration = Duration::from_secs(60);
+
+    #[test]
+    fn the_least_partition_holds_the_watermark() {
+        let marks = BTreeMap::from([
+            (0, mark(10, 10, Some(5_000), Some(1_000))),
+            (1, mark(10, 12, Some(3_000), Some(1_000))),
+        ]);
+        assert_eq!(topic_watermark(&marks, 2_000, IDLE), Some(3_000));
+    }
+
+    #[test]
+    fn a_quiet_caught_up_partition_is_idle_and_excluded() {
+        let marks = BTreeMap::from([
+            (0, mark(10, 10, Some(5_000), Some(100_000))),
+            (1, mark(4, 4, Some(1_000), Some(1_000))),
+            (2, Mark::default()),
+        ]);
+        assert_eq!(topic_watermark(&marks, 100_000, IDLE), Some(5_000));
+        assert!(marks[&2].idle(100_000, IDLE), "empty and never seen");
+        // Still within idle_timeout: it holds the watermark back.
+        assert_eq!(topic_watermark(&marks, 30_000, IDLE), Some(1_000));
+    }
+
+    #[test]
+    fn a_partition_with_a_backlog_is_never_idle() {
+        let marks = BTreeMap::from([
+            (0, mark(10, 10, Some(5_000), Some(100_000))),
+            (1, mark(4, 9, Some(1_000), Some(1_000))),
+        ]);
+        assert_eq!(topic_watermark(&marks, 1_000_000, IDLE), Some(1_000));
+        let unknown = BTreeMap::from([
+            (0, mark(10, 10, Some(5_000), Some(100_000))),
+            (
+                1,
+                Mark {
+                    high: 3,
+                    ..Mark::default()
+                },
+            ),
+        ]);
+        assert_eq!(topic_watermark(&unknown, 100_000, IDLE), None);
+    }
+
+    #[test]
+    fn with_every_partition_idle_everything_is_in() {
+        let marks = BTreeMap::from([
+            (0, mark(10, 10, Some(5_000), Some(1_000))),
+            (1, mark(4, 4, Some(7_000), Some(1_000))),
+        ]);
+        assert_eq!(topic_watermark(&marks, 1_000_000, IDLE), Some(7_000));
+    }
+
+    #[test]
+    fn markers_fold_over_shards() {
+        let mut marks = BTreeMap::from([(0, Mark::default()), (1, Mark::default())]);
+        let f = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        };
+        let s0 = f(&[
+            ("0", "7"),
+            ("wm:0", "100"),
+            ("seen:0", "5"),
+            ("created_ms", "1"),
+        ]);
+        let s1 = f(&[("0", "9"), ("wm:0", "90"), ("seen:0", "6"), ("1", "3")]);
+        merge_marker(&mut marks, &s0, true);
+        merge_marker(&mut marks, &s1, false);
+        assert_eq!(marks[&0].applied, Some(7));
+        assert_eq!(marks[&0].max_event_ms, Some(100));
+        assert_eq!(marks[&0].seen_ms, Some(6));
+        assert_eq!(marks[&1].applied, None, "shard 0 has no offset for it");
+    }
+}

@@ -1,0 +1,56 @@
+//! The sink's connection side: the connection and how it is remade (through the seeds that
+//! answer during a cluster failover), and the write scripts loaded on every connection.
+
+use tally_counters::script::Script;
+
+use super::{conn, topology, AttemptError};
+
+/// The connection to Redis (standalone, or every primary of a cluster).
+pub(super) struct Link {
+    /// Makes connections (from `redis.url`, or the cluster's seeds).
+    pub(super) connector: conn::Connector,
+    /// The live connection; None until the first use and after a failure (reconnect next).
+    pub(super) conn: Option<conn::Conn>,
+    /// In a cluster: ends a retry's wait when the primaries change (a failover).
+    pub(super) topology: Option<topology::TopologyWatch>,
+    /// The seeds to connect through while following a failover: those that answered the
+    /// watch (`None`: all). Taken when an attempt starts, as the watch is lent to it.
+    pub(super) seeds: Option<Vec<usize>>,
+}
+
+/// The write scripts (SCRIPT LOAD on connect, EVALSHA per call).
+pub(super) struct Scripts {
+    /// Counts only (`INCRBY` + expiry per key).
+    pub(super) apply: Script,
+    /// Counts and the other kinds (hash fields, distinct members, leaderboard scores).
+    pub(super) apply_kinds: Script,
+    /// Several units of one shard in one call.
+    pub(super) apply_merged: Script,
+}
+
+/// The probe between requests.
+#[derive(Default)]
+pub(super) struct Probing {
+    /// Probes so far (the eviction policy is re-checked every other one).
+    pub(super) count: u32,
+    /// An unreachable Redis was logged (the probe logs transitions only).
+    pub(super) reported_down: bool,
+}
+
+impl Link {
+    /// Take the topology watch to run an attempt under it (put it back after), noting first
+    /// which seeds answered it: the attempt connects through those.
+    pub(super) fn lend_watch(&mut self) -> Option<topology::TopologyWatch> {
+        self.seeds = self.topology.as_ref().and_then(|w| w.answering());
+        self.topology.take()
+    }
+}
+
+impl Scripts {
+    /// SCRIPT LOAD (on every primary of a cluster).
+    pub(super) async fn load(&self, conn: &mut conn::Conn) -> Result<(), AttemptError> {
+        self.apply.load(conn).await?;
+        self.apply_kinds.load(conn).await?;
+        Ok(self.apply_merged.load(conn).await?)
+    }
+}

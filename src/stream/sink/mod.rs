@@ -1,0 +1,486 @@
+//! Flush to Redis: one task owns the connection and applies batches it is sent, in order.
+//!
+//! A batch is retried with exponential backoff and jitter until it lands or the process is
+//! aborted. Retrying is always safe: every unit carries its offset range and the script refuses
+//! a range that Redis has already applied (see [`script`]), so a retry after a lost reply, a
+//! NOSCRIPT reload or a reconnect never counts twice.
+
+pub use tally_counters::conn;
+mod encode;
+pub use encode::CHUNK_KEYS;
+mod fences;
+mod link;
+pub mod merge;
+mod reply;
+pub mod script;
+mod topology;
+
+use std::sync::atomic::Ordering;
+use std::sync::mpsc as std_mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use redis::RedisError;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{FlushConfig, RedisConfig, RedisMode};
+pub use crate::model::state_keys::FenceScope;
+use crate::ops::health::Health;
+use crate::ops::metrics::{Metrics, RedisErrorKind, RejectReason};
+use crate::stream::aggregate::Unit;
+use link::{Link, Probing, Scripts};
+use reply::UnitMeta;
+pub use reply::{FlushOutcome, Refusal, ReplyError};
+pub use script::{ApplyReply, FenceState};
+
+/// Work for the sink task. Replies go over std channels so the consumer thread can wait
+/// with a timeout without a runtime.
+pub enum SinkRequest {
+    /// Apply these units, in order.
+    Flush {
+        /// Units to apply.
+        units: Vec<Unit>,
+        /// Receives the outcome; dropped without a reply if the sink was aborted.
+        reply: std_mpsc::Sender<FlushOutcome>,
+    },
+    /// Read the fences of every shard of these partitions, creating those the state has no
+    /// record of where asked to (see [`script::INIT_LUA`]). Retried until its deadline; the
+    /// caller decides what to do when Redis cannot answer by then.
+    InitFences {
+        /// (partition, where to start it if Redis has no state for it; -1: do not create).
+        partitions: Vec<(i32, i64)>,
+        /// Retry until then (the caller stops waiting); through a cluster failover, attempts
+        /// follow the topology watch like flushes do.
+        deadline: Instant,
+        /// Receives `(partition, state per shard)`, or why Redis could not answer.
+        reply: std_mpsc::Sender<Result<PartitionFences, FenceError>>,
+    },
+}
+
+/// The state of each shard's fence, per partition.
+pub type PartitionFences = Vec<(i32, Vec<FenceState>)>;
+
+/// Why the fences of a request could not be read by its deadline (the caller decides what
+/// then happens to its partitions).
+#[derive(Debug, thiserror::Error)]
+pub enum FenceError {
+    /// Redis did not answer before the deadline.
+    #[error("no answer from redis in time")]
+    NoAnswer,
+    /// The sink task has stopped (the process is shutting down).
+    #[error("redis sink stopped")]
+    SinkStopped,
+    /// The last attempt's error, when the retries stopped (deadline or shutdown).
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Why one attempt failed; every variant but `UnsafeEviction` is retried.
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    /// The connection or the command failed.
+    #[error("redis: {0}")]
+    Redis(#[from] RedisError),
+    /// The script was not loaded (after a restart or SCRIPT FLUSH); it is loaded again.
+    #[error("script not loaded (NOSCRIPT)")]
+    NoScript,
+    /// A reply outside the script's contract.
+    #[error("{0}")]
+    Reply(#[from] ReplyError),
+    /// A cluster failover during the attempt.
+    #[error("the cluster's primaries changed during the attempt (a failover)")]
+    TopologyChanged,
+    /// Redis may evict keys: refused before anything is written.
+    #[error("redis maxmemory-policy is `{0}`: it may evict counters or tally's offsets and break exactness; set it to noeviction (or redis.allow_eviction = true to accept the risk)")]
+    UnsafeEviction(String),
+}
+
+/// The task owning the Redis connection.
+pub struct Sink {
+    /// The connection and how it is (re)made.
+    link: Link,
+    /// The write scripts, loaded on every (re)connection.
+    scripts: Scripts,
+    /// Flushes prepared so far; every `ttl_check_every`-th checks existing keys' expiry.
+    flushes: u64,
+    /// What the periodic probe between requests remembers.
+    probing: Probing,
+    /// Accept a maxmemory-policy other than noeviction (`redis.allow_eviction`).
+    allow_eviction: bool,
+    /// The names of this consumer group's fences and state markers.
+    scope: FenceScope,
+    /// Retry delays, chunk sizes, the TTL check cadence.
+    flush: FlushConfig,
+    /// Flush, retry and error counters.
+    metrics: Metrics,
+    /// `health.redis`: readiness follows what the sink last saw.
+    health: Arc<Health>,
+}
+
+pub use conn::client;
+use tally_counters::script::{is_noscript, Script};
+
+impl Sink {
+    /// A sink for `scope`; connects lazily.
+    pub fn new(
+        config: &RedisConfig,
+        flush: FlushConfig,
+        scope: FenceScope,
+        metrics: Metrics,
+        health: Arc<Health>,
+    ) -> Result<Sink, RedisError> {
+        Ok(Sink {
+            link: Link {
+                connector: conn::Connector::new(config)?,
+                conn: None,
+                topology: match config.mode {
+                    RedisMode::Cluster => {
+                        Some(topology::TopologyWatch::new(conn::seed_clients(config)?))
+                    }
+                    RedisMode::Standalone => None,
+                },
+                seeds: None,
+            },
+            scripts: Scripts {
+                apply: Script::new("apply", script::APPLY_LUA),
+                apply_kinds: Script::new("apply_kinds", script::APPLY_KINDS_LUA),
+                apply_merged: Script::new("apply_merged", script::APPLY_MERGED_LUA),
+            },
+            flushes: 0,
+            probing: Probing::default(),
+            allow_eviction: config.allow_eviction,
+            scope,
+            flush,
+            metrics,
+            health,
+        })
+    }
+
+    /// Check before anything is consumed that Redis will not evict tally's keys. An unreachable
+    /// Redis is not an error here (the sink waits for it); an unsafe policy is.
+    pub async fn preflight(&mut self) -> Result<(), AttemptError> {
+        match self.connection().await {
+            Err(e @ AttemptError::UnsafeEviction(_)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Serve requests until the channel closes. `abort` stops retrying (requests in progress
+    /// are then dropped without a reply, which the sender treats as "not applied").
+    pub async fn run(
+        mut self,
+        mut requests: mpsc::UnboundedReceiver<SinkRequest>,
+        abort: CancellationToken,
+    ) {
+        // Between requests, check Redis every few seconds so readiness and logs tell the truth
+        // even while nothing is flushed (e.g. no partitions yet).
+        let mut probe = tokio::time::interval(Duration::from_secs(5));
+        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let request = tokio::select! {
+                request = requests.recv() => match request {
+                    Some(request) => request,
+                    None => break,
+                },
+                _ = probe.tick() => {
+                    self.probe().await;
+                    continue;
+                }
+            };
+            match request {
+                SinkRequest::Flush { units, reply } => {
+                    let started = Instant::now();
+                    let keys: usize = units.iter().map(|u| u.items()).sum();
+                    // Planned once; each attempt encodes and sends it a chunk at a time.
+                    let plan = self.plan(units);
+                    let mut delay = self.flush.retry_initial;
+                    let outcome = loop {
+                        match self.attempt(&plan).await {
+                            Ok(outcome) => break Some(outcome),
+                            Err(e) => {
+                                if !self.recover(e, &mut delay, &abort).await {
+                                    break None;
+                                }
+                            }
+                        }
+                    };
+                    let Some(outcome) = outcome else { continue };
+                    if let Some(watch) = &mut self.link.topology {
+                        watch.reset();
+                    }
+                    self.observe_flush(&outcome, started, keys);
+                    let _ = reply.send(outcome);
+                }
+                SinkRequest::InitFences {
+                    partitions,
+                    deadline,
+                    reply,
+                } => {
+                    let result = self.init(&partitions, deadline, &abort).await;
+                    let _ = reply.send(result);
+                }
+            }
+        }
+    }
+
+    /// Connect (or PING the live connection) and report changes of reachability.
+    async fn probe(&mut self) {
+        let was_up = self.health.redis.load(Ordering::Relaxed);
+        self.probing.count += 1;
+        // Re-check the eviction policy every other probe: someone may change it at runtime.
+        let recheck = self.probing.count.is_multiple_of(2);
+        let result = match self.connection().await {
+            Ok(mut conn) if recheck => self.check_eviction(&mut conn).await,
+            Ok(mut conn) => conn
+                .query::<String>(&redis::cmd("PING"))
+                .await
+                .map(drop)
+                .map_err(AttemptError::from),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(_) => {
+                if !was_up {
+                    tracing::info!("redis reachable");
+                }
+                self.health.redis.store(true, Ordering::Relaxed);
+            }
+            Err(e) => {
+                self.link.conn = None;
+                if was_up || !self.probing.reported_down {
+                    tracing::warn!(error = %e, "redis unreachable or unusable; retrying");
+                    self.probing.reported_down = true;
+                }
+                self.health.redis.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Account for a failed attempt and wait before the next; false when aborted.
+    async fn recover(
+        &mut self,
+        error: AttemptError,
+        delay: &mut Duration,
+        abort: &CancellationToken,
+    ) -> bool {
+        if abort.is_cancelled() {
+            return false;
+        }
+        if let AttemptError::TopologyChanged = error {
+            // Abandoned (safe: a pipeline that still lands is skipped by its fence on the
+            // retry); reconnect at once, which reads the new slot map.
+            self.link.conn = None;
+            self.metrics.redis.redis_retries.inc();
+            *delay = self.flush.retry_initial;
+            tracing::info!("redis cluster primaries changed (a failover); retrying at once");
+            return true;
+        }
+        if let AttemptError::NoScript = error {
+            // Reloaded already; retry at once: units that did apply are skipped by their fence.
+            self.metrics.redis.noscript_reloads.inc();
+            tracing::info!("flush script was missing in redis and has been loaded again");
+            return true;
+        }
+        self.note_failure(&error);
+        self.metrics.redis.redis_retries.inc();
+        if let Some(watch) = &mut self.link.topology {
+            watch.arm().await;
+        }
+        let jittered = delay.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
+        tracing::warn!(error = %error, retry_in = ?jittered, "redis request failed, will retry");
+        *delay = (*delay * 2).min(self.flush.retry_max);
+        tokio::select! {
+            _ = tokio::time::sleep(jittered) => true,
+            _ = topology_changed(&mut self.link.topology) => {
+                // A failover (or resharding) completed: retry now, and quickly again if the
+                // nodes' views still disagree for a moment.
+                tracing::info!("redis cluster primaries changed (a failover); retrying at once");
+                *delay = self.flush.retry_initial;
+                true
+            }
+            _ = abort.cancelled() => false,
+        }
+    }
+
+    /// Count a failed request and drop the connection (the next request reconnects, which
+    /// also refreshes a cluster's topology).
+    fn note_failure(&mut self, error: &AttemptError) {
+        let kind = match error {
+            AttemptError::Redis(r) if r.is_timeout() => RedisErrorKind::Timeout,
+            AttemptError::Redis(r) if r.is_connection_refusal() => RedisErrorKind::Connect,
+            AttemptError::Redis(r) if r.is_io_error() || r.is_connection_dropped() => {
+                RedisErrorKind::Io
+            }
+            AttemptError::UnsafeEviction(_) => RedisErrorKind::EvictionPolicy,
+            _ => RedisErrorKind::Response,
+        };
+        self.metrics.redis.redis_error(kind);
+        self.health.redis.store(false, Ordering::Relaxed);
+        self.link.conn = None;
+    }
+
+    /// Refuse to write while Redis may evict keys (unless allowed): an evicted counter or
+    /// offset silently breaks exactness.
+    async fn check_eviction(&mut self, conn: &mut conn::Conn) -> Result<(), AttemptError> {
+        let policies = conn.eviction_policies().await?;
+        let unsafe_policy = policies.into_iter().find(|p| p != "noeviction");
+        self.metrics
+            .redis
+            .eviction_policy_unsafe
+            .set(i64::from(unsafe_policy.is_some()));
+        match unsafe_policy {
+            Some(policy) if !self.allow_eviction => Err(AttemptError::UnsafeEviction(policy)),
+            Some(policy) => {
+                tracing::warn!(%policy, "redis may evict keys (allowed by redis.allow_eviction)");
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    async fn connection(&mut self) -> Result<conn::Conn, AttemptError> {
+        if let Some(conn) = &self.link.conn {
+            return Ok(conn.clone());
+        }
+        // While a failover is followed, seed only from nodes that answer the watch.
+        let mut conn = match &self.link.seeds {
+            Some(seeds) => self.link.connector.connect_via(seeds).await?,
+            None => self.link.connector.connect().await?,
+        };
+        self.check_eviction(&mut conn).await?;
+        self.scripts.load(&mut conn).await?;
+        self.health.redis.store(true, Ordering::Relaxed);
+        self.link.conn = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// One flush attempt. While a cluster flush is being retried, the attempt is abandoned as
+    /// soon as the primaries change: a request caught by a failover can otherwise hang
+    /// until its response timeout, long after the replica took over.
+    async fn attempt(&mut self, plan: &encode::Plan) -> Result<FlushOutcome, AttemptError> {
+        let mut watch = self.link.lend_watch();
+        let result = topology::watched(
+            watch.as_mut(),
+            self.try_flush(plan),
+            AttemptError::TopologyChanged,
+        )
+        .await;
+        self.link.topology = watch;
+        result
+    }
+
+    /// Send every shard's calls (concurrently across shards, chunk after chunk within one) and
+    /// read the replies.
+    async fn try_flush(&mut self, plan: &encode::Plan) -> Result<FlushOutcome, AttemptError> {
+        let conn = self.connection().await?;
+        let this = &*self;
+        let results = futures::future::join_all(
+            plan.groups
+                .iter()
+                .map(|calls| this.send_group(conn.clone(), calls, plan.check_ttl)),
+        )
+        .await;
+        let mut outcome = FlushOutcome::default();
+        let mut noscript = false;
+        let mut first_error = None;
+        for result in results {
+            let replies = match result {
+                Ok(replies) => replies,
+                Err(AttemptError::Redis(e)) if is_noscript(&e) => {
+                    noscript = true;
+                    continue;
+                }
+                Err(AttemptError::Redis(e)) => {
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            for (call, reply) in &replies {
+                outcome.absorb(call, reply)?;
+            }
+        }
+        // Any failure fails the attempt; the retry re-sends everything and the fences skip
+        // what did land.
+        if noscript {
+            let mut conn = conn;
+            self.scripts.load(&mut conn).await?;
+            return Err(AttemptError::NoScript);
+        }
+        if let Some(e) = first_error {
+            return Err(AttemptError::Redis(e));
+        }
+        Ok(outcome)
+    }
+
+    /// Send one shard's `calls` in order, one chunk of about [`encode::CHUNK_KEYS`] keys per
+    /// pipeline, each encoded just before it is sent; stops at the first failed chunk.
+    async fn send_group(
+        &self,
+        mut conn: conn::Conn,
+        calls: &[merge::Call],
+        check_ttl: bool,
+    ) -> Result<Vec<(UnitMeta, redis::Value)>, AttemptError> {
+        let mut replies = Vec::with_capacity(calls.len());
+        let mut next = 0;
+        while next < calls.len() {
+            let (pipe, metas) = self.encode_chunk(&calls[next..], check_ttl);
+            next += metas.len();
+            let values = conn.pipe(&pipe).await?;
+            if values.len() != metas.len() {
+                return Err(AttemptError::Reply(ReplyError(format!(
+                    "{} replies for {} units",
+                    values.len(),
+                    metas.len()
+                ))));
+            }
+            replies.extend(metas.into_iter().zip(values));
+        }
+        Ok(replies)
+    }
+
+    /// Count a landed flush (`keys`: entries sent, `started`: when it was received).
+    fn observe_flush(&self, outcome: &FlushOutcome, started: Instant, keys: usize) {
+        self.metrics
+            .sink
+            .flush_duration
+            .observe(started.elapsed().as_secs_f64());
+        self.metrics.sink.flush_keys.observe(keys as f64);
+        self.metrics.sink.keys_flushed.inc_by(outcome.keys_written);
+        self.metrics.sink.late_keys.inc_by(outcome.late_keys);
+        self.metrics.sink.fence_conflicts.inc_by(
+            outcome
+                .refusals
+                .iter()
+                .filter(|r| matches!(r.reply, ApplyReply::Conflict { .. }))
+                .count() as u64,
+        );
+        self.metrics
+            .sink
+            .keys_refused(RejectReason::Overflow, outcome.overflow_keys);
+        self.metrics
+            .sink
+            .keys_refused(RejectReason::NotInteger, outcome.rejected_keys);
+        self.metrics
+            .sink
+            .units_already_applied
+            .inc_by(outcome.already_applied);
+        if outcome.rejected_keys > 0 || outcome.overflow_keys > 0 {
+            tracing::error!(
+                not_integer = outcome.rejected_keys,
+                overflow = outcome.overflow_keys,
+                "redis refused increments: counter keys hold non-integer values or would overflow; left unchanged (tally_keys_rejected_total)"
+            );
+        }
+    }
+}
+
+/// Completes when `watch` sees the cluster's primaries change; never without a watch.
+async fn topology_changed(watch: &mut Option<topology::TopologyWatch>) {
+    match watch {
+        Some(watch) => watch.changed().await,
+        None => std::future::pending().await,
+    }
+}

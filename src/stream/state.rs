@@ -1,0 +1,130 @@
+//! `tally state`: inspect and repair tally's own state in Redis — each shard's state marker and
+//! the applied offset (fence) of every (partition, shard). A running tally retries halted
+//! partitions every few seconds, so a repair takes effect without a restart.
+
+use anyhow::{bail, Context as _};
+use redis::Value;
+
+use crate::config::Config;
+use crate::stream::sink::conn::{Conn, Connector};
+use crate::stream::sink::{script, FenceScope};
+
+/// One (partition, shard) as Redis holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FenceRow {
+    /// Kafka partition.
+    pub partition: i32,
+    /// Shard (0 on standalone Redis).
+    pub shard: u32,
+    /// The fence's text, `None` if the key is missing, `Some("<wrong type: T>")` for another type.
+    pub fence: Option<String>,
+    /// The state marker's copy of the fence.
+    pub marker_copy: Option<String>,
+}
+
+impl FenceRow {
+    /// A short verdict: `ok`, `missing`, `corrupt`, `no state`.
+    pub fn status(&self) -> &'static str {
+        match (&self.fence, &self.marker_copy) {
+            (Some(f), _) if f.parse::<i64>().is_ok() => "ok",
+            (Some(_), _) => "corrupt",
+            (None, Some(_)) => "missing",
+            (None, None) => "no state",
+        }
+    }
+}
+
+async fn connect(config: &Config) -> anyhow::Result<Conn> {
+    let connector = Connector::new(&config.redis).context("redis configuration")?;
+    connector.connect().await.context("cannot connect to redis")
+}
+
+/// The fences of `partitions`, plus every partition a state marker names.
+pub async fn inspect(config: &Config, partitions: &[i32]) -> anyhow::Result<Vec<FenceRow>> {
+    let scope = FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic);
+    let mut conn = connect(config).await?;
+    let mut rows = Vec::new();
+    for shard in 0..scope.layout.shards() {
+        let marker = scope.marker(shard);
+        let kind: String = conn.query(redis::cmd("TYPE").arg(&marker)).await?;
+        let copies: Vec<(String, String)> = if kind == "hash" {
+            conn.query(redis::cmd("HGETALL").arg(&marker)).await?
+        } else {
+            Vec::new()
+        };
+        let mut parts: Vec<i32> = partitions.to_vec();
+        parts.extend(copies.iter().filter_map(|(f, _)| f.parse::<i32>().ok()));
+        parts.sort_unstable();
+        parts.dedup();
+        for p in parts {
+            let fence_key = scope.key(p, shard);
+            let kind: String = conn.query(redis::cmd("TYPE").arg(&fence_key)).await?;
+            let fence = match kind.as_str() {
+                "none" => None,
+                "string" => conn.query(redis::cmd("GET").arg(&fence_key)).await?,
+                other => Some(format!("<wrong type: {other}>")),
+            };
+            let marker_copy = copies
+                .iter()
+                .find(|(f, _)| f == &p.to_string())
+                .map(|(_, v)| v.clone());
+            rows.push(FenceRow {
+                partition: p,
+                shard,
+                fence,
+                marker_copy,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Set the fence of every shard of `partition`: to `offset`, or (without it) to the state
+/// marker's copy, which the flush script writes in the same atomic step as the fence. Returns
+/// what was written per shard.
+pub async fn repair(
+    config: &Config,
+    partition: i32,
+    offset: Option<i64>,
+) -> anyhow::Result<Vec<(u32, i64)>> {
+    let scope = FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic);
+    let rows = inspect(config, &[partition]).await?;
+    let mut plan = Vec::new();
+    for shard in 0..scope.layout.shards() {
+        let row = rows
+            .iter()
+            .find(|r| r.partition == partition && r.shard == shard);
+        let value = match offset {
+            Some(n) if n >= 0 => n,
+            Some(n) => bail!("--offset {n}: offsets are not negative"),
+            None => match row.and_then(|r| r.marker_copy.as_deref()) {
+                Some(copy) => copy.parse::<i64>().with_context(|| {
+                    format!("shard {shard}: the marker's copy `{copy}` is not an offset; pass --offset")
+                })?,
+                None => bail!(
+                    "shard {shard}: the state marker holds no copy of partition {partition}'s offset; pass --offset N (e.g. Kafka's committed offset, accepting that events between it and the lost offset are counted again)"
+                ),
+            },
+        };
+        plan.push((shard, value));
+    }
+    let mut conn = connect(config).await?;
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    for &(shard, value) in &plan {
+        let keys = scope.keys(partition, shard);
+        // A fence of another type must go first; SET replaces any type anyway.
+        let _: Value = conn
+            .query(
+                redis::cmd("EVAL")
+                    .arg(script::SET_FENCE_LUA)
+                    .arg(2)
+                    .arg(&keys.fence)
+                    .arg(&keys.marker)
+                    .arg(partition)
+                    .arg(value)
+                    .arg(now_ms),
+            )
+            .await?;
+    }
+    Ok(plan)
+}
