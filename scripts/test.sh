@@ -4,6 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The tree is the map: no import cycle between folders, none upward between stages, no file over
+# 500 lines, no owner struct over 12 fields (the check's own self-test first).
+python3 scripts/check_layers.py --self-test
+python3 scripts/check_layers.py
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 # The product without the dev tooling (feature `dev`): it compiles (clippy checks it without

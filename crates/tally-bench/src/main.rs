@@ -24,11 +24,12 @@
 //! report puts both side by side (issue 4).
 //!
 //! Layout: `main.rs` (command line, workloads, the benchmark's tally config) → `orchestrate.rs`
-//! (the parent: starts the broker and Redis, runs every part, collects results) → `report.rs`
-//! and `report_cluster.rs` (the Markdown tables). One file per role: `broker.rs`, `raw.rs`,
-//! `tally.rs` (+ `e2e.rs`, `latency.rs`, which drive it), `pipeline.rs` (+ `pipeline_loop.rs`),
-//! `memprobe.rs`; `store.rs` is where part 2 writes (one server or a cluster); shared
-//! measurement helpers in `child.rs`, `proc_stats.rs` and `redis_stats.rs`.
+//! (the parent: starts the broker and Redis, runs every part, collects results) → `report/`
+//! (the Markdown tables and the targets) → `results.rs` (what a run measured, which both of them
+//! read). One file per role: `broker.rs`, `raw.rs`, `tally.rs` (+ `e2e.rs`, `latency.rs`, which
+//! drive it), `pipeline.rs` (+ `pipeline_loop.rs`), `memprobe.rs`; `store.rs` is where part 2
+//! writes (one server or a cluster); shared measurement helpers in `child.rs`, `proc_stats.rs`
+//! and `redis_stats.rs`.
 
 mod alloc_switch;
 mod broker;
@@ -44,9 +45,7 @@ mod proc_stats;
 mod raw;
 mod redis_stats;
 mod report;
-mod report_cluster;
-mod report_scaling;
-mod report_targets;
+mod results;
 mod store;
 mod tally;
 

@@ -1,9 +1,9 @@
 //! The scaling table: part 2 with one lane, two lanes in one process, and two replicas (one
 //! lane each) in one group, side by side on the same topic in the same run.
 
+use super::fmt::{counted, per_million, thousands};
 use crate::e2e::Shape;
-use crate::orchestrate::VariantResults;
-use crate::report::{per_million, thousands};
+use crate::results::VariantResults;
 
 fn shape_name(s: Shape) -> String {
     if !s.merge {
@@ -31,7 +31,7 @@ pub fn scaling_table(results: &[VariantResults]) -> Option<String> {
          | peak RSS (sum) | counts in Redis = events |\n|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
-        let raw = r.raw_parse.messages as f64 / r.raw_parse.secs;
+        let raw = r.raw_parse_rate();
         let base = &r.e2e;
         let rows =
             std::iter::once((Shape::ONE, base)).chain(r.scaling.iter().map(|(s, e)| (*s, e)));
@@ -54,28 +54,9 @@ pub fn scaling_table(results: &[VariantResults]) -> Option<String> {
                 per_million(e.cpu, e.messages),
                 consumer,
                 e.peak_rss_mb,
-                if e.counted_ok { "yes" } else { "**NO**" },
+                counted(e.counted_ok),
             ));
         }
     }
     Some(t)
 }
-
-/// The shapes measured besides one lane.
-pub const SHAPES: &[Shape] = &[
-    Shape {
-        replicas: 1,
-        lanes: 2,
-        merge: true,
-    },
-    Shape {
-        replicas: 2,
-        lanes: 1,
-        merge: true,
-    },
-    Shape {
-        replicas: 1,
-        lanes: 1,
-        merge: false,
-    },
-];

@@ -1,8 +1,8 @@
 //! The `--cluster` table: part 2 on one `redis-server` and on a 3-primary cluster, side by side.
 
+use super::fmt::{counted, ms, per_million, rate, thousands};
 use crate::e2e::E2e;
-use crate::orchestrate::VariantResults;
-use crate::report::{ms, per_million, rate, thousands};
+use crate::results::VariantResults;
 
 /// One row per workload and deployment, then their ratio; `None` without `--cluster`.
 pub fn cluster_table(results: &[VariantResults]) -> Option<String> {
@@ -64,7 +64,7 @@ fn row(workload: &str, redis: &str, e: &E2e) -> String {
         keys.join(" / "),
         e.peak_rss_mb,
         thousands(e.max_pending),
-        if e.counted_ok { "yes" } else { "**NO**" },
+        counted(e.counted_ok),
     )
 }
 
