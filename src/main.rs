@@ -42,16 +42,22 @@ fn init_logging() {
         .init();
 }
 
-/// Cancel `token` on SIGINT or SIGTERM. Both handlers are installed before this returns, so a
+/// Cancel `token` on SIGINT or SIGTERM. The handlers are installed before this returns, so a
 /// signal that arrives while the command starts is a clean shutdown, not the default exit.
+/// SIGHUP never stops the process (its default would, without a final flush): it asks what is
+/// reloadable to reload (the RLS limits file listens for it too) and is logged.
 fn on_signals(token: CancellationToken) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
+    let mut hup = signal(SignalKind::hangup())?;
     tokio::spawn(async move {
-        tokio::select! {
-            _ = int.recv() => {}
-            _ = term.recv() => {}
+        loop {
+            tokio::select! {
+                _ = int.recv() => break,
+                _ = term.recv() => break,
+                _ = hup.recv() => tracing::info!("SIGHUP: reloading what is reloadable (the rls limits file); not stopping"),
+            }
         }
         tracing::info!("signal received, shutting down");
         token.cancel();
@@ -131,13 +137,14 @@ impl Prepared {
                 tally.run(shutdown).await
             }
             Prepared::Top(args) => {
+                let token = args.token()?;
                 let urls = if args.urls.is_empty() {
                     vec!["http://127.0.0.1:9100".to_string()]
                 } else {
                     args.urls
                 };
                 let every = args.interval;
-                tokio::task::spawn_blocking(move || top::run(urls, args.token, every)).await?
+                tokio::task::spawn_blocking(move || top::run(urls, token, every)).await?
             }
             Prepared::Check(config) => {
                 print!("{}", config.to_toml());

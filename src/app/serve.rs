@@ -14,7 +14,7 @@ use tally_counters::request::Client;
 use tokio_util::sync::CancellationToken;
 
 use super::{Role, Supervisor, Tally};
-use crate::api::primitives::{Deferral, Requests};
+use crate::api::primitives::{Deferral, Primitives};
 use crate::api::query::Query;
 use crate::config::Model;
 use crate::ops::health::Health;
@@ -40,7 +40,7 @@ impl Ports<'_> {
         let config = &model.config;
         let shutdown = tasks.shutdown().clone();
         let client = super::request_client(model)?;
-        let mut requests = Requests::new(model, client.clone(), metrics.clone())?;
+        let mut requests = Primitives::new(model, client.clone(), metrics.clone())?;
         if self.role == Role::Run {
             // A hit Redis did not run can become an event of the topic this process consumes.
             requests = requests.with_deferral(Deferral::new(model));

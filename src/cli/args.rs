@@ -76,7 +76,7 @@ pub(crate) enum Command {
     State(StateArgs),
     /// The live status of one or several tally processes in the terminal (their `/v1/status`).
     #[command(
-        after_help = "Example:\n  tally top http://10.0.0.1:9100 http://10.0.0.2:9100 --token \"$TOKEN\"\n  Keys: q, Esc or Ctrl-C quits."
+        after_help = "Example:\n  TALLY_TOKEN=\"$TOKEN\" tally top http://10.0.0.1:9100 http://10.0.0.2:9100\n  Keys: q, Esc or Ctrl-C quits."
     )]
     Top(TopArgs),
     /// Serve the request path (hit, limit, quota, once, unique, pool) over HTTP, without Kafka.
@@ -86,14 +86,28 @@ pub(crate) enum Command {
     Request(request_cli::RequestCommand),
 }
 
+impl TopArgs {
+    /// The token: from `--token-file`, else from `TALLY_TOKEN`.
+    pub(crate) fn token(&self) -> anyhow::Result<Option<String>> {
+        if let Some(path) = &self.token_file {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("--token-file {}: {e}", path.display()))?;
+            return Ok(Some(text.trim().to_string()).filter(|t| !t.is_empty()));
+        }
+        Ok(std::env::var("TALLY_TOKEN").ok().filter(|t| !t.is_empty()))
+    }
+}
+
 /// `tally top [URL…]`.
 #[derive(Args)]
 pub(crate) struct TopArgs {
     /// Base URLs of tally processes (default: http://127.0.0.1:9100).
     pub(crate) urls: Vec<String>,
-    /// Bearer token, when the processes set `http.token`.
-    #[arg(long, env = "TALLY_TOKEN", hide_env_values = true)]
-    pub(crate) token: Option<String>,
+    /// File holding the bearer token, when the processes set `http.token` (or set the
+    /// environment variable TALLY_TOKEN). Not a flag's value: a command line is visible to
+    /// every user of the host (`ps`).
+    #[arg(long)]
+    pub(crate) token_file: Option<std::path::PathBuf>,
     /// Time between two refreshes.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub(crate) interval: Duration,

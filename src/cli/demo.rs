@@ -51,7 +51,7 @@ pub async fn run(
     let metrics = tally.metrics.clone();
     let run_token = shutdown.child_token();
     let task = tokio::spawn(tally.run(run_token.clone()));
-    let requests = tally::api::primitives::Requests::new(
+    let requests = tally::api::primitives::Primitives::new(
         &model,
         tally::app::request_client(&model)?,
         metrics.clone(),
@@ -189,7 +189,7 @@ fn demo_limit() -> tally_counters::request::LimitPolicy {
 /// Request-path traffic beside the stream: 8 subjects asking `policy` 200 times a second in
 /// all, so some are admitted and some denied (see the dashboard's "Request path" row).
 async fn request_traffic(
-    requests: tally::api::primitives::Requests,
+    requests: tally::api::primitives::Primitives,
     policy: String,
     stop: CancellationToken,
 ) {

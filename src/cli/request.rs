@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-use tally::api::primitives::{Action, Requests};
+use tally::api::primitives::{Action, Primitives};
 use tally::config::{Config, Model};
 use tally::ops::metrics::Metrics;
 use tally_counters::request::Hit;
@@ -274,7 +274,7 @@ pub async fn run(
     command: RequestCommand,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let requests = Requests::new(
+    let requests = Primitives::new(
         &model,
         tally::app::request_client(&model)?,
         Metrics::new(&[]),

@@ -82,7 +82,7 @@ fn poll(instance: &Instance, token: Option<&str>, every: Duration, stop: &Atomic
                 .read_json::<Value>()
                 .map_err(|e| format!("unreadable answer: {e}")),
             Ok(r) if r.status() == 401 => {
-                Err("401: pass the token with --token or TALLY_TOKEN".into())
+                Err("401: pass the token with TALLY_TOKEN or --token-file".into())
             }
             Ok(r) => Err(format!("answer {}", r.status())),
             Err(e) => Err(format!("unreachable: {e}")),

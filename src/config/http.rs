@@ -36,6 +36,9 @@ pub struct HttpConfig {
     /// `reset` on any primitive, quota `release`, pool `fill` and every `/v1/locks` call; it
     /// also passes wherever `token` does. None: every caller may make those calls.
     pub admin_token: Option<String>,
+    /// File holding the admin token (surrounding whitespace ignored), to keep it out of the
+    /// config.
+    pub admin_token_file: Option<std::path::PathBuf>,
 }
 
 impl Default for HttpConfig {
@@ -48,6 +51,7 @@ impl Default for HttpConfig {
             token: None,
             token_file: None,
             admin_token: None,
+            admin_token_file: None,
         }
     }
 }
@@ -81,6 +85,11 @@ impl HttpConfig {
             "set http.token or http.token_file, not both",
         )?;
         ensure(
+            !(self.admin_token.is_some() && self.admin_token_file.is_some()),
+            "http.admin_token_file",
+            "set http.admin_token or http.admin_token_file, not both",
+        )?;
+        ensure(
             !self
                 .token
                 .as_ref()
@@ -108,18 +117,34 @@ impl HttpConfig {
 
     /// The bearer token for `/v1/*`, from `token` or `token_file`.
     pub fn bearer_token(&self) -> Result<Option<String>, ConfigError> {
-        let Some(path) = &self.token_file else {
-            return Ok(self.token.clone());
-        };
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| invalid("http.token_file", format!("{}: {e}", path.display())))?;
-        let token = text.trim();
-        if token.is_empty() {
-            return Err(invalid(
-                "http.token_file",
-                format!("{} is empty", path.display()),
-            ));
-        }
-        Ok(Some(token.to_string()))
+        secret(&self.token, &self.token_file, "http.token_file")
     }
+
+    /// The admin token, from `admin_token` or `admin_token_file`.
+    pub fn admin_token(&self) -> Result<Option<String>, ConfigError> {
+        secret(
+            &self.admin_token,
+            &self.admin_token_file,
+            "http.admin_token_file",
+        )
+    }
+}
+
+/// A secret given inline or as a file (`key` names the file's setting in errors; the secret
+/// itself is never in a message).
+fn secret(
+    inline: &Option<String>,
+    file: &Option<std::path::PathBuf>,
+    key: &str,
+) -> Result<Option<String>, ConfigError> {
+    let Some(path) = file else {
+        return Ok(inline.clone());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| invalid(key, format!("{}: {e}", path.display())))?;
+    let token = text.trim();
+    if token.is_empty() {
+        return Err(invalid(key, format!("{} is empty", path.display())));
+    }
+    Ok(Some(token.to_string()))
 }

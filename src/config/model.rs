@@ -47,8 +47,11 @@ impl Model {
         let counters = config.validate()?;
         let tokens = Tokens {
             token: config.http.bearer_token()?,
-            admin: config.http.admin_token.clone(),
+            admin: config.http.admin_token()?,
         };
+        if tokens.admin.is_some() && tokens.admin == tokens.token {
+            return Err(invalid("http.admin_token", "must differ from http.token"));
+        }
         let rls_limits = match (&config.rls.listen[..], &config.rls.limits_file) {
             ("", _) | (_, None) => None,
             (_, Some(path)) => Some(Arc::new(

@@ -134,6 +134,24 @@ fn http_limits_and_token_sources() {
         refused(&|c| c.http.token_file = Some(dir.join("missing"))),
         "http.token_file"
     );
+    // The admin token from a file too; not both, and never the bearer token itself.
+    std::fs::write(&file, "admin-from-a-file\n").unwrap();
+    let mut config = Config::default();
+    config.http.admin_token_file = Some(file.clone());
+    let model = crate::config::Model::compile(config.clone()).expect("an admin token file");
+    assert_eq!(model.tokens.admin.as_deref(), Some("admin-from-a-file"));
+    config.http.admin_token = Some("inline".into());
+    assert!(
+        config.validate().is_err(),
+        "admin_token and its file together"
+    );
+    assert_eq!(
+        refused(&|c| {
+            c.http.token = Some("admin-from-a-file".into());
+            c.http.admin_token_file = Some(file.clone());
+        }),
+        "http.admin_token"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

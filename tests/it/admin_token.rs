@@ -98,6 +98,21 @@ async fn destructive_calls_need_the_admin_token() {
         let acquire = r#"{"ttl_ms":1000}"#;
         let lock = "/v1/locks/nightly/acquire";
         problem(&post(port, Some(CALLER), lock, acquire), 403, "forbidden");
+        // Taking counts away is destructive too: a value of 0 or less, not a positive one.
+        let take =
+            r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"value":-1000}"#;
+        let zero = r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"value":0}"#;
+        problem(&post(port, Some(CALLER), "/v1/hit", take), 403, "forbidden");
+        problem(&post(port, Some(CALLER), "/v1/hit", zero), 403, "forbidden");
+        let peek =
+            r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"action":"peek"}"#;
+        let a = post(port, Some(CALLER), "/v1/hit", peek);
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert!(
+            a.body.contains("\"value\":1"),
+            "the refused -1000 took nothing: {}",
+            a.body
+        );
         let none = post(port, None, "/v1/hit", reset);
         problem(&none, 401, "unauthorized");
         assert!(
@@ -113,6 +128,7 @@ async fn destructive_calls_need_the_admin_token() {
         // The admin token does all of it, and what the caller token may do as well.
         for (path, body) in [
             ("/v1/hit", hit),
+            ("/v1/hit", take),
             ("/v1/quota", release),
             ("/v1/pool", fill),
             (lock, acquire),

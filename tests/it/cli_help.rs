@@ -42,6 +42,9 @@ fn usage_errors_exit_64() {
         &["run", "--no-such-flag"][..],
         &["no-such-command"][..],
         &["limit", "--subject", "s"][..],
+        // A secret is never a flag's value (visible in `ps`): `tally top` reads TALLY_TOKEN or
+        // --token-file.
+        &["top", "--token", "s3cret", "http://127.0.0.1:1"][..],
     ] {
         let out = Command::new(env!("CARGO_BIN_EXE_tally"))
             .args(args)

@@ -154,6 +154,52 @@ descriptors:
       usage: true
 ";
 
+/// Envoy's per-descriptor `limit` overrides: each unit (and limit) counts in its own state, so a
+/// descriptor limited per second and per minute in one call is held to both (they shared one
+/// policy name, and the per-second window index reset the per-minute count). Oversized
+/// descriptors are refused as INVALID_ARGUMENT.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overrides_of_different_units_count_apart() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let redis = LocalRedis::start(&[]).unwrap();
+    let dir = limits_dir("overrides");
+    std::fs::write(dir.join("api.yaml"), API).unwrap();
+    let rls = Rls::start(&redis, &dir, "rls-overrides");
+    let mut c = rls.client().await;
+    let user = unique("o");
+    let with_limit = |requests_per_unit: u32, unit: i32| {
+        let mut d = descriptor(&[("user", &user)], None);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit,
+            unit,
+        });
+        d
+    };
+    // Unit codes of Envoy's enum: 1 second, 3 hour.
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let r = ask(&mut c, "api", vec![with_limit(1000, 1), with_limit(2, 3)]).await;
+        codes.push((r.overall_code, r.statuses[1].limit_remaining));
+    }
+    let (ok_code, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(
+        codes,
+        vec![(ok_code, 1), (ok_code, 0), (over, 0), (over, 0)],
+        "2 an hour holds while 1000 a second counts beside it"
+    );
+
+    let long = "v".repeat(513);
+    let refused = c
+        .should_rate_limit(RateLimitRequest {
+            domain: "api".into(),
+            descriptors: vec![descriptor(&[("user", &long)], None)],
+            hits_addend: 0,
+        })
+        .await
+        .expect_err("a 513-byte value is refused");
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn addends_statuses_and_a_denial_that_charges_nothing() {
     let redis = LocalRedis::start(&[]).unwrap();

@@ -51,6 +51,11 @@ lease = "600ms"
 /// Whether process `pid` catches SIGTERM (its handler is installed): bit 15 of `SigCgt` in
 /// `/proc/<pid>/status`.
 fn catches_sigterm(pid: i32) -> bool {
+    catches(pid, libc::SIGTERM)
+}
+
+/// Whether process `pid` has a handler for `sig` (its bit of `SigCgt`).
+fn catches(pid: i32, sig: i32) -> bool {
     let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
         return false;
     };
@@ -58,7 +63,51 @@ fn catches_sigterm(pid: i32) -> bool {
         .lines()
         .find_map(|l| l.strip_prefix("SigCgt:"))
         .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
-        .is_some_and(|mask| mask & (1 << (libc::SIGTERM - 1)) != 0)
+        .is_some_and(|mask| mask & (1 << (sig - 1)) != 0)
+}
+
+/// SIGHUP, which daemons take as "reload", never stops `tally serve` (its default action would,
+/// with exit 129 and no drain): each one is logged, the process keeps serving, and SIGTERM
+/// still drains it to exit 0. `tally run` shares the handler (`main`'s `on_signals`).
+#[test]
+fn sighup_never_stops_the_process() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let mut p = TallyProcess::start_command("serve", &serve_config(&redis.url()), "sighup");
+    // Serving (so its log is set up), with a SIGHUP handler.
+    let started = Instant::now();
+    while !(catches(p.pid(), libc::SIGHUP)
+        && tally_testkit::http::get(p.port, "/health/live").is_some())
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "not serving with a SIGHUP handler:\n{}",
+            p.log()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for n in 1..=3 {
+        p.signal(libc::SIGHUP);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while p.log().matches("SIGHUP").count() < n {
+            assert!(
+                Instant::now() < deadline,
+                "SIGHUP {n} not logged:\n{}",
+                p.log()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(
+            tally_testkit::http::get(p.port, "/health/live").is_some(),
+            "still serving after SIGHUP {n}:\n{}",
+            p.log()
+        );
+    }
+    let status = p.terminate(Duration::from_secs(30));
+    assert!(
+        status.success(),
+        "SIGTERM after SIGHUPs exits 0: {status:?}\n{}",
+        p.log()
+    );
 }
 
 /// Start `SIGNALS` processes of `command`, `AT_ONCE` at a time, and SIGTERM each at a random

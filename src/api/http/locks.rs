@@ -17,7 +17,7 @@ use utoipa::ToSchema;
 use super::auth::Scope;
 use super::problem::{Body, Problem};
 use super::request::{named, reply, MAX_BODY, MAX_LOCK_TTL_MS};
-use crate::api::primitives::Requests;
+use crate::api::primitives::Primitives;
 
 /// `POST /v1/locks/{name}/{action}`: the lease's numbers and token.
 #[derive(Deserialize, Default, ToSchema)]
@@ -103,7 +103,7 @@ pub(super) enum LockAnswer {
 }
 
 /// The lock routes over `requests`.
-pub fn routes<S: Clone + Send + Sync + 'static>(requests: Arc<Requests>) -> Router<S> {
+pub fn routes<S: Clone + Send + Sync + 'static>(requests: Arc<Primitives>) -> Router<S> {
     Router::new()
         .route("/v1/locks/{name}/{action}", post(lock))
         .layer(DefaultBodyLimit::max(MAX_BODY))
@@ -112,7 +112,7 @@ pub fn routes<S: Clone + Send + Sync + 'static>(requests: Arc<Requests>) -> Rout
 
 /// `POST /v1/locks/{name}/acquire|release|extend`.
 pub(super) async fn lock(
-    State(r): State<Arc<Requests>>,
+    State(r): State<Arc<Primitives>>,
     axum::extract::Path((name, action)): axum::extract::Path<(String, String)>,
     Extension(scope): Extension<Scope>,
     Body(b): Body<LockBody>,

@@ -56,7 +56,7 @@ pub async fn serve(
     metrics: Metrics,
     health: Arc<Health>,
     query: Option<Arc<Query>>,
-    requests: Option<Arc<crate::api::primitives::Requests>>,
+    requests: Option<Arc<crate::api::primitives::Primitives>>,
     tokens: Tokens,
     shutdown: CancellationToken,
 ) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {

@@ -18,14 +18,14 @@ use utoipa::ToSchema;
 
 use super::auth::Scope;
 use super::problem::{Body, Problem};
-use crate::api::primitives::{Action, Requests};
+use crate::api::primitives::{Action, Primitives};
 use crate::api::query::parse_time;
 
 /// Largest request body, bytes.
 pub(super) const MAX_BODY: usize = 64 * 1024;
 
 /// The request-path routes over `requests`.
-pub fn routes<S: Clone + Send + Sync + 'static>(requests: Arc<Requests>) -> Router<S> {
+pub fn routes<S: Clone + Send + Sync + 'static>(requests: Arc<Primitives>) -> Router<S> {
     Router::new()
         .route("/v1/hit", post(hit))
         .route("/v1/limit", post(limit))
@@ -96,7 +96,8 @@ pub(super) struct HitBody {
     /// The counter's dimension values, all of them.
     #[serde(default)]
     dimensions: BTreeMap<String, String>,
-    /// What to add (negative subtracts); the sum must stay in the signed 64-bit range.
+    /// What to add; 0 or less (a negative subtracts) needs the admin scope when
+    /// `http.admin_token` is set. The sum must stay in the signed 64-bit range.
     #[serde(default = "one")]
     #[schema(default = 1)]
     value: i64,
@@ -132,7 +133,7 @@ fn one() -> i64 {
 }
 
 async fn hit(
-    State(r): State<Arc<Requests>>,
+    State(r): State<Arc<Primitives>>,
     Extension(scope): Extension<Scope>,
     Body(b): Body<HitBody>,
 ) -> Response {
@@ -141,6 +142,13 @@ async fn hit(
     }
     if let Some(answer) = refusal(scope, b.action) {
         return answer;
+    }
+    // Taking counts away is destructive (a `-1000` zeroes a count the stream path built); a
+    // plain caller adds.
+    if b.action == Action::Apply && b.value <= 0 {
+        if let Some(answer) = scope.refusal("a hit with `value` <= 0") {
+            return answer;
+        }
     }
     let at_ms = match time(b.at.as_deref()) {
         Ok(at) => at,
@@ -230,7 +238,7 @@ fn policies(b: &LimitBody) -> Result<Vec<&str>, Problem> {
 }
 
 async fn limit(
-    State(r): State<Arc<Requests>>,
+    State(r): State<Arc<Primitives>>,
     Extension(scope): Extension<Scope>,
     Body(b): Body<LimitBody>,
 ) -> Response {
@@ -285,7 +293,7 @@ pub(super) struct QuotaBody {
 }
 
 async fn quota(
-    State(r): State<Arc<Requests>>,
+    State(r): State<Arc<Primitives>>,
     Extension(scope): Extension<Scope>,
     Body(b): Body<QuotaBody>,
 ) -> Response {
@@ -315,7 +323,7 @@ pub(super) struct OnceBody {
 }
 
 async fn once(
-    State(r): State<Arc<Requests>>,
+    State(r): State<Arc<Primitives>>,
     Extension(scope): Extension<Scope>,
     Body(b): Body<OnceBody>,
 ) -> Response {
@@ -349,7 +357,7 @@ pub(super) struct UniqueBody {
 }
 
 async fn unique(
-    State(r): State<Arc<Requests>>,
+    State(r): State<Arc<Primitives>>,
     Extension(scope): Extension<Scope>,
     Body(b): Body<UniqueBody>,
 ) -> Response {
@@ -383,7 +391,7 @@ pub(super) struct PoolBody {
 }
 
 async fn pool(
-    State(r): State<Arc<Requests>>,
+    State(r): State<Arc<Primitives>>,
     Extension(scope): Extension<Scope>,
     Body(b): Body<PoolBody>,
 ) -> Response {

@@ -2,10 +2,10 @@
 
 use tally_counters::request::{Claim, QuotaReply, RequestError};
 
-use super::{expire_in, Action, Answer, Requests};
+use super::{expire_in, Action, Answer, Primitives};
 use crate::ops::metrics::{Outcome, Primitive};
 
-impl Requests {
+impl Primitives {
     /// Take from, give back to, read or clear quota `name`.
     pub async fn quota(
         &self,

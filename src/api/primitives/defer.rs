@@ -25,7 +25,7 @@ use rdkafka::ClientConfig;
 use serde::Serialize;
 use tally_counters::request::{Hit, HitReply, RequestError};
 
-use super::{Action, Requests};
+use super::{Action, Primitives};
 use crate::config::{Model, TimeFormat};
 use crate::stream::decode::Decoder;
 
@@ -149,7 +149,7 @@ impl Deferral {
     }
 }
 
-impl Requests {
+impl Primitives {
     /// Hit counter `name`; when Redis is unreachable and deferral is set up, write the hit to
     /// the topic instead (see the module's guarantee).
     pub async fn hit_or_defer(

@@ -69,7 +69,7 @@ pub enum Answer {
 }
 
 /// Every configured request-path primitive over one shared connection.
-pub struct Requests {
+pub struct Primitives {
     counters: Counters,
     limiter: RateLimiter,
     quotas: HashMap<String, (Quota, std::time::Duration)>,
@@ -89,10 +89,10 @@ pub struct Requests {
     max_lock_wait: std::time::Duration,
 }
 
-impl Requests {
+impl Primitives {
     /// Build from a validated configuration over the process's request-side `client` (made
     /// with `request.batch`'s batching); connects on first use.
-    pub fn new(model: &Model, client: Client, metrics: Metrics) -> anyhow::Result<Requests> {
+    pub fn new(model: &Model, client: Client, metrics: Metrics) -> anyhow::Result<Primitives> {
         let config = &model.config;
         let r = &config.request;
         let once = r
@@ -118,7 +118,7 @@ impl Requests {
             }
             m.near_limit.with_label_values(&[&p.name]);
         }
-        Ok(Requests {
+        Ok(Primitives {
             counters: Counters::new(client.clone(), model.counters.clone(), model.layout.clone()),
             limiter: RateLimiter::new(client.clone(), r.limits.clone())?,
             quotas: r
@@ -167,7 +167,7 @@ impl Requests {
     }
 
     /// Defer hits to Kafka when Redis is unreachable (callers opt in per hit).
-    pub fn with_deferral(mut self, deferral: Deferral) -> Requests {
+    pub fn with_deferral(mut self, deferral: Deferral) -> Primitives {
         self.deferral = Some(deferral);
         self
     }

@@ -35,6 +35,11 @@ pub use crate::config::limits::{Limits, LimitsError, Rule, Unit};
 use crate::config::{RlsConfig, Tokens};
 use crate::ops::metrics::Metrics;
 
+/// The largest `ShouldRateLimit` message decoded: [`decide::MAX_DESCRIPTORS`] descriptors of
+/// [`decide::MAX_ENTRIES`] entries of [`decide::MAX_VALUE_BYTES`] fit in about 2 MiB; real
+/// calls are far below. Beyond it the call fails with RESOURCE_EXHAUSTED.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
 /// The service: the current limits (swapped whole on reload), the connection, the metrics.
 pub struct Rls {
     /// Replaced by a reload; a call holds its snapshot to the end, so it never sees two files.
@@ -154,7 +159,10 @@ pub async fn serve(
     let health_status = HealthStatus(reporter);
     health_status.set(true).await;
     let routes = server::Routes {
-        rls: RateLimitServiceServer::from_arc(rls.clone()),
+        // A call within the caps of `decide` is a few KiB; a larger message is refused before
+        // it is decoded (tonic's default lets 4 MiB in).
+        rls: RateLimitServiceServer::from_arc(rls.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES),
         health,
         tokens,
     };

@@ -56,6 +56,19 @@ impl Unit {
         })
     }
 
+    /// Its name in envoyproxy/ratelimit's files (`second` … `year`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+
     /// The unit of the protocol's enum value (0, unknown, is none).
     pub fn from_code(code: i32) -> Option<Unit> {
         Some(match code {
@@ -125,11 +138,14 @@ pub struct Rule {
 }
 
 impl Rule {
-    /// The rule of a descriptor's own `limit` (Envoy's rate limit override): a fixed window that
-    /// counts under the name `override`, never in shadow mode (as envoyproxy/ratelimit does).
+    /// The rule of a descriptor's own `limit` (Envoy's rate limit override): a fixed window,
+    /// never in shadow mode (as envoyproxy/ratelimit does), labelled `override` in metrics and
+    /// counted under a policy of its own per unit and limit (`override-minute-10`), so two
+    /// overrides on one descriptor never share (and reset) one state. No path of the limits file
+    /// has that shape (paths have a `.`).
     pub fn overridden(requests_per_unit: u32, unit: Unit) -> Result<Rule, String> {
         let policy = LimitPolicy {
-            name: "override".into(),
+            name: format!("override-{}-{requests_per_unit}", unit.name()),
             algorithm: Algorithm::Fixed,
             limit: u64::from(requests_per_unit),
             window: unit.window(),

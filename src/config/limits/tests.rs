@@ -242,3 +242,18 @@ fn refusals_say_what_and_where() {
         "{e}"
     );
 }
+
+#[test]
+fn overrides_count_apart_per_unit_and_limit() {
+    let minute = Rule::overridden(10, Unit::Minute).unwrap();
+    let second = Rule::overridden(10, Unit::Second).unwrap();
+    let other = Rule::overridden(20, Unit::Minute).unwrap();
+    assert_eq!(minute.policy.name, "override-minute-10");
+    assert_ne!(minute.policy.name, second.policy.name);
+    assert_ne!(minute.policy.name, other.policy.name);
+    assert_eq!(
+        minute.label, "override",
+        "one metric label for every override"
+    );
+    assert!(Rule::overridden(0, Unit::Minute).is_err());
+}

@@ -12,9 +12,16 @@
 //! that error and no other call is touched. An error of the whole batch call (a timeout, a lost
 //! connection) is an unknown outcome for exactly its callers, as it is for one call.
 //!
+//! The queue is bounded ([`Batching::max_queued`]): while Redis is slow or gone, a call beyond it
+//! is answered at once as Redis unreachable (a limit then decides by its `on_redis_error`), so
+//! memory stays bounded and no caller waits behind a backlog. A queued call whose caller has
+//! gone (it timed out, its client disconnected) is dropped before it is sent: an abandoned
+//! decision is never charged after Redis recovers, ahead of fresh ones.
+//!
 //! Cluster: a script call may only touch keys of one slot, so the driver sends one call per
 //! slot among what it took (each call's own keys already share one slot); they run concurrently.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Once};
 
 use redis::{Cmd, Value};
@@ -44,6 +51,14 @@ impl Default for Batching {
 }
 
 impl Batching {
+    /// Most calls waiting in the queue: 16 full batches per slot (2,048 by default). Beyond it
+    /// a call is answered at once as Redis unreachable.
+    pub fn max_queued(&self) -> usize {
+        self.max_calls
+            .saturating_mul(self.in_flight)
+            .saturating_mul(16)
+    }
+
     /// Every call sent alone, as before batching.
     pub const OFF: Batching = Batching {
         max_calls: 1,
@@ -74,6 +89,8 @@ pub(crate) struct Batcher {
     settings: Batching,
     slots: Arc<Semaphore>,
     tx: mpsc::UnboundedSender<Job>,
+    /// Calls sent to the queue and not yet taken by the driver (bounded by `max_queued`).
+    queued: Arc<AtomicUsize>,
     /// The driver's end, taken when the first call queues (the driver needs a runtime).
     rx: Mutex<Option<mpsc::UnboundedReceiver<Job>>>,
     /// The driver was started (checked on every queued call without taking the lock).
@@ -91,6 +108,7 @@ impl Batcher {
             },
             slots: Arc::new(Semaphore::new(in_flight)),
             tx,
+            queued: Arc::new(AtomicUsize::new(0)),
             rx: Mutex::new(Some(rx)),
             started: Once::new(),
         }
@@ -111,6 +129,11 @@ impl Batcher {
         if let Ok(_slot) = self.slots.try_acquire() {
             return run_alone(link, pair, &keys, &args).await;
         }
+        let most = self.settings.max_queued();
+        if self.queued.fetch_add(1, Ordering::Relaxed) >= most {
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            return Err(queue_full(most));
+        }
         self.start_driver(link);
         let (reply, answer) = oneshot::channel();
         let job = Job {
@@ -121,6 +144,7 @@ impl Batcher {
         };
         if let Err(unsent) = self.tx.send(job) {
             // The driver is gone (its runtime ended): nothing was sent, so send it alone.
+            self.queued.fetch_sub(1, Ordering::Relaxed);
             let job = unsent.0;
             return run_alone(link, job.pair, &job.keys, &job.args).await;
         }
@@ -131,7 +155,16 @@ impl Batcher {
         self.started.call_once(|| {
             let rx = self.rx.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(rx) = rx {
-                tokio::spawn(drive(link.clone(), rx, self.slots.clone(), self.settings));
+                let queue = Queue {
+                    rx,
+                    queued: self.queued.clone(),
+                };
+                tokio::spawn(drive(
+                    link.clone(),
+                    queue,
+                    self.slots.clone(),
+                    self.settings,
+                ));
             }
         });
     }
@@ -142,6 +175,38 @@ fn dropped() -> RequestError {
     RequestError::OutcomeUnknown(redis::RedisError::from(std::io::Error::other(
         "the request batch was dropped before it answered",
     )))
+}
+
+/// A call refused because `most` calls already wait: nothing was sent.
+fn queue_full(most: usize) -> RequestError {
+    RequestError::Unreachable(redis::RedisError::from(std::io::Error::other(format!(
+        "{most} calls already wait for redis (the request queue is full)"
+    ))))
+}
+
+/// The driver's end of the queue.
+struct Queue {
+    rx: mpsc::UnboundedReceiver<Job>,
+    /// Shared with the [`Batcher`]: decremented as jobs are taken.
+    queued: Arc<AtomicUsize>,
+}
+
+impl Queue {
+    /// The next job whose caller still waits (the others are dropped unsent); None once the
+    /// queue is closed. `wait`: wait for one, else only take what is there.
+    async fn next(&mut self, wait: bool) -> Option<Job> {
+        loop {
+            let job = if wait {
+                self.rx.recv().await?
+            } else {
+                self.rx.try_recv().ok()?
+            };
+            self.queued.fetch_sub(1, Ordering::Relaxed);
+            if !job.reply.is_closed() {
+                return Some(job);
+            }
+        }
+    }
 }
 
 /// `EVALSHA` of the single script with `keys` and `args`.
@@ -161,22 +226,24 @@ async fn run_alone(
 }
 
 /// The driver: waits for a free slot, then sends everything queued (up to `max_calls`).
-async fn drive(
-    link: Arc<Link>,
-    mut rx: mpsc::UnboundedReceiver<Job>,
-    slots: Arc<Semaphore>,
-    settings: Batching,
-) {
-    while let Some(first) = rx.recv().await {
+async fn drive(link: Arc<Link>, mut queue: Queue, slots: Arc<Semaphore>, settings: Batching) {
+    while let Some(first) = queue.next(true).await {
         let Ok(slot) = slots.clone().acquire_owned().await else {
             return;
         };
-        let mut jobs = vec![first];
+        // While it waited for a slot its caller may have gone too.
+        let mut jobs = Vec::with_capacity(settings.max_calls);
+        if !first.reply.is_closed() {
+            jobs.push(first);
+        }
         while jobs.len() < settings.max_calls {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
+            match queue.next(false).await {
+                Some(job) => jobs.push(job),
+                None => break,
             }
+        }
+        if jobs.is_empty() {
+            continue;
         }
         tokio::spawn(send(link.clone(), jobs, slot));
     }

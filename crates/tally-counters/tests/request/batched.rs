@@ -261,3 +261,67 @@ pub async fn an_error_in_a_batch_touches_only_its_caller(dep: &Deployment) {
     let key = keys_matching(dep, "*limit.fixed:e_fine:s:*").await;
     assert_eq!(read(dep, "HGET", &key, Some("n")).await, 50);
 }
+
+/// While Redis does not answer, the queue behind the busy slot is bounded (a call beyond it is
+/// answered at once as without Redis), and a queued call whose caller gave up is dropped, not
+/// sent when Redis answers again: after the stall only the call already sent is charged, and a
+/// fresh decision is answered at once.
+pub async fn abandoned_calls_are_never_charged_and_the_queue_is_bounded(dep: &Deployment) {
+    // One call in flight, batches of 4: 4 × 1 × 16 = 64 calls may wait.
+    let batching = Batching {
+        max_calls: 4,
+        in_flight: 1,
+    };
+    assert_eq!(batching.max_queued(), 64);
+    let client = Client::with_batching(&dep.config(), batching).unwrap();
+    let limiter = RateLimiter::new(
+        client,
+        vec![policy("q_abandon", Algorithm::Fixed, 1_000_000, HOUR)],
+    )
+    .unwrap();
+    limiter.check(&["q_abandon"], "s", 1).await.unwrap();
+    let stall = super::support::stall_all(dep, std::time::Duration::from_millis(1500)).await;
+    let callers = (0..500).map(|_| {
+        let limiter = limiter.clone();
+        tokio::spawn(async move {
+            let give_up = std::time::Duration::from_millis(200);
+            tokio::time::timeout(give_up, limiter.check(&["q_abandon"], "s", 1)).await
+        })
+    });
+    let results: Vec<_> = join_all(callers)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect();
+    let at_once = results
+        .iter()
+        .filter(|r| matches!(r, Ok(Ok(d)) if d.without_redis))
+        .count();
+    let gave_up = results.iter().filter(|r| r.is_err()).count();
+    // One call sent alone (in flight), one taken by the driver to wait for the slot, at most 64
+    // queued: every other answered at once.
+    assert!(
+        at_once >= 500 - 2 - 64,
+        "{at_once} answered at once, {gave_up} gave up"
+    );
+    assert_eq!(
+        at_once + gave_up,
+        500,
+        "every caller either waited or was answered"
+    );
+    stall.await.unwrap();
+    let fresh = std::time::Instant::now();
+    let d = limiter.peek(&["q_abandon"], "s", 1).await.unwrap();
+    assert!(
+        fresh.elapsed() < std::time::Duration::from_secs(1),
+        "a fresh decision waited {:?} behind abandoned ones",
+        fresh.elapsed()
+    );
+    let used = 1_000_000 - d.policies[0].remaining;
+    // The first check, the call that was in flight when the callers gave up, and at most one
+    // batch taken in the instant between its caller's timeout (freeing the slot) and theirs.
+    assert!(
+        used <= 2 + 4,
+        "{used} charged: abandoned decisions were sent after the stall"
+    );
+}

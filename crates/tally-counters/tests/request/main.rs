@@ -244,6 +244,7 @@ async fn run_all(dep: Arc<Deployment>) {
     limits::sliding_log_cost_is_capped(&dep).await;
     batched::mixed_batches_answer_each_caller_exactly(&dep).await;
     batched::an_error_in_a_batch_touches_only_its_caller(&dep).await;
+    batched::abandoned_calls_are_never_charged_and_the_queue_is_bounded(&dep).await;
     exact::hits_are_exact_across_the_64_bit_range(&dep).await;
     exact::quota_counts_are_exact(&dep).await;
     spread::boundary_keys_expire_spread(&dep).await;
