@@ -21,6 +21,8 @@ command -v curl >/dev/null || need+=(curl)
 # The status page's test opens it in a headless browser; `tally top`'s test drives it in tmux.
 command -v chromium >/dev/null || need+=(chromium)
 command -v tmux >/dev/null || need+=(tmux)
+# Runs tally with its host clock off (libfaketime), to prove Redis' clock decides expiries.
+command -v faketime >/dev/null || need+=(faketime)
 dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
 dpkg -s zlib1g-dev >/dev/null 2>&1 || need+=(zlib1g-dev)
 

@@ -135,6 +135,9 @@ fn hostile() -> Vec<(&'static str, String, String)> {
             r#"{"policy":"fixed","subject":"s","action":"release"}"#,
         ),
         p("/v1/quota", r#"{"quota":"nope"}"#),
+        // An array is not an object, even when its items would fill the fields by position.
+        p("/v1/quota", r#"["flash","u-arr"]"#),
+        p("/v1/hit", r#"["plays",{"video":"a"}]"#),
         p("/v1/quota", r#"{"quota":""}"#),
         p("/v1/quota", r#"{"quota":"flash","action":"fill"}"#),
         p("/v1/once", r#"{"name":"welcome"}"#),

@@ -10,6 +10,7 @@ mod common;
 mod admin_token;
 mod bounded_flush;
 mod cli_help;
+mod clock_skew;
 mod cluster;
 mod config_cli;
 mod config_reference;

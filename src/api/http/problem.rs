@@ -245,6 +245,14 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
                 Problem::new(Kind::InvalidInput, "the body could not be read")
             }
         })?;
+        // serde reads a struct from an array too, by position: `["flash","u1"]` would take a
+        // quota unit. Every body of this API is an object, and the schema says so.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
+            return Err(Problem::new(
+                Kind::InvalidInput,
+                "body: must be a JSON object, not an array",
+            ));
+        }
         parse(&bytes).map(Body)
     }
 }

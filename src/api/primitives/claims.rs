@@ -2,7 +2,7 @@
 
 use tally_counters::request::{Claim, QuotaReply, RequestError};
 
-use super::{expire_in, Action, Answer, Primitives};
+use super::{Action, Answer, Primitives};
 use crate::ops::metrics::{Outcome, Primitive};
 
 impl Primitives {
@@ -18,7 +18,7 @@ impl Primitives {
                 .quotas
                 .get(name)
                 .ok_or_else(|| RequestError::Invalid(format!("unknown quota `{name}`")))?;
-            let quota = quota.clone().expiring_at(expire_in(*ttl));
+            let quota = quota.clone().expiring_in(*ttl);
             Ok(match action {
                 Action::Apply => Answer::Quota(quota.take(user).await?),
                 Action::Release => Answer::Flag {
@@ -148,7 +148,7 @@ impl Primitives {
                 .pools
                 .get(name)
                 .ok_or_else(|| RequestError::Invalid(format!("unknown pool `{name}`")))?;
-            let pool = pool.clone().expiring_at(expire_in(*ttl));
+            let pool = pool.clone().expiring_in(*ttl);
             Ok(match action {
                 Action::Apply => {
                     let user = user

@@ -325,8 +325,3 @@ impl Primitives {
         result
     }
 }
-
-/// Unix ms `ttl` from now.
-fn expire_in(ttl: std::time::Duration) -> i64 {
-    tally_counters::clock::unix_ms().saturating_add(ttl.as_millis() as i64)
-}

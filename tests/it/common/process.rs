@@ -88,6 +88,17 @@ impl TallyProcess {
         name: &str,
         http: &str,
     ) -> TallyProcess {
+        Self::start_command_with_env(command, config, name, http, &[])
+    }
+
+    /// As [`Self::start_command_with_http`], with `env` added to the process's environment.
+    pub fn start_command_with_env(
+        command: &str,
+        config: &str,
+        name: &str,
+        http: &str,
+        env: &[(&str, &str)],
+    ) -> TallyProcess {
         let port = tally_testkit::local_redis::free_port().unwrap();
         let config_path =
             std::env::temp_dir().join(format!("tally-{name}-{}-{port}.toml", std::process::id()));
@@ -99,6 +110,7 @@ impl TallyProcess {
             .arg("--config")
             .arg(&config_path)
             .env("TALLY_LOG", "info,librdkafka=warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -22,6 +22,7 @@
 
 mod batch;
 mod client;
+mod expiry;
 mod hit;
 mod limit;
 mod link;
@@ -33,6 +34,7 @@ mod unique;
 
 pub use batch::Batching;
 pub use client::Client;
+pub use expiry::Expiry;
 pub use hit::{Counters, Hit, HitReply};
 pub use limit::{
     decide, Algorithm, Ask, Decision, FailureMode, LimitPolicy, PolicyVerdict, RateLimiter,

@@ -5,13 +5,17 @@ use std::sync::LazyLock;
 
 use serde::Serialize;
 
+use super::expiry::Expiry;
 use super::{Client, RequestError};
 use crate::script::Script;
 
 /// The claim script; see its header.
-pub const POOL_LUA: &str = include_str!("lua/pool.lua");
+pub const POOL_LUA: &str = concat!(include_str!("lua/expiry.lua"), include_str!("lua/pool.lua"));
 /// The fill script; see its header.
-pub const POOL_FILL_LUA: &str = include_str!("lua/pool_fill.lua");
+pub const POOL_FILL_LUA: &str = concat!(
+    include_str!("lua/expiry.lua"),
+    include_str!("lua/pool_fill.lua")
+);
 static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new("pool", POOL_LUA));
 static FILL: LazyLock<Script> = LazyLock::new(|| Script::new("pool_fill", POOL_FILL_LUA));
 
@@ -39,7 +43,8 @@ pub enum Claim {
 pub struct Pool {
     client: Client,
     name: String,
-    expire_at_ms: i64,
+    /// When its state is dropped.
+    expiry: Expiry,
 }
 
 impl Pool {
@@ -49,14 +54,20 @@ impl Pool {
         Pool {
             client,
             name: name.to_string(),
-            expire_at_ms,
+            expiry: Expiry::At(expire_at_ms),
         }
     }
 
     /// The same pool, whose state now expires at `expire_at_ms` (Unix ms); each call that writes
     /// moves the expiry there.
     pub fn expiring_at(mut self, expire_at_ms: i64) -> Pool {
-        self.expire_at_ms = expire_at_ms;
+        self.expiry = Expiry::At(expire_at_ms);
+        self
+    }
+
+    /// The same pool, whose state now lives `ttl` after each call that writes, by Redis' clock.
+    pub fn expiring_in(mut self, ttl: std::time::Duration) -> Pool {
+        self.expiry = Expiry::In(ttl);
         self
     }
 
@@ -71,7 +82,7 @@ impl Pool {
     /// Add `items` (those already given are skipped); how many were added.
     pub async fn fill(&self, items: &[&str]) -> Result<u64, RequestError> {
         let mut cmd = FILL.cmd(&self.keys());
-        cmd.arg(self.expire_at_ms);
+        self.expiry.push(&mut cmd);
         for item in items {
             cmd.arg(*item);
         }
@@ -81,7 +92,8 @@ impl Pool {
     /// Give `user` an item (the same one again if they had one).
     pub async fn claim(&self, user: &str) -> Result<Claim, RequestError> {
         let mut cmd = CLAIM.cmd(&self.keys());
-        cmd.arg(user).arg(self.expire_at_ms);
+        cmd.arg(user);
+        self.expiry.push(&mut cmd);
         let reply: redis::Value = self.client.run(&CLAIM, &cmd).await?;
         let bad = || RequestError::Reply {
             script: "pool",

@@ -8,11 +8,15 @@ use std::sync::LazyLock;
 
 use serde::Serialize;
 
+use super::expiry::Expiry;
 use super::{ints, Client, RequestError};
 use crate::script::Script;
 
 /// The take script; see its header.
-pub const QUOTA_LUA: &str = include_str!("lua/quota.lua");
+pub const QUOTA_LUA: &str = concat!(
+    include_str!("lua/expiry.lua"),
+    include_str!("lua/quota.lua")
+);
 /// The release script; see its header.
 pub const QUOTA_RELEASE_LUA: &str = include_str!("lua/quota_release.lua");
 static TAKE: LazyLock<Script> = LazyLock::new(|| Script::new("quota", QUOTA_LUA));
@@ -52,7 +56,8 @@ pub struct Quota {
     name: String,
     size: u64,
     once_per_user: bool,
-    expire_at_ms: i64,
+    /// When its state is dropped.
+    expiry: Expiry,
 }
 
 impl Quota {
@@ -76,14 +81,20 @@ impl Quota {
             name: name.to_string(),
             size,
             once_per_user,
-            expire_at_ms,
+            expiry: Expiry::At(expire_at_ms),
         }
     }
 
     /// The same quota, whose state now expires at `expire_at_ms` (Unix ms); each call that writes
     /// moves the expiry there.
     pub fn expiring_at(mut self, expire_at_ms: i64) -> Quota {
-        self.expire_at_ms = expire_at_ms;
+        self.expiry = Expiry::At(expire_at_ms);
+        self
+    }
+
+    /// The same quota, whose state now lives `ttl` after each call that writes, by Redis' clock.
+    pub fn expiring_in(mut self, ttl: std::time::Duration) -> Quota {
+        self.expiry = Expiry::In(ttl);
         self
     }
 
@@ -116,7 +127,8 @@ impl Quota {
             )));
         }
         let mut cmd = TAKE.cmd(&self.keys());
-        cmd.arg(self.size).arg(user).arg(self.expire_at_ms);
+        cmd.arg(self.size).arg(user);
+        self.expiry.push(&mut cmd);
         let reply: redis::Value = self.client.run(&TAKE, &cmd).await?;
         match ints("quota", &reply)?.as_slice() {
             [1, n] => Ok(QuotaReply::Admitted { taken: *n as u64 }),
