@@ -36,6 +36,14 @@ pub struct RlsConfig {
     /// How long a PING's answer may take.
     #[serde(with = "humantime_serde")]
     pub keepalive_timeout: Duration,
+    /// A connection that has not made an admitted call by then (a call with the token when
+    /// `http.token` is set, health checks included; any call otherwise) is closed: a peer that connects and
+    /// sends nothing, or only calls it may not make, cannot hold a slot.
+    #[serde(with = "humantime_serde")]
+    pub first_call_timeout: Duration,
+    /// Connections served at once from one peer address (Envoy keeps one per worker thread), so
+    /// that one host cannot take all of `max_connections`.
+    pub max_connections_per_peer: usize,
 }
 
 impl Default for RlsConfig {
@@ -47,6 +55,8 @@ impl Default for RlsConfig {
             max_connections: 1024,
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
+            first_call_timeout: Duration::from_secs(10),
+            max_connections_per_peer: 128,
         }
     }
 }
@@ -72,9 +82,15 @@ impl RlsConfig {
             "rls.max_connections",
             "must be at least 1",
         )?;
+        ensure(
+            self.max_connections_per_peer >= 1,
+            "rls.max_connections_per_peer",
+            "must be at least 1",
+        )?;
         for (name, d) in [
             ("rls.keepalive_interval", self.keepalive_interval),
             ("rls.keepalive_timeout", self.keepalive_timeout),
+            ("rls.first_call_timeout", self.first_call_timeout),
         ] {
             ensure(!d.is_zero(), name, "must be positive")?;
         }

@@ -222,3 +222,124 @@ async fn connections_are_capped_and_silent_peers_are_dropped() {
         "the freed slot serves a new client"
     );
 }
+
+/// Peers that connect and send nothing (not even the HTTP/2 preface: hyper has no deadline for
+/// it), or only calls without the token, hold no slot past `rls.first_call_timeout`: with every
+/// one of `max_connections` taken by such peers, a real client is served as soon as they are
+/// closed. And one address holds at most `max_connections_per_peer`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_and_unauthenticated_peers_cannot_hold_the_slots() {
+    use std::time::{Duration, Instant};
+    use tokio::io::AsyncReadExt as _;
+
+    let redis = LocalRedis::start(&[]).unwrap();
+    let dir = limits_dir("idle");
+    std::fs::write(dir.join("api.yaml"), API).unwrap();
+    let rls = Rls::start_with(
+        &redis,
+        &dir,
+        "rls-idle",
+        Some("rls-t0ken"),
+        "max_connections = 4\nfirst_call_timeout = \"500ms\"",
+    );
+    let user = unique("idle");
+    let call = |mut c: super::rls::Client, token: Option<&'static str>| {
+        let user = user.clone();
+        async move {
+            let mut request = tonic::Request::new(RateLimitRequest {
+                domain: "api".into(),
+                descriptors: vec![descriptor(&[("user", &user)], None)],
+                hits_addend: 0,
+            });
+            if let Some(t) = token {
+                request
+                    .metadata_mut()
+                    .insert("authorization", format!("Bearer {t}").parse().unwrap());
+            }
+            c.should_rate_limit(request).await
+        }
+    };
+    // One peer that calls without the token and three silent ones take all four slots.
+    let unauthenticated = rls.client().await;
+    let refused = call(unauthenticated.clone(), None).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(
+            tokio::net::TcpStream::connect(("127.0.0.1", rls.port))
+                .await
+                .unwrap(),
+        );
+    }
+    let taken = Instant::now();
+
+    // A real client is served within a few seconds: the others are closed at 500 ms.
+    let mut served = None;
+    while taken.elapsed() < Duration::from_secs(5) {
+        let attempt = async {
+            let url = format!("http://127.0.0.1:{}", rls.port);
+            let c = super::rls::Client::connect(url).await.ok()?;
+            call(c, Some("rls-t0ken")).await.ok()
+        };
+        if let Ok(Some(r)) = tokio::time::timeout(Duration::from_secs(1), attempt).await {
+            served = Some(r.into_inner());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let served = served.unwrap_or_else(|| {
+        panic!(
+            "no client served within 5 s while idle peers held the slots:\n{}",
+            rls.tally.log()
+        )
+    });
+    assert_eq!(served.overall_code, Code::Ok as i32);
+    // The silent peers were closed by the server, not left open.
+    for mut s in silent {
+        let mut buf = [0u8; 64];
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return true,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert_eq!(closed, Ok(true), "a silent peer was closed");
+    }
+}
+
+/// One peer address holds at most `rls.max_connections_per_peer`; more from it are closed as
+/// they are accepted while the slots stay free for other hosts (here: once it lets go).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_holds_at_most_its_share() {
+    use std::time::Duration;
+    use tokio::io::AsyncReadExt as _;
+
+    let redis = LocalRedis::start(&[]).unwrap();
+    let dir = limits_dir("per-peer");
+    std::fs::write(dir.join("api.yaml"), API).unwrap();
+    let rls = Rls::start_with(
+        &redis,
+        &dir,
+        "rls-per-peer",
+        None,
+        "max_connections_per_peer = 2",
+    );
+    let first = rls.client().await;
+    let second = rls.client().await;
+    let mut third = tokio::net::TcpStream::connect(("127.0.0.1", rls.port))
+        .await
+        .unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), third.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "a third connection from one address is closed at once: {read:?}"
+    );
+    drop((first, second));
+    // Its places come back as its connections close.
+    let again = tokio::time::timeout(Duration::from_secs(10), rls.client()).await;
+    assert!(again.is_ok(), "served again once it let go");
+}

@@ -70,3 +70,85 @@ impl Slots {
         permit
     }
 }
+
+/// At most a configured number of connections at once from one peer address, so that one host
+/// cannot take every slot of [`Slots`].
+pub(crate) struct PeerSlots {
+    counts: parking_lot::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+    max: usize,
+    /// The setting that sets `max`, for the log line.
+    setting: &'static str,
+}
+
+/// A connection's place among its peer's, given back when dropped.
+pub(crate) struct PeerPermit {
+    slots: Arc<PeerSlots>,
+    ip: std::net::IpAddr,
+}
+
+impl PeerSlots {
+    pub(crate) fn new(max: usize, setting: &'static str) -> Arc<PeerSlots> {
+        Arc::new(PeerSlots {
+            counts: Default::default(),
+            max,
+            setting,
+        })
+    }
+
+    /// A place for a connection from `ip`, or None when that peer holds `max` already (logged,
+    /// rate-limited): the caller then closes the connection.
+    pub(crate) fn take(
+        self: &Arc<Self>,
+        ip: std::net::IpAddr,
+        log: &LogLimiter,
+    ) -> Option<PeerPermit> {
+        let mut counts = self.counts.lock();
+        let n = counts.entry(ip).or_insert(0);
+        if *n >= self.max {
+            drop(counts);
+            if let Some(suppressed) = log.allow() {
+                tracing::warn!(%ip, max = self.max, suppressed, "connection refused: {} reached", self.setting);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(PeerPermit {
+            slots: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for PeerPermit {
+    fn drop(&mut self) {
+        let mut counts = self.slots.counts.lock();
+        if let Some(n) = counts.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.ip);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peer_holds_at_most_its_share_and_gives_it_back() {
+        let slots = PeerSlots::new(2, "test");
+        let log = LogLimiter::new();
+        let (a, b): (std::net::IpAddr, std::net::IpAddr) =
+            ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let first = slots.take(a, &log).expect("1 of 2");
+        let _second = slots.take(a, &log).expect("2 of 2");
+        assert!(slots.take(a, &log).is_none(), "a third from one peer");
+        assert!(slots.take(b, &log).is_some(), "another peer has its own");
+        drop(first);
+        assert!(
+            slots.take(a, &log).is_some(),
+            "a closed connection frees its place"
+        );
+    }
+}

@@ -164,12 +164,15 @@ pub async fn serve(
         rls: RateLimitServiceServer::from_arc(rls.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES),
         health,
+        admitted: Default::default(),
         tokens,
     };
     let conn_limits = server::GrpcLimits {
         max_connections: config.max_connections,
         keepalive_interval: config.keepalive_interval,
         keepalive_timeout: config.keepalive_timeout,
+        first_call_timeout: config.first_call_timeout,
+        max_connections_per_peer: config.max_connections_per_peer,
     };
     let server = server::run(listener, routes, conn_limits, shutdown.clone());
     let reloader = watch(rls.clone(), path, config.reload_interval, shutdown);

@@ -9,6 +9,8 @@
 //! is one path match.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer;
@@ -24,7 +26,7 @@ use tonic::server::NamedService;
 
 use super::Rls;
 use crate::api::edge::auth::{self, Access};
-use crate::api::edge::listener::{accept, Slots};
+use crate::api::edge::listener::{accept, PeerSlots, Slots};
 use crate::config::Tokens;
 use crate::ops::log_limit::LogLimiter;
 
@@ -38,6 +40,10 @@ pub(super) struct Routes<H> {
     pub rls: RateLimitServiceServer<Rls>,
     /// `grpc.health.v1.Health` (open, as `/health/*` is).
     pub health: H,
+    /// Set once the connection made a call that passed the token check (with no token set:
+    /// any call); a connection without one by `first_call_timeout` is closed. One per
+    /// connection (the routes are cloned per connection).
+    pub admitted: Arc<AtomicBool>,
     /// Who may call the rate limit service: with `http.token` set, a caller sending
     /// `authorization: Bearer <http.token>` (or `http.admin_token`) as gRPC metadata. The
     /// health service stays open, as `/health/*` does.
@@ -88,11 +94,17 @@ impl<H: GrpcService> hyper::service::Service<http::Request<Incoming>> for Routes
                     );
                     return Box::pin(async move { Ok(status.into_http()) });
                 }
+                self.admitted.store(true, Ordering::Relaxed);
                 // The generated services are always ready (no `poll_ready` to wait for).
                 let mut rls = self.rls.clone();
                 Box::pin(async move { rls.call(req).await })
             }
             Some(name) if name == H::NAME => {
+                // Open to all; it admits the connection only with the token (Envoy's gRPC health
+                // checker sends `initial_metadata` too), or where none is needed.
+                if auth::check(&self.tokens, req.headers()) != Access::Denied {
+                    self.admitted.store(true, Ordering::Relaxed);
+                }
                 let mut health = self.health.clone();
                 Box::pin(async move { health.call(req).await })
             }
@@ -111,6 +123,10 @@ pub(super) struct GrpcLimits {
     pub keepalive_interval: Duration,
     /// ...and closed when the PING is not answered within this.
     pub keepalive_timeout: Duration,
+    /// A connection must have made an admitted call by then, or it is closed.
+    pub first_call_timeout: Duration,
+    /// Connections served at once from one peer address.
+    pub max_connections_per_peer: usize,
 }
 
 /// Serve `routes` on `listener` (HTTP/2 only, as gRPC is) until `stop`; each connection then
@@ -122,6 +138,10 @@ pub(super) async fn run<H: GrpcService>(
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let slots = Slots::new(limits.max_connections, "rls.max_connections");
+    let peers = PeerSlots::new(
+        limits.max_connections_per_peer,
+        "rls.max_connections_per_peer",
+    );
     let mut http = http2::Builder::new(TokioExecutor::new());
     http.timer(TokioTimer::new())
         .keep_alive_interval(limits.keepalive_interval)
@@ -133,21 +153,44 @@ pub(super) async fn run<H: GrpcService>(
         let Some(stream) = accept(&listener, &stop, &log, "rls").await else {
             break;
         };
+        let Some(peer) = stream
+            .peer_addr()
+            .ok()
+            .and_then(|a| peers.take(a.ip(), &log))
+        else {
+            continue;
+        };
         let Some(permit) = slots.take(&log) else {
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let connection = http.serve_connection(TokioIo::new(stream), routes.clone());
+        let admitted = Arc::new(AtomicBool::new(false));
+        let mut routes = routes.clone();
+        routes.admitted = admitted.clone();
+        let connection = http.serve_connection(TokioIo::new(stream), routes);
         let stop = stop.clone();
         let open = open.clone();
+        let first_call = limits.first_call_timeout;
         tokio::spawn(async move {
-            let _held = (open, permit);
+            let _held = (open, permit, peer);
             tokio::pin!(connection);
-            let result = tokio::select! {
-                result = connection.as_mut() => result,
-                _ = stop.cancelled() => {
-                    connection.as_mut().graceful_shutdown();
-                    tokio::time::timeout(DRAIN, connection).await.unwrap_or(Ok(()))
+            // A peer that sends no preface, or never makes an admitted call, would hold its
+            // slot for good (hyper has no deadline for the preface): closed at the deadline.
+            let deadline = tokio::time::sleep(first_call);
+            tokio::pin!(deadline);
+            let result = loop {
+                tokio::select! {
+                    result = connection.as_mut() => break result,
+                    _ = stop.cancelled() => {
+                        connection.as_mut().graceful_shutdown();
+                        break tokio::time::timeout(DRAIN, connection).await.unwrap_or(Ok(()));
+                    }
+                    _ = &mut deadline, if !admitted.load(Ordering::Relaxed) => {
+                        if !admitted.load(Ordering::Relaxed) {
+                            tracing::debug!("rls connection closed: no admitted call within rls.first_call_timeout");
+                            break Ok(());
+                        }
+                    }
                 }
             };
             if let Err(e) = result {
