@@ -295,3 +295,77 @@ async fn bodies_are_json_whatever_the_content_type_says() {
         peek.body
     );
 }
+
+/// Every 400 about one input names it in `field`, so a client can point at it: a lock's name,
+/// a unique item, a lease token, and the query parameters `last`, `top` and `from`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_names_its_field() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let p = TallyProcess::start_command("serve", &config(&redis), "contract-field");
+    wait_for("tally serve ready", Duration::from_secs(20), || {
+        http::get(p.port, "/health/ready").is_some_and(|(code, _)| code == 200)
+    })
+    .await;
+    let client = Client::new(Duration::from_secs(10));
+    let long_name = "n".repeat(300);
+    let long_item = "i".repeat(2000);
+    let cases = [
+        (
+            "POST",
+            format!("/v1/locks/{long_name}/acquire"),
+            r#"{"ttl_ms":1000}"#.to_string(),
+            "name",
+        ),
+        (
+            "POST",
+            "/v1/unique".to_string(),
+            format!(r#"{{"name":"visitors","subject":"s","item":"{long_item}"}}"#),
+            "item",
+        ),
+        (
+            "POST",
+            "/v1/locks/nightly/release".to_string(),
+            "{}".to_string(),
+            "token",
+        ),
+        (
+            "GET",
+            "/v1/counters/plays?video=a&last=abc".to_string(),
+            String::new(),
+            "last",
+        ),
+        (
+            "GET",
+            "/v1/counters/plays?video=a&last=0".to_string(),
+            String::new(),
+            "last",
+        ),
+        (
+            "GET",
+            "/v1/counters/plays?video=a&top=x".to_string(),
+            String::new(),
+            "top",
+        ),
+        (
+            "GET",
+            "/v1/counters/plays?video=a&from=2026-01-02T00:00:00Z&to=2026-01-01T00:00:00Z"
+                .to_string(),
+            String::new(),
+            "from",
+        ),
+    ];
+    let mut wrong = Vec::new();
+    for (method, path, body, field) in &cases {
+        let answer = match *method {
+            "GET" => client.get(p.port, path, &[]),
+            _ => client.post(p.port, path, Some("application/json"), body),
+        }
+        .unwrap_or_else(|e| panic!("{method} {path}: no answer: {e}"));
+        let problem: serde_json::Value = serde_json::from_str(&answer.body).unwrap_or_default();
+        if answer.status != 400 || problem["field"] != *field {
+            let shown: String = path.chars().take(60).collect();
+            wrong.push(format!("{method} {shown}: {} {}", answer.status, answer.body));
+        }
+    }
+    assert!(wrong.is_empty(), "no `field`:\n{}", wrong.join("\n"));
+}

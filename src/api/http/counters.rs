@@ -45,19 +45,24 @@ fn span(
         from.is_some() || to.is_some(),
     ];
     if given.iter().filter(|g| **g).count() > 1 {
-        return Err(QueryError::BadRange(
-            "give one of window, last, or from and to".into(),
-        ));
+        return Err(QueryError::BadRange {
+            field: "last",
+            detail: "give one of window, last, or from and to".into(),
+        });
     }
     if let Some(n) = last {
-        let n = n
-            .parse()
-            .map_err(|_| QueryError::BadRange(format!("last `{n}` is not a number")))?;
+        let n = n.parse().map_err(|_| QueryError::BadRange {
+            field: "last",
+            detail: format!("last `{n}` is not a number"),
+        })?;
         return Ok(Span::Last(n));
     }
     if from.is_some() || to.is_some() {
         let (Some(a), Some(b)) = (from, to) else {
-            return Err(QueryError::BadRange("give both from and to".into()));
+            return Err(QueryError::BadRange {
+                field: "from",
+                detail: "give both from and to".into(),
+            });
         };
         return Ok(Span::Between(parse_time(Some(a))?, parse_time(Some(b))?));
     }
@@ -82,7 +87,12 @@ async fn one(
     let top = match top.map(|t| t.parse::<usize>()) {
         None => 10,
         Some(Ok(n)) => n,
-        Some(Err(_)) => return error(QueryError::BadRange("top must be a number".into())),
+        Some(Err(_)) => {
+            return error(QueryError::BadRange {
+                field: "top",
+                detail: "top must be a number".into(),
+            })
+        }
     };
     let span = match span(
         window.as_deref(),

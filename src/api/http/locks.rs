@@ -129,7 +129,10 @@ pub(super) async fn lock(
     let token = || {
         b.token
             .as_deref()
-            .ok_or_else(|| RequestError::Invalid("give the lease's token".into()))
+            .ok_or_else(|| RequestError::InvalidField {
+                field: "token",
+                detail: "give the lease's token".into(),
+            })
     };
     let result = match action.as_str() {
         "acquire" => {

@@ -130,6 +130,7 @@ impl Problem {
         use tally_counters::model::LookupError;
         match e {
             RequestError::Invalid(detail) => Problem::new(Kind::InvalidInput, detail),
+            RequestError::InvalidField { field, detail } => Problem::invalid(field, detail),
             RequestError::Conflict(detail) => {
                 Problem::new(Kind::Conflict, detail).field("idempotency_key")
             }
@@ -172,9 +173,8 @@ impl Problem {
         match e {
             QueryError::Redis(r) => Problem::redis(r.to_string()),
             QueryError::BadTime(_) => Problem::invalid("at", e.to_string()),
-            QueryError::Lookup(_) | QueryError::BadRange(_) => {
-                Problem::new(Kind::InvalidInput, e.to_string())
-            }
+            QueryError::BadRange { field, detail } => Problem::invalid(field, detail),
+            QueryError::Lookup(_) => Problem::new(Kind::InvalidInput, e.to_string()),
         }
     }
 

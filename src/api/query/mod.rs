@@ -26,9 +26,15 @@ pub enum QueryError {
     /// The time could not be parsed.
     #[error("bad time `{0}`: use RFC 3339 or epoch milliseconds")]
     BadTime(String),
-    /// The windows asked for cannot be read (too many, reversed).
-    #[error("{0}")]
-    BadRange(String),
+    /// The windows asked for cannot be read (too many, reversed), or another input is out of
+    /// range: `field` names the input (a query parameter or body field).
+    #[error("{detail}")]
+    BadRange {
+        /// The input at fault.
+        field: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// Redis failed.
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
@@ -80,9 +86,10 @@ impl Query {
         match (given, self.model.counters.as_slice()) {
             (Some(name), _) => Ok(name),
             (None, [only]) => Ok(only.name.clone()),
-            (None, _) => Err(QueryError::BadRange(
-                "name the counter (`counter`): more than one is configured".into(),
-            )),
+            (None, _) => Err(QueryError::BadRange {
+                field: "counter",
+                detail: "name the counter (`counter`): more than one is configured".into(),
+            }),
         }
     }
 

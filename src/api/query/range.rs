@@ -78,14 +78,23 @@ impl Query {
         let (from, to) = match span {
             Span::At(t) => (t, t),
             Span::Between(a, b) if a > b => {
-                return Err(QueryError::BadRange("`from` is after `to`".into()))
+                return Err(QueryError::BadRange {
+                    field: "from",
+                    detail: "`from` is after `to`".into(),
+                })
             }
             Span::Between(a, b) => (a, b),
-            Span::Last(0) => return Err(QueryError::BadRange("`last` must be at least 1".into())),
+            Span::Last(0) => {
+                return Err(QueryError::BadRange {
+                    field: "last",
+                    detail: "`last` must be at least 1".into(),
+                })
+            }
             Span::Last(n) if n > MAX_WINDOWS => {
-                return Err(QueryError::BadRange(format!(
-                    "at most {MAX_WINDOWS} windows per query"
-                )))
+                return Err(QueryError::BadRange {
+                    field: "last",
+                    detail: format!("at most {MAX_WINDOWS} windows per query"),
+                })
             }
             Span::Last(n) => {
                 let mut w = spec.window.window_of(now_ms);
@@ -106,10 +115,13 @@ impl Query {
                 return Ok(out);
             }
             if out.len() >= MAX_WINDOWS {
-                return Err(QueryError::BadRange(format!(
-                    "the range spans more than {MAX_WINDOWS} windows of {}s",
-                    spec.window.size_secs()
-                )));
+                return Err(QueryError::BadRange {
+                    field: "from",
+                    detail: format!(
+                        "the range spans more than {MAX_WINDOWS} windows of {}s",
+                        spec.window.size_secs()
+                    ),
+                });
             }
             w = spec.window.window_of(w.end_ms);
         }
@@ -137,18 +149,22 @@ impl Query {
         top: usize,
     ) -> Result<Vec<RangeAnswer>, QueryError> {
         if !(1..=MAX_TOP).contains(&top) {
-            return Err(QueryError::BadRange(format!(
-                "top must be between 1 and {MAX_TOP}"
-            )));
+            return Err(QueryError::BadRange {
+                field: "top",
+                detail: format!("top must be between 1 and {MAX_TOP}"),
+            });
         }
         let spec = self.spec(counter)?;
         let windows = Self::windows(spec, span, now_ms)?;
         if tuples.len().saturating_mul(windows.len()) > MAX_BATCH_READS {
-            return Err(QueryError::BadRange(format!(
-                "{} tuples × {} windows is more than {MAX_BATCH_READS} reads",
-                tuples.len(),
-                windows.len()
-            )));
+            return Err(QueryError::BadRange {
+                field: "dimensions",
+                detail: format!(
+                    "{} tuples × {} windows is more than {MAX_BATCH_READS} reads",
+                    tuples.len(),
+                    windows.len()
+                ),
+            });
         }
         let mut answers = Vec::with_capacity(tuples.len());
         let mut cmds = Vec::with_capacity(tuples.len() * windows.len());

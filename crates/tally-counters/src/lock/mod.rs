@@ -157,9 +157,10 @@ impl Locks {
     ) -> Result<Result<Lease, Busy>, RequestError> {
         let ttl_ms = ttl_ms(ttl)?;
         if name.is_empty() || name.len() > MAX_NAME_BYTES {
-            return Err(RequestError::Invalid(format!(
-                "a lock's name has 1 to {MAX_NAME_BYTES} bytes"
-            )));
+            return Err(RequestError::InvalidField {
+                field: "name",
+                detail: format!("a lock's name has 1 to {MAX_NAME_BYTES} bytes"),
+            });
         }
         let token = format!("{:032x}", rand::random::<u128>());
         let key = self.key(name);

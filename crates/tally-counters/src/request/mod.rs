@@ -70,6 +70,14 @@ pub enum RequestError {
     /// The caller's input cannot be used (bad numbers, unknown names, wrong actions).
     #[error("{0}")]
     Invalid(String),
+    /// One input cannot be used: `field` names it (a lock's name, a unique item, a token).
+    #[error("{detail}")]
+    InvalidField {
+        /// The input at fault, as the caller names it.
+        field: &'static str,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// A hit's `delta` would take the counter out of the signed 64-bit range Redis counts in;
     /// nothing was added. Bad input (like [`RequestError::Invalid`]), typed so that callers can
     /// tell it apart.

@@ -67,12 +67,16 @@ impl Unique {
     /// Record `item` for `subject` now; the number of distinct items seen in the window.
     pub async fn add(&self, subject: &str, item: &str) -> Result<u64, RequestError> {
         if item.is_empty() {
-            return Err(RequestError::Invalid("item must not be empty".into()));
+            return Err(RequestError::InvalidField {
+                field: "item",
+                detail: "item must not be empty".into(),
+            });
         }
         if item.len() > MAX_ITEM_BYTES {
-            return Err(RequestError::Invalid(format!(
-                "item: at most {MAX_ITEM_BYTES} bytes"
-            )));
+            return Err(RequestError::InvalidField {
+                field: "item",
+                detail: format!("item: at most {MAX_ITEM_BYTES} bytes"),
+            });
         }
         self.call(subject, item).await
     }
