@@ -364,7 +364,10 @@ async fn bad_input_names_its_field() {
         let problem: serde_json::Value = serde_json::from_str(&answer.body).unwrap_or_default();
         if answer.status != 400 || problem["field"] != *field {
             let shown: String = path.chars().take(60).collect();
-            wrong.push(format!("{method} {shown}: {} {}", answer.status, answer.body));
+            wrong.push(format!(
+                "{method} {shown}: {} {}",
+                answer.status, answer.body
+            ));
         }
     }
     assert!(wrong.is_empty(), "no `field`:\n{}", wrong.join("\n"));

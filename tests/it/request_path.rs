@@ -316,10 +316,26 @@ async fn hits_share_the_stream_keys_and_bad_input_is_refused() {
         r#"{"counter":"plays","dimensions":{"video":"a"}}"#,
     );
     assert_eq!(code, 503);
-    let (_, open, _) = post(port, "/v1/limit", r#"{"policy":"open","subject":"s"}"#);
+    let (_, open, head) = post(port, "/v1/limit", r#"{"policy":"open","subject":"s"}"#);
     assert_eq!(
         (open["admitted"].as_bool(), open["without_redis"].as_bool()),
         (Some(true), Some(true))
+    );
+    // Real times, and no remaining claimed for what was not counted.
+    let now = chrono::Utc::now().timestamp_millis();
+    let said = open["now_ms"].as_i64().unwrap_or(0);
+    assert!(
+        (said - now).abs() < 60_000,
+        "now_ms {said} vs {now}: {open}"
+    );
+    let head = head.to_ascii_lowercase();
+    assert!(
+        head.lines().any(|l| l.starts_with("ratelimit-policy:")),
+        "{head}"
+    );
+    assert!(
+        !head.lines().any(|l| l.starts_with("ratelimit:")),
+        "no RateLimit state without Redis: {head}"
     );
     let (_, both, _) = post(
         port,

@@ -284,7 +284,7 @@ fn names_are_capped_and_fencing_counters_expire() {
         assert!(
             matches!(
                 refused,
-                Err(tally_counters::request::RequestError::Invalid(_))
+                Err(tally_counters::request::RequestError::InvalidField { field: "name", .. })
             ),
             "{refused:?}"
         );

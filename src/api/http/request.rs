@@ -254,10 +254,12 @@ async fn limit(
         Err(e) => return error(e),
     };
     let (policy, state) = d.headers();
-    let mut headers = vec![
-        (HeaderName::from_static("ratelimit-policy"), policy),
-        (HeaderName::from_static("ratelimit"), state),
-    ];
+    let mut headers = vec![(HeaderName::from_static("ratelimit-policy"), policy)];
+    // Without Redis nothing was counted (`without_redis: true` in the body): there is no
+    // remaining to tell, and `r=0;t=0` would say the opposite of the admission.
+    if !d.without_redis {
+        headers.push((HeaderName::from_static("ratelimit"), state));
+    }
     if let Some(ms) = d.retry_after_ms() {
         headers.push((
             HeaderName::from_static("retry-after"),

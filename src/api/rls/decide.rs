@@ -370,7 +370,10 @@ fn respond(
         }
         .headers();
         headers.push(header("RateLimit-Policy", policy));
-        headers.push(header("RateLimit", state));
+        // Without Redis nothing was counted: no remaining to tell (r=0;t=0 would be a lie).
+        if !without_redis {
+            headers.push(header("RateLimit", state));
+        }
     }
     RateLimitResponse {
         overall_code: if over { Code::OverLimit } else { Code::Ok } as i32,

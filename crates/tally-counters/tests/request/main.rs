@@ -220,7 +220,7 @@ async fn once_pool_unique_are_exact(dep: &Deployment) {
     let long = "x".repeat(tally_counters::request::MAX_ITEM_BYTES + 1);
     assert!(matches!(
         capped.add("acct", &long).await,
-        Err(RequestError::Invalid(_))
+        Err(RequestError::InvalidField { field: "item", .. })
     ));
 }
 

@@ -421,7 +421,8 @@ fn without_redis(chosen: &[&LimitPolicy]) -> Decision {
         admitted: policies.iter().all(|v| v.allowed || v.shadow),
         policies,
         without_redis: true,
-        now_ms: 0,
+        // The host's time: Redis', which every other answer carries, is not to be had.
+        now_ms: crate::clock::unix_ms(),
     }
 }
 
