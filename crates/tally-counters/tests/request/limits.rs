@@ -192,6 +192,14 @@ pub async fn several_policies_decide_together(dep: &Deployment) {
         }
     }
     assert_eq!(admitted, 5, "the tighter policy decides");
+    // A denied call is not charged: the policy that would admit it reports what it has left as
+    // it is (not as if the call had been charged).
+    let denied = limiter.check(&["burst", "daily"], "user", 1).await.unwrap();
+    assert!(!denied.admitted && denied.policies[1].allowed, "{denied:?}");
+    assert_eq!(
+        denied.policies[1].remaining, 3,
+        "8 - 5 left, as it is: {denied:?}"
+    );
     // Denied requests cost nothing: the daily log holds only the 5 admitted.
     let daily = limiter.peek(&["daily"], "user", 3).await.unwrap();
     assert!(daily.admitted, "3 more fit");

@@ -10,8 +10,8 @@
 -- so the keys of every subject do not all expire at the same boundary).
 -- Reply: {admitted, now_ms, then per policy: allowed, remaining, reset_ms, retry_after_ms}
 -- (retry_after_ms -1: this cost can never pass this policy). `remaining` is what is left after
--- this request when it is applied; a peek or a check changes nothing, so it reports what is
--- left now.
+-- this request when it is applied; a peek, a check or a denied request changes nothing, so it
+-- reports what is left now.
 -- Written as one loop without per-call closures or tables per policy: the script runs on every
 -- request, and Lua allocations are most of its cost.
 -- The decision is the function `decide(kb, ab, n, now_us)`: its keys are KEYS[kb + 1 .. kb + n],
@@ -28,6 +28,8 @@ local function decide(kb, ab, n, now_us)
   local now = floor(now_us / 1000)
   local reply = {1, now}
   local wa = {}
+  -- Per policy, what is left if this call is not charged (reported when another denies it).
+  local free = {}
   local admitted = 1
   local peek = ARGV[ab + 2] == 'peek'
   for i = 1, n do
@@ -47,6 +49,7 @@ local function decide(kb, ab, n, now_us)
       local used = 0
       local same = tonumber(h[1]) == cur
       if same then used = tonumber(h[2]) or 0 end
+      free[i] = math.max(0, limit - used)
       if used + cost <= limit or force then
         allowed, remaining = 1, math.max(0, limit - used - cost)
         wa[i] = same and 1 or 0
@@ -58,6 +61,7 @@ local function decide(kb, ab, n, now_us)
       -- Sliding log: sorted set of admitted units scored by time.
       local from = now - window
       local used = call('ZCOUNT', key, '(' .. from, '+inf')
+      free[i] = math.max(0, limit - used)
       reset = window
       if used + cost <= limit or force then
         allowed, remaining = 1, math.max(0, limit - used - cost)
@@ -78,6 +82,7 @@ local function decide(kb, ab, n, now_us)
       local h = call('HMGET', key, cur, cur - 1)
       local curr, prev = tonumber(h[1]) or 0, tonumber(h[2]) or 0
       local estimate = prev * (window - elapsed) / window + curr
+      free[i] = math.max(0, floor(limit - estimate))
       reset = (cur + 1) * window - now
       if estimate + cost <= limit or force then
         allowed, remaining = 1, math.max(0, floor(limit - estimate - cost))
@@ -99,6 +104,7 @@ local function decide(kb, ab, n, now_us)
       local tat = math.max(tonumber(call('GET', key)) or now_us, now_us)
       local new_tat = tat + interval * cost
       local diff = now_us - (new_tat - interval * burst)
+      free[i] = math.max(0, floor((now_us - (tat - interval * burst)) / interval))
       if diff >= 0 or force then
         allowed, remaining = 1, math.max(0, floor(diff / interval))
         reset = math.ceil((new_tat - now_us) / 1000)
@@ -115,6 +121,10 @@ local function decide(kb, ab, n, now_us)
     reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = allowed, remaining, reset, retry
   end
   reply[1] = admitted
+  if admitted == 0 and not peek then
+    -- Nothing is charged: every policy reports what it has left as it is.
+    for i = 1, n do reply[2 + (i - 1) * 4 + 2] = free[i] end
+  end
   if admitted == 0 or peek then return reply end
   for i = 1, n do
     local w = wa[i]
