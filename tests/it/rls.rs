@@ -154,6 +154,59 @@ descriptors:
       usage: true
 ";
 
+/// A limits file rewritten in place is applied only once it holds still: after SIGHUP tally reads
+/// it again shortly after, and on a change seen by the watch it waits for the next look, so a
+/// half-written file (a truncated YAML can parse, with fewer limits) is never put in force.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limits_file_is_applied_only_once_it_holds_still() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let dir = limits_dir("settle");
+    let file = dir.join("api.yaml");
+    std::fs::write(&file, API).unwrap();
+    let rls = Rls::start(&redis, &dir, "rls-settle");
+    let mut c = rls.client().await;
+    let loads = || {
+        rls.tally
+            .metric("tally_rls_limits_loads_total{result=\"ok\"}")
+            .unwrap_or(0.0)
+    };
+    assert_eq!(loads(), 1.0, "loaded once at start");
+    let full = format!(
+        "{API}  - key: extra\n    rate_limit:\n      unit: day\n      requests_per_unit: 7\n"
+    );
+    // The writer has written the first descriptor when SIGHUP comes, the rest 20 ms later.
+    let partial = &API[..API.find("  - key: route").unwrap()];
+    std::fs::write(&file, partial).unwrap();
+    rls.tally.signal(libc::SIGHUP);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    std::fs::write(&file, &full).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while loads() < 2.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the full file never loaded:\n{}",
+            rls.tally.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Three more looks at the (unchanged) file.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        loads(),
+        2.0,
+        "one load, of the whole file, never of its first half"
+    );
+    let extra = unique("x");
+    let r = ask(
+        &mut c,
+        "api",
+        vec![descriptor(&[("extra", &extra)], Some(0))],
+    )
+    .await;
+    let limit = r.statuses[0].current_limit.as_ref().expect("the new limit");
+    assert_eq!(limit.requests_per_unit, 7);
+}
+
 /// Envoy's per-descriptor `limit` overrides: each unit (and limit) counts in its own state, so a
 /// descriptor limited per second and per minute in one call is held to both (they shared one
 /// policy name, and the per-second window index reset the per-minute count). Oversized

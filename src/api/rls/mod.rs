@@ -197,6 +197,10 @@ async fn watch(
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seen = content(&path);
+    // A new content seen once: applied when the next look finds it unchanged, so a file being
+    // rewritten in place is never applied half-written (a truncated file can parse, with fewer
+    // limits).
+    let mut changed: Option<Vec<u8>> = None;
     loop {
         let forced = tokio::select! {
             _ = stop.cancelled() => return Ok(()),
@@ -204,12 +208,29 @@ async fn watch(
             _ = hup.recv() => true,
         };
         let now = content(&path);
-        if forced || now != seen {
+        if !forced && now == seen {
+            changed = None;
+            continue;
+        }
+        let settled = if forced {
+            // SIGHUP: look again shortly after rather than wait for the next tick.
+            tokio::time::sleep(SETTLE).await;
+            content(&path) == now
+        } else {
+            changed.as_ref() == Some(&now)
+        };
+        if settled {
             seen = now;
+            changed = None;
             let _ = rls.reload(&path);
+        } else {
+            changed = Some(now);
         }
     }
 }
+
+/// How long after SIGHUP the limits file is read again to see that it holds still.
+const SETTLE: Duration = Duration::from_millis(100);
 
 /// The bytes of the file, or of every file of the directory with its name (unreadable: empty;
 /// the reload then says why).
