@@ -89,7 +89,7 @@ pub fn int_array(value: &redis::Value) -> Result<Vec<i64>, String> {
 }
 
 /// One integer: an integer reply, or a bulk string holding one (see [`int_array`]).
-fn int(value: &redis::Value) -> Result<i64, String> {
+pub fn int(value: &redis::Value) -> Result<i64, String> {
     match value {
         redis::Value::Int(n) => Ok(*n),
         redis::Value::BulkString(bytes) => std::str::from_utf8(bytes)

@@ -94,7 +94,10 @@ impl<H: GrpcService> hyper::service::Service<http::Request<Incoming>> for Routes
                     );
                     return Box::pin(async move { Ok(status.into_http()) });
                 }
-                self.admitted.store(true, Ordering::Relaxed);
+                // Read first: a store on every call would bounce the line between workers.
+                if !self.admitted.load(Ordering::Relaxed) {
+                    self.admitted.store(true, Ordering::Relaxed);
+                }
                 // The generated services are always ready (no `poll_ready` to wait for).
                 let mut rls = self.rls.clone();
                 Box::pin(async move { rls.call(req).await })
@@ -102,7 +105,9 @@ impl<H: GrpcService> hyper::service::Service<http::Request<Incoming>> for Routes
             Some(name) if name == H::NAME => {
                 // Open to all; it admits the connection only with the token (Envoy's gRPC health
                 // checker sends `initial_metadata` too), or where none is needed.
-                if auth::check(&self.tokens, req.headers()) != Access::Denied {
+                if !self.admitted.load(Ordering::Relaxed)
+                    && auth::check(&self.tokens, req.headers()) != Access::Denied
+                {
                     self.admitted.store(true, Ordering::Relaxed);
                 }
                 let mut health = self.health.clone();

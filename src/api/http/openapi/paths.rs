@@ -36,7 +36,8 @@ fn hit() {}
         (status = 200, description = "The decision (`admitted` false when denied, unless \
             `reject`)", body = Decision, headers(
             ("RateLimit-Policy" = String, description = "Per policy: `\"name\";q=limit;w=seconds`"),
-            ("RateLimit" = String, description = "Per policy: `\"name\";r=remaining;t=seconds`"),
+            ("RateLimit" = String, description = "Per policy: `\"name\";r=remaining;t=seconds`; \
+                absent when the decision was taken without Redis (`without_redis`)"),
             ("Retry-After" = u64, description = "When denied: seconds until a retry can pass"),
         )),
         (status = 429, description = "Denied and the request asked for `\"reject\": true`",

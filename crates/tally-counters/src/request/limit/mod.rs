@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use super::batch::ScriptPair;
 pub use super::policy::{Algorithm, FailureMode, LimitPolicy, MAX_LOG_COST};
-use super::{ints, Client, RequestError};
+use super::{Client, RequestError};
 use crate::script::Script;
 
 /// The limit script; see its header for the contract.
@@ -361,25 +361,32 @@ struct PolicyReply {
 impl LimitReply {
     /// Parse a reply for `policies` distinct policies; any other shape is an error.
     fn parse(reply: &redis::Value, policies: usize) -> Result<LimitReply, RequestError> {
-        let r = ints("limit", reply)?;
-        if r.len() != 2 + 4 * policies {
-            return Err(RequestError::Reply {
-                script: "limit",
-                detail: format!("{reply:?}"),
+        let bad = || RequestError::Reply {
+            script: "limit",
+            detail: format!("{reply:?}"),
+        };
+        // Read in place (one allocation, the verdicts: this is on every decision's path).
+        let redis::Value::Array(items) = reply else {
+            return Err(bad());
+        };
+        if items.len() != 2 + 4 * policies {
+            return Err(bad());
+        }
+        let int = |i: usize| crate::script::int(&items[i]).map_err(|_| bad());
+        let mut verdicts = Vec::with_capacity(policies);
+        for p in 0..policies {
+            let at = 2 + 4 * p;
+            verdicts.push(PolicyReply {
+                allowed: int(at)? == 1,
+                remaining: int(at + 1)?,
+                reset_ms: int(at + 2)?,
+                retry_ms: int(at + 3)?,
             });
         }
         Ok(LimitReply {
-            admitted: r[0] == 1,
-            now_ms: r[1],
-            policies: r[2..]
-                .chunks_exact(4)
-                .map(|v| PolicyReply {
-                    allowed: v[0] == 1,
-                    remaining: v[1],
-                    reset_ms: v[2],
-                    retry_ms: v[3],
-                })
-                .collect(),
+            admitted: int(0)? == 1,
+            now_ms: int(1)?,
+            policies: verdicts,
         })
     }
 }
