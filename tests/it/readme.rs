@@ -298,11 +298,27 @@ fn require_curl() {
     );
 }
 
+/// README.md, then every page of the guide in `docs/guide/SUMMARY.md` order: one text, as a
+/// reader goes through it (error lines count from the start of it).
+fn documentation() -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut text = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    let guide = root.join("docs/guide");
+    let summary = std::fs::read_to_string(guide.join("SUMMARY.md")).expect("SUMMARY.md");
+    for page in summary.lines().filter_map(|l| {
+        let l = l.strip_prefix("- [")?;
+        Some(l.split("](").nth(1)?.trim_end_matches(')').to_string())
+    }) {
+        text.push('\n');
+        text.push_str(&std::fs::read_to_string(guide.join(&page)).expect("a guide page"));
+    }
+    text
+}
+
 #[test]
 fn every_readme_example_runs_and_answers_as_shown() {
     require_curl();
-    let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
-    let readme = std::fs::read_to_string(&readme_path).expect("README.md");
+    let readme = documentation();
     let examples = extract::examples(&readme);
 
     let redis = LocalRedis::start(&[]).expect("redis-server");

@@ -22,7 +22,7 @@ const CHARGE: u64 = 30;
 
 /// The README's per-route config (the YAML block that starts with `typed_per_filter_config:`).
 fn readme_snippet() -> String {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/guide/09-envoy-istio-and-gateways.md");
     let start = readme
         .find("```yaml\ntyped_per_filter_config:")
         .expect("README: the check-then-charge snippet")

@@ -167,7 +167,7 @@ mod tests {
     /// README's route table is the description's routes, methods, body schemas and answers.
     #[test]
     fn the_readme_route_table_is_the_description() {
-        let readme = include_str!("../../../../README.md");
+        let readme = include_str!("../../../../docs/guide/12-http-and-metrics.md");
         let start = readme
             .find("<!-- routes:")
             .expect("README has the route table");
