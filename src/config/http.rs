@@ -39,6 +39,8 @@ pub struct HttpConfig {
     /// File holding the admin token (surrounding whitespace ignored), to keep it out of the
     /// config.
     pub admin_token_file: Option<std::path::PathBuf>,
+    /// TLS on the port (`[http.tls]`); unset, plain HTTP/1.1.
+    pub tls: super::TlsFiles,
 }
 
 impl Default for HttpConfig {
@@ -52,6 +54,7 @@ impl Default for HttpConfig {
             token_file: None,
             admin_token: None,
             admin_token_file: None,
+            tls: Default::default(),
         }
     }
 }
@@ -110,6 +113,7 @@ impl HttpConfig {
             "http.admin_token",
             "must differ from http.token",
         )?;
+        self.tls.validate("http.tls")?;
         // The token file is read once, by `Model::compile` (missing or empty: refused there,
         // before anything connects).
         Ok(())

@@ -25,6 +25,7 @@ mod redact;
 mod request;
 mod rls;
 mod status;
+mod tls;
 mod validate;
 
 pub use decode::{DecodeConfig, TimeFormat};
@@ -41,6 +42,7 @@ pub use tally_counters::config::{
     CounterConfig, CounterKind, DistinctMode, OutputConfig, OutputWhen, RedisConfig,
     RedisConfigError, RedisMode, Storage,
 };
+pub use tls::TlsFiles;
 
 use validate::invalid;
 

@@ -15,7 +15,7 @@ use super::ConfigError;
 pub struct RlsConfig {
     /// Address of the gRPC server (`envoy.service.ratelimit.v3.RateLimitService` and
     /// `grpc.health.v1.Health`, `NOT_SERVING` while Redis is unreachable); empty disables it.
-    /// Plain HTTP/2 (h2c), no TLS; with `http.token` set, `ShouldRateLimit` needs it as
+    /// Plain HTTP/2 (h2c) unless `[rls.tls]` is set; with `http.token` set, `ShouldRateLimit` needs it as
     /// `authorization: Bearer …` metadata (Envoy's `grpc_service.initial_metadata`).
     pub listen: String,
     /// The limits in envoyproxy/ratelimit's YAML: one file, or a directory of `*.yaml` files
@@ -44,6 +44,8 @@ pub struct RlsConfig {
     /// Connections served at once from one peer address (Envoy keeps one per worker thread), so
     /// that one host cannot take all of `max_connections`.
     pub max_connections_per_peer: usize,
+    /// TLS on the port (`[rls.tls]`, ALPN `h2`); unset, plain HTTP/2 (h2c).
+    pub tls: super::TlsFiles,
 }
 
 impl Default for RlsConfig {
@@ -57,6 +59,7 @@ impl Default for RlsConfig {
             keepalive_timeout: Duration::from_secs(10),
             first_call_timeout: Duration::from_secs(10),
             max_connections_per_peer: 128,
+            tls: Default::default(),
         }
     }
 }
@@ -94,6 +97,7 @@ impl RlsConfig {
         ] {
             ensure(!d.is_zero(), name, "must be positive")?;
         }
+        self.tls.validate("rls.tls")?;
         if self.limits_file.is_none() {
             return Err(invalid(
                 "rls.limits_file",

@@ -48,6 +48,7 @@ mod signals;
 mod state_loss;
 mod status_page;
 mod tansu;
+mod tls;
 mod window_cluster;
 mod window_results;
 mod window_retry;

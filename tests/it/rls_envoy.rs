@@ -39,6 +39,7 @@ fn start_envoy(name: &str, app: u16, rls: u16, failure_mode_deny: bool) -> Envoy
             ],
             token: None,
         }),
+        rls_tls: None,
     };
     let dir = limits_dir(&format!("proxy-{name}"));
     Envoy::start(&dir, name, 1, |port, admin| bootstrap.yaml(port, admin)).unwrap()

@@ -46,6 +46,7 @@ fn bootstrap_yaml(port: u16, admin: u16, app: u16, rls: u16) -> String {
             settings: &["timeout: 1s"],
             token: Some(TOKEN),
         }),
+        rls_tls: None,
     }
     .yaml(port, admin)
 }

@@ -30,6 +30,41 @@ pub struct Bootstrap<'a> {
     /// The route entry's YAML after `match`, one line each, unindented (e.g. `route: {…}`).
     pub route: &'a [&'a str],
     pub rate_limit: Option<RateLimitFilter<'a>>,
+    /// TLS to the RLS (ALPN `h2`), trusting `ca`, presenting `client` when given (mutual TLS).
+    pub rls_tls: Option<RlsTls<'a>>,
+}
+
+/// How Envoy reaches tally's RLS over TLS.
+pub struct RlsTls<'a> {
+    /// The CA that signed tally's certificate.
+    pub ca: &'a Path,
+    /// Envoy's client certificate and key, for mutual TLS.
+    pub client: Option<(&'a Path, &'a Path)>,
+}
+
+impl RlsTls<'_> {
+    /// The `rls` cluster's `transport_socket`, indented for it.
+    fn yaml(&self) -> String {
+        let certificates = self.client.map_or(String::new(), |(cert, key)| {
+            format!(
+                "\n          tls_certificates: [{{certificate_chain: {{filename: \"{}\"}}, private_key: {{filename: \"{}\"}}}}]",
+                cert.display(),
+                key.display()
+            )
+        });
+        format!(
+            r#"    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        sni: localhost
+        common_tls_context:
+          alpn_protocols: [h2]
+          validation_context: {{trusted_ca: {{filename: "{ca}"}}}}{certificates}
+"#,
+            ca = self.ca.display()
+        )
+    }
 }
 
 impl Bootstrap<'_> {
@@ -103,9 +138,10 @@ static_resources:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
         explicit_http_config: {{http2_protocol_options: {{}}}}
     load_assignment: {{cluster_name: rls, {rls_ep}}}
-"#,
+{rls_tls}"#,
             app_ep = endpoint(self.app),
             rls_ep = endpoint(self.rls),
+            rls_tls = self.rls_tls.as_ref().map_or(String::new(), RlsTls::yaml),
         )
     }
 }

@@ -2,6 +2,7 @@
 //! use them; the service's library does not.
 //!
 //! - [`local_redis`]: `redis-server` (standalone or a cluster) on free loopback ports.
+//! - [`certs`]: a private CA with server and client certificates (`openssl`), for TLS.
 //! - [`envoy`]: a real Envoy in front of an app, with the rate-limit filter asking tally's RLS.
 //! - [`gen`]: a deterministic synthetic event generator (Zipf-distributed keys).
 //! - [`produce`]: a load producer and an in-process Kafka-protocol broker (librdkafka's mock
@@ -12,6 +13,7 @@
 //! - [`wait`]: polling a condition up to a deadline, instead of sleeping.
 //! - [`wrk`]: `wrk --latency` against a loopback URL, its report read back.
 
+pub mod certs;
 pub mod envoy;
 pub mod gen;
 pub mod http;

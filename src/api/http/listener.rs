@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::write_timeout::WriteTimeout;
 use crate::api::edge::listener::{accept, Slots};
+use crate::api::edge::tls::{secure, Tls};
 use crate::ops::log_limit::LogLimiter;
 
 /// How much a client may take; from `http.*`.
@@ -23,6 +24,8 @@ pub(super) struct ConnLimits {
     pub request_timeout: Duration,
     /// Connections served at once.
     pub max_connections: usize,
+    /// TLS on the port (`[http.tls]`); the handshake must finish within `header_timeout`.
+    pub tls: Option<std::sync::Arc<Tls>>,
 }
 
 /// What an over-limit connection is told before it is closed.
@@ -51,13 +54,17 @@ pub(super) async fn run(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let stream = WriteTimeout::new(stream, limits.request_timeout);
-        let connection =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
-        let shutdown = shutdown.clone();
-        let drain = limits.request_timeout;
+        let (shutdown, drain, tls) = (shutdown.clone(), limits.request_timeout, limits.tls.clone());
+        let (http, app, handshake) = (http.clone(), app.clone(), limits.header_timeout);
         tokio::spawn(async move {
             let _permit = permit;
+            // In the connection's task: a slow handshake holds its slot (bounded), not the loop.
+            let Some(stream) = secure(tls.as_deref(), stream, handshake).await else {
+                return;
+            };
+            let stream = WriteTimeout::new(stream, drain);
+            let connection =
+                http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
             tokio::pin!(connection);
             let result = tokio::select! {
                 result = connection.as_mut() => result,

@@ -38,6 +38,7 @@ use axum::routing::get;
 use axum::Router;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::edge::tls::Tls;
 use crate::api::query::{parse_time, Query};
 use crate::config::{HttpConfig, Tokens};
 use crate::ops::health::Health;
@@ -64,6 +65,8 @@ pub async fn serve(
     if tokens.token.is_none() && !addr.ip().is_loopback() {
         tracing::warn!(%addr, "serving /v1/count beyond loopback without http.token");
     }
+    // The certificate files are read before the port is bound: a bad file fails start-up.
+    let tls = Tls::load("http", &config.tls, &[b"http/1.1"], &metrics.request)?;
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
@@ -110,8 +113,18 @@ pub async fn serve(
         header_timeout: config.header_timeout,
         request_timeout: config.request_timeout,
         max_connections: config.max_connections,
+        tls: tls.clone(),
     };
-    let handle = tokio::spawn(listener::run(listener, app, limits, shutdown));
+    let watcher = tls.map(|tls| tls.watch(shutdown.clone()));
+    let server = listener::run(listener, app, limits, shutdown);
+    let handle = tokio::spawn(async move {
+        let Some(watcher) = watcher else {
+            return server.await;
+        };
+        if let (_, Err(e)) = tokio::join!(server, watcher) {
+            tracing::error!(error = %e, "http: the tls reloader stopped");
+        }
+    });
     Ok((local, handle))
 }
 

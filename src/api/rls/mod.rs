@@ -32,6 +32,7 @@ mod server;
 
 pub use crate::config::limits::{Limits, LimitsError, Rule, Unit};
 
+use crate::api::edge::tls::Tls;
 use crate::config::{RlsConfig, Tokens};
 use crate::ops::metrics::Metrics;
 
@@ -148,6 +149,8 @@ pub async fn serve(
         .context("rls.limits_file is required")?;
     let rls = Arc::new(Rls::new(limits, client, metrics.clone()));
     metrics.rls.reloads.with_label_values(&["ok"]).inc();
+    // The certificate files are read before the port is bound: a bad file fails start-up.
+    let tls = Tls::load("rls", &config.tls, &[b"h2"], &metrics.request)?;
     let listener = tokio::net::TcpListener::bind(&config.listen)
         .await
         .with_context(|| format!("rls: bind {}", config.listen))?;
@@ -173,8 +176,17 @@ pub async fn serve(
         keepalive_timeout: config.keepalive_timeout,
         first_call_timeout: config.first_call_timeout,
         max_connections_per_peer: config.max_connections_per_peer,
+        tls: tls.clone(),
     };
     let server = server::run(listener, routes, conn_limits, shutdown.clone());
+    let tls_watch = tls.map(|tls| tls.watch(shutdown.clone()));
+    let server = async move {
+        let Some(watch) = tls_watch else {
+            return server.await;
+        };
+        let (served, watched) = tokio::join!(server, watch);
+        served.and(watched)
+    };
     let reloader = watch(rls.clone(), path, config.reload_interval, shutdown);
     Ok(Serving {
         local,

@@ -27,6 +27,7 @@ use tonic::server::NamedService;
 use super::Rls;
 use crate::api::edge::auth::{self, Access};
 use crate::api::edge::listener::{accept, PeerSlots, Slots};
+use crate::api::edge::tls::{secure, Tls};
 use crate::config::Tokens;
 use crate::ops::log_limit::LogLimiter;
 
@@ -132,6 +133,8 @@ pub(super) struct GrpcLimits {
     pub first_call_timeout: Duration,
     /// Connections served at once from one peer address.
     pub max_connections_per_peer: usize,
+    /// TLS on the port (`[rls.tls]`); the handshake counts in `first_call_timeout`.
+    pub tls: Option<Arc<Tls>>,
 }
 
 /// Serve `routes` on `listener` (HTTP/2 only, as gRPC is) until `stop`; each connection then
@@ -172,16 +175,20 @@ pub(super) async fn run<H: GrpcService>(
         let admitted = Arc::new(AtomicBool::new(false));
         let mut routes = routes.clone();
         routes.admitted = admitted.clone();
-        let connection = http.serve_connection(TokioIo::new(stream), routes);
-        let stop = stop.clone();
-        let open = open.clone();
-        let first_call = limits.first_call_timeout;
+        let (stop, open, http) = (stop.clone(), open.clone(), http.clone());
+        let (first_call, tls) = (limits.first_call_timeout, limits.tls.clone());
         tokio::spawn(async move {
             let _held = (open, permit, peer);
-            tokio::pin!(connection);
             // A peer that sends no preface, or never makes an admitted call, would hold its
-            // slot for good (hyper has no deadline for the preface): closed at the deadline.
-            let deadline = tokio::time::sleep(first_call);
+            // slot for good (hyper has no deadline for the preface): closed at the deadline,
+            // which the TLS handshake (in this task, not the accept loop) counts in.
+            let deadline = tokio::time::Instant::now() + first_call;
+            let Some(stream) = secure(tls.as_deref(), stream, first_call).await else {
+                return;
+            };
+            let connection = http.serve_connection(TokioIo::new(stream), routes);
+            tokio::pin!(connection);
+            let deadline = tokio::time::sleep_until(deadline);
             tokio::pin!(deadline);
             let result = loop {
                 tokio::select! {

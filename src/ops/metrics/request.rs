@@ -57,6 +57,12 @@ pub struct RequestMetrics {
     pub near_limit: IntCounterVec,
     /// Hits written to Kafka because Redis was unreachable (counted by the stream path later).
     pub deferred: prometheus::IntCounter,
+    /// Loads of a port's TLS certificate files, by port (`http`, `rls`) and result (`ok`,
+    /// `error`: the certificate in force stays).
+    pub tls_reloads: IntCounterVec,
+    /// TLS handshakes that failed or did not finish in time, by port and reason (`handshake`:
+    /// refused by either side, no or a wrong client certificate included; `timeout`).
+    pub tls_handshake_failures: IntCounterVec,
 }
 
 impl RequestMetrics {
@@ -110,6 +116,16 @@ impl RequestMetrics {
                 "tally_limit_near_total",
                 "Admitted requests that left less than 10% of a policy's limit.",
                 &["policy"],
+            ),
+            tls_reloads: vec(
+                "tally_tls_reloads_total",
+                "Loads of a port's TLS certificate files, by port and result (error: the certificate in force stays).",
+                &["port", "result"],
+            ),
+            tls_handshake_failures: vec(
+                "tally_tls_handshake_failures_total",
+                "TLS handshakes on a port that failed or did not finish in time, by port and reason.",
+                &["port", "reason"],
             ),
         };
         for p in Primitive::ALL {

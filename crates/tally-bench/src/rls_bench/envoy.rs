@@ -107,6 +107,7 @@ fn start_envoy(s: &Setup, app: u16, filter: bool) -> anyhow::Result<Envoy> {
             settings: &[],
             token: None,
         }),
+        rls_tls: None,
     };
     let name = if filter { "with" } else { "without" };
     Envoy::start(&s.dir, name, s.concurrency, |port, admin| {
