@@ -56,7 +56,7 @@ fn on_signals(token: CancellationToken) -> std::io::Result<()> {
             tokio::select! {
                 _ = int.recv() => break,
                 _ = term.recv() => break,
-                _ = hup.recv() => tracing::info!("SIGHUP: reloading what is reloadable (the rls limits file); not stopping"),
+                _ = hup.recv() => tracing::info!("SIGHUP: reloading what is reloadable (the rls limits file, the tls certificate files); not stopping"),
             }
         }
         tracing::info!("signal received, shutting down");

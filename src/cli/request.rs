@@ -289,6 +289,8 @@ pub async fn run(
                 delta: a.value,
                 at_ms,
                 idempotency_key: a.idempotency_key,
+                // The CLI talks to Redis itself: it has every scope.
+                max_value: None,
             };
             let dims = a.dims.into_iter().collect();
             serde_json::to_value(requests.hit(&a.counter, &dims, &hit, a.action).await?)?

@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 use super::validate::{ensure, invalid};
 use super::ConfigError;
 
+/// The largest `max_value`: 2^53 - 1, below which every integer is exact as a double (what a
+/// Lua number is, in the hit script's bound check).
+const MAX_SAFE: i64 = (1 << 53) - 1;
+
 /// The HTTP endpoint.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -39,6 +43,10 @@ pub struct HttpConfig {
     /// File holding the admin token (surrounding whitespace ignored), to keep it out of the
     /// config.
     pub admin_token_file: Option<std::path::PathBuf>,
+    /// With `admin_token` set, a caller with the plain token may not take a counter past this
+    /// magnitude by a hit (nor send a larger `value`): a counter pinned near the 64-bit limit
+    /// would drop every later stream increment of it. The admin token is not bound.
+    pub max_value: i64,
     /// TLS on the port (`[http.tls]`); unset, plain HTTP/1.1.
     pub tls: super::TlsFiles,
 }
@@ -54,6 +62,9 @@ impl Default for HttpConfig {
             token_file: None,
             admin_token: None,
             admin_token_file: None,
+            // 2^53 - 1 (JavaScript's MAX_SAFE_INTEGER): integers every JSON reader keeps exact,
+            // 1,024× below the 64-bit limit.
+            max_value: MAX_SAFE,
             tls: Default::default(),
         }
     }
@@ -112,6 +123,13 @@ impl HttpConfig {
             self.admin_token.is_none() || self.admin_token != self.token,
             "http.admin_token",
             "must differ from http.token",
+        )?;
+        ensure(
+            (1..=MAX_SAFE).contains(&self.max_value),
+            "http.max_value",
+            format!(
+                "must be 1..={MAX_SAFE} (the hit script compares sums as doubles, exact up to it)"
+            ),
         )?;
         self.tls.validate("http.tls")?;
         // The token file is read once, by `Model::compile` (missing or empty: refused there,

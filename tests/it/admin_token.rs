@@ -113,6 +113,29 @@ async fn destructive_calls_need_the_admin_token() {
             "the refused -1000 took nothing: {}",
             a.body
         );
+        // Nor may a plain caller bring a counter within reach of overflow: a value above
+        // http.max_value (2^53 - 1 by default), or a sum past it.
+        let big = |value: i64| {
+            format!(r#"{{"counter":"flow","dimensions":{{"app_id":"big","device_id":"d1"}},"value":{value}}}"#)
+        };
+        let max = (1i64 << 53) - 1;
+        problem(&post(port, Some(CALLER), "/v1/hit", &big(i64::MAX)), 403, "forbidden");
+        problem(&post(port, Some(CALLER), "/v1/hit", &big(max + 1)), 403, "forbidden");
+        let a = post(port, Some(CALLER), "/v1/hit", &big(max - 10));
+        assert_eq!(a.status, 200, "{}", a.body);
+        let past = post(port, Some(CALLER), "/v1/hit", &big(11));
+        problem(&past, 403, "forbidden");
+        assert!(past.body.contains("http.max_value"), "{}", past.body);
+        let a = post(port, Some(CALLER), "/v1/hit", &big(10));
+        assert!(
+            a.status == 200 && a.body.contains(&format!("\"value\":{max}")),
+            "up to the bound is fine, and the refused 11 added nothing: {}",
+            a.body
+        );
+        let a = post(port, Some(ADMIN), "/v1/hit", &big(1));
+        assert_eq!(a.status, 200, "the admin is not bound: {}", a.body);
+        let clear = r#"{"counter":"flow","dimensions":{"app_id":"big","device_id":"d1"},"action":"reset"}"#;
+        assert_eq!(post(port, Some(ADMIN), "/v1/hit", clear).status, 200);
         let none = post(port, None, "/v1/hit", reset);
         problem(&none, 401, "unauthorized");
         assert!(

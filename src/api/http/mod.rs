@@ -82,8 +82,12 @@ pub async fn serve(
             .merge(locks::routes(requests.clone()))
             .merge(request::routes(requests));
     }
+    let gate = auth::Gate {
+        tokens,
+        max_value: config.max_value,
+    };
     v1 = v1.route_layer(middleware::from_fn_with_state(
-        Arc::new(tokens),
+        Arc::new(gate),
         auth::authorize,
     ));
     let app = Router::new()

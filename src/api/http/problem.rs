@@ -143,6 +143,9 @@ impl Problem {
                     i64::MAX
                 ),
             ),
+            e @ RequestError::AboveMax { .. } => {
+                Problem::new(Kind::Forbidden, e.to_string()).field("value")
+            }
             RequestError::Lookup(l) => {
                 let field = match &l {
                     LookupError::UnknownCounter(_) => "counter",

@@ -96,8 +96,9 @@ pub(super) struct HitBody {
     /// The counter's dimension values, all of them.
     #[serde(default)]
     dimensions: BTreeMap<String, String>,
-    /// What to add; 0 or less (a negative subtracts) needs the admin scope when
-    /// `http.admin_token` is set. The sum must stay in the signed 64-bit range.
+    /// What to add; 0 or less (a negative subtracts), or a value or sum past `http.max_value`,
+    /// needs the admin scope when `http.admin_token` is set. The sum must stay in the signed
+    /// 64-bit range.
     #[serde(default = "one")]
     #[schema(default = 1)]
     value: i64,
@@ -150,6 +151,15 @@ async fn hit(
             return answer;
         }
     }
+    // ... and so is one that brings a counter within reach of overflow (every later stream
+    // increment of it would be dropped): past `http.max_value`, by itself or summed in Redis.
+    let max_value = scope.max_value();
+    if let Some(max) = max_value.filter(|m| b.action == Action::Apply && b.value > *m) {
+        let what = format!("a hit with `value` above http.max_value ({max})");
+        if let Some(answer) = scope.refusal(&what) {
+            return answer;
+        }
+    }
     let at_ms = match time(b.at.as_deref()) {
         Ok(at) => at,
         Err(e) => return error(e),
@@ -158,6 +168,7 @@ async fn hit(
         delta: b.value,
         at_ms,
         idempotency_key: b.idempotency_key,
+        max_value,
     };
     if b.on_redis_error == OnRedisError::Defer && b.action == Action::Apply {
         return match r
@@ -170,7 +181,15 @@ async fn hit(
             other => reply(other),
         };
     }
-    reply(r.hit(&b.counter, &b.dimensions, &hit, b.action).await)
+    match r.hit(&b.counter, &b.dimensions, &hit, b.action).await {
+        Err(RequestError::AboveMax { counter, max }) => {
+            let what = format!("a hit that takes counter `{counter}` past http.max_value ({max})");
+            scope
+                .refusal(&what)
+                .unwrap_or_else(|| error(RequestError::AboveMax { counter, max }))
+        }
+        other => reply(other),
+    }
 }
 
 /// `POST /v1/limit`: ask configured rate-limit policies (all must admit).

@@ -28,6 +28,11 @@ pub struct Hit {
     pub at_ms: Option<i64>,
     /// A retried hit with the same key (within the window) is counted once.
     pub idempotency_key: Option<String>,
+    /// A bound on the counter's magnitude for this hit: one that would take it past
+    /// `±max_value` adds nothing ([`RequestError::AboveMax`]). None: only the signed 64-bit
+    /// range. A service gives callers without the admin scope a bound, so that none can bring a
+    /// counter within reach of overflow (every later stream increment of it would be dropped).
+    pub max_value: Option<i64>,
 }
 
 impl Hit {
@@ -104,6 +109,9 @@ impl Counters {
         }
         let mut cmd = HIT.cmd(&keys);
         cmd.arg(hit.delta).arg(expire_at).arg(stored_expire_at);
+        if let Some(max) = hit.max_value {
+            cmd.arg(max);
+        }
         let reply: redis::Value = self
             .client
             .run(&HIT, &cmd)
@@ -127,6 +135,12 @@ impl Counters {
                 return Err(RequestError::Overflow {
                     counter: name.to_string(),
                     delta: hit.delta,
+                })
+            }
+            [-5] => {
+                return Err(RequestError::AboveMax {
+                    counter: name.to_string(),
+                    max: hit.max_value.unwrap_or(i64::MAX),
                 })
             }
             [-4] => {

@@ -91,6 +91,15 @@ pub enum RequestError {
         /// The refused delta.
         delta: i64,
     },
+    /// The hit would take the counter past the bound it was given ([`Hit::max_value`]);
+    /// nothing was added.
+    #[error("this hit would take counter `{counter}` past {max} (either sign); nothing was added")]
+    AboveMax {
+        /// The counter.
+        counter: String,
+        /// The bound.
+        max: i64,
+    },
     /// The request contradicts one made before (an idempotency key reused for another key).
     #[error("{0}")]
     Conflict(String),

@@ -6,7 +6,8 @@
 -- (other dimension values, another window) is refused. Values arrive as ARGV.
 -- Reply: {1, value} added; {0, value} a duplicate (nothing added); {-1} the window has expired;
 -- {-2} the counter holds something that is not an integer; {-3} the sum would leave the signed
--- 64-bit range (nothing added); {-4} the id was used for another counter key (nothing added).
+-- 64-bit range (nothing added); {-4} the id was used for another counter key (nothing added);
+-- {-5} the sum would pass ARGV[4] (when given) in magnitude (nothing added).
 -- `value` is the counter as Redis stores it, a bulk string: a Lua number is a double, so an
 -- integer reply above 2^53 would be rounded on its way in and truncated on its way out. The
 -- value is read back with GET and passed on (and recorded) as that string, never as a number.
@@ -23,6 +24,13 @@ if KEYS[2] then
     if seen[1] ~= KEYS[1] then return {-4} end
     return {0, seen[2]}
   end
+end
+if ARGV[4] then
+  -- As doubles: exact for a bound up to 2^53 - 1 (a sum up to 2^53 is exact; a larger one
+  -- rounds to at least 2^53, past the bound either way).
+  local cur = redis.pcall('GET', KEYS[1])
+  local sum = (tonumber(type(cur) == 'string' and cur or '0') or 0) + tonumber(ARGV[1])
+  if math.abs(sum) > tonumber(ARGV[4]) then return {-5} end
 end
 local v = redis.pcall('INCRBY', KEYS[1], ARGV[1])
 if type(v) == 'table' and v.err then
