@@ -195,7 +195,12 @@ async fn observed(
     (p, (used, own))
 }
 
-fn print_row(label: &str, offered: &str, p: &mut Phase, (used, own): (Usage, Option<f64>)) {
+pub(super) fn print_row(
+    label: &str,
+    offered: &str,
+    p: &mut Phase,
+    (used, own): (Usage, Option<f64>),
+) {
     let decisions = p.micros.len().max(1) as f64;
     let per_100k = used.cpu / decisions * 100_000.0;
     let allocs = used.allocs as f64 / decisions;
@@ -371,4 +376,19 @@ impl HttpConn {
 
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     hay.windows(needle.len()).position(|w| w == needle)
+}
+
+/// The fixed-rate phase over the lean client's shared connections `conns` (40 callers in all, as
+/// in part 2), with what the server used meanwhile and tally's own p99.
+pub(super) async fn lean_fixed_rate(
+    server: &Server,
+    t: &Targets,
+    conns: &[GrpcConn],
+    rate: u64,
+    phase: Duration,
+) -> (Phase, (Usage, Option<f64>)) {
+    let callers = (0..40)
+        .map(|i| Caller::Lean(Box::new(conns[i % conns.len()].caller())))
+        .collect();
+    observed(server, t, Path::Lean, ticks(callers, rate, phase)).await
 }

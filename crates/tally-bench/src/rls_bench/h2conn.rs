@@ -12,12 +12,18 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use h2::client::{Connection, SendRequest};
 use prost::Message as _;
 use tokio::net::TcpStream;
+use tokio_rustls::client::TlsStream;
+use tokio_rustls::TlsConnector;
+use tokio_util::either::Either;
+
+/// A connection's transport: plain TCP, or TLS over it.
+type Io = Either<TcpStream, TlsStream<TcpStream>>;
 
 /// One caller's HTTP/2 connection to the RLS port.
 pub struct GrpcConn {
     send: SendRequest<Bytes>,
     /// The connection, when this caller drives it (not shared).
-    conn: Option<Connection<TcpStream, Bytes>>,
+    conn: Option<Connection<Io, Bytes>>,
     frame: BytesMut,
 }
 
@@ -26,7 +32,7 @@ const PATH: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
 impl GrpcConn {
     /// A connection of this caller's own.
     pub async fn connect(port: u16) -> anyhow::Result<GrpcConn> {
-        let (send, conn) = handshake(port).await?;
+        let (send, conn) = handshake(port, None).await?;
         Ok(GrpcConn {
             send,
             conn: Some(conn),
@@ -36,7 +42,13 @@ impl GrpcConn {
 
     /// A connection to share (clone it per caller), driven by a task of its own.
     pub async fn shared(port: u16) -> anyhow::Result<GrpcConn> {
-        let (send, conn) = handshake(port).await?;
+        GrpcConn::shared_over(port, None).await
+    }
+
+    /// As [`GrpcConn::shared`], over TLS with `tls` when given (ALPN `h2`, server name
+    /// `localhost`).
+    pub async fn shared_over(port: u16, tls: Option<&TlsConnector>) -> anyhow::Result<GrpcConn> {
+        let (send, conn) = handshake(port, tls).await?;
         tokio::spawn(async move {
             let _ = conn.await;
         });
@@ -103,16 +115,40 @@ impl GrpcConn {
 
 async fn handshake(
     port: u16,
-) -> anyhow::Result<(SendRequest<Bytes>, Connection<TcpStream, Bytes>)> {
+    tls: Option<&TlsConnector>,
+) -> anyhow::Result<(SendRequest<Bytes>, Connection<Io, Bytes>)> {
     let stream = TcpStream::connect(("127.0.0.1", port)).await?;
     stream.set_nodelay(true)?;
-    Ok(h2::client::handshake(stream).await?)
+    let io = match tls {
+        Some(tls) => {
+            let name = rustls::pki_types::ServerName::try_from("localhost")?;
+            Either::Right(tls.connect(name, stream).await?)
+        }
+        None => Either::Left(stream),
+    };
+    Ok(h2::client::handshake(io).await?)
+}
+
+/// A TLS client trusting the PEM CA file `ca` only, offering ALPN `h2`.
+pub fn tls_connector(ca: &std::path::Path) -> anyhow::Result<TlsConnector> {
+    use rustls::pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca)? {
+        roots.add(cert?)?;
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(TlsConnector::from(std::sync::Arc::new(config)))
 }
 
 /// Run `exchange` while this task also drives the connection's I/O (h2's frames move only while
 /// the connection is polled).
 async fn with_connection<T>(
-    conn: &mut Connection<TcpStream, Bytes>,
+    conn: &mut Connection<Io, Bytes>,
     exchange: impl Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<T> {
     tokio::select! {

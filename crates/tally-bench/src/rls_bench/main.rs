@@ -16,6 +16,9 @@
 //! 3. **Through Envoy**: `wrk` → Envoy → a trivial upstream (a fixed 200 from a raw socket
 //!    server in this process), with and without the rate-limit filter (descriptor from `x-user`,
 //!    random of 10,000): requests/s, p50/p99, and the filter's cost as ratios.
+//!
+//! With `--tls`, only the cost of TLS on the RLS port instead: a plain and a TLS `tally serve`
+//! side by side at the fixed offered rate, in alternating rounds ([`tls`]).
 
 #[path = "../alloc_switch.rs"]
 mod alloc_switch;
@@ -30,6 +33,7 @@ mod pacing;
 mod proc_stats;
 mod server_time;
 mod stats;
+mod tls;
 
 use std::io::{BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -83,6 +87,12 @@ struct Cli {
     /// The `tally serve` child's `[request.batch]`: `max_calls,in_flight` (default: tally's).
     #[arg(long, value_parser = parse_batch)]
     batch: Option<(usize, usize)>,
+    /// Only the TLS comparison: plain and TLS RLS ports at `--rate`, alternating rounds.
+    #[arg(long)]
+    tls: bool,
+    /// Rounds of the TLS comparison (each: a phase plain, a phase TLS).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
 }
 
 fn parse_batch(s: &str) -> Result<(usize, usize), String> {
@@ -114,6 +124,9 @@ enum Role {
         limits: PathBuf,
         #[arg(long, value_parser = parse_batch)]
         batch: Option<(usize, usize)>,
+        /// `[rls.tls]`: certificate and key files.
+        #[arg(long, num_args = 2)]
+        tls: Option<Vec<PathBuf>>,
     },
 }
 
@@ -131,9 +144,10 @@ fn main() -> anyhow::Result<()> {
         rls,
         limits,
         batch,
+        tls,
     }) = cli.role
     {
-        return serve(redis, http, rls, &limits, batch);
+        return serve(redis, http, rls, &limits, (batch, tls));
     }
     let phase = Duration::from_secs(if cli.quick { 1 } else { 5 });
     let redis = LocalRedis::start(&[])?;
@@ -146,7 +160,10 @@ fn main() -> anyhow::Result<()> {
             "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {{name: per_user, unit: hour, requests_per_unit: {LIMIT}}}\n"
         ),
     )?;
-    let server = Server::start(&redis, &limits, &dir, cli.server_workers, cli.batch)?;
+    if cli.tls {
+        return tls_only(&cli, &redis, &limits, &dir, phase);
+    }
+    let server = Server::start(&redis, &limits, &dir, cli.server_workers, (cli.batch, None))?;
     println!("# tally RLS benchmark (issue 26)\n");
     println!(
         "{} cores, load average at start {}; phases of {phase:?}; {} callers over {} gRPC channels; offered rate {}/s, {} arrivals; server workers {}; client workers {}; batch {}; allocator {}\n",
@@ -202,6 +219,50 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `--tls`: two servers, plain and TLS, compared ([`tls`]).
+fn tls_only(
+    cli: &Cli,
+    redis: &LocalRedis,
+    limits: &Path,
+    dir: &Path,
+    phase: Duration,
+) -> anyhow::Result<()> {
+    let pki = tally_testkit::certs::Pki::create(dir, "bench")?;
+    let files = [pki.server.cert.clone(), pki.server.key.clone()];
+    let plain = Server::start(redis, limits, dir, cli.server_workers, (cli.batch, None))?;
+    let tls = Server::start(
+        redis,
+        limits,
+        dir,
+        cli.server_workers,
+        (cli.batch, Some(&files)),
+    )?;
+    println!("# tally RLS benchmark: TLS on the RLS port\n");
+    println!(
+        "{} cores, load average at start {}; phases of {phase:?}; 40 callers over {} connections per server (lean client); offered rate {}/s; {} rounds; allocator {}\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg(),
+        cli.channels,
+        cli.rate,
+        cli.rounds,
+        alloc_switch::name(),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(tls::run(&tls::Setup {
+        plain: &plain,
+        tls: &tls,
+        ca: &pki.ca,
+        channels: cli.channels,
+        rate: cli.rate,
+        phase,
+        rounds: cli.rounds.max(1),
+    }))?;
+    println!("\nload average at the end {}", loadavg());
+    Ok(())
+}
+
 /// The 1-, 5- and 15-minute load averages.
 fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
@@ -226,7 +287,7 @@ impl Server {
         limits: &Path,
         dir: &Path,
         workers: Option<usize>,
-        batch: Option<(usize, usize)>,
+        (batch, tls): (Option<(usize, usize)>, Option<&[PathBuf; 2]>),
     ) -> anyhow::Result<Server> {
         let (http, rls) = (free_port()?, free_port()?);
         let mut command = Command::new(std::env::current_exe()?);
@@ -241,11 +302,15 @@ impl Server {
         if let Some((calls, in_flight)) = batch {
             command.args(["--batch", &format!("{calls},{in_flight}")]);
         }
+        if let Some([cert, key]) = tls {
+            command.arg("--tls").arg(cert).arg(key);
+        }
+        let log = dir.join(format!("serve-{rls}.log"));
         let child = command
             .env("TALLY_LOG", "warn")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(dir.join("serve.log"))?)
+            .stderr(std::fs::File::create(log)?)
             .spawn()
             .context("spawning tally serve")?;
         let mut child = child;
@@ -363,7 +428,7 @@ fn serve(
     http: u16,
     rls: u16,
     limits: &Path,
-    batch: Option<(usize, usize)>,
+    (batch, tls): (Option<(usize, usize)>, Option<Vec<PathBuf>>),
 ) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
@@ -375,6 +440,10 @@ fn serve(
     config.http.max_connections = 4096;
     config.rls.listen = format!("127.0.0.1:{rls}");
     config.rls.limits_file = Some(limits.to_path_buf());
+    if let Some([cert, key]) = tls.as_deref() {
+        config.rls.tls.cert_file = Some(cert.clone());
+        config.rls.tls.key_file = Some(key.clone());
+    }
     if let Some((max_calls, in_flight)) = batch {
         config.request.batch.max_calls = max_calls;
         config.request.batch.in_flight = in_flight;

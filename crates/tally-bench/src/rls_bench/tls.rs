@@ -1,0 +1,84 @@
+//! `--tls`: what TLS costs on the RLS port. Two `tally serve` children on one redis-server, one
+//! plain (h2c), one with `[rls.tls]` (a private CA's certificate, EC P-256), called at the same
+//! fixed offered rate by the lean client over `channels` shared connections each, in alternating
+//! rounds (plain, TLS, plain, TLS, …) so that drift on the machine falls on both: p50/p99 and the
+//! server's CPU per decision, and TLS ÷ plain of the medians over the rounds.
+
+use std::time::Duration;
+
+use super::direct::{self, Targets};
+use super::h2conn::{tls_connector, GrpcConn};
+use super::Server;
+
+pub struct Setup<'a> {
+    pub plain: &'a Server,
+    pub tls: &'a Server,
+    /// The CA that signed the TLS server's certificate.
+    pub ca: &'a std::path::Path,
+    pub channels: usize,
+    pub rate: u64,
+    pub phase: Duration,
+    pub rounds: usize,
+}
+
+pub async fn run(s: &Setup<'_>) -> anyhow::Result<()> {
+    let connector = tls_connector(s.ca)?;
+    let mut plain_conns = Vec::new();
+    let mut tls_conns = Vec::new();
+    for _ in 0..s.channels.max(1) {
+        plain_conns.push(GrpcConn::shared_over(s.plain.rls, None).await?);
+        tls_conns.push(GrpcConn::shared_over(s.tls.rls, Some(&connector)).await?);
+    }
+    let sides = [
+        ("plain h2c", s.plain, &plain_conns),
+        ("TLS 1.3 (rustls)", s.tls, &tls_conns),
+    ];
+    // Warm up both: connections, scripts, pools.
+    for (_, server, conns) in sides {
+        let t = targets(server);
+        direct::lean_fixed_rate(server, &t, conns, s.rate, Duration::from_millis(500)).await;
+    }
+    println!("## TLS on the RLS port: the same offered rate, plain and TLS, alternating\n");
+    println!("| round | port | offered | decisions/s | p50 ms | p99 ms | p99.9 ms | p99 from due ms | tally's own p99 ms | errors | server CPU-s per 100K decisions | server allocations per decision | server context switches per decision | Redis CPU-s per 100K | client CPU-s per 100K | cores busy (all three) |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    // Per side: (p99 ms, server CPU-s per 100K) of each round.
+    let mut seen: [Vec<(f64, f64)>; 2] = [Vec::new(), Vec::new()];
+    for round in 1..=s.rounds {
+        for (i, (label, server, conns)) in sides.into_iter().enumerate() {
+            let t = targets(server);
+            let (mut p, used) = direct::lean_fixed_rate(server, &t, conns, s.rate, s.phase).await;
+            let cpu = used.0.cpu / p.micros.len().max(1) as f64 * 100_000.0;
+            seen[i].push((p.quantile_ms(0.99), cpu));
+            direct::print_row(
+                &format!("{round} | {label}"),
+                &format!("{}/s", s.rate),
+                &mut p,
+                used,
+            );
+        }
+    }
+    let median = |side: usize, f: fn(&(f64, f64)) -> f64| {
+        let mut v: Vec<f64> = seen[side].iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (p99, cpu) = (|r: &(f64, f64)| r.0, |r: &(f64, f64)| r.1);
+    println!(
+        "\nTLS ÷ plain, medians of {} rounds: p99 {:.2}× ({:.2} vs {:.2} ms), server CPU per decision {:.2}× ({:.2} vs {:.2} CPU-s per 100K)",
+        s.rounds,
+        median(1, p99) / median(0, p99).max(1e-9),
+        median(1, p99),
+        median(0, p99),
+        median(1, cpu) / median(0, cpu).max(1e-9),
+        median(1, cpu),
+        median(0, cpu),
+    );
+    Ok(())
+}
+
+fn targets(server: &Server) -> Targets {
+    Targets {
+        rls: server.rls,
+        http: server.http,
+    }
+}
