@@ -111,5 +111,10 @@ async fn a_hit_that_timed_out_is_not_deferred_and_counts_once() {
     assert_eq!(total(&h, "ds:a9:slow:*"), 2, "counted once: {}", slow.body);
     assert_eq!(slow.status, 503, "{}", slow.body);
     assert!(slow.body.contains("outcome-unknown"), "{}", slow.body);
+    assert!(
+        slow.body.contains("did not answer within redis.response_timeout"),
+        "{}",
+        slow.body
+    );
     assert!(slow.body.contains("idempotency_key"), "{}", slow.body);
 }

@@ -310,12 +310,19 @@ async fn hits_share_the_stream_keys_and_bad_input_is_refused() {
 
     // Without Redis: hits fail (503), each limit answers by its failure mode, and says so.
     redis.stop();
-    let (code, _, _) = post(
+    let (code, problem, _) = post(
         port,
         "/v1/hit",
         r#"{"counter":"plays","dimensions":{"video":"a"}}"#,
     );
     assert_eq!(code, 503);
+    // The detail names what happened: Redis closed the connection (or refused a new one); it did
+    // not merely answer late.
+    let detail = problem["detail"].as_str().unwrap_or_default();
+    assert!(
+        !detail.contains("in time") && !detail.contains("within"),
+        "{problem}"
+    );
     let (_, open, head) = post(port, "/v1/limit", r#"{"policy":"open","subject":"s"}"#);
     assert_eq!(
         (open["admitted"].as_bool(), open["without_redis"].as_bool()),

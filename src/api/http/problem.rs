@@ -157,12 +157,21 @@ impl Problem {
                 Problem::invalid(field, l.to_string())
             }
             RequestError::Redis(r) | RequestError::Unreachable(r) => Problem::redis(r.to_string()),
-            RequestError::OutcomeUnknown(r) => Problem::new(
-                Kind::OutcomeUnknown,
-                "Redis did not answer in time: the hit may or may not have been counted; retry \
-                 with the same idempotency_key (a retry without one may count it twice)",
-            )
-            .internal(r.to_string()),
+            RequestError::OutcomeUnknown(r) => {
+                let cause = if r.is_timeout() {
+                    "Redis did not answer within redis.response_timeout"
+                } else {
+                    "the connection to Redis was lost before it answered"
+                };
+                Problem::new(
+                    Kind::OutcomeUnknown,
+                    format!(
+                        "{cause}: the hit may or may not have been counted; retry with the same \
+                         idempotency_key (a retry without one may count it twice)"
+                    ),
+                )
+                .internal(r.to_string())
+            }
             RequestError::Reply { script, detail } => Problem::new(
                 Kind::BadReply,
                 "Redis answered what tally cannot read; see the log",
