@@ -32,20 +32,11 @@ pub(crate) fn config_error(e: tally::config::ConfigError) -> ExitCode {
     ExitCode::from(EXIT_CONFIG as u8)
 }
 
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("TALLY_LOG").unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new("info,librdkafka=warn,rdkafka=warn")
-    });
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-}
-
 /// Cancel `token` on SIGINT or SIGTERM. The handlers are installed before this returns, so a
 /// signal that arrives while the command starts is a clean shutdown, not the default exit.
 /// SIGHUP never stops the process (its default would, without a final flush): it asks what is
-/// reloadable to reload (the RLS limits file listens for it too) and is logged.
+/// reloadable to reload (`log.level` here; the RLS limits file and the TLS certificate files
+/// listen for it too) and is logged.
 fn on_signals(token: CancellationToken) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate())?;
@@ -56,7 +47,10 @@ fn on_signals(token: CancellationToken) -> std::io::Result<()> {
             tokio::select! {
                 _ = int.recv() => break,
                 _ = term.recv() => break,
-                _ = hup.recv() => tracing::info!("SIGHUP: reloading what is reloadable (the rls limits file, the tls certificate files); not stopping"),
+                _ = hup.recv() => {
+                    tracing::info!("SIGHUP: reloading what is reloadable (log.level, the rls limits file, the tls certificate files); not stopping");
+                    cli::logging::reload();
+                }
             }
         }
         tracing::info!("signal received, shutting down");
@@ -88,7 +82,11 @@ impl Prepared {
     /// Read and validate the configuration before anything starts; a bad one exits with 64.
     fn new(command: Command) -> Result<Prepared, ExitCode> {
         Ok(match command {
-            Command::Run(c) => Prepared::Run(c.model()?, c.config.clone()),
+            Command::Run(c) => {
+                let model = c.model()?;
+                cli::logging::follow(&model.config, c.config.clone(), c.overrides());
+                Prepared::Run(model, c.config.clone())
+            }
             Command::Check(c) => Prepared::Check(c.load()?),
             #[cfg(feature = "dev")]
             Command::Demo {
@@ -121,7 +119,11 @@ impl Prepared {
             Command::Key(args) => Prepared::Key(args.common.model()?, args),
             Command::Query(args) => Prepared::Query(args.common.model()?, args),
             Command::State(args) => Prepared::State(args.common.load()?, args),
-            Command::Serve(c) => Prepared::Serve(c.model()?),
+            Command::Serve(c) => {
+                let model = c.model()?;
+                cli::logging::follow(&model.config, c.config.clone(), c.overrides());
+                Prepared::Serve(model)
+            }
             Command::Top(args) => Prepared::Top(args),
             Command::Request(r) => Prepared::Request(r.common().model()?, r),
         })
@@ -191,7 +193,7 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    init_logging();
+    cli::logging::init();
     let prepared = match Prepared::new(cli.command) {
         Ok(p) => p,
         Err(code) => return code,

@@ -5,5 +5,6 @@ pub mod common;
 #[cfg(feature = "dev")]
 pub mod demo;
 pub mod inspect;
+pub mod logging;
 pub mod request;
 pub mod top;

@@ -20,6 +20,7 @@ mod http;
 mod jobs;
 mod kafka;
 pub mod limits;
+mod log;
 mod model;
 mod redact;
 mod request;
@@ -34,6 +35,7 @@ pub use http::HttpConfig;
 pub use jobs::{JobsConfig, PublishConfig, ReconcileConfig, TtlAuditConfig};
 pub use kafka::{statistics_interval_ms, AutoWord, Consumers, KafkaConfig, StartFrom};
 pub use limits::{Limits, LimitsError};
+pub use log::{LogConfig, DEFAULT_LOG};
 pub use model::{Model, Tokens};
 pub use request::{BatchConfig, OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use rls::RlsConfig;
@@ -75,6 +77,8 @@ pub struct Config {
     pub status: StatusConfig,
     /// Envoy's rate limit service (`tally serve`).
     pub rls: RlsConfig,
+    /// What is logged.
+    pub log: LogConfig,
 }
 
 /// What to do when tally's own state in Redis is missing or does not fit the topic.
@@ -115,6 +119,7 @@ impl Default for Config {
             jobs: JobsConfig::default(),
             status: StatusConfig::default(),
             rls: RlsConfig::default(),
+            log: LogConfig::default(),
         }
     }
 }

@@ -49,6 +49,7 @@ impl Config {
         self.jobs.validate()?;
         self.status.validate()?;
         self.rls.validate()?;
+        self.log.validate()?;
         self.validate_counters()
     }
 

@@ -112,7 +112,8 @@ async fn a_hit_that_timed_out_is_not_deferred_and_counts_once() {
     assert_eq!(slow.status, 503, "{}", slow.body);
     assert!(slow.body.contains("outcome-unknown"), "{}", slow.body);
     assert!(
-        slow.body.contains("did not answer within redis.response_timeout"),
+        slow.body
+            .contains("did not answer within redis.response_timeout"),
         "{}",
         slow.body
     );

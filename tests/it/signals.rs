@@ -208,3 +208,66 @@ fn run_exits_zero_on_sigterm_at_any_moment_and_counts_exactly() {
         "{mismatches} of {keys} keys differ from the truth"
     );
 }
+
+/// SIGHUP reads `log.level` again from the configuration file: `warn` at start (an info line
+/// is not written), `info` after the file is rewritten and SIGHUP sent (the reload's own info
+/// line appears); a filter that does not parse keeps the one in force, logged as an error.
+#[test]
+fn sighup_reloads_the_log_filter_from_the_file() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let dir = std::env::temp_dir().join(format!("tally-loglevel-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (config, log) = (dir.join("tally.toml"), dir.join("tally.log"));
+    let port = tally_testkit::local_redis::free_port().unwrap();
+    let write = |level: &str| {
+        let text = format!(
+            "{}\n[http]\nlisten = \"127.0.0.1:{port}\"\n[log]\nlevel = \"{level}\"\n",
+            serve_config(&redis.url())
+        );
+        std::fs::write(config.with_extension("tmp"), text).unwrap();
+        std::fs::rename(config.with_extension("tmp"), &config).unwrap();
+    };
+    write("warn");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tally"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&config)
+        .env_remove("TALLY_LOG")
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    let read = || std::fs::read_to_string(&log).unwrap_or_default();
+    let wait = |what: &str, cond: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !cond(&read()) {
+            assert!(Instant::now() < deadline, "{what}:\n{}", read());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let started = Instant::now();
+    while !(catches(pid, libc::SIGHUP) && tally_testkit::http::get(port, "/health/live").is_some())
+    {
+        assert!(started.elapsed() < Duration::from_secs(20), "{}", read());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        !read().contains("INFO"),
+        "log.level = warn writes no info line:\n{}",
+        read()
+    );
+    write("info");
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+    wait("the info filter in force after SIGHUP", &|l| {
+        l.contains("log filter (log.level) in force")
+    });
+    write("info,[[not a filter");
+    unsafe { libc::kill(pid, libc::SIGHUP) };
+    wait("a bad filter refused", &|l| {
+        l.contains("ERROR") && l.contains("log filter stays")
+    });
+    assert!(tally_testkit::http::get(port, "/health/live").is_some());
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}\n{}", read());
+}

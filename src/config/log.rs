@@ -1,0 +1,43 @@
+//! `[log]`: what tally logs.
+
+use serde::{Deserialize, Serialize};
+
+use super::validate::ensure;
+use super::ConfigError;
+
+/// The log filter. `TALLY_LOG` in the environment, when set, takes its place (and SIGHUP then
+/// keeps it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// A `tracing` filter: a level (`info`) and per-module levels (`tally::api=debug`), comma
+    /// separated. Re-read from the file on SIGHUP by `tally run` and `tally serve`.
+    pub level: String,
+}
+
+/// The filter when none is configured: librdkafka's chatter at warn.
+pub const DEFAULT_LOG: &str = "info,librdkafka=warn,rdkafka=warn";
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            level: DEFAULT_LOG.into(),
+        }
+    }
+}
+
+impl LogConfig {
+    /// A filter `tracing` can parse.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let parsed = tracing_subscriber::EnvFilter::try_new(&self.level);
+        ensure(
+            parsed.is_ok(),
+            "log.level",
+            format!(
+                "`{}` is not a log filter: {}",
+                self.level,
+                parsed.err().map(|e| e.to_string()).unwrap_or_default()
+            ),
+        )
+    }
+}
