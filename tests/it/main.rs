@@ -42,6 +42,7 @@ mod rls;
 mod rls_envoy;
 mod rls_envoy_charge;
 mod rls_examples;
+mod rls_pause;
 mod rls_port;
 mod scripts;
 mod signals;
