@@ -70,7 +70,7 @@ impl Ports<'_> {
                 &config.rls,
                 limits.clone(),
                 model.tokens.clone(),
-                client.clone(),
+                client.durable(config.request.durability),
                 metrics.clone(),
                 shutdown.clone(),
             )

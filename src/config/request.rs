@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tally_counters::request::{Batching, LimitPolicy};
+use tally_counters::request::{Batching, Durability, LimitPolicy};
 
 use super::validate::invalid;
 use super::ConfigError;
@@ -25,6 +25,9 @@ pub struct RequestConfig {
     pub pools: Vec<PoolConfig>,
     /// How concurrent limit decisions share Redis script calls (`[request.batch]`).
     pub batch: BatchConfig,
+    /// What every request-path write waits for before it is answered (`[request.durability]`):
+    /// replicas that must have it. A quota, pool, once or unique family may set its own.
+    pub durability: Durability,
 }
 
 /// `[request.batch]`: limit decisions that arrive while `in_flight` script calls are already
@@ -92,6 +95,10 @@ pub struct QuotaConfig {
     /// The quota's state expires this long after its last take.
     #[serde(with = "humantime_serde", default = "one_week")]
     pub ttl: Duration,
+    /// Replicas that must have this family's writes before an answer (else the global
+    /// `[request.durability]`).
+    #[serde(default)]
+    pub durability: Option<Durability>,
 }
 
 /// One once-per-window family.
@@ -106,6 +113,10 @@ pub struct OnceConfig {
     /// IANA time zone.
     #[serde(default = "utc")]
     pub timezone: String,
+    /// Replicas that must have this family's writes before an answer (else the global
+    /// `[request.durability]`).
+    #[serde(default)]
+    pub durability: Option<Durability>,
 }
 
 /// One unique-in-window family.
@@ -121,6 +132,10 @@ pub struct UniqueConfig {
     /// are forgotten and the count stays at this number (bounds a subject's memory).
     #[serde(default = "default_max_items")]
     pub max_items: u64,
+    /// Replicas that must have this family's writes before an answer (else the global
+    /// `[request.durability]`).
+    #[serde(default)]
+    pub durability: Option<Durability>,
 }
 
 fn default_max_items() -> u64 {
@@ -136,6 +151,24 @@ pub struct PoolConfig {
     /// The pool's state expires this long after it was last filled or claimed from.
     #[serde(with = "humantime_serde", default = "one_week")]
     pub ttl: Duration,
+    /// Replicas that must have this family's writes before an answer (else the global
+    /// `[request.durability]`).
+    #[serde(default)]
+    pub durability: Option<Durability>,
+}
+
+/// At most 16 replicas, a positive timeout of at most a minute (a caller waits for it).
+fn check_durability(at: &str, d: &Durability) -> Result<(), ConfigError> {
+    if d.replicas > 16 {
+        return Err(invalid(format!("{at}.replicas"), "at most 16"));
+    }
+    if d.timeout.is_zero() || d.timeout > Duration::from_secs(60) {
+        return Err(invalid(
+            format!("{at}.timeout"),
+            "must be positive and at most 60s",
+        ));
+    }
+    Ok(())
 }
 
 fn one_week() -> Duration {
@@ -150,6 +183,19 @@ impl RequestConfig {
     /// Names unique per kind, numbers in range, windows usable.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.batch.validate()?;
+        check_durability("request.durability", &self.durability)?;
+        let own = self
+            .quotas
+            .iter()
+            .map(|q| ("quotas", q.durability))
+            .chain(self.once.iter().map(|o| ("once", o.durability)))
+            .chain(self.unique.iter().map(|u| ("unique", u.durability)))
+            .chain(self.pools.iter().map(|p| ("pools", p.durability)));
+        for (i, (kind, d)) in own.enumerate() {
+            if let Some(d) = d {
+                check_durability(&format!("request.{kind}[{i}].durability"), &d)?;
+            }
+        }
         let mut names = std::collections::HashSet::new();
         for (i, p) in self.limits.iter().enumerate() {
             p.validate()

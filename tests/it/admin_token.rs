@@ -52,10 +52,12 @@ async fn destructive_calls_need_the_admin_token() {
         size: 10,
         once_per_user: true,
         ttl: Duration::from_secs(3600),
+        durability: None,
     });
     config.request.pools.push(PoolConfig {
         name: "codes".into(),
         ttl: Duration::from_secs(3600),
+        durability: None,
     });
     let running = h.start(config);
     wait_for("http answers", Duration::from_secs(30), || {

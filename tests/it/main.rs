@@ -37,6 +37,7 @@ mod readiness;
 mod readme;
 mod reconcile;
 mod redis_security;
+mod replication;
 mod request_path;
 mod rls;
 mod rls_envoy;

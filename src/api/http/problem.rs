@@ -45,6 +45,9 @@ pub enum Kind {
     OutcomeUnknown,
     /// The request took longer than `http.request_timeout` (503).
     Timeout,
+    /// The write did not reach the replicas the durability level asks for in time: not an
+    /// admission, a failover could undo it (503).
+    NotReplicated,
 }
 
 impl Kind {
@@ -70,6 +73,7 @@ impl Kind {
             Kind::BadReply => (S::BAD_GATEWAY, "bad-reply", "Unexpected reply from Redis"),
             Kind::OutcomeUnknown => (S::SERVICE_UNAVAILABLE, "outcome-unknown", "Outcome unknown"),
             Kind::Timeout => (S::SERVICE_UNAVAILABLE, "timeout", "Request timed out"),
+            Kind::NotReplicated => (S::SERVICE_UNAVAILABLE, "not-replicated", "Not replicated"),
         }
     }
 }
@@ -143,6 +147,9 @@ impl Problem {
                     i64::MAX
                 ),
             ),
+            e @ RequestError::NotReplicated { .. } => {
+                Problem::new(Kind::NotReplicated, e.to_string())
+            }
             e @ RequestError::AboveMax { .. } => {
                 Problem::new(Kind::Forbidden, e.to_string()).field("value")
             }

@@ -100,7 +100,8 @@ impl Primitives {
             .iter()
             .map(|o| {
                 let w = r.once_window(o).map_err(anyhow::Error::msg)?;
-                Ok((o.name.clone(), Once::new(client.clone(), &o.name, w)))
+                let client = client.durable(o.durability.unwrap_or(r.durability));
+                Ok((o.name.clone(), Once::new(client, &o.name, w)))
             })
             .collect::<anyhow::Result<_>>()?;
         // Series for every configured policy, so dashboards show zeroes rather than no data.
@@ -119,13 +120,18 @@ impl Primitives {
             m.near_limit.with_label_values(&[&p.name]);
         }
         Ok(Primitives {
-            counters: Counters::new(client.clone(), model.counters.clone(), model.layout.clone()),
-            limiter: RateLimiter::new(client.clone(), r.limits.clone())?,
+            counters: Counters::new(
+                client.durable(r.durability),
+                model.counters.clone(),
+                model.layout.clone(),
+            ),
+            limiter: RateLimiter::new(client.durable(r.durability), r.limits.clone())?,
             quotas: r
                 .quotas
                 .iter()
                 .map(|q| {
-                    let quota = Quota::new(client.clone(), &q.name, q.size, q.once_per_user, 0);
+                    let client = client.durable(q.durability.unwrap_or(r.durability));
+                    let quota = Quota::new(client, &q.name, q.size, q.once_per_user, 0);
                     (q.name.clone(), (quota, q.ttl))
                 })
                 .collect(),
@@ -136,7 +142,12 @@ impl Primitives {
                 .map(|u| {
                     (
                         u.name.clone(),
-                        Unique::new(client.clone(), &u.name, u.window).with_max_items(u.max_items),
+                        Unique::new(
+                            client.durable(u.durability.unwrap_or(r.durability)),
+                            &u.name,
+                            u.window,
+                        )
+                        .with_max_items(u.max_items),
                     )
                 })
                 .collect(),
@@ -146,11 +157,18 @@ impl Primitives {
                 .map(|p| {
                     (
                         p.name.clone(),
-                        (Pool::new(client.clone(), &p.name, 0), p.ttl),
+                        (
+                            Pool::new(
+                                client.durable(p.durability.unwrap_or(r.durability)),
+                                &p.name,
+                                0,
+                            ),
+                            p.ttl,
+                        ),
                     )
                 })
                 .collect(),
-            locks: tally_counters::lock::Locks::new(client.clone()),
+            locks: tally_counters::lock::Locks::new(client.durable(r.durability)),
             client,
             metrics,
             deferral: None,

@@ -93,6 +93,9 @@ async fn answer(
             .await
             .map_err(|e| match e {
                 tally_counters::request::RequestError::Invalid(m) => Status::invalid_argument(m),
+                e @ tally_counters::request::RequestError::NotReplicated { .. } => {
+                    Status::unavailable(e.to_string())
+                }
                 e @ tally_counters::request::RequestError::InvalidField { .. } => {
                     Status::invalid_argument(e.to_string())
                 }

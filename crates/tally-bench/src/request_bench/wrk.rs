@@ -58,6 +58,7 @@ pub async fn run(redis: &LocalRedis, connections: usize, phase: Duration) -> any
         size: u64::MAX / 2,
         once_per_user: false,
         ttl: Duration::from_secs(3600),
+        durability: None,
     });
     let model = tally::config::Model::compile(config)?;
     let config_for_batch = model.config.clone();

@@ -13,11 +13,36 @@ use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::script::Script;
 
+/// How many replicas must have a write before a call is answered (`WAIT replicas timeout`
+/// after the script). Redis replicates asynchronously: a primary can acknowledge a write and
+/// die before any replica has it, and a failover then undoes an admission that was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Durability {
+    /// Replicas that must have the write; 0: answer as soon as the primary has it.
+    pub replicas: u32,
+    /// How long to wait for them; then the answer is [`RequestError::NotReplicated`] (the
+    /// write stays on the primary: a quota item taken, a limit charged, never granted).
+    #[serde(with = "humantime_serde")]
+    pub timeout: std::time::Duration,
+}
+
+impl Default for Durability {
+    fn default() -> Self {
+        Durability {
+            replicas: 0,
+            timeout: std::time::Duration::from_millis(100),
+        }
+    }
+}
+
 /// A cheap-to-clone handle on a Redis server or cluster.
 #[derive(Clone)]
 pub struct Client {
     link: Arc<Link>,
     batch: Arc<Batcher>,
+    /// What a script call waits for before it answers.
+    durability: Durability,
 }
 
 impl Client {
@@ -32,7 +57,38 @@ impl Client {
         Ok(Client {
             link: Arc::new(Link::new(config)?),
             batch: Arc::new(Batcher::new(batching)),
+            durability: Durability::default(),
         })
+    }
+
+    /// This client (the same connection and batches) answering script calls only once
+    /// `durability` holds.
+    pub fn durable(&self, durability: Durability) -> Client {
+        Client {
+            durability,
+            ..self.clone()
+        }
+    }
+
+    /// After a script call that wrote: `WAIT` for the replicas `durability` asks for (on the
+    /// connection the call used: WAIT covers every write made on it before).
+    async fn confirm(&self) -> Result<(), RequestError> {
+        let Durability { replicas, timeout } = self.durability;
+        if replicas == 0 {
+            return Ok(());
+        }
+        let ms = timeout.as_millis().max(1) as u64;
+        let acked: i64 = self
+            .link
+            .query(redis::cmd("WAIT").arg(replicas).arg(ms))
+            .await?;
+        if acked < i64::from(replicas) {
+            return Err(RequestError::NotReplicated {
+                wanted: replicas,
+                acked: acked.max(0) as u32,
+            });
+        }
+        Ok(())
     }
 
     /// Prefix of the request path's own keys.
@@ -53,7 +109,9 @@ impl Client {
         script: &Script,
         cmd: &Cmd,
     ) -> Result<T, RequestError> {
-        self.link.run(script, cmd).await
+        let reply = self.link.run(script, cmd).await?;
+        self.confirm().await?;
+        Ok(reply)
     }
 
     /// Run one call of `pair` with `keys` and ARGV `args`, batched with concurrent calls when
@@ -64,7 +122,17 @@ impl Client {
         keys: Vec<String>,
         args: Cmd,
     ) -> Result<redis::Value, RequestError> {
-        self.batch.run(&self.link, pair, keys, args).await
+        let reply = self.batch.run(&self.link, pair, keys, args).await?;
+        self.confirm().await?;
+        Ok(reply)
+    }
+
+    /// Run a plain command that writes, answered once the durability level holds (as for a
+    /// script call).
+    pub async fn write<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RequestError> {
+        let reply = self.link.query(cmd).await?;
+        self.confirm().await?;
+        Ok(reply)
     }
 
     /// Run a plain command.

@@ -187,7 +187,7 @@ impl Counters {
         at_ms: Option<i64>,
     ) -> Result<(), RequestError> {
         let key = self.locate(name, values, at_ms)?.key;
-        let _: i64 = self.client.query(redis::cmd("DEL").arg(&key)).await?;
+        let _: i64 = self.client.write(redis::cmd("DEL").arg(&key)).await?;
         Ok(())
     }
 

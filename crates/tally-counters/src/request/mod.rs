@@ -33,7 +33,7 @@ mod quota;
 mod unique;
 
 pub use batch::Batching;
-pub use client::Client;
+pub use client::{Client, Durability};
 pub use expiry::Expiry;
 pub use hit::{Counters, Hit, HitReply};
 pub use limit::{
@@ -99,6 +99,18 @@ pub enum RequestError {
         counter: String,
         /// The bound.
         max: i64,
+    },
+    /// The write was made on the primary but did not reach the replicas asked for within the
+    /// time allowed ([`Durability`]): a failover could undo it, so it is not an admission.
+    #[error(
+        "the write reached {acked} of the {wanted} replicas asked for (request durability) in time: \
+         not confirmed; a failover could undo it"
+    )]
+    NotReplicated {
+        /// Replicas asked for.
+        wanted: u32,
+        /// Replicas that had it in time.
+        acked: u32,
     },
     /// The request contradicts one made before (an idempotency key reused for another key).
     #[error("{0}")]

@@ -40,9 +40,11 @@ impl Once {
     /// `true` the first time `subject` calls in the window holding `at_ms` (default now).
     pub async fn first(&self, subject: &str, at_ms: Option<i64>) -> Result<bool, RequestError> {
         let (key, end) = self.key(subject, at_ms.unwrap_or_else(now_ms));
+        // Confirmed even when it was not first: the marker found may be a write not yet
+        // replicated, and WAIT covers it (it was made on this connection).
         let set: Option<String> = self
             .client
-            .query(
+            .write(
                 redis::cmd("SET")
                     .arg(&key)
                     .arg(1)
@@ -64,7 +66,7 @@ impl Once {
     /// Forget `subject`'s call in the window holding `at_ms`.
     pub async fn reset(&self, subject: &str, at_ms: Option<i64>) -> Result<(), RequestError> {
         let (key, _) = self.key(subject, at_ms.unwrap_or_else(now_ms));
-        let _: i64 = self.client.query(redis::cmd("DEL").arg(&key)).await?;
+        let _: i64 = self.client.write(redis::cmd("DEL").arg(&key)).await?;
         Ok(())
     }
 }

@@ -128,7 +128,7 @@ impl Pool {
     pub async fn reset(&self) -> Result<(), RequestError> {
         let _: i64 = self
             .client
-            .query(redis::cmd("DEL").arg(&self.keys()[..]))
+            .write(redis::cmd("DEL").arg(&self.keys()[..]))
             .await?;
         Ok(())
     }

@@ -169,7 +169,7 @@ impl Quota {
     pub async fn reset(&self) -> Result<(), RequestError> {
         let _: i64 = self
             .client
-            .query(redis::cmd("DEL").arg(&self.keys()[..]))
+            .write(redis::cmd("DEL").arg(&self.keys()[..]))
             .await?;
         Ok(())
     }

@@ -90,7 +90,7 @@ impl Unique {
     pub async fn reset(&self, subject: &str) -> Result<(), RequestError> {
         let _: i64 = self
             .client
-            .query(redis::cmd("DEL").arg(self.key(subject)))
+            .write(redis::cmd("DEL").arg(self.key(subject)))
             .await?;
         Ok(())
     }

@@ -178,7 +178,7 @@ impl RateLimiter {
         for p in &chosen {
             del.arg(self.key(p, subject));
         }
-        let _: i64 = self.client.query(&del).await?;
+        let _: i64 = self.client.write(&del).await?;
         Ok(())
     }
 

@@ -1,0 +1,263 @@
+//! A replicated Redis failing over with replication lag: a primary and a replica on loopback,
+//! the replica stopped (SIGSTOP) and its link cut (`CLIENT KILL TYPE replica`), writes
+//! acknowledged by the primary only, the primary killed with SIGKILL, the replica continued and promoted, and its data served
+//! at the primary's address (a new server there, a replica of it, then promoted) — tally running
+//! throughout.
+//!
+//! With `durability = { replicas = 1 }` a quota admits at most its size and `once` answers
+//! first once: what the replica did not get was answered 503 `not-replicated`, never admitted.
+//! Without it the test measures the loss the guide states: every admission made while the replica
+//! lagged is undone (the quota oversells by exactly those, `once` answers first twice). Fencing
+//! tokens (Redis `TIME`-based) stay larger after the failover, though the lock itself was lost.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tally_testkit::http::Client;
+use tally_testkit::local_redis::{free_port, LocalRedis};
+
+use crate::common::process::TallyProcess;
+
+fn cli(port: u16, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Until `replica` (a port) reports its link to the primary up and caught up.
+fn wait_synced(primary: u16, replica: u16) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let info = cli(replica, &["INFO", "replication"]);
+        let offset = |info: &str, key: &str| {
+            info.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().parse::<i64>().ok())
+        };
+        let master = offset(
+            &cli(primary, &["INFO", "replication"]),
+            "master_repl_offset:",
+        );
+        if info.contains("master_link_status:up")
+            && master.is_some()
+            && offset(&info, "slave_repl_offset:") >= master
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "replica never synced: {info}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    assert!(Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
+
+struct Api {
+    client: Client,
+    port: u16,
+}
+
+impl Api {
+    fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        match self.client.post_json(self.port, path, body) {
+            Ok(a) => (
+                a.status,
+                serde_json::from_str(&a.body).unwrap_or(Value::Null),
+            ),
+            // Not listening yet.
+            Err(_) => (0, Value::Null),
+        }
+    }
+
+    /// Whether a take of `quota` by `user` was admitted (200 `admitted`); panics on an answer
+    /// that is neither an admission, a refusal nor `not-replicated`.
+    fn take(&self, quota: &str, user: &str) -> bool {
+        let (status, body) = self.post(
+            "/v1/quota",
+            &format!(r#"{{"quota":"{quota}","user":"{user}"}}"#),
+        );
+        match status {
+            200 => body["outcome"] == "admitted",
+            503 => {
+                assert!(
+                    body["type"]
+                        .as_str()
+                        .unwrap_or("")
+                        .ends_with("/not-replicated"),
+                    "{body}"
+                );
+                false
+            }
+            _ => panic!("{status} {body}"),
+        }
+    }
+
+    /// Whether `once` answered first (200 `ok: true`).
+    fn first(&self, name: &str, subject: &str) -> bool {
+        let (status, body) = self.post(
+            "/v1/once",
+            &format!(r#"{{"name":"{name}","subject":"{subject}"}}"#),
+        );
+        status == 200 && body["ok"] == true
+    }
+
+    fn fence(&self) -> Option<u64> {
+        let (status, body) = self.post("/v1/locks/nightly/acquire", r#"{"ttl_ms":120000}"#);
+        assert_eq!(status, 200, "{body}");
+        body["lease"]["fence"].as_u64()
+    }
+
+    /// Until tally answers from the new primary (a take of a throwaway quota user).
+    fn wait_redis(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self
+            .post("/v1/once", r#"{"name":"free","subject":"probe"}"#)
+            .0
+            != 200
+        {
+            assert!(
+                Instant::now() < deadline,
+                "tally never reached the new primary"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+#[test]
+fn a_failover_with_lag_undoes_nothing_acknowledged_at_the_durability_level() {
+    let mut primary = LocalRedis::start(&[]).unwrap();
+    let p: u16 = primary.url().rsplit(':').next().unwrap().parse().unwrap();
+    let r_port = free_port().unwrap();
+    let replica =
+        LocalRedis::start_on(r_port, &["--replicaof", "127.0.0.1", &p.to_string()]).unwrap();
+    wait_synced(p, r_port);
+    let config = format!(
+        r#"[redis]
+url = "redis://127.0.0.1:{p}"
+response_timeout = "2s"
+[[request.quotas]]
+name = "flash"
+size = 10
+once_per_user = true
+durability = {{ replicas = 1, timeout = "200ms" }}
+[[request.quotas]]
+name = "loose"
+size = 10
+once_per_user = true
+[[request.once]]
+name = "bonus"
+window = "1d"
+durability = {{ replicas = 1, timeout = "200ms" }}
+[[request.once]]
+name = "free"
+window = "1d"
+"#
+    );
+    let tally = TallyProcess::start_command_with_http("serve", &config, "replication", "");
+    let api = Api {
+        client: Client::new(Duration::from_secs(10)),
+        port: tally.port,
+    };
+    api.wait_redis();
+
+    // Replication healthy: every take is confirmed.
+    let (mut flash, mut loose) = (Vec::new(), Vec::new());
+    for i in 1..=5 {
+        let user = format!("u{i}");
+        assert!(api.take("flash", &user), "{}", tally.log());
+        flash.push(user.clone());
+        assert!(api.take("loose", &user));
+        loose.push(user);
+    }
+    assert!(api.first("bonus", "s1"));
+    assert!(api.first("free", "s1"));
+
+    // The replica stops and its link is cut (the primary closes it, so nothing written from now
+    // on reaches the replica, not even through a socket buffer): the primary acknowledges alone.
+    let replica_pid = replica.pid().unwrap();
+    signal(replica_pid, "-STOP");
+    cli(p, &["CLIENT", "KILL", "TYPE", "replica"]);
+    for i in 6..=10 {
+        let user = format!("u{i}");
+        let started = Instant::now();
+        assert!(
+            !api.take("flash", &user),
+            "an unreplicated take of a durable quota was admitted"
+        );
+        assert!(started.elapsed() < Duration::from_secs(2));
+        if api.take("loose", &user) {
+            loose.push(user);
+        }
+    }
+    assert!(
+        !api.first("bonus", "s2"),
+        "an unreplicated once was answered first"
+    );
+    let free_first_before = api.first("free", "s2");
+    assert!(free_first_before);
+    let fence_before = api.fence().expect("the lock was free");
+
+    // The primary dies; the replica (without the last writes) is promoted and served at the
+    // primary's address.
+    signal(primary.pid().unwrap(), "-KILL");
+    primary.stop();
+    signal(replica_pid, "-CONT");
+    cli(r_port, &["REPLICAOF", "NO", "ONE"]);
+    let _new = LocalRedis::start_on(p, &["--replicaof", "127.0.0.1", &r_port.to_string()]).unwrap();
+    wait_synced(r_port, p);
+    cli(p, &["REPLICAOF", "NO", "ONE"]);
+    // The old replica follows the new primary, so the durable families have a replica again
+    // (until then they answer not-replicated).
+    cli(r_port, &["REPLICAOF", "127.0.0.1", &p.to_string()]);
+    wait_synced(p, r_port);
+    api.wait_redis();
+
+    // After the failover, as many more takes as are left.
+    for i in 11..=25 {
+        let user = format!("u{i}");
+        if api.take("flash", &user) {
+            flash.push(user.clone());
+        }
+        if api.take("loose", &user) {
+            loose.push(user);
+        }
+    }
+    assert_eq!(
+        flash.len(),
+        10,
+        "a durable quota of 10 admitted {flash:?} across the failover"
+    );
+    // Without durability: the 5 admissions the replica never got are undone, and sold again.
+    assert_eq!(
+        loose.len(),
+        15,
+        "the loss bound: the 5 admissions made while the replica lagged: {loose:?}"
+    );
+    assert!(
+        api.first("bonus", "s2"),
+        "the refused once may be asked again"
+    );
+    assert!(
+        api.first("free", "s2"),
+        "without durability, once answers first a second time after the failover (measured)"
+    );
+    // The lock acquired while the replica lagged is gone with the primary, so a second holder
+    // gets it; its fencing token is still larger (Redis TIME), so a resource refuses the first.
+    let fence_after = api
+        .fence()
+        .expect("the lost lock is free on the new primary");
+    assert!(
+        fence_after > fence_before,
+        "fence {fence_after} after the failover, {fence_before} before"
+    );
+}
