@@ -21,6 +21,8 @@ pub enum Connector {
     Cluster {
         /// Seeded from every node.
         client: ClusterClient,
+        /// The client's own retries after a failed send (4; 0 for the request path).
+        retries: u32,
         /// Each seed's settings, in `seed_clients` order (to seed from some of them).
         infos: Vec<redis::ConnectionInfo>,
         /// Connect and response timeouts, for a client seeded from some of them.
@@ -36,6 +38,9 @@ pub enum Conn {
     /// To a cluster.
     Cluster(ClusterConnection),
 }
+
+/// The cluster client's own retries on the stream path (whose flushes are idempotent).
+const STREAM_RETRIES: u32 = 4;
 
 /// A client for one server, with the config's user, password and TLS files applied.
 pub fn client(config: &RedisConfig) -> Result<Client, RedisError> {
@@ -109,10 +114,12 @@ pub fn seed_clients(config: &RedisConfig) -> Result<Vec<Client>, RedisError> {
         .collect()
 }
 
-/// A cluster client seeded from `infos`, with these (connect, response) timeouts.
+/// A cluster client seeded from `infos`, with these (connect, response) timeouts and, after a
+/// failed send, at most `retries` more tries.
 fn cluster_client(
     infos: Vec<redis::ConnectionInfo>,
     (connect_timeout, response_timeout): (Duration, Duration),
+    retries: u32,
 ) -> Result<ClusterClient, RedisError> {
     // rediss:// seeds use TLS with the system trust store (config validation refuses custom
     // certificate files in cluster mode).
@@ -120,8 +127,9 @@ fn cluster_client(
         .connection_timeout(connect_timeout)
         .response_timeout(response_timeout)
         // tally retries whole flushes itself (they are idempotent); keep the client's own
-        // redirect/refresh retries short so failures surface.
-        .retries(4)
+        // redirect/refresh retries short so failures surface. The request path asks for none
+        // (see `Connector::without_retries`).
+        .retries(retries)
         // And quick: the client's default waits at least 1.28 s before each retry, so a
         // request caught by a failover surfaced ~5 s later and counting resumed ~7 s after the
         // promotion. Now 10 ms to 200 ms each (≤ 0.6 s for all four).
@@ -148,11 +156,29 @@ impl Connector {
                     .collect::<Result<Vec<_>, _>>()?;
                 let timeouts = (config.connect_timeout, config.response_timeout);
                 Ok(Connector::Cluster {
-                    client: cluster_client(infos.clone(), timeouts)?,
+                    client: cluster_client(infos.clone(), timeouts, STREAM_RETRIES)?,
+                    retries: STREAM_RETRIES,
                     infos,
                     timeouts,
                 })
             }
+        }
+    }
+
+    /// This connector without the cluster client's own retries: a request-path script whose
+    /// reply was lost may have run, and sending it again (a quota take, a hit, a limit charge)
+    /// would run it twice; the caller gets the first error (its outcome unknown) instead.
+    pub fn without_retries(self) -> Result<Connector, RedisError> {
+        match self {
+            Connector::Cluster {
+                infos, timeouts, ..
+            } => Ok(Connector::Cluster {
+                client: cluster_client(infos.clone(), timeouts, 0)?,
+                retries: 0,
+                infos,
+                timeouts,
+            }),
+            single => Ok(single),
         }
     }
 
@@ -175,7 +201,10 @@ impl Connector {
     /// (it accepts connections, never answers) would hold it for the connect timeout.
     pub async fn connect_via(&self, seeds: &[usize]) -> RedisResult<Conn> {
         let Connector::Cluster {
-            infos, timeouts, ..
+            infos,
+            timeouts,
+            retries,
+            ..
         } = self
         else {
             return self.connect().await;
@@ -187,7 +216,7 @@ impl Connector {
         if some.is_empty() {
             return self.connect().await;
         }
-        let client = cluster_client(some, *timeouts)?;
+        let client = cluster_client(some, *timeouts, *retries)?;
         Ok(Conn::Cluster(client.get_async_connection().await?))
     }
 }

@@ -26,7 +26,8 @@ impl Link {
     /// A link for `config`; connects on first use.
     pub(crate) fn new(config: &RedisConfig) -> Result<Link, RequestError> {
         Ok(Link {
-            connector: Connector::new(config)?,
+            // No retry that could run a script twice: its outcome is reported unknown instead.
+            connector: Connector::new(config)?.without_retries()?,
             conn: Mutex::new(None),
             connecting: tokio::sync::Mutex::new(()),
             prefix: config.state_prefix.clone(),
