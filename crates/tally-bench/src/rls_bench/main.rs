@@ -18,7 +18,9 @@
 //!    random of 10,000): requests/s, p50/p99, and the filter's cost as ratios.
 //!
 //! With `--tls`, only the cost of TLS on the RLS port instead: a plain and a TLS `tally serve`
-//! side by side at the fixed offered rate, in alternating rounds ([`tls`]).
+//! side by side at the fixed offered rate, in alternating rounds ([`compare`]). With
+//! `--durability`, the cost of waiting for a replica the same way (a redis-server with one
+//! replica; one server with `[request.durability] replicas = 1`).
 
 #[path = "../alloc_switch.rs"]
 mod alloc_switch;
@@ -28,12 +30,12 @@ mod envoy;
 mod h2conn;
 mod pacing;
 // The stream bench's /proc readers (this binary uses one of them).
+mod compare;
 #[allow(dead_code)]
 #[path = "../proc_stats.rs"]
 mod proc_stats;
 mod server_time;
 mod stats;
-mod tls;
 
 use std::io::{BufRead as _, Write as _};
 use std::path::{Path, PathBuf};
@@ -90,6 +92,10 @@ struct Cli {
     /// Only the TLS comparison: plain and TLS RLS ports at `--rate`, alternating rounds.
     #[arg(long)]
     tls: bool,
+    /// Only the durability comparison: answering once the primary has a write vs once a
+    /// replica has it (`WAIT 1`), at `--rate`, alternating rounds.
+    #[arg(long)]
+    durability: bool,
     /// Rounds of the TLS comparison (each: a phase plain, a phase TLS).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -127,6 +133,9 @@ enum Role {
         /// `[rls.tls]`: certificate and key files.
         #[arg(long, num_args = 2)]
         tls: Option<Vec<PathBuf>>,
+        /// `[request.durability] replicas`.
+        #[arg(long, default_value_t = 0)]
+        wait_replicas: u32,
     },
 }
 
@@ -145,9 +154,10 @@ fn main() -> anyhow::Result<()> {
         limits,
         batch,
         tls,
+        wait_replicas,
     }) = cli.role
     {
-        return serve(redis, http, rls, &limits, (batch, tls));
+        return serve(redis, http, rls, &limits, (batch, tls, wait_replicas));
     }
     let phase = Duration::from_secs(if cli.quick { 1 } else { 5 });
     let redis = LocalRedis::start(&[])?;
@@ -160,10 +170,16 @@ fn main() -> anyhow::Result<()> {
             "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {{name: per_user, unit: hour, requests_per_unit: {LIMIT}}}\n"
         ),
     )?;
-    if cli.tls {
-        return tls_only(&cli, &redis, &limits, &dir, phase);
+    if cli.tls || cli.durability {
+        return compare_only(&cli, &redis, &limits, &dir, phase);
     }
-    let server = Server::start(&redis, &limits, &dir, cli.server_workers, (cli.batch, None))?;
+    let server = Server::start(
+        &redis,
+        &limits,
+        &dir,
+        cli.server_workers,
+        (cli.batch, None, 0),
+    )?;
     println!("# tally RLS benchmark (issue 26)\n");
     println!(
         "{} cores, load average at start {}; phases of {phase:?}; {} callers over {} gRPC channels; offered rate {}/s, {} arrivals; server workers {}; client workers {}; batch {}; allocator {}\n",
@@ -219,8 +235,8 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--tls`: two servers, plain and TLS, compared ([`tls`]).
-fn tls_only(
+/// `--tls` or `--durability`: two servers compared ([`compare`]).
+fn compare_only(
     cli: &Cli,
     redis: &LocalRedis,
     limits: &Path,
@@ -229,15 +245,36 @@ fn tls_only(
 ) -> anyhow::Result<()> {
     let pki = tally_testkit::certs::Pki::create(dir, "bench")?;
     let files = [pki.server.cert.clone(), pki.server.key.clone()];
-    let plain = Server::start(redis, limits, dir, cli.server_workers, (cli.batch, None))?;
-    let tls = Server::start(
-        redis,
-        limits,
-        dir,
-        cli.server_workers,
-        (cli.batch, Some(&files)),
-    )?;
-    println!("# tally RLS benchmark: TLS on the RLS port\n");
+    let workers = cli.server_workers;
+    // --durability: a replica of the redis-server, kept for the run.
+    let mut _replica = None;
+    let (title, a, b, ca) = if cli.durability {
+        let port = free_port()?;
+        let primary = redis.url();
+        let primary_port = primary.rsplit(':').next().unwrap_or_default();
+        _replica = Some(LocalRedis::start_on(
+            port,
+            &["--replicaof", "127.0.0.1", primary_port],
+        )?);
+        let a = Server::start(redis, limits, dir, workers, (cli.batch, None, 0))?;
+        let b = Server::start(redis, limits, dir, workers, (cli.batch, None, 1))?;
+        (
+            "Waiting for a replica (request durability)",
+            (a, "primary only"),
+            (b, "WAIT 1 replica"),
+            None,
+        )
+    } else {
+        let a = Server::start(redis, limits, dir, workers, (cli.batch, None, 0))?;
+        let b = Server::start(redis, limits, dir, workers, (cli.batch, Some(&files), 0))?;
+        (
+            "TLS on the RLS port",
+            (a, "plain h2c"),
+            (b, "TLS 1.3 (rustls)"),
+            Some(pki.ca.as_path()),
+        )
+    };
+    println!("# tally RLS benchmark: {title}\n");
     println!(
         "{} cores, load average at start {}; phases of {phase:?}; 40 callers over {} connections per server (lean client); offered rate {}/s; {} rounds; allocator {}\n",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
@@ -250,10 +287,18 @@ fn tls_only(
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    runtime.block_on(tls::run(&tls::Setup {
-        plain: &plain,
-        tls: &tls,
-        ca: &pki.ca,
+    runtime.block_on(compare::run(&compare::Setup {
+        title,
+        a: compare::Side {
+            label: a.1,
+            server: &a.0,
+            ca: None,
+        },
+        b: compare::Side {
+            label: b.1,
+            server: &b.0,
+            ca,
+        },
         channels: cli.channels,
         rate: cli.rate,
         phase,
@@ -287,7 +332,7 @@ impl Server {
         limits: &Path,
         dir: &Path,
         workers: Option<usize>,
-        (batch, tls): (Option<(usize, usize)>, Option<&[PathBuf; 2]>),
+        (batch, tls, wait_replicas): (Option<(usize, usize)>, Option<&[PathBuf; 2]>, u32),
     ) -> anyhow::Result<Server> {
         let (http, rls) = (free_port()?, free_port()?);
         let mut command = Command::new(std::env::current_exe()?);
@@ -305,6 +350,7 @@ impl Server {
         if let Some([cert, key]) = tls {
             command.arg("--tls").arg(cert).arg(key);
         }
+        command.args(["--wait-replicas", &wait_replicas.to_string()]);
         let log = dir.join(format!("serve-{rls}.log"));
         let child = command
             .env("TALLY_LOG", "warn")
@@ -428,7 +474,7 @@ fn serve(
     http: u16,
     rls: u16,
     limits: &Path,
-    (batch, tls): (Option<(usize, usize)>, Option<Vec<PathBuf>>),
+    (batch, tls, wait_replicas): (Option<(usize, usize)>, Option<Vec<PathBuf>>, u32),
 ) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
@@ -440,6 +486,7 @@ fn serve(
     config.http.max_connections = 4096;
     config.rls.listen = format!("127.0.0.1:{rls}");
     config.rls.limits_file = Some(limits.to_path_buf());
+    config.request.durability.replicas = wait_replicas;
     if let Some([cert, key]) = tls.as_deref() {
         config.rls.tls.cert_file = Some(cert.clone());
         config.rls.tls.key_file = Some(key.clone());

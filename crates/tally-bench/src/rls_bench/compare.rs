@@ -1,8 +1,9 @@
-//! `--tls`: what TLS costs on the RLS port. Two `tally serve` children on one redis-server, one
-//! plain (h2c), one with `[rls.tls]` (a private CA's certificate, EC P-256), called at the same
-//! fixed offered rate by the lean client over `channels` shared connections each, in alternating
-//! rounds (plain, TLS, plain, TLS, …) so that drift on the machine falls on both: p50/p99 and the
-//! server's CPU per decision, and TLS ÷ plain of the medians over the rounds.
+//! Two `tally serve` children on one redis-server, side by side: `--tls` (one plain h2c, one with
+//! `[rls.tls]`: a private CA's EC P-256 certificate) and `--durability` (one answering once the
+//! primary has a write, one waiting for a replica: `[request.durability] replicas = 1`). Both are
+//! called at the same fixed offered rate by the lean client over `channels` shared connections
+//! each, in alternating rounds (A, B, A, B, …) so that drift on the machine falls on both:
+//! p50/p99 and the server's CPU per decision, and B ÷ A of the medians over the rounds.
 
 use std::time::Duration;
 
@@ -10,11 +11,18 @@ use super::direct::{self, Targets};
 use super::h2conn::{tls_connector, GrpcConn};
 use super::Server;
 
+/// One side: a label, its server, and (over TLS) the CA that signed its certificate.
+pub struct Side<'a> {
+    pub label: &'a str,
+    pub server: &'a Server,
+    pub ca: Option<&'a std::path::Path>,
+}
+
 pub struct Setup<'a> {
-    pub plain: &'a Server,
-    pub tls: &'a Server,
-    /// The CA that signed the TLS server's certificate.
-    pub ca: &'a std::path::Path,
+    /// What is compared (the section's title).
+    pub title: &'a str,
+    pub a: Side<'a>,
+    pub b: Side<'a>,
     pub channels: usize,
     pub rate: u64,
     pub phase: Duration,
@@ -22,23 +30,23 @@ pub struct Setup<'a> {
 }
 
 pub async fn run(s: &Setup<'_>) -> anyhow::Result<()> {
-    let connector = tls_connector(s.ca)?;
-    let mut plain_conns = Vec::new();
-    let mut tls_conns = Vec::new();
-    for _ in 0..s.channels.max(1) {
-        plain_conns.push(GrpcConn::shared_over(s.plain.rls, None).await?);
-        tls_conns.push(GrpcConn::shared_over(s.tls.rls, Some(&connector)).await?);
+    let mut conns = [Vec::new(), Vec::new()];
+    for (i, side) in [&s.a, &s.b].into_iter().enumerate() {
+        let tls = side.ca.map(tls_connector).transpose()?;
+        for _ in 0..s.channels.max(1) {
+            conns[i].push(GrpcConn::shared_over(side.server.rls, tls.as_ref()).await?);
+        }
     }
     let sides = [
-        ("plain h2c", s.plain, &plain_conns),
-        ("TLS 1.3 (rustls)", s.tls, &tls_conns),
+        (s.a.label, s.a.server, &conns[0]),
+        (s.b.label, s.b.server, &conns[1]),
     ];
     // Warm up both: connections, scripts, pools.
     for (_, server, conns) in sides {
         let t = targets(server);
         direct::lean_fixed_rate(server, &t, conns, s.rate, Duration::from_millis(500)).await;
     }
-    println!("## TLS on the RLS port: the same offered rate, plain and TLS, alternating\n");
+    println!("## {}: the same offered rate, alternating\n", s.title);
     println!("| round | port | offered | decisions/s | p50 ms | p99 ms | p99.9 ms | p99 from due ms | tally's own p99 ms | errors | server CPU-s per 100K decisions | server allocations per decision | server context switches per decision | Redis CPU-s per 100K | client CPU-s per 100K | cores busy (all three) |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     // Per side: (p99 ms, server CPU-s per 100K) of each round.
@@ -64,7 +72,9 @@ pub async fn run(s: &Setup<'_>) -> anyhow::Result<()> {
     };
     let (p99, cpu) = (|r: &(f64, f64)| r.0, |r: &(f64, f64)| r.1);
     println!(
-        "\nTLS ÷ plain, medians of {} rounds: p99 {:.2}× ({:.2} vs {:.2} ms), server CPU per decision {:.2}× ({:.2} vs {:.2} CPU-s per 100K)",
+        "\n{} ÷ {}, medians of {} rounds: p99 {:.2}× ({:.2} vs {:.2} ms), server CPU per decision {:.2}× ({:.2} vs {:.2} CPU-s per 100K)",
+        s.b.label,
+        s.a.label,
         s.rounds,
         median(1, p99) / median(0, p99).max(1e-9),
         median(1, p99),
