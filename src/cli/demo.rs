@@ -183,6 +183,7 @@ fn demo_limit() -> tally_counters::request::LimitPolicy {
         burst: Some(5),
         shadow: false,
         on_redis_error: tally_counters::request::FailureMode::Open,
+        durability: None,
     }
 }
 

@@ -185,9 +185,10 @@ impl RequestConfig {
         self.batch.validate()?;
         check_durability("request.durability", &self.durability)?;
         let own = self
-            .quotas
+            .limits
             .iter()
-            .map(|q| ("quotas", q.durability))
+            .map(|l| ("limits", l.durability))
+            .chain(self.quotas.iter().map(|q| ("quotas", q.durability)))
             .chain(self.once.iter().map(|o| ("once", o.durability)))
             .chain(self.unique.iter().map(|u| ("unique", u.durability)))
             .chain(self.pools.iter().map(|p| ("pools", p.durability)));

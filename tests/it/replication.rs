@@ -4,10 +4,11 @@
 //! at the primary's address (a new server there, a replica of it, then promoted) — tally running
 //! throughout.
 //!
-//! With `durability = { replicas = 1 }` a quota admits at most its size and `once` answers
-//! first once: what the replica did not get was answered 503 `not-replicated`, never admitted.
+//! With `durability = { replicas = 1 }` a quota admits at most its size, a fixed limit at most
+//! its limit, and `once` answers first once: what the replica did not get was answered 503 `not-replicated`, never admitted.
 //! Without it the test measures the loss the guide states: every admission made while the replica
-//! lagged is undone (the quota oversells by exactly those, `once` answers first twice). Fencing
+//! lagged is undone (the quota oversells and the limit over-admits by exactly those, `once`
+//! answers first twice). Fencing
 //! tokens (Redis `TIME`-based) stay larger after the failover, though the lock itself was lost.
 
 use std::process::Command;
@@ -101,6 +102,28 @@ impl Api {
         }
     }
 
+    /// Whether a decision of limit `policy` was admitted (200 `admitted: true`).
+    fn admitted(&self, policy: &str) -> bool {
+        let (status, body) = self.post(
+            "/v1/limit",
+            &format!(r#"{{"policy":"{policy}","subject":"s"}}"#),
+        );
+        match status {
+            200 | 429 => body["admitted"] == true,
+            503 => {
+                assert!(
+                    body["type"]
+                        .as_str()
+                        .unwrap_or("")
+                        .ends_with("/not-replicated"),
+                    "{body}"
+                );
+                false
+            }
+            _ => panic!("{status} {body}"),
+        }
+    }
+
     /// Whether `once` answered first (200 `ok: true`).
     fn first(&self, name: &str, subject: &str) -> bool {
         let (status, body) = self.post(
@@ -154,6 +177,17 @@ durability = {{ replicas = 1, timeout = "200ms" }}
 name = "loose"
 size = 10
 once_per_user = true
+[[request.limits]]
+name = "strict"
+algorithm = "fixed"
+limit = 10
+window = "1d"
+durability = {{ replicas = 1, timeout = "200ms" }}
+[[request.limits]]
+name = "lax"
+algorithm = "fixed"
+limit = 10
+window = "1d"
 [[request.once]]
 name = "bonus"
 window = "1d"
@@ -181,6 +215,11 @@ window = "1d"
     }
     assert!(api.first("bonus", "s1"));
     assert!(api.first("free", "s1"));
+    let (mut strict, mut lax) = (0, 0);
+    for _ in 0..5 {
+        strict += usize::from(api.admitted("strict"));
+        lax += usize::from(api.admitted("lax"));
+    }
 
     // The replica stops and its link is cut (the primary closes it, so nothing written from now
     // on reaches the replica, not even through a socket buffer): the primary acknowledges alone.
@@ -203,6 +242,13 @@ window = "1d"
         !api.first("bonus", "s2"),
         "an unreplicated once was answered first"
     );
+    for _ in 0..5 {
+        assert!(
+            !api.admitted("strict"),
+            "an unreplicated charge was admitted"
+        );
+        lax += usize::from(api.admitted("lax"));
+    }
     let free_first_before = api.first("free", "s2");
     assert!(free_first_before);
     let fence_before = api.fence().expect("the lock was free");
@@ -232,6 +278,18 @@ window = "1d"
             loose.push(user);
         }
     }
+    for _ in 0..15 {
+        strict += usize::from(api.admitted("strict"));
+        lax += usize::from(api.admitted("lax"));
+    }
+    assert_eq!(
+        strict, 10,
+        "a durable limit of 10 admitted {strict} across the failover"
+    );
+    assert_eq!(
+        lax, 15,
+        "the loss bound: the 5 admitted while the replica lagged"
+    );
     assert_eq!(
         flash.len(),
         10,

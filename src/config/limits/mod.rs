@@ -152,6 +152,7 @@ impl Rule {
             burst: None,
             shadow: false,
             on_redis_error: Default::default(),
+            durability: None,
         };
         policy.validate()?;
         Ok(Rule {
@@ -398,6 +399,7 @@ fn rule(path: &str, r: &RateLimitYaml, shadow: bool) -> Result<Rule, String> {
         burst: r.burst,
         shadow,
         on_redis_error: r.on_redis_error.unwrap_or_default(),
+        durability: None,
     };
     policy.validate()?;
     Ok(Rule {

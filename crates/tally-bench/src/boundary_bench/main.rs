@@ -182,6 +182,7 @@ async fn requests(url: &str, tasks: usize, end_ms: i64) -> anyhow::Result<Vec<Sa
         burst: None,
         shadow: false,
         on_redis_error: FailureMode::Closed,
+        durability: None,
     };
     let limiter = Arc::new(RateLimiter::new(client, vec![policy])?);
     let mut handles = Vec::new();

@@ -52,6 +52,7 @@ fn policy(name: &str, algorithm: Algorithm) -> LimitPolicy {
         burst: None,
         shadow: false,
         on_redis_error: FailureMode::Open,
+        durability: None,
     }
 }
 

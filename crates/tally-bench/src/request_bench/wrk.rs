@@ -52,6 +52,7 @@ pub async fn run(redis: &LocalRedis, connections: usize, phase: Duration) -> any
         burst: None,
         shadow: false,
         on_redis_error: FailureMode::Open,
+        durability: None,
     });
     config.request.quotas.push(tally::config::QuotaConfig {
         name: "bench".into(),

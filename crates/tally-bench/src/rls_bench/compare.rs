@@ -8,8 +8,12 @@
 use std::time::Duration;
 
 use super::direct::{self, Targets};
+use std::path::Path;
+
+use tally_testkit::local_redis::{free_port, LocalRedis};
+
 use super::h2conn::{tls_connector, GrpcConn};
-use super::Server;
+use super::{alloc_switch, loadavg, Cli, Server};
 
 /// One side: a label, its server, and (over TLS) the CA that signed its certificate.
 pub struct Side<'a> {
@@ -91,4 +95,77 @@ fn targets(server: &Server) -> Targets {
         rls: server.rls,
         http: server.http,
     }
+}
+
+/// `--tls` or `--durability`: two servers compared.
+pub(crate) fn only(
+    cli: &Cli,
+    redis: &LocalRedis,
+    limits: &Path,
+    dir: &Path,
+    phase: Duration,
+) -> anyhow::Result<()> {
+    let pki = tally_testkit::certs::Pki::create(dir, "bench")?;
+    let files = [pki.server.cert.clone(), pki.server.key.clone()];
+    let workers = cli.server_workers;
+    // --durability: a replica of the redis-server, kept for the run.
+    let mut _replica = None;
+    let (title, a, b, ca) = if cli.durability {
+        let port = free_port()?;
+        let primary = redis.url();
+        let primary_port = primary.rsplit(':').next().unwrap_or_default();
+        _replica = Some(LocalRedis::start_on(
+            port,
+            &["--replicaof", "127.0.0.1", primary_port],
+        )?);
+        let a = Server::start(redis, limits, dir, workers, (cli.batch, None, 0))?;
+        let b = Server::start(redis, limits, dir, workers, (cli.batch, None, 1))?;
+        (
+            "Waiting for a replica (request durability)",
+            (a, "primary only"),
+            (b, "WAIT 1 replica"),
+            None,
+        )
+    } else {
+        let a = Server::start(redis, limits, dir, workers, (cli.batch, None, 0))?;
+        let b = Server::start(redis, limits, dir, workers, (cli.batch, Some(&files), 0))?;
+        (
+            "TLS on the RLS port",
+            (a, "plain h2c"),
+            (b, "TLS 1.3 (rustls)"),
+            Some(pki.ca.as_path()),
+        )
+    };
+    println!("# tally RLS benchmark: {title}\n");
+    println!(
+        "{} cores, load average at start {}; phases of {phase:?}; 40 callers over {} connections per server (lean client); offered rate {}/s; {} rounds; allocator {}\n",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        loadavg(),
+        cli.channels,
+        cli.rate,
+        cli.rounds,
+        alloc_switch::name(),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(run(&Setup {
+        title,
+        a: Side {
+            label: a.1,
+            server: &a.0,
+            ca: None,
+        },
+        b: Side {
+            label: b.1,
+            server: &b.0,
+            ca,
+        },
+        channels: cli.channels,
+        rate: cli.rate,
+        phase,
+        rounds: cli.rounds.max(1),
+    }))?;
+    println!("\nload average at the end {}", loadavg());
+    Ok(())
 }

@@ -171,7 +171,7 @@ fn main() -> anyhow::Result<()> {
         ),
     )?;
     if cli.tls || cli.durability {
-        return compare_only(&cli, &redis, &limits, &dir, phase);
+        return compare::only(&cli, &redis, &limits, &dir, phase);
     }
     let server = Server::start(
         &redis,
@@ -235,85 +235,16 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--tls` or `--durability`: two servers compared ([`compare`]).
-fn compare_only(
-    cli: &Cli,
-    redis: &LocalRedis,
-    limits: &Path,
-    dir: &Path,
-    phase: Duration,
-) -> anyhow::Result<()> {
-    let pki = tally_testkit::certs::Pki::create(dir, "bench")?;
-    let files = [pki.server.cert.clone(), pki.server.key.clone()];
-    let workers = cli.server_workers;
-    // --durability: a replica of the redis-server, kept for the run.
-    let mut _replica = None;
-    let (title, a, b, ca) = if cli.durability {
-        let port = free_port()?;
-        let primary = redis.url();
-        let primary_port = primary.rsplit(':').next().unwrap_or_default();
-        _replica = Some(LocalRedis::start_on(
-            port,
-            &["--replicaof", "127.0.0.1", primary_port],
-        )?);
-        let a = Server::start(redis, limits, dir, workers, (cli.batch, None, 0))?;
-        let b = Server::start(redis, limits, dir, workers, (cli.batch, None, 1))?;
-        (
-            "Waiting for a replica (request durability)",
-            (a, "primary only"),
-            (b, "WAIT 1 replica"),
-            None,
-        )
-    } else {
-        let a = Server::start(redis, limits, dir, workers, (cli.batch, None, 0))?;
-        let b = Server::start(redis, limits, dir, workers, (cli.batch, Some(&files), 0))?;
-        (
-            "TLS on the RLS port",
-            (a, "plain h2c"),
-            (b, "TLS 1.3 (rustls)"),
-            Some(pki.ca.as_path()),
-        )
-    };
-    println!("# tally RLS benchmark: {title}\n");
-    println!(
-        "{} cores, load average at start {}; phases of {phase:?}; 40 callers over {} connections per server (lean client); offered rate {}/s; {} rounds; allocator {}\n",
-        std::thread::available_parallelism().map_or(0, |n| n.get()),
-        loadavg(),
-        cli.channels,
-        cli.rate,
-        cli.rounds,
-        alloc_switch::name(),
-    );
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(compare::run(&compare::Setup {
-        title,
-        a: compare::Side {
-            label: a.1,
-            server: &a.0,
-            ca: None,
-        },
-        b: compare::Side {
-            label: b.1,
-            server: &b.0,
-            ca,
-        },
-        channels: cli.channels,
-        rate: cli.rate,
-        phase,
-        rounds: cli.rounds.max(1),
-    }))?;
-    println!("\nload average at the end {}", loadavg());
-    Ok(())
-}
-
 /// The 1-, 5- and 15-minute load averages.
-fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
         .unwrap_or_default()
 }
+
+/// A server's `[request.batch]` (`max_calls`, `in_flight`), `[rls.tls]` certificate and key, and
+/// `[request.durability] replicas`.
+pub type Options<'a> = (Option<(usize, usize)>, Option<&'a [PathBuf; 2]>, u32);
 
 /// `tally serve` in a child process (this binary's `serve` role).
 pub struct Server {
@@ -332,7 +263,7 @@ impl Server {
         limits: &Path,
         dir: &Path,
         workers: Option<usize>,
-        (batch, tls, wait_replicas): (Option<(usize, usize)>, Option<&[PathBuf; 2]>, u32),
+        (batch, tls, wait_replicas): Options<'_>,
     ) -> anyhow::Result<Server> {
         let (http, rls) = (free_port()?, free_port()?);
         let mut command = Command::new(std::env::current_exe()?);
@@ -468,13 +399,16 @@ impl Drop for Server {
     }
 }
 
+/// [`Options`] as the `serve` role's command line gives them.
+type ServeOptions = (Option<(usize, usize)>, Option<Vec<PathBuf>>, u32);
+
 /// The `serve` role: the RLS and the HTTP request path with the same fixed-window policy.
 fn serve(
     redis: String,
     http: u16,
     rls: u16,
     limits: &Path,
-    (batch, tls, wait_replicas): (Option<(usize, usize)>, Option<Vec<PathBuf>>, u32),
+    (batch, tls, wait_replicas): ServeOptions,
 ) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
@@ -506,6 +440,7 @@ fn serve(
             burst: None,
             shadow: false,
             on_redis_error: tally_counters::request::FailureMode::Closed,
+            durability: None,
         });
     let model = tally::config::Model::compile(config)?;
     allocs::enable();

@@ -70,6 +70,11 @@ impl Client {
         }
     }
 
+    /// What this client's script calls wait for.
+    pub fn durability(&self) -> Durability {
+        self.durability
+    }
+
     /// After a script call that wrote: `WAIT` for the replicas `durability` asks for (on the
     /// connection the call used: WAIT covers every write made on it before).
     async fn confirm(&self) -> Result<(), RequestError> {

@@ -77,6 +77,10 @@ pub struct LimitPolicy {
     /// What to decide when Redis is unreachable.
     #[serde(default)]
     pub on_redis_error: FailureMode,
+    /// Replicas that must have this policy's charges before a decision is answered (else the
+    /// client's). A call naming several policies waits for the most any of them asks.
+    #[serde(default)]
+    pub durability: Option<super::Durability>,
 }
 
 /// Largest `limit` of a sliding log (its memory is one entry per admitted unit).

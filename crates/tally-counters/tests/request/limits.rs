@@ -19,6 +19,7 @@ pub fn policy(name: &str, algorithm: Algorithm, limit: u64, window_ms: u64) -> L
         burst: None,
         shadow: false,
         on_redis_error: FailureMode::Open,
+        durability: None,
     }
 }
 

@@ -312,6 +312,16 @@ pub async fn decide(
     for (a, key) in merged.iter().zip(&keys) {
         cmd.arg(a.policy.expiry_offset_ms(key));
     }
+    // The strictest durability of the policies (each its own, else the client's).
+    let durable = merged
+        .iter()
+        .map(|a| a.policy.durability.unwrap_or(client.durability()))
+        .max_by_key(|d| (d.replicas, d.timeout))
+        .unwrap_or(client.durability());
+    let client = match durable == client.durability() {
+        true => std::borrow::Cow::Borrowed(client),
+        false => std::borrow::Cow::Owned(client.durable(durable)),
+    };
     let reply: redis::Value = match client.run_batched(&LIMIT, keys, cmd).await {
         Ok(v) => v,
         Err(e) if e.is_unavailable() => {

@@ -78,6 +78,7 @@ fn a_limit_reply_is_parsed_by_shape() {
         burst: None,
         shadow: false,
         on_redis_error: Default::default(),
+        durability: None,
     };
     let denied = parsed.policies[1].verdict(&p);
     assert_eq!((denied.remaining, denied.retry_after_ms), (0, Some(250)));
