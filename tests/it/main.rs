@@ -46,6 +46,7 @@ mod rls_examples;
 mod rls_pause;
 mod rls_port;
 mod scripts;
+mod sentinel;
 mod signals;
 mod state_loss;
 mod status_page;

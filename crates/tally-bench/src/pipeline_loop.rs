@@ -82,7 +82,7 @@ pub fn new_aggregator(
     let model = tally::config::Model::compile(config.clone())?;
     let (decoder, counters) = tally::stream::aggregate::stages(&model);
     let layout = match config.redis.mode {
-        RedisMode::Standalone => Layout::standalone(),
+        RedisMode::Standalone | RedisMode::Sentinel => Layout::standalone(),
         RedisMode::Cluster => Layout::cluster(config.redis.cluster_shards),
     };
     let applied = vec![0; layout.shards() as usize];

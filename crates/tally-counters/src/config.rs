@@ -11,13 +11,18 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisConfig {
-    /// One server, or a Redis Cluster.
+    /// One server, a Redis Cluster, or a primary found through Redis Sentinel.
     pub mode: RedisMode,
     /// `redis://host:port/db`, or `rediss://` for TLS. Empty in the demo: a local server is started.
     /// In cluster mode, used as the seed node when `nodes` is empty.
     pub url: String,
     /// Cluster seed nodes (`redis://host:port` or `rediss://`); any reachable one is enough.
     pub nodes: Vec<String>,
+    /// Sentinel mode: the sentinels (`redis://host:26379`); any reachable one is enough. Each
+    /// new connection asks them for the primary, so a failover is followed on reconnect.
+    pub sentinels: Vec<String>,
+    /// Sentinel mode: the name the sentinels monitor the primary under.
+    pub master_name: String,
     /// Cluster mode: hash-tag groups per partition. Keys of one group share a slot, so each flush
     /// unit is atomic; groups are spread evenly over the slot space. Must not change once data exists.
     pub cluster_shards: u32,
@@ -53,6 +58,9 @@ pub enum RedisMode {
     Standalone,
     /// Redis Cluster: keys carry hash tags, requests follow MOVED/ASK.
     Cluster,
+    /// A primary and its replicas watched by Redis Sentinel: the primary is asked of the
+    /// sentinels on every new connection (keys as for a single server).
+    Sentinel,
 }
 
 /// One counter maintained from every event.
@@ -192,6 +200,8 @@ impl Default for RedisConfig {
             mode: RedisMode::Standalone,
             url: "redis://127.0.0.1:6379".into(),
             nodes: Vec::new(),
+            sentinels: Vec::new(),
+            master_name: String::new(),
             cluster_shards: 64,
             username: None,
             password: None,
@@ -270,6 +280,15 @@ impl RedisConfig {
             "nodes",
             "cluster mode needs at least one seed node",
         )?;
+        ensure(
+            self.mode != RedisMode::Sentinel
+                || (!self.sentinels.is_empty() && !self.master_name.is_empty()),
+            "sentinels",
+            "sentinel mode needs at least one sentinel and master_name",
+        )?;
+        for (i, url) in self.sentinels.iter().enumerate() {
+            check_url(&format!("sentinels[{i}]"), url, &["redis://"], "redis://")?;
+        }
         for (i, url) in self.nodes.iter().enumerate() {
             let schemes = ["redis://", "rediss://"];
             check_url(
@@ -303,10 +322,10 @@ impl RedisConfig {
             }
         }
         ensure(
-            !(self.mode == RedisMode::Cluster
+            !(self.mode != RedisMode::Standalone
                 && (self.tls_ca_file.is_some() || self.tls_cert_file.is_some())),
             "tls_ca_file",
-            "custom certificate files work in standalone mode; in cluster mode add the CA to the system trust store",
+            "custom certificate files work in standalone mode; in cluster and sentinel mode add the CA to the system trust store",
         )?;
         ensure(
             self.tls_cert_file.is_some() == self.tls_key_file.is_some(),

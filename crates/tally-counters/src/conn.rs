@@ -17,6 +17,8 @@ use crate::config::{RedisConfig, RedisMode};
 pub enum Connector {
     /// A single server.
     Single(Client, AsyncConnectionConfig),
+    /// The primary Redis Sentinel names (`redis.sentinels`, `redis.master_name`).
+    Sentinel(Sentinel),
     /// Redis Cluster seeded from a list of nodes.
     Cluster {
         /// Seeded from every node.
@@ -28,6 +30,15 @@ pub enum Connector {
         /// Connect and response timeouts, for a client seeded from some of them.
         timeouts: (Duration, Duration),
     },
+}
+
+/// A primary found through Redis Sentinel: asked of the sentinels on every connect.
+#[derive(Clone)]
+pub struct Sentinel {
+    client: std::sync::Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>,
+    config: AsyncConnectionConfig,
+    /// `redis.connect_timeout`.
+    timeout: Duration,
 }
 
 /// A live connection.
@@ -149,6 +160,28 @@ impl Connector {
                     .set_connection_timeout(Some(config.connect_timeout))
                     .set_response_timeout(Some(config.response_timeout)),
             )),
+            RedisMode::Sentinel => {
+                use redis::sentinel::{
+                    SentinelClient, SentinelNodeConnectionInfo, SentinelServerType,
+                };
+                // The primary's user and password (the sentinels take none here).
+                let node = connection_info("redis://127.0.0.1", config)?;
+                let node = SentinelNodeConnectionInfo::default()
+                    .set_redis_connection_info(node.redis_settings().clone());
+                let client = SentinelClient::build(
+                    config.sentinels.clone(),
+                    config.master_name.clone(),
+                    Some(node),
+                    SentinelServerType::Master,
+                )?;
+                Ok(Connector::Sentinel(Sentinel {
+                    client: std::sync::Arc::new(tokio::sync::Mutex::new(client)),
+                    config: AsyncConnectionConfig::new()
+                        .set_connection_timeout(Some(config.connect_timeout))
+                        .set_response_timeout(Some(config.response_timeout)),
+                    timeout: config.connect_timeout,
+                }))
+            }
             RedisMode::Cluster => {
                 let infos = seeds(config)
                     .iter()
@@ -190,6 +223,20 @@ impl Connector {
                     .get_multiplexed_async_connection_with_config(config)
                     .await?,
             )),
+            Connector::Sentinel(s) => {
+                let connect = async {
+                    let mut client = s.client.lock().await;
+                    client.get_async_connection_with_config(&s.config).await
+                };
+                // Asking the sentinels is bounded too.
+                match tokio::time::timeout(s.config_connect_timeout(), connect).await {
+                    Ok(conn) => Ok(Conn::Single(conn?)),
+                    Err(_) => Err(RedisError::from(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        "no primary from the sentinels in time",
+                    ))),
+                }
+            }
             Connector::Cluster { client, .. } => {
                 Ok(Conn::Cluster(client.get_async_connection().await?))
             }
@@ -218,6 +265,13 @@ impl Connector {
         }
         let client = cluster_client(some, *timeouts, *retries)?;
         Ok(Conn::Cluster(client.get_async_connection().await?))
+    }
+}
+
+impl Sentinel {
+    /// Twice the connect timeout: the sentinels' answer, then the primary's connection.
+    fn config_connect_timeout(&self) -> Duration {
+        self.timeout * 2
     }
 }
 

@@ -139,7 +139,7 @@ impl Sink {
                     RedisMode::Cluster => {
                         Some(topology::TopologyWatch::new(conn::seed_clients(config)?))
                     }
-                    RedisMode::Standalone => None,
+                    RedisMode::Standalone | RedisMode::Sentinel => None,
                 },
                 seeds: None,
             },

@@ -67,7 +67,9 @@ impl Layout {
     /// The layout of the configured deployment.
     pub fn for_config(redis: &crate::config::RedisConfig) -> Layout {
         match redis.mode {
-            crate::config::RedisMode::Standalone => Layout::standalone(),
+            crate::config::RedisMode::Standalone | crate::config::RedisMode::Sentinel => {
+                Layout::standalone()
+            }
             crate::config::RedisMode::Cluster => Layout::cluster(redis.cluster_shards),
         }
     }

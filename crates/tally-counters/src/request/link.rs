@@ -89,7 +89,13 @@ impl Link {
     }
 
     pub(crate) fn forget(&self, e: &redis::RedisError) {
-        if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        // READONLY: the server was a primary and is now a replica (a failover demoted it); a
+        // new connection finds the new primary (through Sentinel, or the same address).
+        if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_connection_refusal()
+            || e.code() == Some("READONLY")
+        {
             *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
     }
