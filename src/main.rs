@@ -140,13 +140,14 @@ impl Prepared {
             }
             Prepared::Top(args) => {
                 let token = args.token()?;
+                let tls = args.tls()?;
                 let urls = if args.urls.is_empty() {
                     vec!["http://127.0.0.1:9100".to_string()]
                 } else {
                     args.urls
                 };
                 let every = args.interval;
-                tokio::task::spawn_blocking(move || top::run(urls, token, every)).await?
+                tokio::task::spawn_blocking(move || top::run(urls, (token, tls), every)).await?
             }
             Prepared::Check(config) => {
                 print!("{}", config.to_toml());

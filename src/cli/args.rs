@@ -88,6 +88,41 @@ pub(crate) enum Command {
 
 impl TopArgs {
     /// The token: from `--token-file`, else from `TALLY_TOKEN`.
+    /// The TLS settings for https:// URLs, the files read now (a bad one is an error before
+    /// the screen is drawn).
+    pub(crate) fn tls(&self) -> anyhow::Result<ureq::tls::TlsConfig> {
+        use ureq::tls::{parse_pem, ClientCert, PemItem, RootCerts, TlsConfig};
+        let read = |flag: &str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| anyhow::anyhow!("{flag} {}: {e}", path.display()))
+        };
+        let certs = |flag: &str, path: &std::path::Path| -> anyhow::Result<Vec<_>> {
+            let pem = read(flag, path)?;
+            let certs: Vec<_> = parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(PemItem::Certificate(c)) => Some(c),
+                    _ => None,
+                })
+                .collect();
+            anyhow::ensure!(
+                !certs.is_empty(),
+                "{flag} {}: no PEM certificate",
+                path.display()
+            );
+            Ok(certs)
+        };
+        let mut tls = TlsConfig::builder();
+        if let Some(ca) = &self.ca_file {
+            tls = tls.root_certs(RootCerts::new_with_certs(&certs("--ca-file", ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&self.cert_file, &self.key_file) {
+            let chain = certs("--cert-file", cert)?;
+            let key = ureq::tls::PrivateKey::from_pem(&read("--key-file", key)?)
+                .map_err(|e| anyhow::anyhow!("--key-file {}: {e}", key.display()))?;
+            tls = tls.client_cert(Some(ClientCert::new_with_certs(&chain, key)));
+        }
+        Ok(tls.build())
+    }
+
     pub(crate) fn token(&self) -> anyhow::Result<Option<String>> {
         if let Some(path) = &self.token_file {
             let text = std::fs::read_to_string(path)
@@ -111,6 +146,17 @@ pub(crate) struct TopArgs {
     /// Time between two refreshes.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     pub(crate) interval: Duration,
+    /// https:// URLs: PEM file of the CA that signed the processes' certificates (`[http.tls]`);
+    /// default: the public web roots.
+    #[arg(long)]
+    pub(crate) ca_file: Option<std::path::PathBuf>,
+    /// https:// URLs with mutual TLS (`http.tls.client_ca_file`): this client's PEM certificate
+    /// (with `--key-file`).
+    #[arg(long, requires = "key_file")]
+    pub(crate) cert_file: Option<std::path::PathBuf>,
+    /// The PEM private key of `--cert-file`.
+    #[arg(long, requires = "cert_file")]
+    pub(crate) key_file: Option<std::path::PathBuf>,
 }
 
 /// `tally state [repair --partition P [--offset N]]`.

@@ -23,7 +23,11 @@ struct Instance {
 }
 
 /// Poll `urls` every `every` and draw them until the user quits.
-pub fn run(urls: Vec<String>, token: Option<String>, every: Duration) -> anyhow::Result<()> {
+pub fn run(
+    urls: Vec<String>,
+    (token, tls): (Option<String>, ureq::tls::TlsConfig),
+    every: Duration,
+) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let instances: Vec<Arc<Instance>> = urls
         .into_iter()
@@ -36,9 +40,10 @@ pub fn run(urls: Vec<String>, token: Option<String>, every: Duration) -> anyhow:
         .collect();
     for instance in &instances {
         let (instance, stop, token) = (instance.clone(), stop.clone(), token.clone());
+        let tls = tls.clone();
         std::thread::Builder::new()
             .name("tally-top".into())
-            .spawn(move || poll(&instance, token.as_deref(), every, &stop))?;
+            .spawn(move || poll(&instance, (token.as_deref(), tls), every, &stop))?;
     }
     let mut terminal = ratatui::init();
     let result = (|| -> anyhow::Result<()> {
@@ -62,8 +67,14 @@ pub fn run(urls: Vec<String>, token: Option<String>, every: Duration) -> anyhow:
 }
 
 /// Fetch `instance`'s status every `every` until `stop`.
-fn poll(instance: &Instance, token: Option<&str>, every: Duration, stop: &AtomicBool) {
+fn poll(
+    instance: &Instance,
+    (token, tls): (Option<&str>, ureq::tls::TlsConfig),
+    every: Duration,
+    stop: &AtomicBool,
+) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
+        .tls_config(tls)
         .http_status_as_error(false)
         .timeout_global(Some(Duration::from_secs(2)))
         .build()

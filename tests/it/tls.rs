@@ -360,3 +360,69 @@ fn envoy_calls_the_rls_over_mutual_tls_and_one_without_a_certificate_is_refused(
     // ...and tally is still serving (SIGHUP never stops it).
     assert!(tally.metric("tally_tls_reloads_total{port=\"rls\",result=\"ok\"}") >= Some(2.0));
 }
+
+fn tmux(socket: &str, args: &[&str]) -> std::process::Output {
+    Command::new("tmux")
+        .args(["-L", socket])
+        .args(args)
+        .output()
+        .expect("run tmux (scripts/setup.sh installs it)")
+}
+
+/// `tally top` reaches an HTTPS port with mutual TLS (`--ca-file`, `--cert-file`,
+/// `--key-file`): in tmux, it draws the process's status, not "unreachable".
+#[test]
+fn tally_top_reads_the_status_over_mutual_tls() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let dir = scratch("top");
+    let pki = Pki::create(&dir, "top").unwrap();
+    let served = Served::new(&dir, &pki);
+    let config = format!("[redis]\nurl = \"{}\"\n", redis.url());
+    let tally =
+        TallyProcess::start_command_with_http("serve", &config, "tls-top", &served.toml("1h"));
+    let port = tally.port;
+    assert!(
+        wait_until(Duration::from_secs(30), || curl(
+            port,
+            "/health/live",
+            &pki.ca,
+            Some(&pki)
+        )
+        .is_some()),
+        "{}",
+        tally.log()
+    );
+    let socket = format!("tally-top-tls-{}", std::process::id());
+    let command = format!(
+        "{} top --ca-file {} --cert-file {} --key-file {} https://127.0.0.1:{port}",
+        env!("CARGO_BIN_EXE_tally"),
+        pki.ca.display(),
+        pki.client.cert.display(),
+        pki.client.key.display()
+    );
+    let started = tmux(
+        &socket,
+        &[
+            "new-session",
+            "-d",
+            "-s",
+            "top",
+            "-x",
+            "160",
+            "-y",
+            "45",
+            &command,
+        ],
+    );
+    assert!(started.status.success(), "{started:?}");
+    let mut screen = String::new();
+    let drawn = wait_until(Duration::from_secs(20), || {
+        let shot = tmux(&socket, &["capture-pane", "-p", "-t", "top"]);
+        screen = String::from_utf8_lossy(&shot.stdout).into_owned();
+        screen.contains(&format!("https://127.0.0.1:{port}"))
+            && screen.contains("serve")
+            && screen.contains("ready")
+    });
+    tmux(&socket, &["kill-server"]);
+    assert!(drawn && !screen.contains("unreachable"), "{screen}");
+}
