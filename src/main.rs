@@ -32,7 +32,10 @@ pub(crate) fn config_error(e: tally::config::ConfigError) -> ExitCode {
     ExitCode::from(EXIT_CONFIG as u8)
 }
 
-/// Cancel `token` on SIGINT or SIGTERM. The handlers are installed before this returns, so a
+/// Set for `tally run` and `tally serve`: SIGHUP reloads instead of stopping.
+static DAEMON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Cancel `token` on SIGINT or SIGTERM (and SIGHUP, but for `run` and `serve`). The handlers are installed before this returns, so a
 /// signal that arrives while the command starts is a clean shutdown, not the default exit.
 /// SIGHUP never stops the process (its default would, without a final flush): it asks what is
 /// reloadable to reload (`log.level` here; the RLS limits file and the TLS certificate files
@@ -48,6 +51,15 @@ fn on_signals(token: CancellationToken) -> std::io::Result<()> {
                 _ = int.recv() => break,
                 _ = term.recv() => break,
                 _ = hup.recv() => {
+                    // A terminal hangup ends the other commands (`tally top` whose SSH session
+                    // closed), as SIGHUP's default would: a second to stop cleanly, then exit
+                    // 129 (a terminal library can spin on the dead terminal and never return).
+                    if !DAEMON.load(std::sync::atomic::Ordering::Relaxed) {
+                        tracing::info!("SIGHUP: the terminal hung up; stopping");
+                        token.cancel();
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        std::process::exit(129);
+                    }
                     tracing::info!("SIGHUP: reloading what is reloadable (log.level, the rls limits file, the tls certificate files); not stopping");
                     cli::logging::reload();
                 }
@@ -85,6 +97,7 @@ impl Prepared {
             Command::Run(c) => {
                 let model = c.model()?;
                 cli::logging::follow(&model.config, c.config.clone(), c.overrides());
+                DAEMON.store(true, std::sync::atomic::Ordering::Relaxed);
                 Prepared::Run(model, c.config.clone())
             }
             Command::Check(c) => Prepared::Check(c.load()?),
@@ -122,6 +135,7 @@ impl Prepared {
             Command::Serve(c) => {
                 let model = c.model()?;
                 cli::logging::follow(&model.config, c.config.clone(), c.overrides());
+                DAEMON.store(true, std::sync::atomic::Ordering::Relaxed);
                 Prepared::Serve(model)
             }
             Command::Top(args) => Prepared::Top(args),
@@ -147,7 +161,8 @@ impl Prepared {
                     args.urls
                 };
                 let every = args.interval;
-                tokio::task::spawn_blocking(move || top::run(urls, (token, tls), every)).await?
+                tokio::task::spawn_blocking(move || top::run(urls, (token, tls), every, shutdown))
+                    .await?
             }
             Prepared::Check(config) => {
                 print!("{}", config.to_toml());

@@ -27,6 +27,8 @@ pub fn run(
     urls: Vec<String>,
     (token, tls): (Option<String>, ureq::tls::TlsConfig),
     every: Duration,
+    // SIGTERM, SIGINT, or SIGHUP: the terminal went away (an SSH session closed).
+    shutdown: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     let instances: Vec<Arc<Instance>> = urls
@@ -48,6 +50,9 @@ pub fn run(
     let mut terminal = ratatui::init();
     let result = (|| -> anyhow::Result<()> {
         loop {
+            if shutdown.is_cancelled() {
+                return Ok(());
+            }
             terminal.draw(|f| draw(f, &instances))?;
             if event::poll(Duration::from_millis(250))? {
                 if let Event::Key(k) = event::read()? {

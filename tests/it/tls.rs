@@ -423,6 +423,19 @@ fn tally_top_reads_the_status_over_mutual_tls() {
             && screen.contains("serve")
             && screen.contains("ready")
     });
+    // Killing its terminal (an SSH session closing) sends SIGHUP: tally top must end, not spin.
     tmux(&socket, &["kill-server"]);
     assert!(drawn && !screen.contains("unreachable"), "{screen}");
+    let mine = pki.ca.display().to_string();
+    let running = || {
+        Command::new("pgrep")
+            .args(["-f", &mine])
+            .output()
+            .is_ok_and(|o| !o.stdout.is_empty())
+    };
+    let gone = wait_until(Duration::from_secs(10), || !running());
+    if !gone {
+        let _ = Command::new("pkill").args(["-9", "-f", &mine]).status();
+    }
+    assert!(gone, "tally top outlived its terminal");
 }
