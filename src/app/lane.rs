@@ -4,6 +4,7 @@
 //! own fences, so the exactly-once protocol is the same for one lane, several lanes, or several
 //! replicas.
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,7 +116,8 @@ impl Lane {
             sink.preflight().await?;
         }
         let (sink_tx, sink_rx) = mpsc::unbounded_channel();
-        let worker = lane_worker(shared, index, agg, decoder, sink_tx, flush)?;
+        let sink_link = (sink_tx, sink.connections());
+        let worker = lane_worker(shared, index, agg, decoder, sink_link, flush)?;
         let ctx = TallyContext::new(worker, shared.health.clone(), shared.shutdown.clone());
         let consumer: BaseConsumer<TallyContext> =
             lane_client_config(&config.kafka, shared.lanes, index)
@@ -189,7 +191,7 @@ fn lane_worker(
     index: usize,
     agg: Aggregator,
     decoder: Decoder,
-    sink_tx: mpsc::UnboundedSender<SinkRequest>,
+    (sink_tx, connections): (mpsc::UnboundedSender<SinkRequest>, Arc<AtomicU64>),
     flush: FlushConfig,
 ) -> anyhow::Result<Worker> {
     let config = &shared.model.config;
@@ -206,6 +208,7 @@ fn lane_worker(
             health: shared.health.clone(),
             init_timeout: config.redis.connect_timeout + config.redis.response_timeout,
             lane: index,
+            connections,
         },
     );
     if let Some(topic) = &config.decode.dead_letter_topic {

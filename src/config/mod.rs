@@ -9,6 +9,7 @@
 //! file order and then checks the counters, the one section whose rules span the others.
 
 use std::path::Path;
+use std::time::Duration;
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
@@ -92,6 +93,25 @@ pub struct RecoveryConfig {
     /// Redis holds no state for a partition that Kafka says tally counted before (Redis lost
     /// everything: restart without persistence, FLUSHALL, a new server).
     pub on_state_lost: OnStateLost,
+    /// How often the applied offsets of every owned partition are re-read and compared with
+    /// what tally knows landed (also after every reconnection to Redis): a failover to a replica
+    /// that lagged takes them back with the counts, and a partition without new events would
+    /// otherwise keep the hole until its next flush. A partition found behind is replayed from
+    /// Kafka at once.
+    #[serde(with = "humantime_serde")]
+    pub fence_check_interval: Duration,
+}
+
+impl RecoveryConfig {
+    /// A fence check interval between 100 ms and an hour.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate::ensure(
+            (Duration::from_millis(100)..=Duration::from_secs(3600))
+                .contains(&self.fence_check_interval),
+            "recovery.fence_check_interval",
+            "must be between 100ms and 1h",
+        )
+    }
 }
 
 /// Policy for a partition whose state Redis lost entirely.
@@ -128,6 +148,7 @@ impl Default for RecoveryConfig {
     fn default() -> Self {
         RecoveryConfig {
             on_state_lost: OnStateLost::Rebuild,
+            fence_check_interval: Duration::from_secs(10),
         }
     }
 }

@@ -44,6 +44,7 @@ impl Config {
         self.redis.validate()?;
         self.decode.validate()?;
         self.flush.validate()?;
+        self.recovery.validate()?;
         self.http.validate()?;
         self.request.validate()?;
         self.jobs.validate()?;

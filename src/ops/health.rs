@@ -22,6 +22,9 @@ pub struct Health {
     /// (e.g. `partition 3: fence missing`), each with the consumer lane that halted it. Not
     /// ready while any is listed.
     pub halted: parking_lot::Mutex<Vec<(usize, String)>>,
+    /// Partitions being replayed from Kafka because Redis took their applied offsets back (a
+    /// failover lost acknowledged writes), each with its lane: not ready until they caught up.
+    pub replaying: parking_lot::Mutex<Vec<(usize, String)>>,
     /// The process does not consume (`tally serve`): Kafka is not part of readiness.
     pub without_kafka: bool,
 }
@@ -33,6 +36,7 @@ impl Health {
             kafka: KafkaHealth::new(unreachable_after),
             redis: AtomicBool::new(false),
             halted: parking_lot::Mutex::new(Vec::new()),
+            replaying: parking_lot::Mutex::new(Vec::new()),
             without_kafka: false,
         }
     }
@@ -45,11 +49,19 @@ impl Health {
         }
     }
 
-    /// Ready = Kafka reachable, Redis usable, and no partition halted.
+    /// Ready = Kafka reachable, Redis usable, no partition halted or replaying a rollback.
     pub fn ready(&self) -> bool {
         (self.without_kafka || self.kafka.is_reachable())
             && self.redis.load(Ordering::Relaxed)
             && self.halted.lock().is_empty()
+            && self.replaying.lock().is_empty()
+    }
+
+    /// Replace what consumer lane `lane` reports as replaying after a rollback.
+    pub fn set_replaying(&self, lane: usize, replaying: impl IntoIterator<Item = String>) {
+        let mut list = self.replaying.lock();
+        list.retain(|(l, _)| *l != lane);
+        list.extend(replaying.into_iter().map(|r| (lane, r)));
     }
 
     /// Replace what consumer lane `lane` reports as halted (lanes own disjoint partitions).
@@ -81,6 +93,9 @@ impl Health {
         }
         for (_, halted) in self.halted.lock().iter() {
             let _ = writeln!(text, "halted: {halted}");
+        }
+        for (_, replaying) in self.replaying.lock().iter() {
+            let _ = writeln!(text, "replaying: {replaying}");
         }
         text
     }

@@ -45,6 +45,7 @@ mod rls_envoy_charge;
 mod rls_examples;
 mod rls_pause;
 mod rls_port;
+mod rollback;
 mod scripts;
 mod sentinel;
 mod signals;

@@ -11,7 +11,6 @@
 //! answers first twice). Fencing
 //! tokens (Redis `TIME`-based) stay larger after the failover, though the lock itself was lost.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -19,48 +18,7 @@ use tally_testkit::http::Client;
 use tally_testkit::local_redis::{free_port, LocalRedis};
 
 use crate::common::process::TallyProcess;
-
-fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Until `replica` (a port) reports its link to the primary up and caught up.
-fn wait_synced(primary: u16, replica: u16) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let info = cli(replica, &["INFO", "replication"]);
-        let offset = |info: &str, key: &str| {
-            info.lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.trim().parse::<i64>().ok())
-        };
-        let master = offset(
-            &cli(primary, &["INFO", "replication"]),
-            "master_repl_offset:",
-        );
-        if info.contains("master_link_status:up")
-            && master.is_some()
-            && offset(&info, "slave_repl_offset:") >= master
-        {
-            return;
-        }
-        assert!(Instant::now() < deadline, "replica never synced: {info}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn signal(pid: u32, sig: &str) {
-    assert!(Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .unwrap()
-        .success());
-}
+use crate::common::replica::{cut_replica, fail_over_with_lag, port_of, wait_synced};
 
 struct Api {
     client: Client,
@@ -159,7 +117,7 @@ impl Api {
 #[test]
 fn a_failover_with_lag_undoes_nothing_acknowledged_at_the_durability_level() {
     let mut primary = LocalRedis::start(&[]).unwrap();
-    let p: u16 = primary.url().rsplit(':').next().unwrap().parse().unwrap();
+    let p = port_of(&primary);
     let r_port = free_port().unwrap();
     let replica =
         LocalRedis::start_on(r_port, &["--replicaof", "127.0.0.1", &p.to_string()]).unwrap();
@@ -223,9 +181,7 @@ window = "1d"
 
     // The replica stops and its link is cut (the primary closes it, so nothing written from now
     // on reaches the replica, not even through a socket buffer): the primary acknowledges alone.
-    let replica_pid = replica.pid().unwrap();
-    signal(replica_pid, "-STOP");
-    cli(p, &["CLIENT", "KILL", "TYPE", "replica"]);
+    cut_replica(p, &replica);
     for i in 6..=10 {
         let user = format!("u{i}");
         let started = Instant::now();
@@ -255,16 +211,9 @@ window = "1d"
 
     // The primary dies; the replica (without the last writes) is promoted and served at the
     // primary's address.
-    signal(primary.pid().unwrap(), "-KILL");
-    primary.stop();
-    signal(replica_pid, "-CONT");
-    cli(r_port, &["REPLICAOF", "NO", "ONE"]);
-    let _new = LocalRedis::start_on(p, &["--replicaof", "127.0.0.1", &r_port.to_string()]).unwrap();
-    wait_synced(r_port, p);
-    cli(p, &["REPLICAOF", "NO", "ONE"]);
+    let _new = fail_over_with_lag(&mut primary, &replica);
     // The old replica follows the new primary, so the durable families have a replica again
     // (until then they answer not-replicated).
-    cli(r_port, &["REPLICAOF", "127.0.0.1", &p.to_string()]);
     wait_synced(p, r_port);
     api.wait_redis();
 

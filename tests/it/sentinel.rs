@@ -16,6 +16,7 @@ use tally_testkit::http::Client;
 use tally_testkit::local_redis::{free_port, LocalRedis};
 
 use crate::common::process::TallyProcess;
+use crate::common::replica::cli;
 
 struct Sentinels(Vec<Child>);
 
@@ -26,15 +27,6 @@ impl Drop for Sentinels {
             let _ = c.wait();
         }
     }
-}
-
-fn cli(port: u16, args: &[&str]) -> String {
-    let out = Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
-        .args(args)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The primary's port as the sentinels name it.

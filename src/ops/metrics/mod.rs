@@ -26,7 +26,7 @@ pub use consumer::{ConsumerMetrics, RebalanceKind};
 pub use decode::DecodeMetrics;
 pub use jobs::JobMetrics;
 pub use publish::PublishMetrics;
-pub use recovery::{HaltReason, RecoveryMetrics, ResetReason};
+pub use recovery::{HaltReason, RecoveryMetrics, ResetReason, Rollback};
 pub use redis::{RedisErrorKind, RedisMetrics};
 pub use request::{Outcome, Primitive, RequestMetrics};
 pub use rls::RlsMetrics;

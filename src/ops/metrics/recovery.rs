@@ -35,6 +35,20 @@ super::labels::labels!(
     }
 );
 
+super::labels::labels!(
+    /// What the fence check found in Redis instead of the applied offsets that landed
+    /// (`tally_state_rollbacks_total{found}`).
+    Rollback {
+        /// An older offset: Redis lost acknowledged writes (a failover to a replica that
+        /// lagged, a restore from an older copy).
+        Behind => "behind",
+        /// A newer offset: another process counted the partition.
+        Ahead => "ahead",
+        /// No offset, or not an offset: the state is gone or damaged.
+        Lost => "lost",
+    }
+);
+
 /// Partitions that could not simply resume where they stopped.
 #[derive(Clone)]
 pub struct RecoveryMetrics {
@@ -47,6 +61,9 @@ pub struct RecoveryMetrics {
     pub rebuild_remaining: IntGauge,
     /// Resume points outside the topic's retained range, by reason.
     pub offset_resets: IntCounterVec,
+    /// Partitions whose applied offsets in Redis differed from what landed, found by the
+    /// fence check, by what was found; each is replayed from Kafka.
+    pub state_rollbacks: IntCounterVec,
 }
 
 impl RecoveryMetrics {
@@ -74,9 +91,18 @@ impl RecoveryMetrics {
                 "Resume points outside the retained range of a partition, by reason: beyond_end, before_log_start, auto_reset.",
                 &["reason"],
             ),
+            state_rollbacks: counter_vec(
+                registry,
+                "tally_state_rollbacks_total",
+                "Partitions whose applied offsets in Redis differed from what tally had landed, found by the fence check (recovery.fence_check_interval, and after each reconnection), by what was found: behind (Redis lost acknowledged writes: a failover with replication lag, a restore), ahead (another writer), lost. Each is replayed from Kafka at once.",
+                &["found"],
+            ),
         };
         for r in HaltReason::ALL {
             m.partitions_halted.with_label_values(&[r.label()]);
+        }
+        for r in Rollback::ALL {
+            m.state_rollbacks.with_label_values(&[r.label()]);
         }
         for r in ResetReason::ALL {
             m.offset_resets.with_label_values(&[r.label()]);

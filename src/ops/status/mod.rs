@@ -34,6 +34,8 @@ struct Partition {
     end: Option<i64>,
     /// Why it is halted or waiting, if it is.
     halt: Option<Halt>,
+    /// Being replayed from Kafka up to this offset, after Redis took its applied offset back.
+    replaying_until: Option<i64>,
 }
 
 /// A halted (or waiting) partition.
@@ -188,6 +190,19 @@ impl Status {
             let p = parts.entry(partition).or_default();
             p.lane = lane;
             p.halt = Some(halt);
+        }
+    }
+
+    /// Replace what `lane` reports as replaying after a rollback: (partition, replayed up to).
+    pub fn set_replaying(&self, lane: usize, replaying: impl IntoIterator<Item = (i32, i64)>) {
+        let mut parts = self.stream.partitions.lock();
+        for p in parts.values_mut().filter(|p| p.lane == lane) {
+            p.replaying_until = None;
+        }
+        for (partition, until) in replaying {
+            let p = parts.entry(partition).or_default();
+            p.lane = lane;
+            p.replaying_until = Some(until);
         }
     }
 

@@ -99,6 +99,9 @@ pub struct PartitionView {
     pub idle: Option<bool>,
     /// Whether it is halted or waiting (see `halted`).
     pub halted: bool,
+    /// Redis took the partition's applied offset back (a failover lost acknowledged writes):
+    /// it is being replayed from Kafka up to this offset, and tally is not ready until then.
+    pub replaying_until: Option<i64>,
 }
 
 /// A halted partition.
@@ -239,6 +242,7 @@ impl Status {
                 watermark: mark.and_then(|m| m.0),
                 idle: mark.map(|m| m.1),
                 halted: p.halt.is_some(),
+                replaying_until: p.replaying_until,
             });
             if let Some(h) = &p.halt {
                 halted.push(HaltView {

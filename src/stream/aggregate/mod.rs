@@ -327,6 +327,24 @@ impl Aggregator {
         self.partitions.contains_key(&partition)
     }
 
+    /// The partitions tracked.
+    pub fn partitions(&self) -> impl Iterator<Item = i32> + '_ {
+        self.partitions.keys().copied()
+    }
+
+    /// The applied offset Redis must hold for each shard of `partition` while no flush is in
+    /// flight: the start of its oldest unit not yet sent.
+    pub fn expected_fences(&self, partition: i32) -> Option<Vec<i64>> {
+        let state = self.partitions.get(&partition)?;
+        Some(
+            state
+                .shards
+                .iter()
+                .map(|s| s.sealed.first().map_or(s.open.start, |u| u.start))
+                .collect(),
+        )
+    }
+
     /// Next offset expected for `partition`.
     pub fn position(&self, partition: i32) -> Option<i64> {
         self.partitions.get(&partition).map(|p| p.position)

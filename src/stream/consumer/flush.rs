@@ -10,10 +10,15 @@ use tokio::sync::mpsc;
 
 use crate::config::FlushConfig;
 use crate::stream::aggregate::Aggregator;
-use crate::stream::sink::{ApplyReply, FenceError, FenceState, FlushOutcome, Refusal, SinkRequest};
+use crate::stream::sink::{
+    ApplyReply, FenceError, FenceState, FlushOutcome, PartitionFences, Refusal, SinkRequest,
+};
 
 use super::policy::{FlushPolicy, Pending};
 use super::TallyContext;
+
+/// Where the sink's answer about fences arrives.
+pub(super) type FenceReply = std_mpsc::Receiver<Result<PartitionFences, FenceError>>;
 
 /// A flush sent to the sink and not yet answered.
 struct InFlight {
@@ -244,6 +249,30 @@ impl Flusher {
         }
         self.paused = paused;
         true
+    }
+
+    /// No flush is in flight: every unit sent has landed (or was refused and resynchronised).
+    pub(super) fn idle(&self) -> bool {
+        self.in_flight.is_none()
+    }
+
+    /// Ask the sink for the fences of `partitions` without waiting for the answer (None: the
+    /// sink has stopped). Requests are served in order, so the answer reflects Redis before any
+    /// flush sent after this call.
+    pub(super) fn read_fences(
+        &self,
+        partitions: Vec<(i32, i64)>,
+        timeout: Duration,
+    ) -> Option<FenceReply> {
+        let (tx, rx) = std_mpsc::channel();
+        self.sink
+            .send(SinkRequest::InitFences {
+                partitions,
+                deadline: Instant::now() + timeout,
+                reply: tx,
+            })
+            .ok()?;
+        Some(rx)
     }
 
     /// Ask the sink for the fences of `partitions` (creating those Redis has no state for at

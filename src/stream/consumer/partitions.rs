@@ -3,6 +3,7 @@
 //! rebuilt, which are being revoked.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,9 @@ pub struct StateAccess {
     pub init_timeout: Duration,
     /// Which consumer lane of the process this is (0 for the first).
     pub lane: usize,
+    /// Connections the lane's sink has made (`Sink::connections`): the fences are re-read
+    /// after each new one.
+    pub connections: Arc<AtomicU64>,
 }
 
 /// What Kafka holds for a partition, for [`recovery::decide`].
@@ -84,6 +88,9 @@ struct Rebuild {
     from: i64,
     /// When it began, for the rate and the estimate of what is left.
     started: Instant,
+    /// A replay after Redis took the applied offset back (not a loss of the whole state):
+    /// readiness waits for it.
+    rollback: bool,
 }
 
 /// The partitions' states besides counting: parked, rebuilding, being revoked.
@@ -154,7 +161,12 @@ impl PartitionStates {
                     "redis lost tally's state for this partition; recounting it from the earliest retained offset (windows whose events are no longer retained stay undercounted)"
                 );
                 let started = Instant::now();
-                let rebuild = Rebuild { end, from, started };
+                let rebuild = Rebuild {
+                    end,
+                    from,
+                    started,
+                    rollback: false,
+                };
                 self.rebuilding.insert(partition, rebuild);
             }
             Origin::New => {
@@ -189,7 +201,7 @@ impl PartitionStates {
 
     /// Stop counting `partition` until it can be opened again (the caller pauses it).
     pub(super) fn park(&mut self, partition: i32, halt: Halt, gauges: &mut LaneGauges) {
-        self.rebuilding.remove(&partition);
+        self.forget_rebuild(partition);
         if self.parked.get(&partition) == Some(&halt) {
             return;
         }
@@ -213,7 +225,51 @@ impl PartitionStates {
     /// Forget everything about a revoked partition.
     pub(super) fn revoked(&mut self, partition: i32, gauges: &mut LaneGauges) {
         self.unpark(partition, gauges);
-        self.rebuilding.remove(&partition);
+        self.forget_rebuild(partition);
+    }
+
+    /// `partition` reopened behind what had landed (Redis took its applied offset back): it
+    /// is replayed from `from` and not ready until its position reaches `until`.
+    pub(super) fn replaying(&mut self, partition: i32, from: i64, until: i64) {
+        let until = match self.rebuilding.get(&partition) {
+            Some(r) if r.rollback => r.end.max(until),
+            _ => until,
+        };
+        let started = Instant::now();
+        let replay = Rebuild {
+            end: until,
+            from,
+            started,
+            rollback: true,
+        };
+        self.rebuilding.insert(partition, replay);
+        self.publish_replays();
+    }
+
+    fn forget_rebuild(&mut self, partition: i32) {
+        if self
+            .rebuilding
+            .remove(&partition)
+            .is_some_and(|r| r.rollback)
+        {
+            self.publish_replays();
+        }
+    }
+
+    /// Readiness and the status list the partitions replaying a rollback.
+    fn publish_replays(&self) {
+        let replays = || self.rebuilding.iter().filter(|(_, r)| r.rollback);
+        self.access.health.set_replaying(
+            self.access.lane,
+            replays().map(|(p, r)| {
+                format!(
+                    "partition {p}: redis took its applied offset back (a failover lost acknowledged writes); replaying offsets {} to {} from kafka",
+                    r.from, r.end
+                )
+            }),
+        );
+        self.status
+            .set_replaying(self.access.lane, replays().map(|(&p, r)| (p, r.end)));
     }
 
     /// Readiness and the per-reason gauge follow the parked set.
@@ -275,6 +331,7 @@ impl PartitionStates {
         }
         let log = self.progress_log.allow().is_some();
         let mut total_remaining = 0;
+        let mut replayed = false;
         self.rebuilding.retain(|&p, rebuild| {
             let Some(position) = agg.position(p) else {
                 return true;
@@ -285,8 +342,14 @@ impl PartitionStates {
                     partition = p,
                     offsets = rebuild.end - rebuild.from,
                     seconds = rebuild.started.elapsed().as_secs_f64(),
-                    "rebuild read everything the topic held when it began"
+                    "{}",
+                    if rebuild.rollback {
+                        "replay after a rollback reached where the partition was"
+                    } else {
+                        "rebuild read everything the topic held when it began"
+                    }
                 );
+                replayed |= rebuild.rollback;
                 return false;
             }
             total_remaining += remaining;
@@ -296,6 +359,9 @@ impl PartitionStates {
             true
         });
         gauges.rebuild_remaining.set(total_remaining);
+        if replayed {
+            self.publish_replays();
+        }
     }
 }
 
@@ -316,5 +382,55 @@ impl Rebuild {
             eta_s = eta_s.round(),
             "rebuilding from the earliest retained offset"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RecoveryConfig;
+
+    #[test]
+    fn a_rollback_replay_holds_readiness_and_the_status_until_it_reaches_where_it_was() {
+        let health = Arc::new(Health::default());
+        let status = Arc::new(crate::ops::status::Status::default());
+        let metrics = Metrics::new(&[]);
+        let mut gauges = LaneGauges::new(&metrics);
+        let access = StateAccess {
+            start_from: StartFrom::Earliest,
+            recovery: RecoveryConfig::default(),
+            health: health.clone(),
+            init_timeout: Duration::from_secs(1),
+            lane: 0,
+            connections: Arc::default(),
+        };
+        let mut parts = PartitionStates::new(access, status.clone());
+        let mut agg = Aggregator::new(Vec::new(), 1, 100);
+        agg.assign(3, &[100]);
+        parts.replaying(3, 100, 250);
+        let listed = |h: &Health| h.describe().contains("replaying: partition 3");
+        assert!(listed(&health), "{}", health.describe());
+        let view = status.view(&health, true);
+        let until = |v: &crate::ops::status::view::StatusAnswer| {
+            v.stream
+                .as_ref()
+                .unwrap()
+                .partitions
+                .iter()
+                .find(|p| p.partition == 3)
+                .and_then(|p| p.replaying_until)
+        };
+        assert_eq!(until(&view), Some(250));
+
+        // Half way: still replaying.
+        agg.skip(3, 180);
+        parts.report_rebuilds(&agg, &mut gauges);
+        assert!(listed(&health));
+        // Where it was when the rollback was found: ready again as far as replays go.
+        agg.skip(3, 249);
+        parts.report_rebuilds(&agg, &mut gauges);
+        assert!(!listed(&health), "{}", health.describe());
+        assert!(health.replaying.lock().is_empty());
+        assert_eq!(until(&status.view(&health, true)), None);
     }
 }

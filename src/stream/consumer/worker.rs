@@ -17,6 +17,9 @@ use crate::stream::aggregate::{Added, Aggregator};
 use crate::stream::decode::{DecodeError, Decoder};
 use crate::stream::sink::{ApplyReply, SinkRequest};
 
+mod assign;
+mod rollback;
+
 use super::commit::Committer;
 use super::decode_tally::DecodeTally;
 use super::flush::{worst_refusals, Flusher, Landed, Wait};
@@ -49,6 +52,8 @@ pub struct Worker {
     topic: String,
     /// When counts were last published to `metrics`.
     last_publish: Instant,
+    /// Re-reads the fences, to replay what Redis took back (see [`rollback`]).
+    fences: rollback::FenceWatch,
 }
 
 impl Worker {
@@ -68,6 +73,10 @@ impl Worker {
             tally: DecodeTally::new(),
             flusher: Flusher::new(sink, &flush),
             commits: Committer::new(topic.clone(), metrics.consumer.committed_offset.clone()),
+            fences: rollback::FenceWatch::new(
+                state.recovery.fence_check_interval,
+                state.connections.clone(),
+            ),
             parts: PartitionStates::new(state, metrics.status.clone()),
             gauges: LaneGauges::new(&metrics),
             metrics,
@@ -133,6 +142,8 @@ impl Worker {
             self.complete(consumer, landed, CommitMode::Async);
         }
         self.commits.tick(consumer, &self.agg);
+        // Before a flush is started: a check starts only while none is in flight.
+        self.check_fences(consumer);
         if let Some(max_keys) = self.flusher.due(&self.agg) {
             self.start_flush(None, max_keys);
         }
@@ -401,99 +412,5 @@ impl Worker {
                 Err(halt) => self.park(Some(consumer), p, halt),
             }
         }
-    }
-
-    /// Partitions were assigned: each starts where Redis says (its offset is set in `tpl`), or
-    /// is parked. The caller pauses what is parked once the assignment takes effect.
-    pub(super) fn on_assign(
-        &mut self,
-        consumer: &BaseConsumer<TallyContext>,
-        tpl: &mut TopicPartitionList,
-    ) {
-        let parts = self.partitions_of(tpl);
-        if parts.is_empty() {
-            return;
-        }
-        for (p, result) in self.open_partitions(consumer, &parts) {
-            match result {
-                Ok(start) => {
-                    let lane = self.parts.lane();
-                    tracing::info!(partition = p, start, lane, "partition assigned");
-                    if let Err(e) = tpl.set_partition_offset(&self.topic, p, Offset::Offset(start))
-                    {
-                        tracing::error!(partition = p, error = %e, "cannot set start offset");
-                    }
-                    self.commits.assigned(p, start);
-                }
-                Err(halt) => self.park(None, p, halt),
-            }
-        }
-    }
-
-    /// Partitions are being revoked: flush and commit what they hold before they are released.
-    pub(super) fn on_revoke(
-        &mut self,
-        consumer: &BaseConsumer<TallyContext>,
-        tpl: &TopicPartitionList,
-    ) {
-        let parts = self.partitions_of(tpl);
-        self.parts.revoking(&parts);
-        let grace = self.flusher.grace();
-        self.drain(consumer, grace, CommitMode::Sync);
-        let (units, keys) = self.start_flush(Some(&parts), usize::MAX);
-        let landed = self.drain(consumer, grace, CommitMode::Sync);
-        tracing::info!(partitions = ?parts, units, keys, landed, "flushed partitions being revoked");
-        for &p in &parts {
-            self.agg.revoke(p);
-            self.commits.revoked(p);
-            self.parts.revoked(p, &mut self.gauges);
-            self.metrics.status.revoked(p);
-            let _ = self
-                .metrics
-                .consumer
-                .consumer_lag
-                .remove_label_values(&[&p.to_string()]);
-        }
-        self.parts.revoke_done();
-    }
-
-    /// After a rebalance error: stop counting the partitions of `tpl`.
-    pub(super) fn release(&mut self, tpl: &TopicPartitionList) {
-        for p in self.partitions_of(tpl) {
-            self.agg.revoke(p);
-        }
-    }
-
-    /// Pause what must not be read once an assignment takes effect: everything while
-    /// backpressure holds, and every parked partition.
-    pub(super) fn pause_assigned(
-        &self,
-        consumer: &BaseConsumer<TallyContext>,
-        tpl: &TopicPartitionList,
-    ) {
-        if self.flusher.paused() {
-            let _ = consumer.pause(tpl);
-        }
-        let mut parked = TopicPartitionList::new();
-        for p in self.parts.parked() {
-            parked.add_partition(&self.topic, p);
-        }
-        if parked.count() > 0 {
-            if let Err(e) = consumer.pause(&parked) {
-                tracing::warn!(error = %e, "cannot pause parked partitions");
-            }
-        }
-    }
-
-    /// The number of partitions assigned to this lane, for its gauge.
-    pub(super) fn set_assigned(&mut self, partitions: usize) {
-        self.gauges.assigned.set(partitions as i64);
-    }
-
-    fn partitions_of(&self, tpl: &TopicPartitionList) -> Vec<i32> {
-        tpl.elements_for_topic(&self.topic)
-            .iter()
-            .map(|e| e.partition())
-            .collect()
     }
 }

@@ -1,6 +1,9 @@
 //! The sink's connection side: the connection and how it is remade (through the seeds that
 //! answer during a cluster failover), and the write scripts loaded on every connection.
 
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
 use tally_counters::script::Script;
 
 use super::{conn, topology, AttemptError};
@@ -16,6 +19,9 @@ pub(super) struct Link {
     /// The seeds to connect through while following a failover: those that answered the
     /// watch (`None`: all). Taken when an attempt starts, as the watch is lent to it.
     pub(super) seeds: Option<Vec<usize>>,
+    /// Connections made so far: the worker re-reads its fences after each new one (Redis came
+    /// back, or the primary changed), as a failover can take them back.
+    pub(super) connections: Arc<AtomicU64>,
 }
 
 /// The write scripts (SCRIPT LOAD on connect, EVALSHA per call).

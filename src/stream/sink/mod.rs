@@ -35,6 +35,11 @@ use reply::UnitMeta;
 pub use reply::{FlushOutcome, Refusal, ReplyError};
 pub use script::{ApplyReply, FenceState};
 
+/// How often Redis is checked between requests.
+const PROBE_EVERY: Duration = Duration::from_secs(5);
+/// How often while it is unreachable.
+const PROBE_WHILE_DOWN: Duration = Duration::from_millis(500);
+
 /// Work for the sink task. Replies go over std channels so the consumer thread can wait
 /// with a timeout without a runtime.
 pub enum SinkRequest {
@@ -142,6 +147,7 @@ impl Sink {
                     RedisMode::Standalone | RedisMode::Sentinel => None,
                 },
                 seeds: None,
+                connections: Arc::default(),
             },
             scripts: Scripts {
                 apply: Script::new("apply", script::APPLY_LUA),
@@ -156,6 +162,11 @@ impl Sink {
             metrics,
             health,
         })
+    }
+
+    /// Counts the connections the sink makes (see [`Link`]'s `connections`).
+    pub fn connections(&self) -> Arc<std::sync::atomic::AtomicU64> {
+        self.link.connections.clone()
     }
 
     /// Check before anything is consumed that Redis will not evict tally's keys. An unreachable
@@ -175,17 +186,19 @@ impl Sink {
         abort: CancellationToken,
     ) {
         // Between requests, check Redis every few seconds so readiness and logs tell the truth
-        // even while nothing is flushed (e.g. no partitions yet).
-        let mut probe = tokio::time::interval(Duration::from_secs(5));
-        probe.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // even while nothing is flushed (e.g. no partitions yet); while it is down, twice a
+        // second, so a failover is followed (and the fences re-read) soon after the promotion.
+        let mut probe_at = tokio::time::Instant::now();
         loop {
             let request = tokio::select! {
                 request = requests.recv() => match request {
                     Some(request) => request,
                     None => break,
                 },
-                _ = probe.tick() => {
+                _ = tokio::time::sleep_until(probe_at) => {
                     self.probe().await;
+                    let up = self.health.redis.load(Ordering::Relaxed);
+                    probe_at = tokio::time::Instant::now() + if up { PROBE_EVERY } else { PROBE_WHILE_DOWN };
                     continue;
                 }
             };
@@ -352,6 +365,7 @@ impl Sink {
         self.check_eviction(&mut conn).await?;
         self.scripts.load(&mut conn).await?;
         self.health.redis.store(true, Ordering::Relaxed);
+        self.link.connections.fetch_add(1, Ordering::Relaxed);
         self.link.conn = Some(conn.clone());
         Ok(conn)
     }

@@ -6,6 +6,7 @@ pub mod dead_letters;
 pub mod kinds;
 pub mod lock_process;
 pub mod process;
+pub mod replica;
 pub mod stream;
 
 use std::collections::BTreeMap;
