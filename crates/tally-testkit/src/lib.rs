@@ -7,6 +7,8 @@
 //! - [`gen`]: a deterministic synthetic event generator (Zipf-distributed keys).
 //! - [`produce`]: a load producer and an in-process Kafka-protocol broker (librdkafka's mock
 //!   cluster).
+//! - [`proxy`]: a fault-injecting TCP proxy (delay, pause, blackhole, reset, refusal, a lost
+//!   reply) in front of Redis or a broker.
 //! - [`http`]: a blocking HTTP client for loopback servers (tally, Prometheus).
 //! - [`scrape`]: Prometheus' text format read into samples, one scrape of `/metrics`.
 //! - [`tansu`]: the tansu Kafka broker (SQLite storage, SASL/SCRAM) as a restartable child process.
@@ -19,6 +21,7 @@ pub mod gen;
 pub mod http;
 pub mod local_redis;
 pub mod produce;
+pub mod proxy;
 pub mod scrape;
 pub mod tansu;
 pub mod wait;
