@@ -48,6 +48,7 @@ mod rls_port;
 mod rollback;
 mod scripts;
 mod sentinel;
+mod sentinel_stream;
 mod signals;
 mod state_loss;
 mod status_page;

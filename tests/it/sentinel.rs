@@ -6,7 +6,6 @@
 //! `durability = { replicas = 1 }` no admission is lost: the quota's count in Redis is at least
 //! the admissions, and at most the admissions plus the takes that failed (which may have run).
 
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,34 +16,7 @@ use tally_testkit::local_redis::{free_port, LocalRedis};
 
 use crate::common::process::TallyProcess;
 use crate::common::replica::cli;
-
-struct Sentinels(Vec<Child>);
-
-impl Drop for Sentinels {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-/// The primary's port as the sentinels name it.
-fn primary_of(sentinel: u16) -> Option<u16> {
-    let out = cli(
-        sentinel,
-        &["SENTINEL", "get-master-addr-by-name", "mymaster"],
-    );
-    out.lines().nth(1)?.trim().parse().ok()
-}
-
-fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
+use crate::common::sentinel::{wait_until, Sentinels};
 
 #[test]
 fn quota_takes_follow_three_sentinel_failovers_and_lose_nothing_acknowledged() {
@@ -52,55 +24,10 @@ fn quota_takes_follow_three_sentinel_failovers_and_lose_nothing_acknowledged() {
     let p: u16 = primary.url().rsplit(':').next().unwrap().parse().unwrap();
     let r = free_port().unwrap();
     let _replica = LocalRedis::start_on(r, &["--replicaof", "127.0.0.1", &p.to_string()]).unwrap();
-    let dir = std::env::temp_dir().join(format!("tally-sentinel-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let ports: Vec<u16> = (0..3).map(|_| free_port().unwrap()).collect();
-    let mut children = Vec::new();
-    for port in &ports {
-        let conf = dir.join(format!("sentinel-{port}.conf"));
-        std::fs::write(
-            &conf,
-            format!(
-                "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {p} 2\nsentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 3000\n",
-                dir.display()
-            ),
-        )
-        .unwrap();
-        children.push(
-            Command::new("redis-server")
-                .arg(&conf)
-                .arg("--sentinel")
-                .stdout(Stdio::null())
-                .spawn()
-                .unwrap(),
-        );
-    }
-    let _sentinels = Sentinels(children);
-    // Every sentinel knows the replica and the other sentinels.
-    wait_until("sentinels ready", Duration::from_secs(30), || {
-        ports.iter().all(|s| {
-            let info = cli(*s, &["SENTINEL", "master", "mymaster"]);
-            let field = |name: &str| {
-                let lines: Vec<&str> = info.lines().collect();
-                lines
-                    .iter()
-                    .position(|l| *l == name)
-                    .and_then(|i| lines.get(i + 1))
-                    .and_then(|v| v.parse::<u32>().ok())
-            };
-            field("num-slaves") == Some(1) && field("num-other-sentinels") == Some(2)
-        })
-    });
-    let sentinels: Vec<String> = ports
-        .iter()
-        .map(|s| format!("\"redis://127.0.0.1:{s}\""))
-        .collect();
+    let sentinels = Sentinels::start(p, 1);
+    let ports = sentinels.ports.clone();
     let config = format!(
-        r#"[redis]
-mode = "sentinel"
-sentinels = [{}]
-master_name = "mymaster"
-connect_timeout = "1s"
+        r#"{}connect_timeout = "1s"
 response_timeout = "1s"
 [[request.quotas]]
 name = "seats"
@@ -110,7 +37,7 @@ durability = {{ replicas = 1, timeout = "500ms" }}
 name = "loose"
 size = 1000000
 "#,
-        sentinels.join(", ")
+        sentinels.redis_toml()
     );
     let tally = TallyProcess::start_command_with_http("serve", &config, "sentinel", "");
     let port = tally.port;
@@ -167,14 +94,14 @@ size = 1000000
     );
     let mut resumed = Vec::new();
     for round in 1..=3 {
-        let before = primary_of(ports[0]).unwrap();
+        let before = sentinels.primary().unwrap();
         let started = Instant::now();
         let out = cli(ports[0], &["SENTINEL", "FAILOVER", "mymaster"]);
         assert!(out.contains("OK"), "round {round}: {out}");
         wait_until(
             "the sentinels name a new primary",
             Duration::from_secs(30),
-            || primary_of(ports[0]).is_some_and(|now| now != before),
+            || sentinels.primary().is_some_and(|now| now != before),
         );
         let promoted = Instant::now();
         wait_until(
@@ -200,7 +127,7 @@ size = 1000000
             last_admit.lock().unwrap() - promoted,
         ));
         // The demoted primary follows the new one before the next round.
-        let new = primary_of(ports[0]).unwrap();
+        let new = sentinels.primary().unwrap();
         wait_until(
             "the old primary replicates again",
             Duration::from_secs(30),
@@ -213,7 +140,7 @@ size = 1000000
         admitted.load(Ordering::Relaxed),
         failed.load(Ordering::Relaxed),
     );
-    let now = primary_of(ports[0]).unwrap();
+    let now = sentinels.primary().unwrap();
     let taken: u64 = {
         let keys = cli(now, &["--scan", "--pattern", "*seats*"]);
         let key = keys.lines().next().expect("the quota's key").to_string();

@@ -28,7 +28,12 @@ impl LocalRedis {
 
     /// Like `start`, on a given port.
     pub fn start_on(port: u16, extra: &[&str]) -> std::io::Result<LocalRedis> {
-        let dir = std::env::temp_dir().join(format!("tally-redis-{}-{port}", std::process::id()));
+        // One directory per instance: a server started on the port of a stopped one (a failover
+        // test) must not lose its directory when the old instance is dropped.
+        static STARTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("tally-redis-{}-{port}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let mut args: Vec<String> = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
             .iter()

@@ -7,6 +7,7 @@ pub mod kinds;
 pub mod lock_process;
 pub mod process;
 pub mod replica;
+pub mod sentinel;
 pub mod stream;
 
 use std::collections::BTreeMap;
