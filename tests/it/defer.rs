@@ -119,3 +119,71 @@ async fn a_hit_that_timed_out_is_not_deferred_and_counts_once() {
     );
     assert!(slow.body.contains("idempotency_key"), "{}", slow.body);
 }
+
+/// A hit whose reply is lost after Redis ran it (the fault proxy swallows the reply and resets
+/// the connection): the client never retries the script and the hit is not deferred to Kafka
+/// either; the caller gets a 503 "outcome unknown" naming the lost connection, and Redis holds
+/// the hit exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hit_whose_reply_is_lost_runs_once_and_is_not_deferred() {
+    let mut h = Harness::new("defer-lost", 1);
+    let upstream: std::net::SocketAddr = h.redis.url()["redis://".len()..].parse().unwrap();
+    let proxy = tally_testkit::proxy::Proxy::start(upstream).unwrap();
+    let port = tally_testkit::local_redis::free_port().unwrap();
+    let mut config = h.config("g-defer-lost", hourly("dl"));
+    config.http.listen = format!("127.0.0.1:{port}");
+    config.redis.url = proxy.url("redis");
+    let running = h.start(config);
+    produce_batch(&mut h, 0, 20);
+    h.wait_applied("g-defer-lost", Duration::from_secs(60))
+        .await;
+
+    let hit = r#"{"counter":"flow","dimensions":{"app_id":"a9","device_id":"lost"},"on_redis_error":"defer"}"#;
+    let post =
+        move || tokio::task::spawn_blocking(move || http::post_json(port, "/v1/hit", hit).unwrap());
+    let first = post().await.unwrap();
+    assert_eq!(first.status, 200, "{}", first.body);
+    let mut ran = 1;
+    // The next reply from Redis on any connection is swallowed. The stream path shares the
+    // proxy (a probe's PING may take the fault instead): then the hit answered normally, and
+    // the fault is armed again.
+    let lost = loop {
+        proxy.drop_next_reply();
+        let answer = post().await.unwrap();
+        ran += 1;
+        if answer.status != 200 {
+            break answer;
+        }
+        assert!(ran < 6, "the lost reply never fell on a hit");
+    };
+    assert_eq!(lost.status, 503, "{}", lost.body);
+    assert!(lost.body.contains("outcome-unknown"), "{}", lost.body);
+    assert!(
+        lost.body.contains("connection to Redis was lost"),
+        "{}",
+        lost.body
+    );
+    // The next hit is answered on a new connection.
+    let after = post().await.unwrap();
+    assert_eq!(after.status, 200, "{}", after.body);
+    ran += 1;
+    // A marker after anything a hit may have put on the topic: once it is counted, the stream
+    // path has applied everything before it.
+    h.produce(0, br#"{"app_id":"marker","device_id":"m"}"#, None);
+    h.flush_producer();
+    wait_for("the marker counted", Duration::from_secs(60), || {
+        total(&h, "dl:marker:*") == 1
+    })
+    .await;
+    assert_eq!(
+        running.metrics.request.deferred.get(),
+        0,
+        "nothing deferred"
+    );
+    running.stop().await;
+    assert_eq!(
+        total(&h, "dl:a9:lost:*"),
+        ran,
+        "every hit that reached Redis counted once, the lost reply's included"
+    );
+}
