@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::common::{hourly, produce_batch, total, wait_for, Harness};
+use crate::common::{accuracy, hourly, produce_batch, total, wait_for, Harness};
 use tally_testkit::http;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -185,5 +185,14 @@ async fn a_hit_whose_reply_is_lost_runs_once_and_is_not_deferred() {
         total(&h, "dl:a9:lost:*"),
         ran,
         "every hit that reached Redis counted once, the lost reply's included"
+    );
+    accuracy(
+        "hit (on_redis_error = defer)",
+        "reply lost after the script ran (connection reset)",
+        "none",
+        format!("{ran} hits sent, {ran} counted, answered 503 outcome-unknown"),
+        format!("{ran}"),
+        0,
+        0,
     );
 }

@@ -164,6 +164,15 @@ fn crash_loop_with_sigkill_counts_exactly() {
     );
     assert!(kills >= 20);
     assert_eq!(mismatches, 0);
+    common::accuracy(
+        "stream counts",
+        "tally SIGKILL (crash loop)",
+        "none",
+        format!("{keys} keys, {mismatches} wrong ({kills} kills)"),
+        "every key",
+        0,
+        0,
+    );
 }
 
 #[test]

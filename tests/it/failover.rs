@@ -13,7 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::cluster::{config, finish, PARTITIONS};
+use crate::cluster::{config, finish, PARTITIONS, SHARDS};
 use crate::common::process::{BrokerProcess, TallyProcess};
 use crate::common::stream::Stream;
 use tally_testkit::local_redis::LocalCluster;
@@ -119,7 +119,8 @@ fn failover(
     (victim, replica): (u16, u16),
     stall: bool,
     t: &TallyProcess,
-) -> (Duration, Duration) {
+    stream: &EndToEnd,
+) -> (Duration, Duration, Duration) {
     let keys = applied_keys(victim);
     assert!(
         !keys.is_empty(),
@@ -139,11 +140,24 @@ fn failover(
     );
     let promoted = when(Duration::from_secs(30), || is_primary(&mut c))
         .unwrap_or_else(|| panic!("replica {replica} of {victim} was not promoted"));
+    let produced = (stream.high)();
     let base = values(&mut c, &keys).expect("the promoted primary answers");
     let resumed = when(Duration::from_secs(60), || {
         values(&mut c, &keys).is_some_and(|now| now.iter().zip(&base).any(|(n, b)| n > b))
     })
     .unwrap_or_else(|| panic!("no flush landed on {replica} within 60 s\n{}", t.log()));
+    let caught_up = when(Duration::from_secs(60), || {
+        (stream.applied)(&*cluster)
+            .iter()
+            .zip(&produced)
+            .all(|(a, p)| a >= p)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "what was produced before the promotion was not counted within 60 s\n{}",
+            t.log()
+        )
+    });
     if stall {
         unsafe { libc::kill(pid, libc::SIGCONT) };
     } else {
@@ -154,8 +168,21 @@ fn failover(
         when(Duration::from_secs(60), || is_synced_replica(victim)).is_some(),
         "{victim} did not rejoin as a replica"
     );
-    (promoted - killed, resumed - killed)
+    (
+        promoted - killed,
+        resumed - killed,
+        caught_up.max(resumed) - killed,
+    )
 }
+
+/// End to end: Kafka's end offsets (what was produced) and what Redis applied, per partition.
+struct EndToEnd<'a> {
+    high: Box<dyn Fn() -> Vec<i64> + 'a>,
+    applied: Box<Applied<'a>>,
+}
+
+/// What Redis applied per partition, read through the cluster.
+type Applied<'a> = dyn Fn(&LocalCluster) -> Vec<i64> + 'a;
 
 #[test]
 fn cluster_five_failovers_resume_within_a_second() {
@@ -181,7 +208,28 @@ fn cluster_five_failovers_resume_within_a_second() {
         "{}",
         t.log()
     );
+    let watermarks: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &broker.bootstrap)
+        .create()
+        .unwrap();
+    let end_to_end = EndToEnd {
+        high: Box::new(|| {
+            use rdkafka::consumer::Consumer;
+            (0..PARTITIONS)
+                .map(|p| {
+                    watermarks
+                        .fetch_watermarks(topic, p, Duration::from_secs(5))
+                        .unwrap()
+                        .1
+                })
+                .collect()
+        }),
+        applied: Box::new(|cluster| {
+            crate::common::cluster::applied(cluster, SHARDS, "g-five", topic, PARTITIONS)
+        }),
+    };
     let mut rounds = Vec::new();
+    let mut whole = Vec::new();
     for round in 0..5 {
         assert!(
             !producer.is_finished(),
@@ -189,12 +237,18 @@ fn cluster_five_failovers_resume_within_a_second() {
         );
         let (victim, replica) = victim(&cluster, round);
         let stall = round % 2 == 1 && std::env::var("TALLY_FAILOVER_KILL_ONLY").is_err();
-        let (promoted, resumed) = failover(&mut cluster, (victim, replica), stall, &t);
+        let (promoted, resumed, caught_up) =
+            failover(&mut cluster, (victim, replica), stall, &t, &end_to_end);
         let how = if stall { "stalled (SIGSTOP)" } else { "killed" };
         eprintln!(
-            "failover {round}: primary {victim} {how}, new primary reported after {promoted:?}, counting resumed {:?} later ({resumed:?} after the kill)",
-            resumed - promoted
+            "failover {round}: primary {victim} {how}, new primary reported after {promoted:?}, counting resumed {:?} later ({resumed:?} after the kill), everything produced before the promotion counted {:?} after it",
+            resumed - promoted,
+            caught_up - promoted
         );
+        whole.push(format!(
+            "{:.0} ms",
+            (caught_up - promoted).as_secs_f64() * 1000.0
+        ));
         rounds.push((promoted, resumed));
         // Kept after each round, so a round that fails later still leaves the log.
         if let Ok(path) = std::env::var("TALLY_FAILOVER_LOG") {
@@ -209,8 +263,9 @@ fn cluster_five_failovers_resume_within_a_second() {
         .map(|(p, r)| format!("{:.0} ms", (*r - *p).as_secs_f64() * 1000.0))
         .collect();
     eprintln!(
-        "five failovers: counting resumed after the new primary was reported: {}; {} events, {keys} keys compared, {mismatches} mismatches",
+        "five failovers: counting resumed after the new primary was reported: {}; everything produced before the promotion counted after: {}; {} events, {keys} keys compared, {mismatches} mismatches",
         after.join(", "),
+        whole.join(", "),
         stream.n
     );
     assert_eq!(mismatches, 0);

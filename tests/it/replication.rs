@@ -17,6 +17,7 @@ use serde_json::Value;
 use tally_testkit::http::Client;
 use tally_testkit::local_redis::{free_port, LocalRedis};
 
+use crate::common::accuracy;
 use crate::common::process::TallyProcess;
 use crate::common::replica::{cut_replica, fail_over_with_lag, port_of, wait_synced};
 
@@ -266,5 +267,55 @@ window = "1d"
     assert!(
         fence_after > fence_before,
         "fence {fence_after} after the failover, {fence_before} before"
+    );
+    let fault = "primary failover with replication lag";
+    let over = |n: usize| n as i64 - 10;
+    let (durable, none) = ("replicas = 1", "none");
+    accuracy(
+        "quota (size 10)",
+        fault,
+        durable,
+        format!("{} sold", flash.len()),
+        "10",
+        over(flash.len()),
+        0,
+    );
+    accuracy(
+        "quota (size 10)",
+        fault,
+        none,
+        format!("{} sold", loose.len()),
+        "10",
+        over(loose.len()),
+        5,
+    );
+    accuracy(
+        "limit, fixed (10/day)",
+        fault,
+        durable,
+        format!("{strict} admitted"),
+        "10",
+        over(strict),
+        0,
+    );
+    accuracy(
+        "limit, fixed (10/day)",
+        fault,
+        none,
+        format!("{lax} admitted"),
+        "10",
+        over(lax),
+        5,
+    );
+    accuracy("once", fault, durable, "first once", "first once", 0, 0);
+    accuracy("once", fault, none, "first twice", "first once", 1, 1);
+    accuracy(
+        "lock (fencing token)",
+        fault,
+        none,
+        "lease lost, second holder's token larger",
+        "tokens only grow",
+        0,
+        1,
     );
 }

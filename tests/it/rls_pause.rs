@@ -245,4 +245,13 @@ async fn redis_paused_ten_seconds_under_load_charges_no_abandoned_call() {
         "{summary}; charged {in_redis}, {} beyond the OK answers",
         in_redis - ok
     );
+    crate::common::accuracy(
+        "limit via the RLS (charges)",
+        "Redis paused 10 s (SIGSTOP) under 2,000 calls/s",
+        "none",
+        format!("{ok} OK answers, {in_redis} charged"),
+        format!("charged = OK answers (+ at most {bound} sent before the pause was noticed)"),
+        (in_redis - ok) as i64,
+        0,
+    );
 }

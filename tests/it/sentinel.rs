@@ -153,4 +153,13 @@ size = 1000000
         taken >= ok && taken <= ok + bad,
         "{taken} taken for {ok} admissions and {bad} failures"
     );
+    crate::common::accuracy(
+        "quota",
+        "3 Sentinel failovers (SENTINEL FAILOVER)",
+        "replicas = 1",
+        format!("{ok} admitted, {taken} taken in Redis, {bad} answered 503"),
+        "admitted <= taken <= admitted + 503s",
+        0,
+        0,
+    );
 }

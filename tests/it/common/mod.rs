@@ -315,3 +315,18 @@ pub fn produce_batch(h: &mut Harness, from: usize, n: usize) {
 pub fn total(h: &Harness, pattern: &str) -> i64 {
     h.dump(pattern).values().sum()
 }
+
+/// One cell of the accuracy table (`scripts/accuracy.py` collects these lines from the tests'
+/// output into docs/accuracy.md): what a primitive did under a fault, against its truth.
+/// `over`: admitted past the limit, or counted twice; `lost`: acknowledged, then gone.
+pub fn accuracy(
+    primitive: &str,
+    fault: &str,
+    durability: &str,
+    observed: impl std::fmt::Display,
+    truth: impl std::fmt::Display,
+    over: i64,
+    lost: i64,
+) {
+    println!("ACCURACY|{primitive}|{fault}|{durability}|{observed}|{truth}|{over}|{lost}");
+}
