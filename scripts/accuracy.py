@@ -21,7 +21,6 @@ TESTS = (
 COMMAND = ["cargo", "nextest", "run", "--no-capture", "--no-fail-fast", "-E", TESTS]
 # Cells no test measures yet: listed so the table shows its holes.
 NOT_MEASURED = [
-    ("pool", "primary failover with replication lag"),
     ("limit, sliding / token bucket / GCRA", "primary failover with replication lag"),
     ("lock", "primary failover with replication lag, replicas = 1"),
     ("every primitive", "connection resets (proxy), Redis paused"),

@@ -92,6 +92,30 @@ impl Api {
         status == 200 && body["ok"] == true
     }
 
+    /// The item pool `pool` gave `user` (200 `given`); None when refused (503
+    /// `not-replicated`) or empty.
+    fn claim(&self, pool: &str, user: &str) -> Option<String> {
+        let (status, body) = self.post(
+            "/v1/pool",
+            &format!(r#"{{"pool":"{pool}","user":"{user}"}}"#),
+        );
+        match status {
+            200 if body["outcome"] == "given" => body["item"].as_str().map(str::to_string),
+            200 => None,
+            503 => {
+                assert!(
+                    body["type"]
+                        .as_str()
+                        .unwrap_or("")
+                        .ends_with("/not-replicated"),
+                    "{body}"
+                );
+                None
+            }
+            _ => panic!("{status} {body}"),
+        }
+    }
+
     fn fence(&self) -> Option<u64> {
         let (status, body) = self.post("/v1/locks/nightly/acquire", r#"{"ttl_ms":120000}"#);
         assert_eq!(status, 200, "{body}");
@@ -147,6 +171,13 @@ name = "lax"
 algorithm = "fixed"
 limit = 10
 window = "1d"
+[[request.pools]]
+name = "codes"
+ttl = "1d"
+durability = {{ replicas = 1, timeout = "200ms" }}
+[[request.pools]]
+name = "lootbox"
+ttl = "1d"
 [[request.once]]
 name = "bonus"
 window = "1d"
@@ -174,6 +205,13 @@ window = "1d"
     }
     assert!(api.first("bonus", "s1"));
     assert!(api.first("free", "s1"));
+    // Each pool holds three items; alice gets one of each.
+    for pool in ["codes", "lootbox"] {
+        let fill = format!(r#"{{"pool":"{pool}","items":["c1","c2","c3"],"action":"fill"}}"#);
+        assert_eq!(api.post("/v1/pool", &fill).0, 200);
+    }
+    let mut codes = vec![api.claim("codes", "alice").expect("an item for alice")];
+    let mut lootbox = vec![api.claim("lootbox", "alice").expect("an item for alice")];
     let (mut strict, mut lax) = (0, 0);
     for _ in 0..5 {
         strict += usize::from(api.admitted("strict"));
@@ -206,6 +244,12 @@ window = "1d"
         );
         lax += usize::from(api.admitted("lax"));
     }
+    assert_eq!(
+        api.claim("codes", "bob"),
+        None,
+        "an unreplicated claim of a durable pool was given"
+    );
+    lootbox.push(api.claim("lootbox", "bob").expect("an item for bob"));
     let free_first_before = api.first("free", "s2");
     assert!(free_first_before);
     let fence_before = api.fence().expect("the lock was free");
@@ -227,6 +271,11 @@ window = "1d"
         if api.take("loose", &user) {
             loose.push(user);
         }
+    }
+    // Everyone claims until the pools are empty.
+    for user in ["bob", "carol", "dave", "erin"] {
+        codes.extend(api.claim("codes", user));
+        lootbox.extend(api.claim("lootbox", user));
     }
     for _ in 0..15 {
         strict += usize::from(api.admitted("strict"));
@@ -268,6 +317,25 @@ window = "1d"
         fence_after > fence_before,
         "fence {fence_after} after the failover, {fence_before} before"
     );
+    let twice = |given: &[String]| {
+        let mut distinct = given.to_vec();
+        distinct.sort();
+        distinct.dedup();
+        (given.len() - distinct.len()) as i64
+    };
+    assert_eq!(
+        twice(&codes),
+        0,
+        "a durable pool gave an item twice: {codes:?}"
+    );
+    assert_eq!(codes.len(), 3, "every item given once: {codes:?}");
+    // Without durability bob's item went back into the pool with the lost write, and was given
+    // again.
+    assert_eq!(
+        twice(&lootbox),
+        1,
+        "the loss bound: the item given while the replica lagged is given again: {lootbox:?}"
+    );
     let fault = "primary failover with replication lag";
     let over = |n: usize| n as i64 - 10;
     let (durable, none) = ("replicas = 1", "none");
@@ -308,6 +376,24 @@ window = "1d"
         5,
     );
     accuracy("once", fault, durable, "first once", "first once", 0, 0);
+    accuracy(
+        "pool (3 items)",
+        fault,
+        durable,
+        format!("{codes:?} given"),
+        "each item once",
+        twice(&codes),
+        0,
+    );
+    accuracy(
+        "pool (3 items)",
+        fault,
+        none,
+        format!("{lootbox:?} given"),
+        "each item once",
+        twice(&lootbox),
+        1,
+    );
     accuracy("once", fault, none, "first twice", "first once", 1, 1);
     accuracy(
         "lock (fencing token)",

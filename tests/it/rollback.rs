@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tally_testkit::local_redis::{free_port, LocalRedis};
 
 use crate::common::replica::{cut_replica, fail_over_with_lag, port_of, wait_synced};
-use crate::common::{hourly, produce_batch, total, Harness};
+use crate::common::{accuracy, hourly, produce_batch, total, Harness};
 
 /// Well past a check interval (10 s), the measured bound asserted below.
 const WAIT: Duration = Duration::from_secs(60);
@@ -105,6 +105,15 @@ async fn a_failover_with_lag_is_replayed_without_new_events_or_a_restart() {
         h.dump("rb:*"),
         truth,
         "every key as acknowledged before the failover"
+    );
+    accuracy(
+        "stream counts (no event after the failover)",
+        "primary failover with replication lag",
+        "none (replayed from Kafka)",
+        format!("{} keys exact {took:.1?} after the promotion", truth.len()),
+        "every key",
+        0,
+        0,
     );
     drop(replica);
     running.stop().await;
