@@ -238,39 +238,6 @@ impl Sink {
         }
     }
 
-    /// Connect (or PING the live connection) and report changes of reachability.
-    async fn probe(&mut self) {
-        let was_up = self.health.redis.load(Ordering::Relaxed);
-        self.probing.count += 1;
-        // Re-check the eviction policy every other probe: someone may change it at runtime.
-        let recheck = self.probing.count.is_multiple_of(2);
-        let result = match self.connection().await {
-            Ok(mut conn) if recheck => self.check_eviction(&mut conn).await,
-            Ok(mut conn) => conn
-                .query::<String>(&redis::cmd("PING"))
-                .await
-                .map(drop)
-                .map_err(AttemptError::from),
-            Err(e) => Err(e),
-        };
-        match result {
-            Ok(_) => {
-                if !was_up {
-                    tracing::info!("redis reachable");
-                }
-                self.health.redis.store(true, Ordering::Relaxed);
-            }
-            Err(e) => {
-                self.link.conn = None;
-                if was_up || !self.probing.reported_down {
-                    tracing::warn!(error = %e, "redis unreachable or unusable; retrying");
-                    self.probing.reported_down = true;
-                }
-                self.health.redis.store(false, Ordering::Relaxed);
-            }
-        }
-    }
-
     /// Account for a failed attempt and wait before the next; false when aborted.
     async fn recover(
         &mut self,
