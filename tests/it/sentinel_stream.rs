@@ -80,7 +80,6 @@ group_id = "{group}"
 response_timeout = "1s"
 [flush]
 interval = "50ms"
-max_keys_per_call = 25
 retry_initial = "20ms"
 retry_max = "300ms"
 shutdown_grace = "20s"
