@@ -28,6 +28,17 @@ pub struct RequestConfig {
     /// What every request-path write waits for before it is answered (`[request.durability]`):
     /// replicas that must have it. A quota, pool, once or unique family may set its own.
     pub durability: Durability,
+    /// Locks (`[request.locks]`).
+    pub locks: LocksConfig,
+}
+
+/// `[request.locks]`: settings every lock of the HTTP API and the CLI shares.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocksConfig {
+    /// What an acquire, extend or release waits for before it is answered (unset: the global
+    /// `[request.durability]`). A lease a failover can undo lets a second holder in.
+    pub durability: Option<Durability>,
 }
 
 /// `[request.batch]`: limit decisions that arrive while `in_flight` script calls are already
@@ -184,6 +195,9 @@ impl RequestConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.batch.validate()?;
         check_durability("request.durability", &self.durability)?;
+        if let Some(d) = &self.locks.durability {
+            check_durability("request.locks.durability", d)?;
+        }
         let own = self
             .limits
             .iter()

@@ -116,6 +116,27 @@ impl Api {
         }
     }
 
+    /// Acquire lock `name` for two minutes: Some(acquired) on 200, None on 503
+    /// `not-replicated`.
+    fn acquire(&self, name: &str) -> Option<bool> {
+        let (status, body) =
+            self.post(&format!("/v1/locks/{name}/acquire"), r#"{"ttl_ms":120000}"#);
+        match status {
+            200 => Some(body["acquired"] == true),
+            503 => {
+                assert!(
+                    body["type"]
+                        .as_str()
+                        .unwrap_or("")
+                        .ends_with("/not-replicated"),
+                    "{body}"
+                );
+                None
+            }
+            _ => panic!("{status} {body}"),
+        }
+    }
+
     fn fence(&self) -> Option<u64> {
         let (status, body) = self.post("/v1/locks/nightly/acquire", r#"{"ttl_ms":120000}"#);
         assert_eq!(status, 200, "{body}");
@@ -193,6 +214,18 @@ window = "1d"
         port: tally.port,
     };
     api.wait_redis();
+    // A second tally whose locks wait for a replica.
+    let locks_config = format!(
+        "[redis]\nurl = \"redis://127.0.0.1:{p}\"\nresponse_timeout = \"2s\"\n[request.locks]\ndurability = {{ replicas = 1, timeout = \"200ms\" }}\n[[request.once]]\nname = \"free\"\nwindow = \"1d\"\n"
+    );
+    let durable_locks =
+        TallyProcess::start_command_with_http("serve", &locks_config, "replication-locks", "");
+    let locks = Api {
+        client: Client::new(Duration::from_secs(10)),
+        port: durable_locks.port,
+    };
+    locks.wait_redis();
+    assert_eq!(locks.acquire("held"), Some(true), "{}", durable_locks.log());
 
     // Replication healthy: every take is confirmed.
     let (mut flash, mut loose) = (Vec::new(), Vec::new());
@@ -253,6 +286,11 @@ window = "1d"
     let free_first_before = api.first("free", "s2");
     assert!(free_first_before);
     let fence_before = api.fence().expect("the lock was free");
+    assert_eq!(
+        locks.acquire("fresh"),
+        None,
+        "an unreplicated acquire of a durable lock was granted"
+    );
 
     // The primary dies; the replica (without the last writes) is promoted and served at the
     // primary's address.
@@ -310,6 +348,17 @@ window = "1d"
     );
     // The lock acquired while the replica lagged is gone with the primary, so a second holder
     // gets it; its fencing token is still larger (Redis TIME), so a resource refuses the first.
+    locks.wait_redis();
+    assert_eq!(
+        locks.acquire("held"),
+        Some(false),
+        "a durable lease survives the failover: no second holder"
+    );
+    assert_eq!(
+        locks.acquire("fresh"),
+        Some(true),
+        "the refused acquire was never granted, and is free after the failover"
+    );
     let fence_after = api
         .fence()
         .expect("the lost lock is free on the new primary");
@@ -395,6 +444,15 @@ window = "1d"
         1,
     );
     accuracy("once", fault, none, "first twice", "first once", 1, 1);
+    accuracy(
+        "lock",
+        fault,
+        durable,
+        "lease held across the failover; the unreplicated acquire answered 503",
+        "one holder",
+        0,
+        0,
+    );
     accuracy(
         "lock (fencing token)",
         fault,

@@ -168,7 +168,9 @@ impl Primitives {
                     )
                 })
                 .collect(),
-            locks: tally_counters::lock::Locks::new(client.durable(r.durability)),
+            locks: tally_counters::lock::Locks::new(
+                client.durable(r.locks.durability.unwrap_or(r.durability)),
+            ),
             client,
             metrics,
             deferral: None,
