@@ -22,8 +22,9 @@ pub struct Health {
     /// (e.g. `partition 3: fence missing`), each with the consumer lane that halted it. Not
     /// ready while any is listed.
     pub halted: parking_lot::Mutex<Vec<(usize, String)>>,
-    /// Partitions being replayed from Kafka because Redis took their applied offsets back (a
-    /// failover lost acknowledged writes), each with its lane: not ready until they caught up.
+    /// Partitions being replayed from Kafka after they reopened behind where they were (Redis
+    /// took their applied offsets back, or refused a unit), each with its lane: not ready until
+    /// they caught up.
     pub replaying: parking_lot::Mutex<Vec<(usize, String)>>,
     /// The process does not consume (`tally serve`): Kafka is not part of readiness.
     pub without_kafka: bool,
@@ -57,18 +58,14 @@ impl Health {
             && self.replaying.lock().is_empty()
     }
 
-    /// Replace what consumer lane `lane` reports as replaying after a rollback.
+    /// Replace what consumer lane `lane` reports as replaying.
     pub fn set_replaying(&self, lane: usize, replaying: impl IntoIterator<Item = String>) {
-        let mut list = self.replaying.lock();
-        list.retain(|(l, _)| *l != lane);
-        list.extend(replaying.into_iter().map(|r| (lane, r)));
+        replace_lane(&self.replaying, lane, replaying);
     }
 
     /// Replace what consumer lane `lane` reports as halted (lanes own disjoint partitions).
     pub fn set_halted(&self, lane: usize, halted: impl IntoIterator<Item = String>) {
-        let mut list = self.halted.lock();
-        list.retain(|(l, _)| *l != lane);
-        list.extend(halted.into_iter().map(|h| (lane, h)));
+        replace_lane(&self.halted, lane, halted);
     }
 
     /// Every halted partition, as readiness lists it.
@@ -99,6 +96,17 @@ impl Health {
         }
         text
     }
+}
+
+/// Replace what consumer lane `lane` reports in `list` (lanes own disjoint partitions).
+fn replace_lane(
+    list: &parking_lot::Mutex<Vec<(usize, String)>>,
+    lane: usize,
+    items: impl IntoIterator<Item = String>,
+) {
+    let mut list = list.lock();
+    list.retain(|(l, _)| *l != lane);
+    list.extend(items.into_iter().map(|r| (lane, r)));
 }
 
 impl Default for Health {

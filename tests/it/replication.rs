@@ -38,49 +38,33 @@ impl Api {
         }
     }
 
-    /// Whether a take of `quota` by `user` was admitted (200 `admitted`); panics on an answer
-    /// that is neither an admission, a refusal nor `not-replicated`.
-    fn take(&self, quota: &str, user: &str) -> bool {
-        let (status, body) = self.post(
-            "/v1/quota",
-            &format!(r#"{{"quota":"{quota}","user":"{user}"}}"#),
-        );
+    /// The answer's body when its status is one of `ok`; None when it is 503 `not-replicated`
+    /// (fewer replicas than asked had the write in time); panics on any other answer.
+    fn answered(&self, path: &str, body: &str, ok: &[u16]) -> Option<Value> {
+        let (status, body) = self.post(path, body);
         match status {
-            200 => body["outcome"] == "admitted",
+            s if ok.contains(&s) => Some(body),
             503 => {
-                assert!(
-                    body["type"]
-                        .as_str()
-                        .unwrap_or("")
-                        .ends_with("/not-replicated"),
-                    "{body}"
-                );
-                false
+                let kind = body["type"].as_str().unwrap_or("");
+                assert!(kind.ends_with("/not-replicated"), "{body}");
+                None
             }
             _ => panic!("{status} {body}"),
         }
     }
 
+    /// Whether a take of `quota` by `user` was admitted (200 `admitted`).
+    fn take(&self, quota: &str, user: &str) -> bool {
+        let body = format!(r#"{{"quota":"{quota}","user":"{user}"}}"#);
+        self.answered("/v1/quota", &body, &[200])
+            .is_some_and(|b| b["outcome"] == "admitted")
+    }
+
     /// Whether a decision of limit `policy` was admitted (200 `admitted: true`).
     fn admitted(&self, policy: &str) -> bool {
-        let (status, body) = self.post(
-            "/v1/limit",
-            &format!(r#"{{"policy":"{policy}","subject":"s"}}"#),
-        );
-        match status {
-            200 | 429 => body["admitted"] == true,
-            503 => {
-                assert!(
-                    body["type"]
-                        .as_str()
-                        .unwrap_or("")
-                        .ends_with("/not-replicated"),
-                    "{body}"
-                );
-                false
-            }
-            _ => panic!("{status} {body}"),
-        }
+        let body = format!(r#"{{"policy":"{policy}","subject":"s"}}"#);
+        self.answered("/v1/limit", &body, &[200, 429])
+            .is_some_and(|b| b["admitted"] == true)
     }
 
     /// Whether `once` answered first (200 `ok: true`).
@@ -92,49 +76,18 @@ impl Api {
         status == 200 && body["ok"] == true
     }
 
-    /// The item pool `pool` gave `user` (200 `given`); None when refused (503
-    /// `not-replicated`) or empty.
+    /// The item pool `pool` gave `user` (200 `given`); None when refused or empty.
     fn claim(&self, pool: &str, user: &str) -> Option<String> {
-        let (status, body) = self.post(
-            "/v1/pool",
-            &format!(r#"{{"pool":"{pool}","user":"{user}"}}"#),
-        );
-        match status {
-            200 if body["outcome"] == "given" => body["item"].as_str().map(str::to_string),
-            200 => None,
-            503 => {
-                assert!(
-                    body["type"]
-                        .as_str()
-                        .unwrap_or("")
-                        .ends_with("/not-replicated"),
-                    "{body}"
-                );
-                None
-            }
-            _ => panic!("{status} {body}"),
-        }
+        let body = format!(r#"{{"pool":"{pool}","user":"{user}"}}"#);
+        let answer = self.answered("/v1/pool", &body, &[200])?;
+        (answer["outcome"] == "given").then(|| answer["item"].as_str().unwrap().to_string())
     }
 
-    /// Acquire lock `name` for two minutes: Some(acquired) on 200, None on 503
-    /// `not-replicated`.
+    /// Acquire lock `name` for two minutes: Some(acquired), None when not replicated.
     fn acquire(&self, name: &str) -> Option<bool> {
-        let (status, body) =
-            self.post(&format!("/v1/locks/{name}/acquire"), r#"{"ttl_ms":120000}"#);
-        match status {
-            200 => Some(body["acquired"] == true),
-            503 => {
-                assert!(
-                    body["type"]
-                        .as_str()
-                        .unwrap_or("")
-                        .ends_with("/not-replicated"),
-                    "{body}"
-                );
-                None
-            }
-            _ => panic!("{status} {body}"),
-        }
+        let path = format!("/v1/locks/{name}/acquire");
+        self.answered(&path, r#"{"ttl_ms":120000}"#, &[200])
+            .map(|b| b["acquired"] == true)
     }
 
     fn fence(&self) -> Option<u64> {

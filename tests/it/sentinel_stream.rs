@@ -44,6 +44,14 @@ fn applied(port: u16, group: &str, topic: &str) -> Vec<i64> {
         .unwrap_or_else(|_| vec![-1; PARTITIONS as usize])
 }
 
+/// Whether the server at `port` has applied at least `offsets` on every partition.
+fn holds(port: u16, group: &str, topic: &str, offsets: &[i64]) -> bool {
+    applied(port, group, topic)
+        .iter()
+        .zip(offsets)
+        .all(|(a, o)| a >= o)
+}
+
 #[test]
 fn sentinel_failovers_with_lag_and_sigkills_count_exactly() {
     let (topic, group) = ("sentinel-stream", "g-sentinel-stream");
@@ -123,12 +131,7 @@ shutdown_grace = "20s"
         wait_until(
             &format!("round {round}: tally never caught up before the failover"),
             Duration::from_secs(60),
-            || {
-                applied(primary, group, topic)
-                    .iter()
-                    .zip(&now)
-                    .all(|(a, p)| a >= p)
-            },
+            || holds(primary, group, topic, &now),
         );
         // The replica is cut off; wait for flushes to land on the primary alone.
         cut_replica(primary, &servers[&replica]);
@@ -185,12 +188,7 @@ shutdown_grace = "20s"
                 tally.log()
             ),
             Duration::from_secs(60),
-            || {
-                applied(replica, group, topic)
-                    .iter()
-                    .zip(&produced)
-                    .all(|(a, p)| a >= p)
-            },
+            || holds(replica, group, topic, &produced),
         );
         let took = promoted.elapsed();
         resumed.push(took);

@@ -99,8 +99,9 @@ pub struct PartitionView {
     pub idle: Option<bool>,
     /// Whether it is halted or waiting (see `halted`).
     pub halted: bool,
-    /// Redis took the partition's applied offset back (a failover lost acknowledged writes):
-    /// it is being replayed from Kafka up to this offset, and tally is not ready until then.
+    /// The partition reopened behind where it was (Redis took its applied offset back, or
+    /// refused a unit): it is being replayed from Kafka up to this offset, and tally is not
+    /// ready until then.
     pub replaying_until: Option<i64>,
 }
 

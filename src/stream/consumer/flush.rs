@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use crate::config::FlushConfig;
 use crate::stream::aggregate::Aggregator;
 use crate::stream::sink::{
-    ApplyReply, FenceError, FenceState, FlushOutcome, PartitionFences, Refusal, SinkRequest,
+    ApplyReply, FenceError, FlushOutcome, PartitionFences, Refusal, SinkRequest,
 };
 
 use super::policy::{FlushPolicy, Pending};
@@ -256,8 +256,9 @@ impl Flusher {
         self.in_flight.is_none()
     }
 
-    /// Ask the sink for the fences of `partitions` without waiting for the answer (None: the
-    /// sink has stopped). Requests are served in order, so the answer reflects Redis before any
+    /// Ask the sink for the fences of `partitions` (creating those Redis has no state for at
+    /// the given offset, unless it is negative) without waiting for the answer (None: the sink
+    /// has stopped). Requests are served in order, so the answer reflects Redis before any
     /// flush sent after this call.
     pub(super) fn read_fences(
         &self,
@@ -275,22 +276,15 @@ impl Flusher {
         Some(rx)
     }
 
-    /// Ask the sink for the fences of `partitions` (creating those Redis has no state for at
-    /// the given offset, unless it is negative), waiting at most `timeout`.
+    /// [`Flusher::read_fences`], waiting at most `timeout` for the answer.
     pub(super) fn init_fences(
         &self,
         partitions: Vec<(i32, i64)>,
         timeout: Duration,
-    ) -> Result<Vec<(i32, Vec<FenceState>)>, FenceError> {
-        let (tx, rx) = std_mpsc::channel();
-        self.sink
-            .send(SinkRequest::InitFences {
-                partitions,
-                deadline: Instant::now() + timeout,
-                reply: tx,
-            })
-            .map_err(|_| FenceError::SinkStopped)?;
-        rx.recv_timeout(timeout)
+    ) -> Result<PartitionFences, FenceError> {
+        self.read_fences(partitions, timeout)
+            .ok_or(FenceError::SinkStopped)?
+            .recv_timeout(timeout)
             .unwrap_or(Err(FenceError::NoAnswer))
     }
 }

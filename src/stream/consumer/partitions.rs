@@ -88,8 +88,8 @@ struct Rebuild {
     from: i64,
     /// When it began, for the rate and the estimate of what is left.
     started: Instant,
-    /// A replay after Redis took the applied offset back (not a loss of the whole state):
-    /// readiness waits for it.
+    /// A replay after the partition reopened behind where it was (Redis took the applied offset
+    /// back, or refused a unit), not a rebuild of a lost state: readiness waits for it.
     rollback: bool,
 }
 
@@ -228,12 +228,14 @@ impl PartitionStates {
         self.forget_rebuild(partition);
     }
 
-    /// `partition` reopened behind what had landed (Redis took its applied offset back): it
-    /// is replayed from `from` and not ready until its position reaches `until`.
+    /// `partition` reopened behind where it was (Redis took its applied offset back, or
+    /// refused a unit): it is replayed from `from` and not ready until its position reaches
+    /// `until`. A rebuild of a lost state keeps its own entry.
     pub(super) fn replaying(&mut self, partition: i32, from: i64, until: i64) {
         let until = match self.rebuilding.get(&partition) {
-            Some(r) if r.rollback => r.end.max(until),
-            _ => until,
+            Some(r) if !r.rollback => return,
+            Some(r) => r.end.max(until),
+            None => until,
         };
         let started = Instant::now();
         let replay = Rebuild {
@@ -256,14 +258,14 @@ impl PartitionStates {
         }
     }
 
-    /// Readiness and the status list the partitions replaying a rollback.
+    /// Readiness and the status list the partitions replaying.
     fn publish_replays(&self) {
         let replays = || self.rebuilding.iter().filter(|(_, r)| r.rollback);
         self.access.health.set_replaying(
             self.access.lane,
             replays().map(|(p, r)| {
                 format!(
-                    "partition {p}: redis took its applied offset back (a failover lost acknowledged writes); replaying offsets {} to {} from kafka",
+                    "partition {p}: reopened behind where it was (redis took its applied offset back, or refused a unit); replaying offsets {} to {} from kafka",
                     r.from, r.end
                 )
             }),
@@ -344,7 +346,7 @@ impl PartitionStates {
                     seconds = rebuild.started.elapsed().as_secs_f64(),
                     "{}",
                     if rebuild.rollback {
-                        "replay after a rollback reached where the partition was"
+                        "replay reached where the partition was before it reopened"
                     } else {
                         "rebuild read everything the topic held when it began"
                     }

@@ -396,8 +396,10 @@ impl Worker {
     }
 
     /// Drop what is pending for `partition` and restart it from Redis' state (after a refused
-    /// unit); park it if the state does not allow a safe start.
+    /// unit, or a fence check that found it changed); park it if the state does not allow a
+    /// safe start. Reopened behind where it was, it is replaying: not ready until back there.
     fn resync(&mut self, consumer: &BaseConsumer<TallyContext>, partition: i32) {
+        let was_at = self.agg.position(partition);
         self.agg.revoke(partition);
         for (p, result) in self.open_partitions(consumer, &[partition]) {
             match result {
@@ -407,6 +409,8 @@ impl Worker {
                     {
                         tracing::warn!(partition = p, error = %e, "cannot seek; retrying shortly");
                         self.park(Some(consumer), p, Halt::KafkaUnavailable(e.to_string()));
+                    } else if let Some(was_at) = was_at.filter(|&at| start < at) {
+                        self.parts.replaying(p, start, was_at);
                     }
                 }
                 Err(halt) => self.park(Some(consumer), p, halt),

@@ -2,7 +2,7 @@
 //! down after 1 s, failover timeout 3 s.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tally_testkit::local_redis::free_port;
 
@@ -51,16 +51,9 @@ impl Sentinels {
         };
         wait_until("sentinels ready", Duration::from_secs(30), || {
             sentinels.ports.iter().all(|s| {
-                let info = cli(*s, &["SENTINEL", "master", "mymaster"]);
-                let field = |name: &str| {
-                    let lines: Vec<&str> = info.lines().collect();
-                    lines
-                        .iter()
-                        .position(|l| *l == name)
-                        .and_then(|i| lines.get(i + 1))
-                        .and_then(|v| v.parse::<u32>().ok())
-                };
-                field("num-slaves") == Some(replicas) && field("num-other-sentinels") == Some(2)
+                let master = cli(*s, &["SENTINEL", "master", "mymaster"]);
+                field(&master, "num-slaves") == Some(&replicas.to_string())
+                    && field(&master, "num-other-sentinels") == Some("2")
             })
         });
         sentinels
@@ -79,40 +72,27 @@ impl Sentinels {
     pub fn switched(&self, primary: u16) -> bool {
         self.ports.iter().all(|s| {
             let named = cli(*s, &["SENTINEL", "get-master-addr-by-name", "mymaster"]);
-            let info = cli(*s, &["SENTINEL", "master", "mymaster"]);
-            let lines: Vec<&str> = info.lines().collect();
-            let flags = lines.windows(2).find(|w| w[0] == "flags").map(|w| w[1]);
+            let master = cli(*s, &["SENTINEL", "master", "mymaster"]);
             named.lines().nth(1).map(str::trim) == Some(&primary.to_string())
-                && flags == Some("master")
+                && field(&master, "flags") == Some("master")
         })
     }
 
-    /// Every sentinel names `primary`, sees it up with `replicas` replicas up, and no failover is
-    /// in progress: a new failure now is handled as the first one was.
+    /// [`Sentinels::switched`] to `primary`, and every sentinel sees `replicas` replicas, all
+    /// up (flags just `slave`): a new failure now is handled as the first one was.
     pub fn settled(&self, primary: u16, replicas: u32) -> bool {
-        self.ports.iter().all(|s| {
-            let named = cli(*s, &["SENTINEL", "get-master-addr-by-name", "mymaster"]);
-            let info = cli(*s, &["SENTINEL", "master", "mymaster"]);
-            let lines: Vec<&str> = info.lines().collect();
-            let field = |name: &str| {
-                lines
-                    .iter()
-                    .position(|l| *l == name)
-                    .and_then(|i| lines.get(i + 1))
-                    .copied()
-            };
-            let replicas_info = cli(*s, &["SENTINEL", "replicas", "mymaster"]);
-            let replica_lines: Vec<&str> = replicas_info.lines().collect();
-            // Replicas whose flags are just `slave` (not down, not disconnected).
-            let up = replica_lines
-                .windows(2)
-                .filter(|w| w[0] == "flags" && w[1] == "slave")
-                .count();
-            named.lines().nth(1).map(str::trim) == Some(&primary.to_string())
-                && field("flags") == Some("master")
-                && field("num-slaves").and_then(|v| v.parse().ok()) == Some(replicas)
-                && up as u32 == replicas
-        })
+        self.switched(primary)
+            && self.ports.iter().all(|s| {
+                let master = cli(*s, &["SENTINEL", "master", "mymaster"]);
+                let listed = cli(*s, &["SENTINEL", "replicas", "mymaster"]);
+                let lines: Vec<&str> = listed.lines().collect();
+                let up = lines
+                    .windows(2)
+                    .filter(|w| w[0] == "flags" && w[1] == "slave")
+                    .count();
+                field(&master, "num-slaves") == Some(&replicas.to_string())
+                    && up == replicas as usize
+            })
     }
 
     /// What each sentinel says of the primary and its replicas, for a failure message.
@@ -155,11 +135,14 @@ impl Drop for Sentinels {
     }
 }
 
-/// Poll `cond` every 20 ms; panics with `what` after `timeout`.
-pub fn wait_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+/// The value after `name` in a `SENTINEL master` reply (names and values alternate, one per
+/// line).
+fn field<'a>(reply: &'a str, name: &str) -> Option<&'a str> {
+    let lines: Vec<&str> = reply.lines().collect();
+    lines.windows(2).find(|w| w[0] == name).map(|w| w[1])
+}
+
+/// Wait until `cond` holds; panics with `what` after `timeout`.
+pub fn wait_until(what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
+    assert!(tally_testkit::wait::wait_until(timeout, cond), "{what}");
 }

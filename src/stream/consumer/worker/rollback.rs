@@ -37,8 +37,8 @@ pub(in crate::stream::consumer) struct FenceWatch {
 /// A check sent to the sink: what each partition expected when it was sent.
 struct Check {
     reply: FenceReply,
-    /// (partition, applied offset expected per shard, position when sent).
-    expected: Vec<(i32, Vec<i64>, i64)>,
+    /// (partition, applied offset expected per shard).
+    expected: Vec<(i32, Vec<i64>)>,
 }
 
 impl FenceWatch {
@@ -87,17 +87,17 @@ impl Worker {
         }
         self.fences.last = Instant::now();
         self.fences.seen = self.fences.connections.load(Ordering::Relaxed);
-        let expected: Vec<(i32, Vec<i64>, i64)> = self
+        let expected: Vec<(i32, Vec<i64>)> = self
             .agg
             .partitions()
             .filter(|&p| !self.parts.is_revoking(p))
-            .filter_map(|p| Some((p, self.agg.expected_fences(p)?, self.agg.position(p)?)))
+            .filter_map(|p| Some((p, self.agg.expected_fences(p)?)))
             .collect();
         if expected.is_empty() {
             return;
         }
         // -1: read only; a missing state is not created here.
-        let request = expected.iter().map(|(p, _, _)| (*p, -1)).collect();
+        let request = expected.iter().map(|(p, _)| (*p, -1)).collect();
         if let Some(reply) = self.flusher.read_fences(request, self.parts.init_timeout()) {
             self.fences.pending = Some(Check { reply, expected });
         }
@@ -110,7 +110,7 @@ impl Worker {
         check: Check,
         fences: PartitionFences,
     ) {
-        for ((p, states), (_, expected, position)) in fences.into_iter().zip(check.expected) {
+        for ((p, states), (_, expected)) in fences.into_iter().zip(check.expected) {
             let Some(found) = mismatch(&states, &expected) else {
                 continue;
             };
@@ -131,9 +131,6 @@ impl Worker {
                 "tally's applied offsets in redis are not those that landed (a failover lost acknowledged writes, an older copy was restored, or another process writes); replaying the partition from kafka"
             );
             self.resync(consumer, p);
-            if let Some(from) = self.agg.position(p).filter(|&from| from < position) {
-                self.parts.replaying(p, from, position);
-            }
         }
     }
 }
