@@ -9,7 +9,8 @@
 //! itself promoted within 4 s: under load on 2 cores its own failover once took 4.85 s); the
 //! counts are exact at the end. To see where time goes, set `TALLY_FAILOVER_LOG=<file>`:
 //! tally's log (timestamps, each retry and topology change) is kept there, and each kill's
-//! wall-clock time is printed. `TALLY_FAILOVER_KILL_ONLY=1` kills in every round.
+//! wall-clock time is printed. `TALLY_FAILOVER_KILL_ONLY=1` kills in every round;
+//! `TALLY_FAILOVER_ROUNDS=10` runs ten rounds (the release measurement in guide 20).
 
 use std::time::{Duration, Instant};
 
@@ -196,8 +197,13 @@ fn cluster_five_failovers_resume_within_a_second() {
         .map(|l| format!("{l}\n"))
         .collect();
     assert!(!cfg.contains("response_timeout") && !cfg.contains("retry_max"));
+    let rounds_wanted: usize = std::env::var("TALLY_FAILOVER_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
     let stream = Stream {
-        n: RATE * 55,
+        // ~11 s of events per round.
+        n: RATE * 11 * rounds_wanted as u64,
         partitions: PARTITIONS,
         now_ms: chrono::Utc::now().timestamp_millis(),
     };
@@ -230,7 +236,7 @@ fn cluster_five_failovers_resume_within_a_second() {
     };
     let mut rounds = Vec::new();
     let mut whole = Vec::new();
-    for round in 0..5 {
+    for round in 0..rounds_wanted {
         assert!(
             !producer.is_finished(),
             "the stream ended before failover {round}"
@@ -263,7 +269,7 @@ fn cluster_five_failovers_resume_within_a_second() {
         .map(|(p, r)| format!("{:.0} ms", (*r - *p).as_secs_f64() * 1000.0))
         .collect();
     eprintln!(
-        "five failovers: counting resumed after the new primary was reported: {}; everything produced before the promotion counted after: {}; {} events, {keys} keys compared, {mismatches} mismatches",
+        "{rounds_wanted} failovers: counting resumed after the new primary was reported: {}; everything produced before the promotion counted after: {}; {} events, {keys} keys compared, {mismatches} mismatches",
         after.join(", "),
         whole.join(", "),
         stream.n

@@ -125,6 +125,16 @@ pub fn seed_clients(config: &RedisConfig) -> Result<Vec<Client>, RedisError> {
         .collect()
 }
 
+/// Clients for each sentinel (`sentinels`), to ask them where the primary is. The sentinels
+/// take no user or password here (as for the connector's own sentinel client).
+pub fn sentinel_clients(config: &RedisConfig) -> Result<Vec<Client>, RedisError> {
+    config
+        .sentinels
+        .iter()
+        .map(|u| Client::open(u.as_str()))
+        .collect()
+}
+
 /// A cluster client seeded from `infos`, with these (connect, response) timeouts and, after a
 /// failed send, at most `retries` more tries.
 fn cluster_client(

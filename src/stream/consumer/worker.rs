@@ -252,6 +252,7 @@ impl Worker {
             .flush_landed(applied.copied(), landed.keys, landed.took);
         self.commits
             .flush_landed(consumer, &landed.ends, &refused, mode);
+        let mut resync = Vec::new();
         for worst in worst_refusals(&outcome) {
             let (p, shard) = (worst.partition, worst.shard);
             if !self.agg.owns(p) || self.parts.is_revoking(p) {
@@ -265,18 +266,19 @@ impl Worker {
                 ApplyReply::Corrupt => self.park(Some(consumer), p, Halt::FenceCorrupt { shard }),
                 ApplyReply::StateLost => {
                     tracing::error!(partition = p, shard, "redis holds no state for this partition any more (lost or flushed); reopening it");
-                    self.resync(consumer, p);
+                    resync.push(p);
                 }
                 ApplyReply::NotApplied => {
                     tracing::info!(partition = p, shard, "not applied: merged with a partition redis refused; replaying from the applied offset");
-                    self.resync(consumer, p);
+                    resync.push(p);
                 }
                 reply => {
                     tracing::warn!(partition = p, shard, ?reply, "redis applied a different offset range (another replica, or lost writes); resynchronising");
-                    self.resync(consumer, p);
+                    resync.push(p);
                 }
             }
         }
+        self.resync(consumer, &resync);
         self.publish();
     }
 
@@ -398,10 +400,20 @@ impl Worker {
     /// Drop what is pending for `partition` and restart it from Redis' state (after a refused
     /// unit, or a fence check that found it changed); park it if the state does not allow a
     /// safe start. Reopened behind where it was, it is replaying: not ready until back there.
-    fn resync(&mut self, consumer: &BaseConsumer<TallyContext>, partition: i32) {
-        let was_at = self.agg.position(partition);
-        self.agg.revoke(partition);
-        for (p, result) in self.open_partitions(consumer, &[partition]) {
+    fn resync(&mut self, consumer: &BaseConsumer<TallyContext>, partitions: &[i32]) {
+        if partitions.is_empty() {
+            return;
+        }
+        let was_at: Vec<(i32, Option<i64>)> = partitions
+            .iter()
+            .map(|&p| (p, self.agg.position(p)))
+            .collect();
+        for &p in partitions {
+            self.agg.revoke(p);
+        }
+        // All at once: one fence read and one offsets request for every partition (a failover
+        // rolls back every partition of the primary: one by one, each paid its own round trips).
+        for (p, result) in self.open_partitions(consumer, partitions) {
             match result {
                 Ok(start) => {
                     if let Err(e) =
@@ -409,7 +421,12 @@ impl Worker {
                     {
                         tracing::warn!(partition = p, error = %e, "cannot seek; retrying shortly");
                         self.park(Some(consumer), p, Halt::KafkaUnavailable(e.to_string()));
-                    } else if let Some(was_at) = was_at.filter(|&at| start < at) {
+                    } else if let Some(was_at) = was_at
+                        .iter()
+                        .find(|(q, _)| *q == p)
+                        .and_then(|(_, at)| *at)
+                        .filter(|&at| start < at)
+                    {
                         self.parts.replaying(p, start, was_at);
                     }
                 }

@@ -141,10 +141,15 @@ impl Sink {
                 connector: conn::Connector::new(config)?,
                 conn: None,
                 topology: match config.mode {
-                    RedisMode::Cluster => {
-                        Some(topology::TopologyWatch::new(conn::seed_clients(config)?))
-                    }
-                    RedisMode::Standalone | RedisMode::Sentinel => None,
+                    RedisMode::Cluster => Some(topology::TopologyWatch::new(
+                        conn::seed_clients(config)?,
+                        topology::Watched::Cluster,
+                    )),
+                    RedisMode::Sentinel => Some(topology::TopologyWatch::new(
+                        conn::sentinel_clients(config)?,
+                        topology::Watched::Sentinel(config.master_name.clone()),
+                    )),
+                    RedisMode::Standalone => None,
                 },
                 seeds: None,
                 connections: Arc::default(),
@@ -254,7 +259,7 @@ impl Sink {
             self.link.conn = None;
             self.metrics.redis.redis_retries.inc();
             *delay = self.flush.retry_initial;
-            tracing::info!("redis cluster primaries changed (a failover); retrying at once");
+            tracing::info!("redis primaries changed (a failover); retrying at once");
             return true;
         }
         if let AttemptError::NoScript = error {
@@ -276,7 +281,7 @@ impl Sink {
             _ = topology_changed(&mut self.link.topology) => {
                 // A failover (or resharding) completed: retry now, and quickly again if the
                 // nodes' views still disagree for a moment.
-                tracing::info!("redis cluster primaries changed (a failover); retrying at once");
+                tracing::info!("redis primaries changed (a failover); retrying at once");
                 *delay = self.flush.retry_initial;
                 true
             }

@@ -10,6 +10,11 @@
 //! under the same watch ([`watched`]). While the watch is armed the sink reconnects only through
 //! the seeds that answered it ([`TopologyWatch::answering`]): a frozen seed held every new
 //! cluster connection for the connect timeout (counting resumed ~5.4 s after the promotion).
+//!
+//! On Redis Sentinel the watch asks the sentinels instead (`SENTINEL get-master-addr-by-name`):
+//! a retry's backoff (grown to 1.6-3.2 s by the time the sentinels have agreed on a failure and
+//! promoted a replica, with the default `flush.retry_*`) ends as soon as one of them names
+//! another primary.
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -31,9 +36,58 @@ const NODE_TIMEOUT: Duration = Duration::from_millis(250);
 /// retries).
 type Assignment = Vec<String>;
 
-/// The seed nodes' views of which primaries serve slots, with one connection per node kept between polls.
+/// What the watch asks each node.
+#[derive(Clone)]
+pub enum Watched {
+    /// A cluster node: which primaries serve slots (`CLUSTER SLOTS`).
+    Cluster,
+    /// A sentinel: where the primary of this master name is.
+    Sentinel(String),
+}
+
+impl Watched {
+    fn command(&self) -> redis::Cmd {
+        match self {
+            Watched::Cluster => {
+                let mut cmd = redis::cmd("CLUSTER");
+                cmd.arg("SLOTS");
+                cmd
+            }
+            Watched::Sentinel(name) => {
+                let mut cmd = redis::cmd("SENTINEL");
+                cmd.arg("get-master-addr-by-name").arg(name);
+                cmd
+            }
+        }
+    }
+
+    /// The node's view from its reply; None when it has none (a sentinel that does not know
+    /// the name).
+    fn view(&self, reply: &Value) -> Option<Assignment> {
+        match self {
+            Watched::Cluster => Some(assignment(reply)),
+            Watched::Sentinel(_) => {
+                let text = |v: &Value| match v {
+                    Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                    _ => None,
+                };
+                match reply {
+                    Value::Array(parts) if parts.len() == 2 => {
+                        Some(vec![format!("{}:{}", text(&parts[0])?, text(&parts[1])?)])
+                    }
+                    _ => None,
+                }
+            }
+        }
+    }
+}
+
+/// The seed nodes' (or sentinels') views of which primaries serve, with one connection per node
+/// kept between polls.
 pub struct TopologyWatch {
     nodes: Vec<Seed>,
+    /// What each node is asked.
+    watched: Watched,
     /// The answering nodes' views when the current wait began or last changed (`None`: no
     /// wait began yet).
     known: Option<HashSet<Assignment>>,
@@ -48,9 +102,10 @@ struct Seed {
 }
 
 impl TopologyWatch {
-    /// A watch over these seed nodes.
-    pub fn new(seeds: Vec<Client>) -> TopologyWatch {
+    /// A watch over these seed nodes (or sentinels).
+    pub fn new(seeds: Vec<Client>, watched: Watched) -> TopologyWatch {
         TopologyWatch {
+            watched,
             nodes: seeds
                 .into_iter()
                 .map(|client| Seed {
@@ -122,6 +177,7 @@ impl TopologyWatch {
     /// Every answering node's view, asked concurrently.
     async fn views(&mut self) -> HashSet<Assignment> {
         let some_answered = self.nodes.iter().any(|s| s.answered);
+        let watched = &self.watched;
         let asks = self.nodes.iter_mut().map(|seed| async move {
             let Seed {
                 client,
@@ -140,10 +196,7 @@ impl TopologyWatch {
                     );
                 }
                 let c = conn.as_mut().expect("connected above");
-                redis::cmd("CLUSTER")
-                    .arg("SLOTS")
-                    .query_async::<Value>(c)
-                    .await
+                watched.command().query_async::<Value>(c).await
             };
             // A node that did not answer last time gets one poll's time while others do: a
             // frozen one would otherwise hold every poll for the whole node timeout.
@@ -153,7 +206,7 @@ impl TopologyWatch {
                 POLL
             };
             let view = match tokio::time::timeout(limit, ask).await {
-                Ok(Ok(slots)) => Some(assignment(&slots)),
+                Ok(Ok(reply)) => watched.view(&reply),
                 _ => None,
             };
             *answered = view.is_some();
@@ -241,5 +294,27 @@ mod tests {
         ]));
         assert_ne!(a, b);
         assert!(assignment(&Value::Nil).is_empty());
+    }
+
+    #[test]
+    fn a_sentinel_view_is_the_primary_it_names() {
+        let watched = Watched::Sentinel("mymaster".into());
+        let reply = |host: &str, port: &str| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::BulkString(port.as_bytes().to_vec()),
+            ])
+        };
+        assert_eq!(
+            watched.view(&reply("10.0.0.1", "6379")),
+            Some(vec!["10.0.0.1:6379".to_string()])
+        );
+        assert_ne!(
+            watched.view(&reply("10.0.0.1", "6379")),
+            watched.view(&reply("10.0.0.2", "6379"))
+        );
+        // A sentinel that does not know the name has no view (not an empty one, which would
+        // read as a change).
+        assert_eq!(watched.view(&Value::Nil), None);
     }
 }

@@ -68,6 +68,14 @@ impl Sentinels {
         out.lines().nth(1)?.trim().parse().ok()
     }
 
+    /// Some sentinel names `primary` (the first to switch is the one that led the failover).
+    pub fn names(&self, primary: u16) -> bool {
+        self.ports.iter().any(|s| {
+            let named = cli(*s, &["SENTINEL", "get-master-addr-by-name", "mymaster"]);
+            named.lines().nth(1).map(str::trim) == Some(&primary.to_string())
+        })
+    }
+
     /// Every sentinel names `primary` and sees it up, with no failover in progress.
     pub fn switched(&self, primary: u16) -> bool {
         self.ports.iter().all(|s| {

@@ -7,34 +7,12 @@ use std::sync::Arc;
 use redis::{Cmd, FromRedisValue};
 
 use super::batch::{Batcher, Batching, ScriptPair};
+use super::confirm::{Confirmer, Durability};
 use super::link::Link;
 use super::RequestError;
 use crate::config::RedisConfig;
 use crate::conn::Conn;
 use crate::script::Script;
-
-/// How many replicas must have a write before a call is answered (`WAIT replicas timeout`
-/// after the script). Redis replicates asynchronously: a primary can acknowledge a write and
-/// die before any replica has it, and a failover then undoes an admission that was answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct Durability {
-    /// Replicas that must have the write; 0: answer as soon as the primary has it.
-    pub replicas: u32,
-    /// How long to wait for them; then the answer is [`RequestError::NotReplicated`] (the
-    /// write stays on the primary: a quota item taken, a limit charged, never granted).
-    #[serde(with = "humantime_serde")]
-    pub timeout: std::time::Duration,
-}
-
-impl Default for Durability {
-    fn default() -> Self {
-        Durability {
-            replicas: 0,
-            timeout: std::time::Duration::from_millis(100),
-        }
-    }
-}
 
 /// A cheap-to-clone handle on a Redis server or cluster.
 #[derive(Clone)]
@@ -43,6 +21,8 @@ pub struct Client {
     batch: Arc<Batcher>,
     /// What a script call waits for before it answers.
     durability: Durability,
+    /// Shares one WAIT among concurrent calls (one per durability level).
+    confirmer: Arc<Confirmer>,
 }
 
 impl Client {
@@ -58,6 +38,7 @@ impl Client {
             link: Arc::new(Link::new(config)?),
             batch: Arc::new(Batcher::new(batching)),
             durability: Durability::default(),
+            confirmer: Arc::default(),
         })
     }
 
@@ -66,6 +47,7 @@ impl Client {
     pub fn durable(&self, durability: Durability) -> Client {
         Client {
             durability,
+            confirmer: Arc::default(),
             ..self.clone()
         }
     }
@@ -75,25 +57,25 @@ impl Client {
         self.durability
     }
 
-    /// After a script call that wrote: `WAIT` for the replicas `durability` asks for (on the
-    /// connection the call used: WAIT covers every write made on it before).
-    async fn confirm(&self) -> Result<(), RequestError> {
-        let Durability { replicas, timeout } = self.durability;
-        if replicas == 0 {
+    /// Before a call that writes: the generation of the connection it will use (the WAIT
+    /// after it must run on the same one; opened now if there is none). 0 when nothing is
+    /// waited for.
+    async fn before_write(&self) -> Result<u64, RequestError> {
+        if self.durability.replicas == 0 {
+            return Ok(0);
+        }
+        Ok(self.link.conn_and_generation().await?.1)
+    }
+
+    /// After a call that wrote: wait for the replicas `durability` asks for, in a WAIT shared
+    /// with the calls confirming now ([`Confirmer`]).
+    async fn confirm(&self, generation: u64) -> Result<(), RequestError> {
+        if self.durability.replicas == 0 {
             return Ok(());
         }
-        let ms = timeout.as_millis().max(1) as u64;
-        let acked: i64 = self
-            .link
-            .query(redis::cmd("WAIT").arg(replicas).arg(ms))
-            .await?;
-        if acked < i64::from(replicas) {
-            return Err(RequestError::NotReplicated {
-                wanted: replicas,
-                acked: acked.max(0) as u32,
-            });
-        }
-        Ok(())
+        self.confirmer
+            .confirm(&self.link, self.durability, generation)
+            .await
     }
 
     /// Prefix of the request path's own keys.
@@ -114,8 +96,9 @@ impl Client {
         script: &Script,
         cmd: &Cmd,
     ) -> Result<T, RequestError> {
+        let generation = self.before_write().await?;
         let reply = self.link.run(script, cmd).await?;
-        self.confirm().await?;
+        self.confirm(generation).await?;
         Ok(reply)
     }
 
@@ -127,16 +110,18 @@ impl Client {
         keys: Vec<String>,
         args: Cmd,
     ) -> Result<redis::Value, RequestError> {
+        let generation = self.before_write().await?;
         let reply = self.batch.run(&self.link, pair, keys, args).await?;
-        self.confirm().await?;
+        self.confirm(generation).await?;
         Ok(reply)
     }
 
     /// Run a plain command that writes, answered once the durability level holds (as for a
     /// script call).
     pub async fn write<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RequestError> {
+        let generation = self.before_write().await?;
         let reply = self.link.query(cmd).await?;
-        self.confirm().await?;
+        self.confirm(generation).await?;
         Ok(reply)
     }
 

@@ -14,8 +14,10 @@ use crate::script::Script;
 pub(crate) struct Link {
     /// Makes connections (standalone or cluster, AUTH, TLS).
     connector: Connector,
-    /// The live connection; None until first use and after it broke.
-    conn: Mutex<Option<Conn>>,
+    /// The live connection and its generation; None until first use and after it broke.
+    conn: Mutex<Option<(Conn, u64)>>,
+    /// Connections opened so far: a WAIT confirms only the writes of its own connection.
+    opened: std::sync::atomic::AtomicU64,
     /// One reconnection at a time: the others wait for it and use its connection.
     connecting: tokio::sync::Mutex<()>,
     /// Prefix of the request path's own keys (`redis.state_prefix`).
@@ -29,6 +31,7 @@ impl Link {
             // No retry that could run a script twice: its outcome is reported unknown instead.
             connector: Connector::new(config)?.without_retries()?,
             conn: Mutex::new(None),
+            opened: std::sync::atomic::AtomicU64::new(0),
             connecting: tokio::sync::Mutex::new(()),
             prefix: config.state_prefix.clone(),
         })
@@ -45,6 +48,11 @@ impl Link {
     }
 
     pub(crate) async fn conn(&self) -> Result<Conn, RequestError> {
+        Ok(self.conn_and_generation().await?.0)
+    }
+
+    /// The live connection (opened if there is none) and its generation.
+    pub(crate) async fn conn_and_generation(&self) -> Result<(Conn, u64), RequestError> {
         if let Some(conn) = self.current() {
             return Ok(conn);
         }
@@ -57,12 +65,26 @@ impl Link {
             .connect()
             .await
             .map_err(RequestError::Unreachable)?;
-        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some(conn.clone());
-        Ok(conn)
+        let generation = self
+            .opened
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some((conn.clone(), generation));
+        Ok((conn, generation))
     }
 
-    fn current(&self) -> Option<Conn> {
+    fn current(&self) -> Option<(Conn, u64)> {
         self.conn.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Run `cmd`, returning the generation of the connection it ran on too.
+    pub(crate) async fn query_on<T: FromRedisValue>(
+        &self,
+        cmd: &Cmd,
+    ) -> Result<(T, u64), RequestError> {
+        let (mut conn, generation) = self.conn_and_generation().await?;
+        let result = conn.query(cmd).await;
+        Ok((self.check(result)?, generation))
     }
 
     pub(crate) async fn run<T: FromRedisValue>(

@@ -22,6 +22,7 @@
 
 mod batch;
 mod client;
+mod confirm;
 mod expiry;
 mod hit;
 mod limit;
@@ -33,7 +34,8 @@ mod quota;
 mod unique;
 
 pub use batch::Batching;
-pub use client::{Client, Durability};
+pub use client::Client;
+pub use confirm::Durability;
 pub use expiry::Expiry;
 pub use hit::{Counters, Hit, HitReply};
 pub use limit::{

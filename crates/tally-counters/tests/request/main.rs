@@ -2,6 +2,7 @@
 //! concurrency, forced timeouts, script flushes and restarts, with every key's expiry checked.
 
 mod batched;
+mod durable;
 mod exact;
 mod limits;
 mod spread;

@@ -110,6 +110,7 @@ impl Worker {
         check: Check,
         fences: PartitionFences,
     ) {
+        let mut resync = Vec::new();
         for ((p, states), (_, expected)) in fences.into_iter().zip(check.expected) {
             let Some(found) = mismatch(&states, &expected) else {
                 continue;
@@ -130,8 +131,9 @@ impl Worker {
                 found = found.label(),
                 "tally's applied offsets in redis are not those that landed (a failover lost acknowledged writes, an older copy was restored, or another process writes); replaying the partition from kafka"
             );
-            self.resync(consumer, p);
+            resync.push(p);
         }
+        self.resync(consumer, &resync);
     }
 }
 
