@@ -31,6 +31,7 @@ mod locks;
 mod observability;
 mod openapi;
 mod pipeline;
+mod proxy_faults;
 mod query;
 mod query_range;
 mod readiness;

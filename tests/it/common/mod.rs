@@ -4,11 +4,13 @@
 pub mod cluster;
 pub mod dead_letters;
 pub mod kinds;
+pub mod ledger;
 pub mod lock_process;
 pub mod process;
 pub mod replica;
 pub mod sentinel;
 pub mod stream;
+pub mod truth;
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
