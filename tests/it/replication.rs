@@ -4,11 +4,11 @@
 //! at the primary's address (a new server there, a replica of it, then promoted) — tally running
 //! throughout.
 //!
-//! With `durability = { replicas = 1 }` a quota admits at most its size, a fixed limit at most
-//! its limit, and `once` answers first once: what the replica did not get was answered 503 `not-replicated`, never admitted.
-//! Without it the test measures the loss the guide states: every admission made while the replica
-//! lagged is undone (the quota oversells and the limit over-admits by exactly those, `once`
-//! answers first twice). Fencing
+//! With `durability = { replicas = 1 }` a quota admits at most its size, a limit (each of the four
+//! algorithms) at most its limit, and `once` answers first once: what the replica did not get was
+//! answered 503 `not-replicated`, never admitted. Without it the test measures the loss the guide
+//! states: every admission made while the replica lagged is undone (the quota oversells and every
+//! limit over-admits by exactly those, `once` answers first twice). Fencing
 //! tokens (Redis `TIME`-based) stay larger after the failover, though the lock itself was lost.
 
 use std::time::{Duration, Instant};
@@ -113,6 +113,37 @@ impl Api {
     }
 }
 
+/// Every limit algorithm: each has a durable policy (`strict_<algorithm>`) and one without
+/// (`lax_<algorithm>`), 10 a day.
+const ALGORITHMS: [&str; 4] = ["fixed", "sliding_log", "sliding_counter", "gcra"];
+
+fn limits_toml() -> String {
+    let mut toml = String::new();
+    for a in ALGORITHMS {
+        for (name, durability) in [
+            (
+                "strict",
+                "durability = { replicas = 1, timeout = \"200ms\" }\n",
+            ),
+            ("lax", ""),
+        ] {
+            toml += &format!(
+                "[[request.limits]]\nname = \"{name}_{a}\"\nalgorithm = \"{a}\"\nlimit = 10\n\
+                 window = \"1d\"\n{durability}"
+            );
+        }
+    }
+    toml
+}
+
+/// One decision of every limit policy, counted per algorithm when admitted.
+fn decide_all(api: &Api, strict: &mut [usize; 4], lax: &mut [usize; 4]) {
+    for (i, a) in ALGORITHMS.iter().enumerate() {
+        strict[i] += usize::from(api.admitted(&format!("strict_{a}")));
+        lax[i] += usize::from(api.admitted(&format!("lax_{a}")));
+    }
+}
+
 #[test]
 fn a_failover_with_lag_undoes_nothing_acknowledged_at_the_durability_level() {
     let mut primary = LocalRedis::start(&[]).unwrap();
@@ -134,17 +165,7 @@ durability = {{ replicas = 1, timeout = "200ms" }}
 name = "loose"
 size = 10
 once_per_user = true
-[[request.limits]]
-name = "strict"
-algorithm = "fixed"
-limit = 10
-window = "1d"
-durability = {{ replicas = 1, timeout = "200ms" }}
-[[request.limits]]
-name = "lax"
-algorithm = "fixed"
-limit = 10
-window = "1d"
+{}
 [[request.pools]]
 name = "codes"
 ttl = "1d"
@@ -159,7 +180,8 @@ durability = {{ replicas = 1, timeout = "200ms" }}
 [[request.once]]
 name = "free"
 window = "1d"
-"#
+"#,
+        limits_toml()
     );
     let tally = TallyProcess::start_command_with_http("serve", &config, "replication", "");
     let api = Api {
@@ -198,10 +220,10 @@ window = "1d"
     }
     let mut codes = vec![api.claim("codes", "alice").expect("an item for alice")];
     let mut lootbox = vec![api.claim("lootbox", "alice").expect("an item for alice")];
-    let (mut strict, mut lax) = (0, 0);
+    // Admissions per algorithm, with durability (`strict`) and without (`lax`).
+    let (mut strict, mut lax) = ([0usize; 4], [0usize; 4]);
     for _ in 0..5 {
-        strict += usize::from(api.admitted("strict"));
-        lax += usize::from(api.admitted("lax"));
+        decide_all(&api, &mut strict, &mut lax);
     }
 
     // The replica stops and its link is cut (the primary closes it, so nothing written from now
@@ -223,13 +245,11 @@ window = "1d"
         !api.first("bonus", "s2"),
         "an unreplicated once was answered first"
     );
+    let refused = strict;
     for _ in 0..5 {
-        assert!(
-            !api.admitted("strict"),
-            "an unreplicated charge was admitted"
-        );
-        lax += usize::from(api.admitted("lax"));
+        decide_all(&api, &mut strict, &mut lax);
     }
+    assert_eq!(strict, refused, "an unreplicated charge was admitted");
     assert_eq!(
         api.claim("codes", "bob"),
         None,
@@ -269,16 +289,14 @@ window = "1d"
         lootbox.extend(api.claim("lootbox", user));
     }
     for _ in 0..15 {
-        strict += usize::from(api.admitted("strict"));
-        lax += usize::from(api.admitted("lax"));
+        decide_all(&api, &mut strict, &mut lax);
     }
+    // Every algorithm alike: the charges the replica never got are undone.
     assert_eq!(
-        strict, 10,
-        "a durable limit of 10 admitted {strict} across the failover"
-    );
-    assert_eq!(
-        lax, 15,
-        "the loss bound: the 5 admitted while the replica lagged"
+        (strict, lax),
+        ([10; 4], [15; 4]),
+        "durable limits of 10 ({ALGORITHMS:?}) admitted {strict:?} across the failover; \
+         without durability, the loss bound: 15 (the 5 admitted while the replica lagged)"
     );
     assert_eq!(
         flash.len(),
@@ -359,24 +377,28 @@ window = "1d"
         over(loose.len()),
         5,
     );
-    accuracy(
-        "limit, fixed (10/day)",
-        fault,
-        durable,
-        format!("{strict} admitted"),
-        "10",
-        over(strict),
-        0,
-    );
-    accuracy(
-        "limit, fixed (10/day)",
-        fault,
-        none,
-        format!("{lax} admitted"),
-        "10",
-        over(lax),
-        5,
-    );
+    for (i, algorithm) in ALGORITHMS.iter().enumerate() {
+        let primitive = format!("limit, {algorithm} (10/day)");
+        let (s, l) = (strict[i], lax[i]);
+        accuracy(
+            &primitive,
+            fault,
+            durable,
+            format!("{s} admitted"),
+            "10",
+            over(s),
+            0,
+        );
+        accuracy(
+            &primitive,
+            fault,
+            none,
+            format!("{l} admitted"),
+            "10",
+            over(l),
+            5,
+        );
+    }
     accuracy("once", fault, durable, "first once", "first once", 0, 0);
     accuracy(
         "pool (3 items)",
