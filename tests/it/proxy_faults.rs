@@ -5,8 +5,10 @@
 //! - resets every connection every 75 ms, and every other time also loses the next reply Redis
 //!   sends (the script ran, its caller never hears of it): a client that sent a script again
 //!   after such a loss would run it twice;
-//! - or holds all traffic for 1 s, twice, with `redis.response_timeout` at 250 ms: the calls in
-//!   flight time out, and Redis runs them when the traffic flows again.
+//! - or holds all traffic for 2 s, twice, with `redis.response_timeout` and
+//!   `redis.connect_timeout` at 250 ms: the calls in flight time out, and Redis runs them when
+//!   the traffic flows again; the calls after them are answered within those timeouts (not
+//!   when the traffic resumes: each call once waited for every reconnection queued before it).
 //!
 //! Then Redis is read directly (not through the proxy) and compared with what was answered
 //! (`common/truth.rs`): what Redis holds lies between the calls answered "yes" and those plus the
@@ -36,8 +38,9 @@ const THREADS: usize = 2;
 const QUOTA_SIZE: u64 = 150;
 /// Items filled into the pool before the faults.
 const POOL_ITEMS: usize = 2000;
-/// `redis.response_timeout` of the tally under test.
+/// `redis.response_timeout` and `redis.connect_timeout` of the tally under test.
 const RESPONSE_TIMEOUT: Duration = Duration::from_millis(250);
+const CONNECT_TIMEOUT: Duration = Duration::from_millis(250);
 
 #[derive(Clone, Copy)]
 enum Fault {
@@ -51,7 +54,7 @@ impl Fault {
             Fault::Resets => {
                 "connections reset every 75 ms (proxy), every other time after losing a reply"
             }
-            Fault::Paused => "Redis traffic held 1 s twice (proxy), response timeout 250 ms",
+            Fault::Paused => "Redis traffic held 2 s twice (proxy), response timeout 250 ms",
         }
     }
 
@@ -72,7 +75,7 @@ impl Fault {
                 for _ in 0..2 {
                     tick(700);
                     proxy.pause();
-                    tick(1000);
+                    tick(2000);
                     proxy.resume();
                 }
             }
@@ -96,7 +99,7 @@ fn config(proxy_port: u16) -> String {
         r#"[redis]
 url = "redis://127.0.0.1:{proxy_port}"
 response_timeout = "{}ms"
-connect_timeout = "250ms"
+connect_timeout = "{}ms"
 [[counters]]
 name = "hits"
 dimensions = ["k"]
@@ -118,7 +121,8 @@ window = "1h"
 name = "p"
 ttl = "1h"
 "#,
-        RESPONSE_TIMEOUT.as_millis()
+        RESPONSE_TIMEOUT.as_millis(),
+        CONNECT_TIMEOUT.as_millis()
     )
 }
 
@@ -233,6 +237,11 @@ fn under(fault: Fault, name: &str) {
         .max()
         .unwrap_or_default();
     println!("{name}: {took:?} of calls under the fault; the slowest answer took {slowest:?}");
+    // A call waits for at most one reconnection (its own or the one under way) and one reply.
+    let bound = 2 * (CONNECT_TIMEOUT + RESPONSE_TIMEOUT);
+    if slowest > bound {
+        broken.push(format!("an answer took {slowest:?}, more than {bound:?}"));
+    }
     assert!(broken.is_empty(), "{}\n{}", broken.join("\n"), tally.log());
 }
 

@@ -20,6 +20,11 @@ pub(crate) struct Link {
     opened: std::sync::atomic::AtomicU64,
     /// One reconnection at a time: the others wait for it and use its connection.
     connecting: tokio::sync::Mutex<()>,
+    /// Reconnections that failed so far, and the last one's error: a call that waited for a
+    /// reconnection that failed answers with its error rather than trying again (each try may
+    /// take `redis.connect_timeout`, and calls queued behind a stalled Redis would otherwise
+    /// wait one timeout per caller ahead of them).
+    failed: Mutex<(u64, Option<redis::RedisError>)>,
     /// Prefix of the request path's own keys (`redis.state_prefix`).
     prefix: String,
 }
@@ -33,6 +38,7 @@ impl Link {
             conn: Mutex::new(None),
             opened: std::sync::atomic::AtomicU64::new(0),
             connecting: tokio::sync::Mutex::new(()),
+            failed: Mutex::new((0, None)),
             prefix: config.state_prefix.clone(),
         })
     }
@@ -56,21 +62,31 @@ impl Link {
         if let Some(conn) = self.current() {
             return Ok(conn);
         }
+        let failures = self.failed().0;
         let _one = self.connecting.lock().await;
         if let Some(conn) = self.current() {
             return Ok(conn);
         }
-        let conn = self
-            .connector
-            .connect()
-            .await
-            .map_err(RequestError::Unreachable)?;
+        if let (n, Some(e)) = &*self.failed() {
+            if *n != failures {
+                return Err(RequestError::Unreachable(e.clone()));
+            }
+        }
+        let conn = self.connector.connect().await.map_err(|e| {
+            let mut failed = self.failed();
+            *failed = (failed.0 + 1, Some(e.clone()));
+            RequestError::Unreachable(e)
+        })?;
         let generation = self
             .opened
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             + 1;
         *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = Some((conn.clone(), generation));
         Ok((conn, generation))
+    }
+
+    fn failed(&self) -> std::sync::MutexGuard<'_, (u64, Option<redis::RedisError>)> {
+        self.failed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn current(&self) -> Option<(Conn, u64)> {
