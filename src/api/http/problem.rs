@@ -173,8 +173,9 @@ impl Problem {
                 Problem::new(
                     Kind::OutcomeUnknown,
                     format!(
-                        "{cause}: the hit may or may not have been counted; retry with the same \
-                         idempotency_key (a retry without one may count it twice)"
+                        "{cause}: the request may or may not have taken effect (a hit counted, a \
+                         unit taken, an item given, a lease acquired); a hit retried with the same \
+                         idempotency_key counts once, other retries may take effect twice"
                     ),
                 )
                 .internal(r.to_string())

@@ -88,16 +88,22 @@ impl Client {
         self.link.conn().await
     }
 
-    /// Run `cmd`, an invocation of `script` (NOSCRIPT: load and run again). A broken connection
-    /// is dropped so that the next call reconnects; a timeout is not a broken connection (the
-    /// request may still run: only an idempotency key makes retrying it safe).
+    /// Run `cmd`, an invocation of `script` that writes (NOSCRIPT: load and run again). A broken
+    /// connection is dropped so that the next call reconnects; a timeout is not a broken
+    /// connection (the request may still run: only an idempotency key makes retrying it safe).
+    /// An error after the send that Redis did not give instead of running it is
+    /// [`RequestError::OutcomeUnknown`]: the script may have run.
     pub async fn run<T: FromRedisValue>(
         &self,
         script: &Script,
         cmd: &Cmd,
     ) -> Result<T, RequestError> {
         let generation = self.before_write().await?;
-        let reply = self.link.run(script, cmd).await?;
+        let reply = self
+            .link
+            .run(script, cmd)
+            .await
+            .map_err(super::unknown_unless_refused)?;
         self.confirm(generation).await?;
         Ok(reply)
     }
@@ -117,10 +123,14 @@ impl Client {
     }
 
     /// Run a plain command that writes, answered once the durability level holds (as for a
-    /// script call).
+    /// script call); its outcome unknown after an error past the send, as for a script.
     pub async fn write<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RequestError> {
         let generation = self.before_write().await?;
-        let reply = self.link.query(cmd).await?;
+        let reply = self
+            .link
+            .query(cmd)
+            .await
+            .map_err(super::unknown_unless_refused)?;
         self.confirm(generation).await?;
         Ok(reply)
     }

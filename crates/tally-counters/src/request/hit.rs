@@ -112,11 +112,7 @@ impl Counters {
         if let Some(max) = hit.max_value {
             cmd.arg(max);
         }
-        let reply: redis::Value = self
-            .client
-            .run(&HIT, &cmd)
-            .await
-            .map_err(super::unknown_unless_refused)?;
+        let reply: redis::Value = self.client.run(&HIT, &cmd).await?;
         let r = ints("hit", &reply)?;
         let value = match r.as_slice() {
             [1, v] | [0, v] => *v,
