@@ -65,11 +65,11 @@ pub enum Got {
     /// It took effect and said so: counted, admitted, first, given (the item), acquired (the
     /// lease's token).
     Yes(String),
-    /// Answered without effect: denied, sold out, not first, empty, busy; a hit refused before
-    /// it ran (503 `redis-unavailable`: the documented "did not run").
+    /// Answered without effect: denied, sold out, not first, empty, busy; a call refused before
+    /// it ran (503 `redis-unavailable`: the documented "did not run", for every primitive).
     No,
-    /// It may or may not have run: a 503 (a hit's `outcome-unknown`), a limit decided without
-    /// Redis (`on_redis_error = "closed"`).
+    /// It may or may not have run: a 503 `outcome-unknown`, a limit decided without Redis
+    /// (`on_redis_error = "closed"`).
     Unknown,
     /// An answer no correct tally gives here (a new user already served): `.0` says which.
     Odd(String),
@@ -161,9 +161,10 @@ impl Kind {
         if status == 503 {
             let kind = b["type"].as_str().unwrap_or("");
             return match self {
-                Kind::Hit if kind.ends_with("/redis-unavailable") => Got::No,
                 Kind::Limit(_) => odd(),
-                _ => Got::Unknown,
+                _ if kind.ends_with("/redis-unavailable") => Got::No,
+                _ if kind.ends_with("/outcome-unknown") => Got::Unknown,
+                _ => odd(),
             };
         }
         if status != 200 {
