@@ -103,7 +103,12 @@ shutdown_grace = "20s"
         partitions: PARTITIONS,
         now_ms: chrono::Utc::now().timestamp_millis(),
     };
-    let (producer, sent) = stream.produce(&bootstrap, topic, 2_000);
+    // `TALLY_SENTINEL_LINGER_MS`: the producer's linger (5 ms, librdkafka's and Java's default).
+    // The mock cluster answers a fetch with one producer batch per partition, so replaying a
+    // rolled-back range costs one round trip per batch: longer lingers, fewer batches.
+    let linger = std::env::var("TALLY_SENTINEL_LINGER_MS").unwrap_or_else(|_| "5".into());
+    let (producer, sent) =
+        stream.produce_with(&bootstrap, topic, 2_000, &[("linger.ms", linger.as_str())]);
     let watermarks: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
         .create()
