@@ -411,26 +411,52 @@ impl Worker {
         for &p in partitions {
             self.agg.revoke(p);
         }
-        // All at once: one fence read and one offsets request for every partition (a failover
-        // rolls back every partition of the primary: one by one, each paid its own round trips).
-        for (p, result) in self.open_partitions(consumer, partitions) {
+        // All at once: one fence read, one offsets request and one seek for every partition (a
+        // failover rolls back every partition of the primary: one by one, each paid its own
+        // round trips).
+        let began = Instant::now();
+        let opened = self.open_partitions(consumer, partitions);
+        let read = began.elapsed();
+        let mut seeks = TopicPartitionList::new();
+        for (p, result) in &opened {
             match result {
                 Ok(start) => {
-                    if let Err(e) =
-                        consumer.seek(&self.topic, p, Offset::Offset(start), KAFKA_TIMEOUT)
-                    {
-                        tracing::warn!(partition = p, error = %e, "cannot seek; retrying shortly");
-                        self.park(Some(consumer), p, Halt::KafkaUnavailable(e.to_string()));
-                    } else if let Some(was_at) = was_at
-                        .iter()
-                        .find(|(q, _)| *q == p)
-                        .and_then(|(_, at)| *at)
-                        .filter(|&at| start < at)
-                    {
-                        self.parts.replaying(p, start, was_at);
-                    }
+                    let _ = seeks
+                        .add_partition(&self.topic, *p)
+                        .set_offset(Offset::Offset(*start));
                 }
-                Err(halt) => self.park(Some(consumer), p, halt),
+                Err(halt) => self.park(Some(consumer), *p, halt.clone()),
+            }
+        }
+        if seeks.count() == 0 {
+            return;
+        }
+        let sought = consumer.seek_partitions(seeks, KAFKA_TIMEOUT);
+        tracing::info!(
+            partitions = ?partitions,
+            offsets_and_fences = ?read,
+            seek = ?began.elapsed().saturating_sub(read),
+            "partitions reopened where redis says they are"
+        );
+        for (p, result) in opened {
+            let Ok(start) = result else { continue };
+            let error = match &sought {
+                Err(e) => Some(e.to_string()),
+                Ok(list) => list
+                    .find_partition(&self.topic, p)
+                    .and_then(|e| e.error().err())
+                    .map(|e| e.to_string()),
+            };
+            if let Some(e) = error {
+                tracing::warn!(partition = p, error = %e, "cannot seek; retrying shortly");
+                self.park(Some(consumer), p, Halt::KafkaUnavailable(e));
+            } else if let Some(was_at) = was_at
+                .iter()
+                .find(|(q, _)| *q == p)
+                .and_then(|(_, at)| *at)
+                .filter(|&at| start < at)
+            {
+                self.parts.replaying(p, start, was_at);
             }
         }
     }
