@@ -7,7 +7,7 @@ use std::sync::Arc;
 use redis::{Cmd, FromRedisValue};
 
 use super::batch::{Batcher, Batching, ScriptPair};
-use super::confirm::{Confirmer, Durability};
+use super::confirm::{Confirmers, Durability};
 use super::link::Link;
 use super::RequestError;
 use crate::config::RedisConfig;
@@ -22,7 +22,7 @@ pub struct Client {
     /// What a script call waits for before it answers.
     durability: Durability,
     /// Shares one WAIT among concurrent calls (one per durability level).
-    confirmer: Arc<Confirmer>,
+    confirmers: Arc<Confirmers>,
 }
 
 impl Client {
@@ -38,7 +38,7 @@ impl Client {
             link: Arc::new(Link::new(config)?),
             batch: Arc::new(Batcher::new(batching)),
             durability: Durability::default(),
-            confirmer: Arc::default(),
+            confirmers: Arc::default(),
         })
     }
 
@@ -47,7 +47,6 @@ impl Client {
     pub fn durable(&self, durability: Durability) -> Client {
         Client {
             durability,
-            confirmer: Arc::default(),
             ..self.clone()
         }
     }
@@ -68,12 +67,13 @@ impl Client {
     }
 
     /// After a call that wrote: wait for the replicas `durability` asks for, in a WAIT shared
-    /// with the calls confirming now ([`Confirmer`]).
+    /// with the calls confirming now (one per durability level, shared by every clone).
     async fn confirm(&self, generation: u64) -> Result<(), RequestError> {
         if self.durability.replicas == 0 {
             return Ok(());
         }
-        self.confirmer
+        self.confirmers
+            .of(self.durability)
             .confirm(&self.link, self.durability, generation)
             .await
     }

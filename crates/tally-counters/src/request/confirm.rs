@@ -20,7 +20,7 @@ use super::RequestError;
 /// How many replicas must have a write before a call is answered (`WAIT replicas timeout`
 /// after the script). Redis replicates asynchronously: a primary can acknowledge a write and
 /// die before any replica has it, and a failover then undoes an admission that was answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Durability {
     /// Replicas that must have the write; 0: answer as soon as the primary has it.
@@ -43,6 +43,19 @@ impl Default for Durability {
 /// What one WAIT found: the replicas that acknowledged, and the generation of the connection
 /// it ran on; None when it failed (the writes it was to confirm stay unconfirmed).
 type Outcome = Option<(i64, u64)>;
+
+/// One [`Confirmer`] per durability level, shared by a client and every clone of it (a limit
+/// whose policies ask for another level than the client's gets a clone per decision).
+#[derive(Default)]
+pub(crate) struct Confirmers(Mutex<std::collections::HashMap<Durability, Arc<Confirmer>>>);
+
+impl Confirmers {
+    /// The confirmer of `durability`.
+    pub(crate) fn of(&self, durability: Durability) -> Arc<Confirmer> {
+        let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        Arc::clone(all.entry(durability).or_default())
+    }
+}
 
 /// Decisions waiting for the next WAIT, and whether one is running.
 #[derive(Default)]
