@@ -8,6 +8,7 @@
 mod common;
 
 mod admin_token;
+mod aof;
 mod bounded_flush;
 mod cli_help;
 mod clock_skew;

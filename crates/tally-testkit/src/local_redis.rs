@@ -63,6 +63,9 @@ impl LocalRedis {
             .arg(self.port.to_string())
             .arg("--dir")
             .arg(&self.dir)
+            // The server's log stays in its directory (kept with TALLY_TEST_KEEP_LOGS).
+            .arg("--logfile")
+            .arg(self.dir.join("redis.log"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -72,6 +75,20 @@ impl LocalRedis {
         self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
+            // It exited (it refuses a truncated AOF with `aof-load-truncated no`, its port is
+            // taken): whatever answers on the port is not this server.
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.child = None;
+                return Err(std::io::Error::other(format!(
+                    "redis-server on port {} exited at start ({status}); its log: {}",
+                    self.port,
+                    self.dir.join("redis.log").display()
+                )));
+            }
             if let Ok(client) = redis::Client::open(self.url()) {
                 if let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200))
                 {
@@ -93,6 +110,40 @@ impl LocalRedis {
         )))
     }
 
+    /// Start the server again, repairing its AOF first if it refuses to load it: with
+    /// `aof-load-truncated no` a server killed in the middle of writing its AOF does not start
+    /// until `redis-check-aof --fix` cuts the file back to its last whole command or
+    /// transaction (what an operator does). Returns whether a repair was needed.
+    pub fn restart_repairing_aof(&mut self) -> std::io::Result<bool> {
+        if self.restart().is_ok() {
+            return Ok(false);
+        }
+        let manifest = self
+            .dir
+            .join("appendonlydir")
+            .join("appendonly.aof.manifest");
+        let mut fix = Command::new("redis-check-aof")
+            .arg("--fix")
+            .arg(&manifest)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        if let Some(mut stdin) = fix.stdin.take() {
+            use std::io::Write;
+            stdin.write_all(b"y\n")?;
+        }
+        let status = fix.wait()?;
+        if !status.success() {
+            return Err(std::io::Error::other(format!(
+                "redis-check-aof --fix {} failed: {status}",
+                manifest.display()
+            )));
+        }
+        self.restart()?;
+        Ok(true)
+    }
+
     /// The server's process id while it runs (to stall it with SIGSTOP in tests).
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(|c| c.id())
@@ -110,7 +161,10 @@ impl LocalRedis {
 impl Drop for LocalRedis {
     fn drop(&mut self) {
         self.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // TALLY_TEST_KEEP_LOGS keeps the server's directory (its AOF) to read after a failure.
+        if std::env::var_os("TALLY_TEST_KEEP_LOGS").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

@@ -96,3 +96,29 @@ impl super::Sink {
         }
     }
 }
+
+/// Warn when Redis keeps the AOF on and loads a truncated one (`aof-load-truncated yes`, its
+/// default). A crash in the middle of writing a flush's transaction to the AOF leaves part of it
+/// there; Redis 7.0 cuts the file inside the transaction on the next start (the part is not
+/// applied, and tally's retry applies the flush whole), then appends after it, and at the start
+/// after that applies the part along with the next transaction: those keys are counted twice,
+/// with no fence to tell (measured with redis-server 7.0.15; valkey-io/valkey#4342 fixes it).
+/// With `aof-load-truncated no` Redis refuses such a file until `redis-check-aof --fix` cuts it
+/// before the transaction. Read with `CONFIG GET` (one node of a cluster); where CONFIG is not
+/// allowed, nothing is said.
+pub(super) async fn warn_if_aof_loads_truncated(conn: &mut conn::Conn) {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg("appendonly").arg("aof-load-truncated");
+    let Ok(pairs) = conn
+        .query::<std::collections::HashMap<String, String>>(&cmd)
+        .await
+    else {
+        return;
+    };
+    let on = |k: &str| pairs.get(k).is_some_and(|v| v == "yes");
+    if on("appendonly") && on("aof-load-truncated") {
+        tracing::warn!(
+            "redis loads a truncated AOF (appendonly yes, aof-load-truncated yes): after a redis crash in the middle of writing a flush, redis 7.x can apply part of that flush at a later restart on top of tally's retry (counted twice; valkey-io/valkey#4342); set aof-load-truncated no and run redis-check-aof --fix when redis refuses to start"
+        );
+    }
+}

@@ -179,7 +179,11 @@ impl Sink {
     pub async fn preflight(&mut self) -> Result<(), AttemptError> {
         match self.connection().await {
             Err(e @ AttemptError::UnsafeEviction(_)) => Err(e),
-            _ => Ok(()),
+            Ok(mut conn) => {
+                link::warn_if_aof_loads_truncated(&mut conn).await;
+                Ok(())
+            }
+            Err(_) => Ok(()),
         }
     }
 

@@ -217,6 +217,9 @@ impl Drop for TallyProcess {
     fn drop(&mut self) {
         self.kill9();
         let _ = std::fs::remove_file(&self.config_path);
-        let _ = std::fs::remove_file(self.config_path.with_extension("log"));
+        // TALLY_TEST_KEEP_LOGS keeps tally's log beside its config (to read after a failure).
+        if std::env::var_os("TALLY_TEST_KEEP_LOGS").is_none() {
+            let _ = std::fs::remove_file(self.config_path.with_extension("log"));
+        }
     }
 }
