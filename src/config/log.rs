@@ -13,6 +13,31 @@ pub struct LogConfig {
     /// A `tracing` filter: a level (`info`) and per-module levels (`tally::api=debug`), comma
     /// separated. Re-read from the file on SIGHUP by `tally run` and `tally serve`.
     pub level: String,
+    /// How each line is written: `text` (for people; colour only on a terminal) or `json` (one
+    /// object per line: `timestamp`, `level`, `message`, the event's fields, `target`; for log
+    /// shippers). `TALLY_LOG_FORMAT` in the environment takes its place.
+    pub format: LogFormat,
+}
+
+/// `log.format`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            other => Err(format!("`{other}` is not a log format (text or json)")),
+        }
+    }
 }
 
 /// The filter when none is configured: librdkafka's chatter at warn.
@@ -22,6 +47,7 @@ impl Default for LogConfig {
     fn default() -> Self {
         LogConfig {
             level: DEFAULT_LOG.into(),
+            format: LogFormat::Text,
         }
     }
 }

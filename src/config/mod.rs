@@ -36,7 +36,7 @@ pub use http::HttpConfig;
 pub use jobs::{JobsConfig, PublishConfig, ReconcileConfig, TtlAuditConfig};
 pub use kafka::{statistics_interval_ms, AutoWord, Consumers, KafkaConfig, StartFrom};
 pub use limits::{Limits, LimitsError};
-pub use log::{LogConfig, DEFAULT_LOG};
+pub use log::{LogConfig, LogFormat, DEFAULT_LOG};
 pub use model::{Model, Tokens};
 pub use request::{BatchConfig, OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use rls::RlsConfig;

@@ -29,6 +29,7 @@ mod jobs;
 mod kinds;
 mod lock_cli;
 mod locks;
+mod logs;
 mod observability;
 mod openapi;
 mod pipeline;

@@ -308,22 +308,36 @@ impl Worker {
         consumer: &BaseConsumer<TallyContext>,
         parts: &[i32],
     ) -> Vec<(i32, Result<i64, Halt>)> {
+        self.open_partitions_timed(consumer, parts).0
+    }
+
+    /// [`Worker::open_partitions`], and how long Kafka's committed offsets, its watermarks and
+    /// Redis' fences took.
+    fn open_partitions_timed(
+        &mut self,
+        consumer: &BaseConsumer<TallyContext>,
+        parts: &[i32],
+    ) -> (Vec<(i32, Result<i64, Halt>)>, [Duration; 3]) {
         let mut out = Vec::with_capacity(parts.len());
         let mut ready = Vec::with_capacity(parts.len());
-        for (p, kafka) in kafka_offsets(consumer, &self.topic, parts) {
+        let (offsets, [committed, watermarks]) = kafka_offsets(consumer, &self.topic, parts);
+        for (p, kafka) in offsets {
             match kafka {
                 Ok(kafka) => ready.push((p, kafka)),
                 Err(halt) => out.push((p, Err(halt))),
             }
         }
         if ready.is_empty() {
-            return out;
+            return (out, [committed, watermarks, Duration::ZERO]);
         }
         let request = ready
             .iter()
             .map(|(p, kafka)| (*p, self.parts.fresh_start(kafka)))
             .collect();
-        match self.flusher.init_fences(request, self.parts.init_timeout()) {
+        let began = Instant::now();
+        let fences = self.flusher.init_fences(request, self.parts.init_timeout());
+        let took = [committed, watermarks, began.elapsed()];
+        match fences {
             Ok(fences) => {
                 for ((p, states), (_, kafka)) in fences.into_iter().zip(&ready) {
                     let decision =
@@ -337,7 +351,7 @@ impl Worker {
                     .map(|(p, _)| (*p, Err(Halt::RedisUnavailable(e.to_string())))),
             ),
         }
-        out
+        (out, took)
     }
 
     /// Act on the recovery decision for `partition`.
@@ -415,7 +429,8 @@ impl Worker {
         // failover rolls back every partition of the primary: one by one, each paid its own
         // round trips).
         let began = Instant::now();
-        let opened = self.open_partitions(consumer, partitions);
+        let (opened, [committed, watermarks, fences]) =
+            self.open_partitions_timed(consumer, partitions);
         let read = began.elapsed();
         let mut seeks = TopicPartitionList::new();
         for (p, result) in &opened {
@@ -434,7 +449,9 @@ impl Worker {
         let sought = consumer.seek_partitions(seeks, KAFKA_TIMEOUT);
         tracing::info!(
             partitions = ?partitions,
-            offsets_and_fences = ?read,
+            committed_offsets = ?committed,
+            watermarks = ?watermarks,
+            redis_fences = ?fences,
             seek = ?began.elapsed().saturating_sub(read),
             "partitions reopened where redis says they are"
         );
