@@ -56,20 +56,17 @@ pub(super) fn kafka_offsets(
     consumer: &BaseConsumer<TallyContext>,
     topic: &str,
     parts: &[i32],
-) -> (Vec<(i32, Result<KafkaOffsets, Halt>)>, [Duration; 2]) {
+) -> Vec<(i32, Result<KafkaOffsets, Halt>)> {
     let mut tpl = TopicPartitionList::new();
     for &p in parts {
         tpl.add_partition(topic, p);
     }
-    let began = Instant::now();
     let committed = consumer.committed_offsets(tpl, KAFKA_TIMEOUT);
-    let committed_took = began.elapsed();
     // Every partition's watermarks in two requests (earliest, latest), not two per partition:
     // a failover reopens every partition of a lane at once, and one by one their round trips
     // added up (219-363 ms per lane of 4 after a Sentinel failover).
     let low = list_offsets(consumer, topic, parts, Offset::Beginning);
     let high = list_offsets(consumer, topic, parts, Offset::End);
-    let took = [committed_took, began.elapsed() - committed_took];
     let read = |p: i32| {
         let has_commit = match &committed {
             Ok(c) => c
@@ -83,7 +80,7 @@ pub(super) fn kafka_offsets(
             high: offset_of(&high, topic, p)?,
         })
     };
-    (parts.iter().map(|&p| (p, read(p))).collect(), took)
+    parts.iter().map(|&p| (p, read(p))).collect()
 }
 
 /// One ListOffsets request for `parts`: `Offset::Beginning` asks for each one's earliest

@@ -18,6 +18,7 @@ use crate::stream::decode::{DecodeError, Decoder};
 use crate::stream::sink::{ApplyReply, SinkRequest};
 
 mod assign;
+mod resync;
 mod rollback;
 
 use super::commit::Committer;
@@ -26,6 +27,9 @@ use super::flush::{worst_refusals, Flusher, Landed, Wait};
 use super::partitions::{kafka_offsets, PartitionStates, StateAccess};
 use super::recovery::{self, Halt, Start};
 use super::{DeadLetters, TallyContext, KAFKA_TIMEOUT};
+
+/// Partitions opened: where each starts, or why it must not.
+type Opened = Vec<(i32, Result<i64, Halt>)>;
 
 /// How often per-batch counts reach the metrics.
 const PUBLISH_EVERY: Duration = Duration::from_millis(200);
@@ -303,41 +307,23 @@ impl Worker {
     /// Decide where each of `parts` starts, from Redis' fences and Kafka's offsets (see
     /// [`recovery`]). `Ok(start)`: the partition is tracked and must be consumed from `start`;
     /// `Err`: it must not be.
-    fn open_partitions(
-        &mut self,
-        consumer: &BaseConsumer<TallyContext>,
-        parts: &[i32],
-    ) -> Vec<(i32, Result<i64, Halt>)> {
-        self.open_partitions_timed(consumer, parts).0
-    }
-
-    /// [`Worker::open_partitions`], and how long Kafka's committed offsets, its watermarks and
-    /// Redis' fences took.
-    fn open_partitions_timed(
-        &mut self,
-        consumer: &BaseConsumer<TallyContext>,
-        parts: &[i32],
-    ) -> (Vec<(i32, Result<i64, Halt>)>, [Duration; 3]) {
+    fn open_partitions(&mut self, consumer: &BaseConsumer<TallyContext>, parts: &[i32]) -> Opened {
         let mut out = Vec::with_capacity(parts.len());
         let mut ready = Vec::with_capacity(parts.len());
-        let (offsets, [committed, watermarks]) = kafka_offsets(consumer, &self.topic, parts);
-        for (p, kafka) in offsets {
+        for (p, kafka) in kafka_offsets(consumer, &self.topic, parts) {
             match kafka {
                 Ok(kafka) => ready.push((p, kafka)),
                 Err(halt) => out.push((p, Err(halt))),
             }
         }
         if ready.is_empty() {
-            return (out, [committed, watermarks, Duration::ZERO]);
+            return out;
         }
         let request = ready
             .iter()
             .map(|(p, kafka)| (*p, self.parts.fresh_start(kafka)))
             .collect();
-        let began = Instant::now();
-        let fences = self.flusher.init_fences(request, self.parts.init_timeout());
-        let took = [committed, watermarks, began.elapsed()];
-        match fences {
+        match self.flusher.init_fences(request, self.parts.init_timeout()) {
             Ok(fences) => {
                 for ((p, states), (_, kafka)) in fences.into_iter().zip(&ready) {
                     let decision =
@@ -351,7 +337,7 @@ impl Worker {
                     .map(|(p, _)| (*p, Err(Halt::RedisUnavailable(e.to_string())))),
             ),
         }
-        (out, took)
+        out
     }
 
     /// Act on the recovery decision for `partition`.
@@ -408,73 +394,6 @@ impl Worker {
                 let _ = consumer.resume(&tpl);
             }
             tracing::info!(partition = p, start, "partition resumed");
-        }
-    }
-
-    /// Drop what is pending for `partition` and restart it from Redis' state (after a refused
-    /// unit, or a fence check that found it changed); park it if the state does not allow a
-    /// safe start. Reopened behind where it was, it is replaying: not ready until back there.
-    fn resync(&mut self, consumer: &BaseConsumer<TallyContext>, partitions: &[i32]) {
-        if partitions.is_empty() {
-            return;
-        }
-        let was_at: Vec<(i32, Option<i64>)> = partitions
-            .iter()
-            .map(|&p| (p, self.agg.position(p)))
-            .collect();
-        for &p in partitions {
-            self.agg.revoke(p);
-        }
-        // All at once: one fence read, one offsets request and one seek for every partition (a
-        // failover rolls back every partition of the primary: one by one, each paid its own
-        // round trips).
-        let began = Instant::now();
-        let (opened, [committed, watermarks, fences]) =
-            self.open_partitions_timed(consumer, partitions);
-        let read = began.elapsed();
-        let mut seeks = TopicPartitionList::new();
-        for (p, result) in &opened {
-            match result {
-                Ok(start) => {
-                    let _ = seeks
-                        .add_partition(&self.topic, *p)
-                        .set_offset(Offset::Offset(*start));
-                }
-                Err(halt) => self.park(Some(consumer), *p, halt.clone()),
-            }
-        }
-        if seeks.count() == 0 {
-            return;
-        }
-        let sought = consumer.seek_partitions(seeks, KAFKA_TIMEOUT);
-        tracing::info!(
-            partitions = ?partitions,
-            committed_offsets = ?committed,
-            watermarks = ?watermarks,
-            redis_fences = ?fences,
-            seek = ?began.elapsed().saturating_sub(read),
-            "partitions reopened where redis says they are"
-        );
-        for (p, result) in opened {
-            let Ok(start) = result else { continue };
-            let error = match &sought {
-                Err(e) => Some(e.to_string()),
-                Ok(list) => list
-                    .find_partition(&self.topic, p)
-                    .and_then(|e| e.error().err())
-                    .map(|e| e.to_string()),
-            };
-            if let Some(e) = error {
-                tracing::warn!(partition = p, error = %e, "cannot seek; retrying shortly");
-                self.park(Some(consumer), p, Halt::KafkaUnavailable(e));
-            } else if let Some(was_at) = was_at
-                .iter()
-                .find(|(q, _)| *q == p)
-                .and_then(|(_, at)| *at)
-                .filter(|&at| start < at)
-            {
-                self.parts.replaying(p, start, was_at);
-            }
         }
     }
 }
