@@ -46,6 +46,15 @@ impl Ports<'_> {
             requests = requests.with_deferral(Deferral::new(model));
         }
         let requests = Arc::new(requests);
+        if self.role == Role::Serve {
+            // `tally run` says it from its sink's first connection.
+            let client = client.clone();
+            tokio::spawn(async move {
+                if let Ok(mut conn) = client.conn().await {
+                    crate::stream::sink::warn_if_aof_loads_truncated(&mut conn).await;
+                }
+            });
+        }
         if !config.http.listen.is_empty() {
             let query = Arc::new(Query::new(model.clone(), client.clone()));
             let (local, server) = crate::api::http::serve(

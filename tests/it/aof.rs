@@ -8,7 +8,7 @@
 //! part has no fence, tally's retry applies the flush whole, and the part is counted twice.
 //! With `aof-load-truncated no` the server refuses the file until `redis-check-aof --fix` cuts
 //! it before the transaction, and nothing comes back. tally warns at start when it finds the
-//! first setting.
+//! first setting (`tally run` and `tally serve`).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -123,6 +123,13 @@ fn tally_warns_when_redis_loads_a_truncated_aof() {
                 wait_until(Duration::from_secs(10), || says(&t)),
                 "no warning with aof-load-truncated {setting}:\n{}",
                 t.log()
+            );
+            // `tally serve` says it too (its request path writes scripts the same way).
+            let serve = TallyProcess::start_command("serve", &cfg, "aofwarn-serve");
+            assert!(
+                wait_until(Duration::from_secs(30), || says(&serve)),
+                "serve gave no warning:\n{}",
+                serve.log()
             );
         } else {
             assert!(

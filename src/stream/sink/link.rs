@@ -106,7 +106,7 @@ impl super::Sink {
 /// With `aof-load-truncated no` Redis refuses such a file until `redis-check-aof --fix` cuts it
 /// before the transaction. Read with `CONFIG GET` (one node of a cluster); where CONFIG is not
 /// allowed, nothing is said.
-pub(super) async fn warn_if_aof_loads_truncated(conn: &mut conn::Conn) {
+pub async fn warn_if_aof_loads_truncated(conn: &mut conn::Conn) {
     let mut cmd = redis::cmd("CONFIG");
     cmd.arg("GET").arg("appendonly").arg("aof-load-truncated");
     let Ok(pairs) = conn

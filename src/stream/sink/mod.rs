@@ -8,6 +8,7 @@
 pub use tally_counters::conn;
 mod encode;
 pub use encode::CHUNK_KEYS;
+pub use link::warn_if_aof_loads_truncated;
 mod fences;
 mod link;
 pub mod merge;
