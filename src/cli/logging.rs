@@ -25,16 +25,16 @@ fn from_env() -> bool {
     std::env::var_os("TALLY_LOG").is_some()
 }
 
-/// `TALLY_LOG_FORMAT`, when set to a format.
+/// `TALLY_LOG_FORMAT`, when set to a format (read once: a wrong value is said once).
 fn format_from_env() -> Option<LogFormat> {
-    let value = std::env::var("TALLY_LOG_FORMAT").ok()?;
-    match value.parse() {
-        Ok(format) => Some(format),
-        Err(e) => {
-            eprintln!("TALLY_LOG_FORMAT: {e}; logging as text");
-            None
-        }
-    }
+    static FORMAT: OnceLock<Option<LogFormat>> = OnceLock::new();
+    *FORMAT.get_or_init(|| {
+        let value = std::env::var("TALLY_LOG_FORMAT").ok()?;
+        value
+            .parse()
+            .map_err(|e| eprintln!("TALLY_LOG_FORMAT: {e}; log.format applies"))
+            .ok()
+    })
 }
 
 /// Lines to stderr in `format`; text has colour only when stderr is a terminal (escape codes

@@ -31,12 +31,11 @@ pub enum LogFormat {
 impl std::str::FromStr for LogFormat {
     type Err = String;
 
+    /// The names the configuration file takes (`TALLY_LOG_FORMAT`'s value).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
-            "text" => Ok(LogFormat::Text),
-            "json" => Ok(LogFormat::Json),
-            other => Err(format!("`{other}` is not a log format (text or json)")),
-        }
+        use serde::de::IntoDeserializer;
+        LogFormat::deserialize(s.into_deserializer())
+            .map_err(|e: serde::de::value::Error| format!("`{s}`: {e}"))
     }
 }
 

@@ -36,6 +36,19 @@ fn get(redis: &LocalRedis, key: &str) -> Option<i64> {
     redis::cmd("GET").arg(key).query(&mut conn).unwrap()
 }
 
+/// `redis-server --version`'s `v=` field.
+fn redis_version() -> String {
+    let out = std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.split_whitespace()
+        .find_map(|w| w.strip_prefix("v="))
+        .unwrap_or_default()
+        .to_string()
+}
+
 /// A script that writes a counter and then its fence, as a flush does (one transaction).
 fn flush(redis: &LocalRedis, key: &str, fence: i64) {
     let mut conn = redis::Client::open(redis.url())
@@ -91,12 +104,19 @@ fn a_transaction_cut_in_the_aof_comes_back_two_restarts_later_unless_redis_refus
         first, None,
         "the cut transaction is not applied at the next start"
     );
-    assert_eq!(
-        second,
-        Some(10),
-        "redis 7.0 applies the cut part at the start after next (fixed upstream? then tally's \
-         warning and guide 04 can name the version)"
+    let version = redis_version();
+    eprintln!(
+        "redis {version}, aof-load-truncated yes: the cut part after two restarts: {second:?}"
     );
+    if version.starts_with("7.0.") {
+        // Measured on 7.0.15; a server with the fix (valkey-io/valkey#4342) answers None, and
+        // tally's warning and guide 04 can then name the version.
+        assert_eq!(
+            second,
+            Some(10),
+            "redis 7.0 applies the cut part at the start after next"
+        );
+    }
     // The condition: the server refuses the file and redis-check-aof cuts before the MULTI.
     let (first, second, repaired) = cut_transaction("no");
     assert!(repaired, "aof-load-truncated no refuses the cut file");
