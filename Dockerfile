@@ -15,12 +15,15 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 # Cargo features on top of the product's (none): "dev" adds the local tooling commands.
 ARG TALLY_FEATURES=""
+# The git commit `tally version` and tally_build_info report (.git is not in the build context):
+# docker build --build-arg TALLY_BUILD_COMMIT=$(git rev-parse --short=12 HEAD) .
+ARG TALLY_BUILD_COMMIT=""
 WORKDIR /src
 COPY . .
 # Cache mounts keep the crate registry and compiled dependencies between builds.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked --no-default-features --features "${TALLY_FEATURES}" --bin tally \
+    TALLY_BUILD_COMMIT="${TALLY_BUILD_COMMIT}" cargo build --release --locked --no-default-features --features "${TALLY_FEATURES}" --bin tally \
     && cp target/release/tally /usr/local/bin/tally
 
 FROM debian:bookworm-slim

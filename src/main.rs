@@ -1,4 +1,4 @@
-//! The `tally` command line: run, serve, check, key, query, state, the request-path calls (hit,
+//! The `tally` command line: run, serve, check, key, query, state, version, the request-path calls (hit,
 //! limit, quota, once, unique, pool, lock) and, with the `dev` feature (default; the product is
 //! built without it), the local tooling on the test kit (demo, mock-broker, produce).
 
@@ -88,6 +88,7 @@ enum Prepared {
     State(Config, StateArgs),
     Serve(Arc<Model>),
     Request(Arc<Model>, request_cli::RequestCommand),
+    Version,
 }
 
 impl Prepared {
@@ -140,6 +141,7 @@ impl Prepared {
             }
             Command::Top(args) => Prepared::Top(args),
             Command::Request(r) => Prepared::Request(r.common().model()?, r),
+            Command::Version => Prepared::Version,
         })
     }
 
@@ -181,6 +183,10 @@ impl Prepared {
             Prepared::State(config, args) => state(config, args).await,
             Prepared::Serve(model) => tally::app::serve::run(model, shutdown).await,
             Prepared::Request(model, command) => request_cli::run(model, command, shutdown).await,
+            Prepared::Version => {
+                print!("{}", tally::ops::build_info::describe());
+                Ok(())
+            }
         }
     }
 }

@@ -10,8 +10,10 @@ use super::request as request_cli;
 #[derive(Parser)]
 #[command(
     name = "tally",
-    version,
-    about = "Exact, time-windowed counters from a Kafka topic into Redis"
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("TALLY_BUILD_COMMIT"), ")"),
+    about = "Exact, time-windowed counters in Redis, three ways: from a Kafka stream (`tally run`), \
+             on the request path over HTTP (`tally serve`: hits, rate limits, quotas, once, \
+             locks), and as Envoy's rate limit service (`tally serve` with `[rls]`)"
 )]
 pub(crate) struct Cli {
     #[command(subcommand)]
@@ -84,6 +86,9 @@ pub(crate) enum Command {
     Serve(Common),
     #[command(flatten)]
     Request(request_cli::RequestCommand),
+    /// Print the version, the git commit and the build profile (as `tally_build_info` exports).
+    #[command(after_help = "Example:\n  tally version")]
+    Version,
 }
 
 impl TopArgs {

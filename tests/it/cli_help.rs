@@ -18,6 +18,7 @@ const SUBCOMMANDS: &[&str] = &[
     "quota",
     "once",
     "lock",
+    "version",
 ];
 
 #[test]
@@ -57,4 +58,37 @@ fn usage_errors_exit_64() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// `tally version` (and `--version`) say which build this is: the package version and the git
+/// commit of the checkout it was built from.
+#[test]
+fn version_names_the_package_and_the_commit() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .arg("version")
+        .output()
+        .expect("run tally");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(
+        text.starts_with(&format!("tally {}\n", env!("CARGO_PKG_VERSION"))),
+        "{text}"
+    );
+    let head = Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let commit = head.unwrap_or_else(|| "unknown".into());
+    assert!(text.contains(&format!("commit: {commit}\n")), "{text}");
+    let short = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .arg("--version")
+        .output()
+        .expect("run tally");
+    assert_eq!(
+        String::from_utf8_lossy(&short.stdout).trim(),
+        format!("tally {} ({commit})", env!("CARGO_PKG_VERSION"))
+    );
 }

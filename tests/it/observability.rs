@@ -20,7 +20,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use serde_yaml::Value as Yaml;
+use serde_yaml_ng::Value as Yaml;
 use tally_testkit::http;
 use tally_testkit::scrape::Scrape;
 
@@ -284,7 +284,7 @@ fn promtool_checks_rules_unit_tests_and_config() {
     // The unit tests make every alert fire at least once, and check silence at least once.
     let text = std::fs::read_to_string(repo().join("deploy/prometheus/alerts_test.yml"))
         .expect("read alerts_test.yml");
-    let y: Yaml = serde_yaml::from_str(&text).expect("alerts_test.yml is YAML");
+    let y: Yaml = serde_yaml_ng::from_str(&text).expect("alerts_test.yml is YAML");
     let mut fired = BTreeSet::new();
     let mut silent = BTreeSet::new();
     for t in y["tests"].as_sequence().expect("tests") {

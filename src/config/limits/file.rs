@@ -103,23 +103,24 @@ pub struct Replaces {
 /// or refuse them (set to anything else, naming where), then parse into the schema (unknown
 /// keys refused by serde, with the list of known ones).
 pub fn parse(text: &str) -> Result<DomainFile, String> {
-    let mut value: serde_yaml::Value = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+    let mut value: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
     strip_unsupported(&mut value, "")?;
-    serde_yaml::from_value(value).map_err(|e| e.to_string())
+    serde_yaml_ng::from_value(value).map_err(|e| e.to_string())
 }
 
 /// Remove every [`UNSUPPORTED`] key set to `false` from `value` (depth first); the first one
 /// set to anything else is the error, with its path.
-fn strip_unsupported(value: &mut serde_yaml::Value, at: &str) -> Result<(), String> {
+fn strip_unsupported(value: &mut serde_yaml_ng::Value, at: &str) -> Result<(), String> {
     match value {
-        serde_yaml::Value::Mapping(map) => {
+        serde_yaml_ng::Value::Mapping(map) => {
             let mut result = Ok(());
             map.retain(|k, v| {
                 let name = k.as_str().unwrap_or_default();
                 let Some((key, why)) = UNSUPPORTED.iter().find(|(key, _)| *key == name) else {
                     return true;
                 };
-                if !matches!(v, serde_yaml::Value::Bool(false)) && result.is_ok() {
+                if !matches!(v, serde_yaml_ng::Value::Bool(false)) && result.is_ok() {
                     result = Err(format!(
                         "`{}`: `{key}` is an envoyproxy/ratelimit key that tally does not support ({why})",
                         join(at, name)
@@ -133,7 +134,7 @@ fn strip_unsupported(value: &mut serde_yaml::Value, at: &str) -> Result<(), Stri
             }
             Ok(())
         }
-        serde_yaml::Value::Sequence(items) => items
+        serde_yaml_ng::Value::Sequence(items) => items
             .iter_mut()
             .enumerate()
             .try_for_each(|(i, v)| strip_unsupported(v, &format!("{at}[{i}]"))),

@@ -133,6 +133,19 @@ impl Metrics {
             let pc = prometheus::process_collector::ProcessCollector::for_self();
             let _ = registry.register(Box::new(pc));
         }
+        // What is running, as Prometheus' own build_info: a constant 1 whose labels say it.
+        let build = gauge_vec(
+            &registry,
+            "tally_build_info",
+            "Always 1; the labels say which tally this is (version, git commit).",
+            &["version", "commit"],
+        );
+        build
+            .with_label_values(&[
+                crate::ops::build_info::VERSION,
+                crate::ops::build_info::COMMIT,
+            ])
+            .set(1);
         let (consumer, decode) = (
             ConsumerMetrics::new(&registry),
             DecodeMetrics::new(&registry),
@@ -168,5 +181,17 @@ impl Metrics {
         encoder
             .encode_to_string(&self.registry.gather())
             .unwrap_or_else(|e| format!("# encode error: {e}\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::ops::build_info::{COMMIT, VERSION};
+
+    #[test]
+    fn metrics_export_the_build() {
+        let text = super::Metrics::new(&[]).render();
+        let line = format!("tally_build_info{{commit=\"{COMMIT}\",version=\"{VERSION}\"}} 1");
+        assert!(text.contains(&line), "no `{line}` in:\n{text}");
     }
 }

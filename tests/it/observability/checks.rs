@@ -130,7 +130,7 @@ pub(crate) fn dashboard_checks() -> Vec<Check> {
 pub(crate) fn alert_rules() -> Vec<(String, String)> {
     let text = std::fs::read_to_string(repo().join("deploy/prometheus/alerts.yml"))
         .expect("read alerts.yml");
-    let y: Yaml = serde_yaml::from_str(&text).expect("alerts.yml is YAML");
+    let y: Yaml = serde_yaml_ng::from_str(&text).expect("alerts.yml is YAML");
     let mut out = Vec::new();
     for g in y["groups"].as_sequence().expect("groups") {
         for r in g["rules"].as_sequence().expect("rules") {

@@ -9,7 +9,7 @@ use super::*;
 
 pub(crate) fn compose() -> Yaml {
     let text = std::fs::read_to_string(repo().join("docker-compose.yml")).expect("read compose");
-    let mut y: Yaml = serde_yaml::from_str(&text).expect("docker-compose.yml is YAML");
+    let mut y: Yaml = serde_yaml_ng::from_str(&text).expect("docker-compose.yml is YAML");
     y.apply_merge().expect("YAML merge keys");
     y
 }
@@ -239,7 +239,7 @@ pub(crate) fn compose_stack_is_well_formed() {
         repo().join("deploy/grafana/provisioning/datasources/prometheus.yml"),
     )
     .unwrap();
-    let ds: Yaml = serde_yaml::from_str(&ds).unwrap();
+    let ds: Yaml = serde_yaml_ng::from_str(&ds).unwrap();
     assert_eq!(
         ds["datasources"][0]["url"].as_str(),
         Some("http://prometheus:9090")
@@ -248,7 +248,7 @@ pub(crate) fn compose_stack_is_well_formed() {
     let dp =
         std::fs::read_to_string(repo().join("deploy/grafana/provisioning/dashboards/tally.yml"))
             .unwrap();
-    let dp: Yaml = serde_yaml::from_str(&dp).unwrap();
+    let dp: Yaml = serde_yaml_ng::from_str(&dp).unwrap();
     let dash_path = dp["providers"][0]["options"]["path"].as_str().unwrap();
     let gvols: Vec<String> = service("grafana")["volumes"]
         .as_sequence()
