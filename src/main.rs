@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
@@ -76,16 +77,16 @@ enum Prepared {
     /// The model, and the file it came from (named in repair commands).
     Run(Arc<Model>, Option<PathBuf>),
     Top(TopArgs),
-    Check(Config),
+    Check(Arc<Model>),
     #[cfg(feature = "dev")]
-    Demo(Config, demo::DemoOptions),
+    Demo(Box<Config>, demo::DemoOptions),
     #[cfg(feature = "dev")]
     MockBroker(Vec<String>),
     #[cfg(feature = "dev")]
     Produce(tally_testkit::produce::ProduceArgs),
     Key(Arc<Model>, KeyArgs),
     Query(Arc<Model>, KeyArgs),
-    State(Config, StateArgs),
+    State(Box<Config>, StateArgs),
     Serve(Arc<Model>),
     Request(Arc<Model>, request_cli::RequestCommand),
     Version,
@@ -101,7 +102,9 @@ impl Prepared {
                 DAEMON.store(true, std::sync::atomic::Ordering::Relaxed);
                 Prepared::Run(model, c.config.clone())
             }
-            Command::Check(c) => Prepared::Check(c.load()?),
+            // Compiled as `run` and `serve` compile it: the token files and the RLS limits file
+            // are read and checked too.
+            Command::Check(c) => Prepared::Check(c.model()?),
             #[cfg(feature = "dev")]
             Command::Demo {
                 common,
@@ -124,7 +127,7 @@ impl Prepared {
                     keys,
                     duration,
                 };
-                Prepared::Demo(config, opts)
+                Prepared::Demo(Box::new(config), opts)
             }
             #[cfg(feature = "dev")]
             Command::MockBroker { topics } => Prepared::MockBroker(topics),
@@ -132,7 +135,7 @@ impl Prepared {
             Command::Produce(args) => Prepared::Produce(args),
             Command::Key(args) => Prepared::Key(args.common.model()?, args),
             Command::Query(args) => Prepared::Query(args.common.model()?, args),
-            Command::State(args) => Prepared::State(args.common.load()?, args),
+            Command::State(args) => Prepared::State(Box::new(args.common.load()?), args),
             Command::Serve(c) => {
                 let model = c.model()?;
                 cli::logging::follow(&model.config, c.config.clone(), c.overrides());
@@ -166,12 +169,12 @@ impl Prepared {
                 tokio::task::spawn_blocking(move || top::run(urls, (token, tls), every, shutdown))
                     .await?
             }
-            Prepared::Check(config) => {
-                print!("{}", config.to_toml());
+            Prepared::Check(model) => {
+                print!("{}", model.config.to_toml());
                 Ok(())
             }
             #[cfg(feature = "dev")]
-            Prepared::Demo(config, opts) => demo::run(config, opts, shutdown).await,
+            Prepared::Demo(config, opts) => demo::run(*config, opts, shutdown).await,
             #[cfg(feature = "dev")]
             Prepared::MockBroker(topics) => {
                 tally_testkit::produce::mock_broker(&topics, shutdown).await
@@ -179,16 +182,45 @@ impl Prepared {
             #[cfg(feature = "dev")]
             Prepared::Produce(args) => tally_testkit::produce::run(args, shutdown).await,
             Prepared::Key(model, args) => key(model, args, false).await,
-            Prepared::Query(model, args) => key(model, args, true).await,
-            Prepared::State(config, args) => state(config, args).await,
+            Prepared::Query(model, args) => {
+                let redis = model.config.redis_target();
+                let result = key(model, args, true).await;
+                result.with_context(|| format!("redis {redis}"))
+            }
+            Prepared::State(config, args) => {
+                let redis = config.redis_target();
+                state(*config, args)
+                    .await
+                    .with_context(|| format!("redis {redis}"))
+            }
             Prepared::Serve(model) => tally::app::serve::run(model, shutdown).await,
-            Prepared::Request(model, command) => request_cli::run(model, command, shutdown).await,
+            Prepared::Request(model, command) => {
+                let redis = model.config.redis_target();
+                let result = request_cli::run(model, command, shutdown).await;
+                result.with_context(|| format!("redis {redis}"))
+            }
             Prepared::Version => {
                 print!("{}", tally::ops::build_info::describe());
                 Ok(())
             }
         }
     }
+}
+
+/// An error and its causes on one line, each cause left out when the message before already
+/// says it (a Redis error's text repeats its I/O cause: "refused: refused: refused").
+fn describe(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain().map(|c| c.to_string()) {
+        if out.contains(&cause) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&cause);
+    }
+    out
 }
 
 fn main() -> ExitCode {
@@ -226,7 +258,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tally: {e:#}");
+            eprintln!("tally: {}", describe(&e));
             match e.downcast_ref::<request_cli::LockError>() {
                 Some(lock) => lock.exit_code(),
                 None => ExitCode::FAILURE,

@@ -136,6 +136,34 @@ impl Config {
         }
         c
     }
+
+    /// Which Redis this configuration talks to, without secrets: for errors a person reads
+    /// ("tally: redis redis://cache:6379: connection refused").
+    pub fn redis_target(&self) -> String {
+        use tally_counters::config::RedisMode;
+        let r = &self.redis;
+        match r.mode {
+            RedisMode::Standalone => redact_url(&r.url),
+            RedisMode::Cluster if r.nodes.is_empty() => format!("cluster {}", redact_url(&r.url)),
+            RedisMode::Cluster => format!(
+                "cluster {}",
+                r.nodes
+                    .iter()
+                    .map(|n| redact_url(n))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            RedisMode::Sentinel => format!(
+                "sentinel master {:?} via {}",
+                r.master_name,
+                r.sentinels
+                    .iter()
+                    .map(|n| redact_url(n))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        }
+    }
 }
 
 #[cfg(test)]

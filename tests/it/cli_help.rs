@@ -92,3 +92,36 @@ fn version_names_the_package_and_the_commit() {
         format!("tally {} ({commit})", env!("CARGO_PKG_VERSION"))
     );
 }
+
+/// A command that cannot reach Redis says which Redis (its password masked), and says the cause
+/// once.
+#[test]
+fn redis_errors_name_the_redis_without_its_password() {
+    // Port 1 on loopback: nothing listens there, the connection is refused at once.
+    let url = "redis://user:pw-of-the-test@127.0.0.1:1";
+    let dims = ["--dim", "app_id=a", "--dim", "device_id=d", "--dim", "ip=1"];
+    for args in [
+        &["query", "--counter", "flow"][..],
+        &["hit", "--counter", "flow"][..],
+        &["state"][..],
+    ] {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_tally"));
+        command.args(args).args(["--redis-url", url]);
+        if args[0] != "state" {
+            command.args(dims);
+        }
+        let out = command.output().expect("run tally");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "tally {args:?}: {err}");
+        assert!(
+            err.contains("redis redis://user:***@127.0.0.1:1"),
+            "tally {args:?} names the Redis: {err}"
+        );
+        assert!(!err.contains("pw-of-the-test"), "tally {args:?}: {err}");
+        assert_eq!(
+            err.matches("refused").count(),
+            1,
+            "tally {args:?} says the cause once: {err}"
+        );
+    }
+}

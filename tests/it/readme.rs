@@ -44,6 +44,10 @@ const EXCLUDED: &[(&str, &str)] = &[
     ),
     ("-p tally-bench", "the benchmark: minutes of load"),
     (
+        "kubectl",
+        "needs a Kubernetes cluster; tests/it/kubernetes.rs validates the manifests",
+    ),
+    (
         "kcat",
         "reads the user's Kafka with a tool tally does not install",
     ),
@@ -298,19 +302,31 @@ fn require_curl() {
     );
 }
 
-/// README.md, then every page of the guide in `docs/guide/SUMMARY.md` order: one text, as a
-/// reader goes through it (error lines count from the start of it).
+/// README.md, then every page of the docs site in `docs/SUMMARY.md` order: one text, as a
+/// reader goes through it (error lines count from the start of it). The lab notes
+/// (`benchmarks.md`) are history: their commands are past benchmark runs, each beside the figures
+/// it printed then, not examples to run against a live tally.
 fn documentation() -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut text = std::fs::read_to_string(root.join("README.md")).expect("README.md");
-    let guide = root.join("docs/guide");
-    let summary = std::fs::read_to_string(guide.join("SUMMARY.md")).expect("SUMMARY.md");
-    for page in summary.lines().filter_map(|l| {
-        let l = l.strip_prefix("- [")?;
-        Some(l.split("](").nth(1)?.trim_end_matches(')').to_string())
-    }) {
+    let docs = root.join("docs");
+    let summary = std::fs::read_to_string(docs.join("SUMMARY.md")).expect("SUMMARY.md");
+    let pages: Vec<String> = summary
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim_start();
+            let l = l.strip_prefix("- [").or_else(|| l.strip_prefix('['))?;
+            Some(l.split("](").nth(1)?.trim_end_matches(')').to_string())
+        })
+        .filter(|page| page != "benchmarks.md")
+        .collect();
+    assert!(pages.len() > 20, "pages of docs/SUMMARY.md: {pages:?}");
+    for page in pages {
         text.push('\n');
-        text.push_str(&std::fs::read_to_string(guide.join(&page)).expect("a guide page"));
+        text.push_str(
+            &std::fs::read_to_string(docs.join(&page))
+                .unwrap_or_else(|e| panic!("docs/{page}: {e}")),
+        );
     }
     text
 }

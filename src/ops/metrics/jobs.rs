@@ -23,10 +23,7 @@ impl JobMetrics {
     pub(super) fn new(registry: &Registry, counters: &[String]) -> JobMetrics {
         let counter = |name: &str, help: &str, label: &str| {
             let c = IntCounterVec::new(Opts::new(name, help), &[label]).expect("static metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("registered once");
-            c
+            super::register(registry, c, "counter")
         };
         let leader = IntGaugeVec::new(
             Opts::new(
@@ -36,9 +33,7 @@ impl JobMetrics {
             &["task"],
         )
         .expect("static metric");
-        registry
-            .register(Box::new(leader.clone()))
-            .expect("registered once");
+        let leader = super::register(registry, leader, "gauge");
         let m = JobMetrics {
             leader,
             runs: counter(

@@ -33,6 +33,10 @@ pub use rls::RlsMetrics;
 pub use share::{GaugeShare, LaneGauges};
 pub use sink::{RejectReason, SinkMetrics};
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use prometheus::core::Collector;
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -68,12 +72,67 @@ pub struct Metrics {
     pub publish: PublishMetrics,
 }
 
-pub(super) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
-    let c = IntCounter::new(name, help).expect("static metric definition");
+/// One metric family as the reference (`docs/reference/metrics.md`) documents it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetricDoc {
+    /// The family's name, e.g. `tally_messages_consumed_total`.
+    pub name: String,
+    /// `counter`, `gauge` or `histogram`.
+    pub kind: &'static str,
+    /// The help text `/metrics` shows.
+    pub help: String,
+    /// The label names (their values are bounded: see the module's description).
+    pub labels: Vec<String>,
+}
+
+/// Every family ever registered by [`Metrics::new`], by name: the definitions are static, so
+/// what one process registers is what every process registers (an empty labelled family shows
+/// here, though `/metrics` leaves it out until it has a series).
+static CATALOG: Mutex<BTreeMap<String, MetricDoc>> = Mutex::new(BTreeMap::new());
+
+/// Every metric family a tally process exports, sorted by name: the generated reference.
+pub fn catalog() -> Vec<MetricDoc> {
+    let _ = Metrics::new(&[]);
+    let catalog = CATALOG.lock().unwrap_or_else(|p| p.into_inner());
+    catalog.values().cloned().collect()
+}
+
+/// Register `c` (once; a second registration is a bug) and note its families in the catalog.
+pub(super) fn register<C: Collector + Clone + 'static>(
+    registry: &Registry,
+    c: C,
+    kind: &'static str,
+) -> C {
+    note(&c, kind);
     registry
         .register(Box::new(c.clone()))
         .expect("metric registered once");
     c
+}
+
+/// Note `c`'s families in the catalog, as `kind` (`process`: the process collector's, whose one
+/// counter says so by its name).
+fn note(c: &dyn Collector, kind: &'static str) {
+    let mut catalog = CATALOG.lock().unwrap_or_else(|p| p.into_inner());
+    for d in c.desc() {
+        let kind = match kind {
+            "process" if d.fq_name.ends_with("_total") => "counter",
+            "process" => "gauge",
+            kind => kind,
+        };
+        let doc = MetricDoc {
+            name: d.fq_name.clone(),
+            kind,
+            help: d.help.clone(),
+            labels: d.variable_labels.clone(),
+        };
+        catalog.insert(d.fq_name.clone(), doc);
+    }
+}
+
+pub(super) fn counter(registry: &Registry, name: &str, help: &str) -> IntCounter {
+    let c = IntCounter::new(name, help).expect("static metric definition");
+    register(registry, c, "counter")
 }
 
 pub(super) fn counter_vec(
@@ -83,18 +142,12 @@ pub(super) fn counter_vec(
     labels: &[&str],
 ) -> IntCounterVec {
     let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric definition");
-    registry
-        .register(Box::new(c.clone()))
-        .expect("metric registered once");
-    c
+    register(registry, c, "counter")
 }
 
 pub(super) fn gauge(registry: &Registry, name: &str, help: &str) -> IntGauge {
     let g = IntGauge::new(name, help).expect("static metric definition");
-    registry
-        .register(Box::new(g.clone()))
-        .expect("metric registered once");
-    g
+    register(registry, g, "gauge")
 }
 
 pub(super) fn gauge_vec(
@@ -104,10 +157,7 @@ pub(super) fn gauge_vec(
     labels: &[&str],
 ) -> IntGaugeVec {
     let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
-    registry
-        .register(Box::new(g.clone()))
-        .expect("metric registered once");
-    g
+    register(registry, g, "gauge")
 }
 
 pub(super) fn histogram(
@@ -118,10 +168,7 @@ pub(super) fn histogram(
 ) -> Histogram {
     let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
         .expect("static metric definition");
-    registry
-        .register(Box::new(h.clone()))
-        .expect("metric registered once");
-    h
+    register(registry, h, "histogram")
 }
 
 impl Metrics {
@@ -131,6 +178,7 @@ impl Metrics {
         #[cfg(target_os = "linux")]
         {
             let pc = prometheus::process_collector::ProcessCollector::for_self();
+            note(&pc, "process");
             let _ = registry.register(Box::new(pc));
         }
         // What is running, as Prometheus' own build_info: a constant 1 whose labels say it.

@@ -69,10 +69,7 @@ impl RequestMetrics {
     pub(super) fn new(registry: &Registry) -> RequestMetrics {
         let vec = |name: &str, help: &str, labels: &[&str]| {
             let c = IntCounterVec::new(Opts::new(name, help), labels).expect("static metric");
-            registry
-                .register(Box::new(c.clone()))
-                .expect("registered once");
-            c
+            super::register(registry, c, "counter")
         };
         let duration = HistogramVec::new(
             HistogramOpts::new(
@@ -83,17 +80,13 @@ impl RequestMetrics {
             &["primitive"],
         )
         .expect("static metric");
-        registry
-            .register(Box::new(duration.clone()))
-            .expect("registered once");
+        let duration = super::register(registry, duration, "histogram");
         let deferred = prometheus::IntCounter::new(
             "tally_hits_deferred_total",
             "Hits written to the topic because Redis was unreachable; the stream path counts them.",
         )
         .expect("static metric");
-        registry
-            .register(Box::new(deferred.clone()))
-            .expect("registered once");
+        let deferred = super::register(registry, deferred, "counter");
         let m = RequestMetrics {
             deferred,
             decisions: vec(

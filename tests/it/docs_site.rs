@@ -1,0 +1,234 @@
+//! The docs site (`docs/`, an mdBook): it builds, no link in it is broken, and its generated
+//! reference pages are what the code says today.
+//!
+//! - `docs/reference/metrics.md` is rendered from the metric registry (every family, with its
+//!   type, labels and help);
+//! - `docs/reference/cli.md` is every command's `--help`, from clap.
+//!
+//! A change to either side fails here with the difference; `TALLY_BLESS=1 cargo nextest run -E
+//! 'test(/docs_site/)'` rewrites the pages (then read the diff before committing it).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn docs() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("docs")
+}
+
+/// Compare a generated page with the committed one; with `TALLY_BLESS=1`, write it instead.
+fn check_generated(relative: &str, generated: &str) {
+    let path = docs().join(relative);
+    if std::env::var_os("TALLY_BLESS").is_some() {
+        std::fs::write(&path, generated).expect("write the generated page");
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    if committed != generated {
+        let first = committed
+            .lines()
+            .zip(generated.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or(committed.lines().count().min(generated.lines().count()));
+        panic!(
+            "docs/{relative} is not what the code generates (first difference at line {}):\n\
+             committed: {:?}\ngenerated: {:?}\nrun with TALLY_BLESS=1 to rewrite it",
+            first + 1,
+            committed.lines().nth(first),
+            generated.lines().nth(first),
+        );
+    }
+}
+
+#[test]
+fn the_metrics_reference_is_the_registry() {
+    let mut page = String::from(
+        "# Metrics\n\n\
+         Every metric family a tally process exports on `/metrics`, generated from its registry\n\
+         (`tests/it/docs_site.rs` fails when this page and the code differ). A labelled family\n\
+         appears on `/metrics` once it has a series. Labels are bounded: counter and limit names\n\
+         come from the configuration, the others are closed sets; a key or a dimension value is\n\
+         never a label. Every `tally_` family is on a panel of `dashboards/tally-overview.json`\n\
+         (`tests/it/observability.rs` checks it against a real Prometheus).\n\n\
+         | metric | type | labels | meaning |\n|---|---|---|---|\n",
+    );
+    let catalog = tally::ops::metrics::catalog();
+    assert!(
+        catalog.len() > 40,
+        "the catalog holds every family: {catalog:?}"
+    );
+    for m in &catalog {
+        let labels = m
+            .labels
+            .iter()
+            .map(|l| format!("`{l}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        page.push_str(&format!(
+            "| `{}` | {} | {} | {} |\n",
+            m.name,
+            m.kind,
+            labels,
+            m.help.replace('|', "\\|")
+        ));
+    }
+    check_generated("reference/metrics.md", &page);
+}
+
+/// `tally <args…> --help`'s output.
+fn help(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .args(args)
+        .arg("--help")
+        .output()
+        .expect("run tally");
+    assert!(out.status.success(), "tally {args:?} --help");
+    String::from_utf8(out.stdout).expect("help is UTF-8")
+}
+
+#[test]
+fn the_cli_reference_is_every_commands_help() {
+    let top = help(&[]);
+    let commands: Vec<String> = top
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect();
+    assert!(
+        commands.len() > 10,
+        "commands from `tally --help`: {commands:?}"
+    );
+    let mut page = String::from(
+        "# Commands\n\n\
+         Every command's `--help`, generated from the binary (`tests/it/docs_site.rs` fails when\n\
+         this page and the code differ). `demo`, `mock-broker` and `produce` are local tooling:\n\
+         they exist only in builds with the cargo feature `dev` (the default; the product image\n\
+         is built without it). A usage error exits 64, like a bad configuration.\n\n\
+         ## tally\n\n```text\n",
+    );
+    page.push_str(&top);
+    page.push_str("```\n");
+    for command in &commands {
+        page.push_str(&format!("\n## tally {command}\n\n```text\n"));
+        page.push_str(&help(&[command]));
+        page.push_str("```\n");
+    }
+    check_generated("reference/cli.md", &page);
+}
+
+/// `attr="value"` values of an HTML text.
+fn attribute_values<'a>(html: &'a str, attr: &str) -> Vec<&'a str> {
+    let needle = format!(" {attr}=\"");
+    html.match_indices(&needle)
+        .filter_map(|(at, _)| {
+            let rest = &html[at + needle.len()..];
+            rest.find('"').map(|end| &rest[..end])
+        })
+        .collect()
+}
+
+/// Builds the book with mdBook and follows every link of every page: a relative link must name a
+/// file of the built site, and a `#fragment` an id in that page. Links to the web (http,
+/// https, mailto) are not followed (the tests use loopback only).
+#[test]
+fn the_docs_site_builds_with_no_broken_link() {
+    let out_dir = std::env::temp_dir().join(format!("tally-book-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let built = Command::new("mdbook")
+        .arg("build")
+        .arg(docs())
+        .arg("--dest-dir")
+        .arg(&out_dir)
+        .output()
+        .expect("mdbook is not installed: scripts/setup.sh installs it (cargo install mdbook)");
+    let log = String::from_utf8_lossy(&built.stderr);
+    assert!(built.status.success(), "mdbook build failed:\n{log}");
+    assert!(
+        !log.contains("WARN") && !log.contains("ERROR"),
+        "mdbook warned:\n{log}"
+    );
+
+    let mut pages: BTreeMap<PathBuf, String> = BTreeMap::new();
+    let mut stack = vec![out_dir.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read the built site") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "html") {
+                let html = std::fs::read_to_string(&path).expect("read a page");
+                pages.insert(path, html);
+            }
+        }
+    }
+    let ids = |html: &str| -> BTreeSet<String> {
+        attribute_values(html, "id")
+            .into_iter()
+            .map(str::to_string)
+            .collect()
+    };
+    let mut broken = Vec::new();
+    let mut followed = 0;
+    for (page, html) in &pages {
+        // The print page repeats every chapter with links rewritten to its own anchors (the
+        // chapters are checked themselves); the 404 page's links are relative to the server's
+        // root (`output.html.site-url`), wherever it is shown.
+        if page
+            .file_name()
+            .is_some_and(|n| n == "print.html" || n == "404.html")
+        {
+            continue;
+        }
+        let links = attribute_values(html, "href")
+            .into_iter()
+            .chain(attribute_values(html, "src"));
+        for link in links {
+            if link.contains("://") || link.starts_with("mailto:") || link.starts_with("data:") {
+                continue;
+            }
+            followed += 1;
+            let (file, fragment) = link.split_once('#').unwrap_or((link, ""));
+            let target = if file.is_empty() {
+                page.clone()
+            } else {
+                let file = file.split('?').next().unwrap_or(file);
+                page.parent().expect("a page's folder").join(file)
+            };
+            let Ok(target) = target.canonicalize() else {
+                broken.push(format!("{}: {link} (no such file)", page.display()));
+                continue;
+            };
+            if !target.starts_with(out_dir.canonicalize().expect("the site")) {
+                broken.push(format!("{}: {link} (outside the site)", page.display()));
+                continue;
+            }
+            if !fragment.is_empty() && target.extension().is_some_and(|e| e == "html") {
+                let html = pages
+                    .get(&target)
+                    .cloned()
+                    .unwrap_or_else(|| std::fs::read_to_string(&target).unwrap_or_default());
+                if !ids(&html).contains(fragment) {
+                    broken.push(format!("{}: {link} (no id {fragment:?})", page.display()));
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&out_dir);
+    assert!(
+        broken.is_empty(),
+        "{} broken links of {followed}:\n{}",
+        broken.len(),
+        broken.join("\n")
+    );
+    assert!(
+        pages.len() > 20 && followed > 500,
+        "the site has its pages and links"
+    );
+    println!(
+        "{} pages, {followed} links followed, none broken",
+        pages.len()
+    );
+}
