@@ -18,6 +18,9 @@ if cargo tree -e normal --no-default-features -p tally | grep -q tally-testkit; 
   echo "the product (--no-default-features) depends on tally-testkit" >&2
   exit 1
 fi
+# The product's dependencies: licenses allowed, crates.io only, no new duplicate versions
+# (deny.toml says why each remaining one is there). Advisories need GitHub: not run here.
+cargo deny --no-default-features --exclude-dev --locked --log-level error check bans licenses sources
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --no-fail-fast
 else

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::process::{BrokerProcess, TallyProcess};
 use crate::common::stream::{Stream, COUNTERS};
-use rand::Rng;
+use rand::RngExt;
 use tally_testkit::local_redis::LocalCluster;
 use tally_testkit::wait::wait_for_value;
 
@@ -269,9 +269,7 @@ fn cluster_primary_failover_while_writing() {
         "{}",
         t.log()
     );
-    std::thread::sleep(Duration::from_millis(
-        rand::thread_rng().gen_range(500..2000),
-    ));
+    std::thread::sleep(Duration::from_millis(rand::rng().random_range(500..2000)));
     let victim = cluster.primaries()[0];
     cluster.node_mut(victim).unwrap().stop();
     let killed_at = Instant::now();
@@ -345,7 +343,7 @@ fn cluster_crash_loop_counts_exactly() {
     while kills < 8 || !producer.is_finished() {
         let mut t = TallyProcess::start(&cfg, "crash");
         t.wait_working();
-        std::thread::sleep(Duration::from_millis(rand::thread_rng().gen_range(0..1500)));
+        std::thread::sleep(Duration::from_millis(rand::rng().random_range(0..1500)));
         t.kill9();
         kills += 1;
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::common::process::{BrokerProcess, TallyProcess};
 use crate::common::stream::{self, Stream, COUNTERS};
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tally_testkit::local_redis::LocalRedis;
@@ -123,7 +123,7 @@ fn crash_loop_with_sigkill_counts_exactly() {
                     .arg("WRITE")
                     .query(&mut conn)
                     .unwrap();
-                std::thread::sleep(Duration::from_millis(rng.gen_range(100..300)));
+                std::thread::sleep(Duration::from_millis(rng.random_range(100..300)));
                 if t.metric("tally_pending_keys").is_some_and(|v| v > 0.0) {
                     mid_flush += 1;
                 }
@@ -139,7 +139,7 @@ fn crash_loop_with_sigkill_counts_exactly() {
                     Duration::from_secs(10),
                 );
             }
-            _ => std::thread::sleep(Duration::from_millis(rng.gen_range(0..1500))),
+            _ => std::thread::sleep(Duration::from_millis(rng.random_range(0..1500))),
         }
         t.kill9();
         kills += 1;
@@ -198,7 +198,7 @@ fn replicas_joining_and_leaving_count_exactly() {
             "b never got partitions:\n{}",
             b.log()
         );
-        std::thread::sleep(Duration::from_millis(rng.gen_range(200..2000)));
+        std::thread::sleep(Duration::from_millis(rng.random_range(200..2000)));
         if cycles % 2 == 0 {
             assert!(b.terminate(Duration::from_secs(30)).success());
         } else {
@@ -327,13 +327,9 @@ fn redis_restarts_with_aof_count_exactly() {
     assert!(t.wait_metric("tally_keys_flushed_total", 1.0, Duration::from_secs(60)));
     let (mut restarts, mut repairs) = (0, 0);
     while !producer.is_finished() || restarts < 3 {
-        std::thread::sleep(Duration::from_millis(
-            rand::thread_rng().gen_range(300..2500),
-        ));
+        std::thread::sleep(Duration::from_millis(rand::rng().random_range(300..2500)));
         redis.stop(); // SIGKILL, mid-flush or not
-        std::thread::sleep(Duration::from_millis(
-            rand::thread_rng().gen_range(100..1500),
-        ));
+        std::thread::sleep(Duration::from_millis(rand::rng().random_range(100..1500)));
         repairs += usize::from(redis.restart_repairing_aof().unwrap());
         restarts += 1;
     }
@@ -392,7 +388,7 @@ fn consumer_lanes_split_the_partitions_and_count_exactly_through_kills() {
             );
         }
         assert!(t.wait_working());
-        std::thread::sleep(Duration::from_millis(rng.gen_range(300..1500)));
+        std::thread::sleep(Duration::from_millis(rng.random_range(300..1500)));
         let busy = consumer_threads(t.pid());
         assert_eq!(busy.len(), lanes as usize, "consumer threads: {busy:?}");
         if runs % 2 == 0 {

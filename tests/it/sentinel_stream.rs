@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use tally_testkit::local_redis::{free_port, LocalRedis};
@@ -247,7 +247,7 @@ shutdown_grace = "20s"
     // Then a crash loop until the producer is done: SIGKILL every 1 to 3 s.
     let mut rng = rand::rngs::SmallRng::seed_from_u64(rand::random());
     while kills < 5 || !producer.is_finished() {
-        std::thread::sleep(Duration::from_millis(rng.gen_range(1000..3000)));
+        std::thread::sleep(Duration::from_millis(rng.random_range(1000..3000)));
         tally.kill9();
         kills += 1;
         tally = TallyProcess::start(&cfg, "sentinel-stream");

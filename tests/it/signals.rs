@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::process::{kafka_toml, BrokerProcess, TallyProcess};
 use crate::common::stream::{self, Stream, COUNTERS};
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use tally_testkit::local_redis::LocalRedis;
 
 const PARTITIONS: i32 = 4;
@@ -133,7 +133,7 @@ fn signal_loop(command: &'static str, config: String, seed: u64) -> Vec<String> 
                         );
                         std::thread::sleep(Duration::from_millis(1));
                     }
-                    let after = Duration::from_millis(rng.gen_range(0..1500));
+                    let after = Duration::from_millis(rng.random_range(0..1500));
                     std::thread::sleep(after);
                     let status = p.terminate(Duration::from_secs(40));
                     if !status.success() {

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use tally_testkit::local_redis::LocalRedis;
@@ -67,7 +67,7 @@ fn crash_loop_and_broker_restarts_count_exactly() {
         if kills % 3 == 1 {
             // The broker dies under a working tally and comes back with its data.
             broker.kill9();
-            std::thread::sleep(Duration::from_millis(rng.gen_range(100..2000)));
+            std::thread::sleep(Duration::from_millis(rng.random_range(100..2000)));
             broker.restart().unwrap();
             broker_kills += 1;
             // The same tally process consumes again once the broker is back (while events
@@ -81,7 +81,7 @@ fn crash_loop_and_broker_restarts_count_exactly() {
                 resumed += 1;
             }
         }
-        std::thread::sleep(Duration::from_millis(rng.gen_range(0..1500)));
+        std::thread::sleep(Duration::from_millis(rng.random_range(0..1500)));
         t.kill9();
         kills += 1;
     }

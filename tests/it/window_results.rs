@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use chrono::TimeZone;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
 use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
@@ -366,7 +366,7 @@ fn scenario(bootstrap: &str) {
                 progress(&mut conn, "views").is_some()
             });
         } else {
-            std::thread::sleep(Duration::from_millis(rng.gen_range(0..1200)));
+            std::thread::sleep(Duration::from_millis(rng.random_range(0..1200)));
         }
         let leading = a.metric(r#"tally_job_leader{task="publish"}"#) == Some(1.0)
             || b.as_ref()

@@ -1,7 +1,7 @@
 //! Synthetic events for the demo, the load generator, tests and benchmarks.
 
 use rand::rngs::SmallRng;
-use rand::{Rng, SeedableRng};
+use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, Zipf};
 
 /// One synthetic event's dimensions.
@@ -29,7 +29,7 @@ impl EventGen {
         EventGen {
             rng: SmallRng::seed_from_u64(seed),
             keys,
-            zipf: (skew > 0.0).then(|| Zipf::new(keys, skew).expect("keys >= 1, skew > 0")),
+            zipf: (skew > 0.0).then(|| Zipf::new(keys as f64, skew).expect("keys >= 1, skew > 0")),
         }
     }
 
@@ -39,7 +39,7 @@ impl EventGen {
             Some(z) => (z.sample(&mut self.rng) as u64)
                 .saturating_sub(1)
                 .min(self.keys - 1),
-            None => self.rng.gen_range(0..self.keys),
+            None => self.rng.random_range(0..self.keys),
         }
     }
 

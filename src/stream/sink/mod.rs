@@ -21,7 +21,7 @@ use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rand::Rng;
+use rand::RngExt;
 use redis::RedisError;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -278,7 +278,7 @@ impl Sink {
         if let Some(watch) = &mut self.link.topology {
             watch.arm().await;
         }
-        let jittered = delay.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
+        let jittered = delay.mul_f64(rand::rng().random_range(0.5..1.0));
         tracing::warn!(error = %error, retry_in = ?jittered, "redis request failed, will retry");
         *delay = (*delay * 2).min(self.flush.retry_max);
         tokio::select! {

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rand::Rng;
+use rand::RngExt;
 use tally::config::{CounterConfig, RedisConfig, RedisMode};
 use tally_counters::model::layout::Layout;
 use tally_counters::model::CounterSpec;
@@ -102,10 +102,10 @@ where
             tokio::spawn(async move {
                 let mut lat = Vec::new();
                 let mut errors = 0u64;
-                let mut rng = rand::rngs::SmallRng::from_entropy();
+                let mut rng = rand::rngs::SmallRng::from_rng(&mut rand::rng());
                 while Instant::now() < end {
                     let t = Instant::now();
-                    if !call(rng.gen_range(0..10_000)).await {
+                    if !call(rng.random_range(0..10_000)).await {
                         errors += 1;
                     }
                     lat.push(t.elapsed().as_micros() as u32);

@@ -8,7 +8,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescript
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use rand::Rng as _;
+use rand::RngExt as _;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tonic::transport::Channel;
@@ -232,7 +232,7 @@ async fn closed(callers: Vec<Caller>, phase: Duration) -> Phase {
             tokio::spawn(async move {
                 let mut p = Phase::default();
                 while started.elapsed() < phase {
-                    let user = rand::thread_rng().gen_range(0..10_000);
+                    let user = rand::rng().random_range(0..10_000);
                     let t = Instant::now();
                     let ok = c.call(user).await;
                     p.micros.push(t.elapsed().as_micros() as u64);
@@ -295,7 +295,7 @@ async fn ticks(callers: Vec<Caller>, rate: u64, phase: Duration) -> Phase {
 
 /// One call that was due at `due`, timed from sending it and from `due`, into `p`.
 async fn call_due(c: &mut Caller, due: Instant, p: &mut Phase) {
-    let user = rand::thread_rng().gen_range(0..10_000);
+    let user = rand::rng().random_range(0..10_000);
     let sent = Instant::now();
     let ok = c.call(user).await;
     p.micros.push(sent.elapsed().as_micros() as u64);

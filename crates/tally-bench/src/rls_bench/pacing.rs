@@ -12,7 +12,7 @@
 use std::time::{Duration, Instant};
 
 use clap::ValueEnum;
-use rand::Rng as _;
+use rand::RngExt as _;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 /// How the offered rate's calls are spaced.
@@ -63,7 +63,7 @@ fn pace(
         libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
     }
     let mean = 1.0 / rate.max(1) as f64;
-    let mut rng = rand::thread_rng();
+    let mut rng = rand::rng();
     let end = start + phase;
     let mut due = start;
     let mut i = 0usize;
@@ -77,7 +77,7 @@ fn pace(
         }
         i += 1;
         let gap = match arrivals {
-            Arrivals::Poisson => -(1.0 - rng.gen::<f64>()).ln() * mean,
+            Arrivals::Poisson => -(1.0 - rng.random::<f64>()).ln() * mean,
             _ => mean,
         };
         due += Duration::from_secs_f64(gap);

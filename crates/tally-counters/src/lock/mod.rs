@@ -28,7 +28,7 @@ mod guard;
 use std::sync::LazyLock;
 use std::time::{Duration, Instant};
 
-use rand::Rng;
+use rand::RngExt;
 use serde::Serialize;
 
 use crate::request::{Client, RequestError};
@@ -199,7 +199,7 @@ impl Locks {
                 return Ok(Err(busy));
             }
             let cap = Duration::from_millis(busy.held_for_ms.clamp(1, 50) as u64);
-            let pause = cap.mul_f64(rand::thread_rng().gen_range(0.5..1.0));
+            let pause = cap.mul_f64(rand::rng().random_range(0.5..1.0));
             tokio::time::sleep(pause.min(deadline - now)).await;
         }
     }

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 
 use futures::future::join_all;
-use rand::Rng;
+use rand::RngExt;
 use tally_counters::request::{Algorithm, Batching, Client, Decision, RateLimiter};
 
 use super::limits::policy;
@@ -102,11 +102,11 @@ pub async fn mixed_batches_answer_each_caller_exactly(dep: &Deployment) {
             let mut out = Vec::new();
             for _ in 0..10 {
                 let (set, subject, cost) = {
-                    let mut rng = rand::thread_rng();
+                    let mut rng = rand::rng();
                     (
-                        rng.gen_range(0..5),
-                        ["x", "y"][rng.gen_range(0..2)],
-                        rng.gen_range(1..=2),
+                        rng.random_range(0..5),
+                        ["x", "y"][rng.random_range(0..2)],
+                        rng.random_range(1..=2),
                     )
                 };
                 let d = limiter.check(sets[set], subject, cost).await.unwrap();
