@@ -313,3 +313,58 @@ async fn a_client_that_does_not_read_its_answers_loses_its_connection() {
     drop(sending);
     stop.cancel();
 }
+
+/// Every answer is counted by its route's template (never the path a caller sent), method and
+/// status code; an unknown route is `unmatched`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_counted_by_route_template_method_and_code() {
+    let h = Harness::new("http-answers", 1);
+    let port = tally_testkit::local_redis::free_port().unwrap();
+    let mut config = h.config("g-answers", crate::common::hourly("ans"));
+    config.http.listen = format!("127.0.0.1:{port}");
+    let _running = h.start(config);
+    wait_for("http answers", Duration::from_secs(30), || {
+        http::get(port, "/health/live").is_some()
+    })
+    .await;
+    let metrics = tokio::task::spawn_blocking(move || {
+        for path in [
+            "/health/live",
+            "/no-such-route",
+            "/v1/counters/flow?app_id=a-of-the-test&device_id=d1",
+            "/v1/counters/flow?app_id=a-of-the-test&device_id=d1",
+        ] {
+            http::get(port, path).expect("an answer");
+        }
+        http::get(port, "/metrics").expect("metrics").1
+    })
+    .await
+    .unwrap();
+    let value = |route: &str, code: &str| {
+        metrics
+            .lines()
+            .find(|l| {
+                l.starts_with("tally_http_answers_total{")
+                    && l.contains(&format!("route=\"{route}\""))
+                    && l.contains(&format!("code=\"{code}\""))
+            })
+            .map(|l| l.rsplit(' ').next().unwrap_or_default().to_string())
+    };
+    assert_eq!(
+        value("/health/live", "200").as_deref(),
+        Some("2"),
+        "{metrics}"
+    );
+    assert_eq!(value("unmatched", "404").as_deref(), Some("1"), "{metrics}");
+    assert_eq!(
+        value("/v1/counters/{name}", "200").as_deref(),
+        Some("2"),
+        "the template, not the path: {metrics}"
+    );
+    assert!(!metrics.contains("a-of-the-test"), "{metrics}");
+    assert!(
+        metrics
+            .contains("tally_http_request_duration_seconds_count{route=\"/v1/counters/{name}\"} 2"),
+        "{metrics}"
+    );
+}

@@ -10,6 +10,7 @@
 //! `GET /` (it holds no data; it asks for the token to read `/v1/status`, `status.rs`). Every
 //! error answer is a problem detail (RFC 9457, [`Problem`]).
 
+mod answers;
 mod auth;
 mod counters;
 pub(crate) mod listener;
@@ -97,6 +98,7 @@ pub async fn serve(
         .route("/openapi.json", get(openapi::handler))
         .route("/", get(status::page))
         .merge(v1)
+        .route_layer(middleware::from_fn(answers::name_route))
         .fallback(|| async { Problem::new(Kind::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
@@ -107,6 +109,10 @@ pub async fn serve(
         .layer(middleware::from_fn_with_state(
             config.request_timeout,
             limit_time,
+        ))
+        .layer(middleware::from_fn_with_state(
+            metrics.request.clone(),
+            answers::count,
         ))
         .with_state(AppState {
             metrics,

@@ -160,6 +160,17 @@ pub(super) fn gauge_vec(
     register(registry, g, "gauge")
 }
 
+pub(super) fn float_gauge_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> prometheus::GaugeVec {
+    let g =
+        prometheus::GaugeVec::new(Opts::new(name, help), labels).expect("static metric definition");
+    register(registry, g, "gauge")
+}
+
 pub(super) fn histogram(
     registry: &Registry,
     name: &str,

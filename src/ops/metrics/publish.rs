@@ -1,19 +1,19 @@
 //! Metrics of window results downstream: the watermarks the stream records and the publisher.
 //! Labels are a counter's name or a partition number (bounded by the topic's partitions).
 
-use prometheus::{IntCounterVec, IntGaugeVec, Registry};
+use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Registry};
 
-use super::{counter_vec, gauge_vec};
+use super::{counter_vec, float_gauge_vec, gauge_vec};
 
 /// Watermarks, idle partitions and what the publisher produced.
 #[derive(Clone)]
 pub struct PublishMetrics {
     /// Highest event time applied per partition (Unix ms), as the publisher last read it.
-    pub watermark_ms: IntGaugeVec,
+    pub watermark_seconds: GaugeVec,
     /// 1 for a partition the watermark currently leaves out (caught up and quiet), by partition.
     pub idle: IntGaugeVec,
     /// The watermark (after allowed lateness) per counter, Unix ms.
-    pub counter_watermark_ms: IntGaugeVec,
+    pub counter_watermark_seconds: GaugeVec,
     /// Windows published when they closed, by counter.
     pub windows: IntCounterVec,
     /// Records produced and acknowledged, by counter and kind (final, correction, update).
@@ -29,10 +29,10 @@ pub struct PublishMetrics {
 impl PublishMetrics {
     pub(super) fn new(registry: &Registry, counters: &[String]) -> PublishMetrics {
         let m = PublishMetrics {
-            watermark_ms: gauge_vec(
+            watermark_seconds: float_gauge_vec(
                 registry,
-                "tally_watermark_ms",
-                "Highest event time applied per partition (Unix ms), read by the window publisher.",
+                "tally_watermark_seconds",
+                "Highest event time applied per partition (Unix seconds, millisecond precision), read by the window publisher.",
                 &["partition"],
             ),
             idle: gauge_vec(
@@ -41,10 +41,10 @@ impl PublishMetrics {
                 "1 for a partition the watermark leaves out (caught up, no message for idle_timeout).",
                 &["partition"],
             ),
-            counter_watermark_ms: gauge_vec(
+            counter_watermark_seconds: float_gauge_vec(
                 registry,
-                "tally_publish_watermark_ms",
-                "The topic watermark minus the counter's allowed lateness (Unix ms), by counter.",
+                "tally_publish_watermark_seconds",
+                "The topic watermark minus the counter's allowed lateness (Unix seconds, millisecond precision), by counter.",
                 &["counter"],
             ),
             windows: counter_vec(
@@ -79,7 +79,7 @@ impl PublishMetrics {
             ),
         };
         for c in counters {
-            m.counter_watermark_ms.with_label_values(&[c]);
+            m.counter_watermark_seconds.with_label_values(&[c]);
             m.windows.with_label_values(&[c]);
             m.corrections.with_label_values(&[c]);
             m.republished.with_label_values(&[c]);

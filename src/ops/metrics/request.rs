@@ -63,6 +63,11 @@ pub struct RequestMetrics {
     /// TLS handshakes that failed or did not finish in time, by port and reason (`handshake`:
     /// refused by either side, no or a wrong client certificate included; `timeout`).
     pub tls_handshake_failures: IntCounterVec,
+    /// HTTP answers, by route (the template, e.g. `/v1/counters/{name}`), method and status code:
+    /// queries, locks and the request path alike.
+    pub http_answers: IntCounterVec,
+    /// Time to answer one HTTP request, by route.
+    pub http_duration: HistogramVec,
 }
 
 impl RequestMetrics {
@@ -81,6 +86,16 @@ impl RequestMetrics {
         )
         .expect("static metric");
         let duration = super::register(registry, duration, "histogram");
+        let http_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "tally_http_request_duration_seconds",
+                "Time to answer one HTTP request, by route (its template).",
+            )
+            .buckets(prometheus::exponential_buckets(0.0001, 2.0, 18).expect("valid buckets")),
+            &["route"],
+        )
+        .expect("static metric");
+        let http_duration = super::register(registry, http_duration, "histogram");
         let deferred = prometheus::IntCounter::new(
             "tally_hits_deferred_total",
             "Hits written to the topic because Redis was unreachable; the stream path counts them.",
@@ -89,6 +104,12 @@ impl RequestMetrics {
         let deferred = super::register(registry, deferred, "counter");
         let m = RequestMetrics {
             deferred,
+            http_duration,
+            http_answers: vec(
+                "tally_http_answers_total",
+                "HTTP answers, by route (its template), method and status code.",
+                &["route", "method", "code"],
+            ),
             decisions: vec(
                 "tally_request_decisions_total",
                 "Request-path decisions, by primitive, name and outcome.",

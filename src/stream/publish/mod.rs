@@ -141,9 +141,9 @@ impl Publisher {
             let Some(wm) = wm else { continue };
             self.metrics
                 .publish
-                .counter_watermark_ms
+                .counter_watermark_seconds
                 .with_label_values(&[&spec.name])
-                .set(wm);
+                .set(wm as f64 / 1000.0);
             self.counter_pass(&mut conn, i, spec, wm).await?;
         }
         Ok(())
@@ -176,9 +176,9 @@ impl Publisher {
             if let Some(t) = mark.max_event_ms {
                 self.metrics
                     .publish
-                    .watermark_ms
+                    .watermark_seconds
                     .with_label_values(&[&label])
-                    .set(t);
+                    .set(t as f64 / 1000.0);
             }
             self.metrics
                 .publish
