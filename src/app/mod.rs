@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
 
@@ -180,6 +181,15 @@ impl Tally {
                 }
             }
         }
+        // The lag of every owned partition, asked of the broker on its own client and thread.
+        let probe = crate::stream::consumer::LagProbe::new(&config.kafka, self.metrics.clone())
+            .context("the lag probe's kafka client")?;
+        let stop = shutdown.clone();
+        tasks.spawn("the lag probe", async move {
+            tokio::task::spawn_blocking(move || probe.run(stop))
+                .await
+                .context("the lag probe")
+        });
         tracing::info!(topic = %config.kafka.topic, group = %config.kafka.group_id, lanes, "consuming");
         Ok(())
     }

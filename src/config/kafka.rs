@@ -32,6 +32,11 @@ pub struct KafkaConfig {
     /// aggregation; `"auto"` is one per core. `flush.max_pending_keys` bounds the lanes
     /// together.
     pub consumers: Consumers,
+    /// How often the end of every partition this process owns is asked of the broker (one
+    /// ListOffsets request), with the age of the oldest message not yet counted: the lag on
+    /// `/metrics`, the status page and `tally top`, paused and halted partitions included.
+    #[serde(with = "humantime_serde")]
+    pub lag_interval: Duration,
 }
 
 /// How many consumer lanes a process runs.
@@ -114,6 +119,7 @@ impl Default for KafkaConfig {
             properties: BTreeMap::new(),
             unreachable_after: Duration::from_secs(15),
             consumers: Consumers::Auto(AutoWord::Auto),
+            lag_interval: Duration::from_secs(5),
         }
     }
 }
@@ -164,6 +170,11 @@ impl KafkaConfig {
             self.unreachable_after >= Duration::from_secs(1),
             "kafka.unreachable_after",
             "must be at least 1s (e.g. \"15s\")",
+        )?;
+        ensure(
+            self.lag_interval >= Duration::from_millis(100),
+            "kafka.lag_interval",
+            "must be at least 100ms (e.g. \"5s\")",
         )?;
         // Readiness hears of connected brokers from librdkafka's statistics.
         if let Some(ms) = self.properties.get("statistics.interval.ms") {

@@ -29,6 +29,7 @@ mod http;
 mod jobs;
 mod kinds;
 mod kubernetes;
+mod lag;
 mod lock_cli;
 mod locks;
 mod logs;

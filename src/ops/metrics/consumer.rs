@@ -4,9 +4,9 @@
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
 
-use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
+use prometheus::{GaugeVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
-use super::{counter, counter_vec, gauge, gauge_vec};
+use super::{counter, counter_vec, float_gauge_vec, gauge, gauge_vec};
 
 super::labels::labels!(
     /// A consumer group rebalance (`tally_rebalances_total{kind}`).
@@ -25,8 +25,11 @@ pub struct ConsumerMetrics {
     pub messages_consumed: IntCounter,
     /// Last offset committed to Kafka, by partition.
     pub committed_offset: IntGaugeVec,
-    /// Consumer lag reported by librdkafka, by partition.
+    /// Messages not yet counted, by owned partition (the lag probe: the broker's end minus what
+    /// Redis has applied).
     pub consumer_lag: IntGaugeVec,
+    /// Age of the oldest message not yet counted, by owned partition (0 without a backlog).
+    pub lag_seconds: GaugeVec,
     /// Partition assignments and revocations.
     pub rebalances: IntCounterVec,
     /// Partitions currently assigned to this process.
@@ -54,7 +57,13 @@ impl ConsumerMetrics {
             consumer_lag: gauge_vec(
                 registry,
                 "tally_consumer_lag_messages",
-                "Messages between the committed offset and the end of the partition.",
+                "Messages not yet counted: the partition's end, asked of the broker every kafka.lag_interval, minus the offset Redis has applied (paused and halted partitions included).",
+                &["partition"],
+            ),
+            lag_seconds: float_gauge_vec(
+                registry,
+                "tally_consumer_lag_seconds",
+                "Age of the oldest message not yet counted (its Kafka timestamp), by partition; 0 without a backlog.",
                 &["partition"],
             ),
             rebalances: counter_vec(

@@ -30,8 +30,10 @@ struct Partition {
     lane: usize,
     /// Next offset to count: everything before has landed in Redis.
     applied: Option<i64>,
-    /// Kafka's end of the partition (high watermark), from librdkafka's statistics.
+    /// Kafka's end of the partition (high watermark), from the lag probe.
     end: Option<i64>,
+    /// Age of the oldest message not yet counted, in seconds (the lag probe).
+    lag_seconds: Option<f64>,
     /// Why it is halted or waiting, if it is.
     halt: Option<Halt>,
     /// Being replayed from Kafka up to this offset, after Redis took its applied offset back.
@@ -166,6 +168,19 @@ impl Status {
         totals.flushes.fetch_add(1, Ordering::Relaxed);
         let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         self.stream.latencies.lock().push(micros);
+    }
+
+    /// The partitions this process owns, with the next offset to count where known.
+    pub fn owned(&self) -> Vec<(i32, Option<i64>)> {
+        let parts = self.stream.partitions.lock();
+        parts.iter().map(|(&p, s)| (p, s.applied)).collect()
+    }
+
+    /// The age of `partition`'s oldest message not yet counted (ignored if not owned).
+    pub fn lag_seconds(&self, partition: i32, seconds: f64) {
+        if let Some(p) = self.stream.partitions.lock().get_mut(&partition) {
+            p.lag_seconds = Some(seconds);
+        }
     }
 
     /// Kafka's end offset of `partition` (ignored for partitions this process does not own).

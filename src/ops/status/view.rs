@@ -86,10 +86,12 @@ pub struct PartitionView {
     pub lane: usize,
     /// Next offset to count (everything before landed in Redis).
     pub applied: Option<i64>,
-    /// Kafka's end offset (high watermark), from librdkafka's statistics.
+    /// Kafka's end offset (high watermark), asked of the broker every `kafka.lag_interval`.
     pub end: Option<i64>,
-    /// `end - applied`.
+    /// `end - applied`: messages not yet counted.
     pub lag: Option<i64>,
+    /// Age of the oldest message not yet counted, in seconds (0 without a backlog).
+    pub lag_seconds: Option<f64>,
     /// The highest event time applied (Unix ms): the partition's event-time watermark before
     /// `allowed_lateness`. Known on the replica that leads the window publisher (`jobs.publish`),
     /// null elsewhere and without counter outputs.
@@ -227,8 +229,8 @@ impl Status {
         let mut halted = Vec::new();
         for (&partition, p) in stream.partitions.lock().iter() {
             let mark = marks.partitions.get(&partition);
-            // The end comes with librdkafka's statistics (every few seconds): when the
-            // applied offset passed it since, the statistics are behind, not the partition.
+            // The end is asked every `kafka.lag_interval`: when the applied offset passed it
+            // since, the probe is behind, not the partition.
             let end = match (p.applied, p.end) {
                 (Some(a), Some(e)) => Some(e.max(a)),
                 (_, e) => e,
@@ -240,6 +242,7 @@ impl Status {
                 applied: p.applied,
                 end,
                 lag,
+                lag_seconds: p.lag_seconds,
                 watermark: mark.and_then(|m| m.0),
                 idle: mark.map(|m| m.1),
                 halted: p.halt.is_some(),

@@ -18,6 +18,7 @@ mod commit;
 mod dead_letter;
 mod decode_tally;
 mod flush;
+mod lag;
 mod partitions;
 pub mod policy;
 mod rebalance;
@@ -42,6 +43,7 @@ use crate::ops::log_limit::LogLimiter;
 use crate::ops::metrics::{Metrics, ResetReason};
 
 pub use dead_letter::DeadLetters;
+pub use lag::LagProbe;
 pub use partitions::StateAccess;
 pub use policy::FlushPolicy;
 pub use worker::Worker;
@@ -84,22 +86,9 @@ impl TallyContext {
 
 impl ClientContext for TallyContext {
     fn stats(&self, statistics: Statistics) {
+        // Readiness only: the ends and the lag come from the lag probe ([`lag`]), which asks the
+        // broker for paused and halted partitions too.
         self.health.kafka.observe(&statistics);
-        let Some(topic) = statistics.topics.get(&self.topic) else {
-            return;
-        };
-        for (p, part) in &topic.partitions {
-            if *p >= 0 && part.hi_offset >= 0 {
-                self.metrics.status.kafka_end(*p, part.hi_offset);
-            }
-            if *p >= 0 && part.consumer_lag >= 0 {
-                self.metrics
-                    .consumer
-                    .consumer_lag
-                    .with_label_values(&[&p.to_string()])
-                    .set(part.consumer_lag);
-            }
-        }
     }
 
     fn error(&self, error: KafkaError, reason: &str) {

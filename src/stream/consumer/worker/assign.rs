@@ -52,11 +52,10 @@ impl Worker {
             self.commits.revoked(p);
             self.parts.revoked(p, &mut self.gauges);
             self.metrics.status.revoked(p);
-            let _ = self
-                .metrics
-                .consumer
-                .consumer_lag
-                .remove_label_values(&[&p.to_string()]);
+            let label = p.to_string();
+            let consumer = &self.metrics.consumer;
+            let _ = consumer.consumer_lag.remove_label_values(&[&label]);
+            let _ = consumer.lag_seconds.remove_label_values(&[&label]);
         }
         self.parts.revoke_done();
     }
