@@ -106,6 +106,10 @@ impl Tally {
             Role::Serve => (Health::without_kafka(), 0),
         };
         let metrics = Metrics::new(&model.counter_names()).with_status(hot_keys);
+        if role == Role::Run {
+            let kafka = &model.config.kafka;
+            metrics.status.set_consuming(&kafka.group_id, &kafka.topic);
+        }
         metrics
             .decode
             .register_reasons(DecodeError::ALL.map(DecodeError::reason));
@@ -184,11 +188,16 @@ impl Tally {
         // The lag of every owned partition, asked of the broker on its own client and thread.
         let probe = crate::stream::consumer::LagProbe::new(&config.kafka, self.metrics.clone())
             .context("the lag probe's kafka client")?;
-        let stop = shutdown.clone();
+        // Its own thread, not the runtime's blocking pool: a runtime dropped without a shutdown
+        // (a test's) must not wait for it; it stops when this task is gone too.
+        let (stop, (ended, task_gone)) = (shutdown.clone(), tokio::sync::oneshot::channel::<()>());
+        std::thread::Builder::new()
+            .name("tally-lag-probe".into())
+            .spawn(move || probe.run(&stop, || !ended.is_closed()))
+            .context("the lag probe's thread")?;
         tasks.spawn("the lag probe", async move {
-            tokio::task::spawn_blocking(move || probe.run(stop))
-                .await
-                .context("the lag probe")
+            let _ = task_gone.await;
+            Ok(())
         });
         tracing::info!(topic = %config.kafka.topic, group = %config.kafka.group_id, lanes, "consuming");
         Ok(())

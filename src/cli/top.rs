@@ -1,7 +1,8 @@
 //! `tally top [URL…]`: the live status of one or several tally processes in the terminal, drawn
 //! from their `GET /v1/status` every interval (ratatui over crossterm; works over SSH). Each URL
-//! is polled by its own thread, so a slow instance does not hold the others up. `q`, Esc or
-//! Ctrl-C quits.
+//! is polled by its own thread, so a slow instance does not hold the others up. An instance that
+//! stops answering keeps its last status on screen, marked `STALE since` with the reason. `s`
+//! sorts the partitions by lag (the default) or by number; `q`, Esc or Ctrl-C quits.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -16,11 +17,21 @@ use ratatui::widgets::{Block, Borders, Paragraph, Sparkline, Wrap};
 use ratatui::Frame;
 use serde_json::Value;
 
-/// The last answer of one instance.
+/// What one instance last answered.
 struct Instance {
     url: String,
-    last: Mutex<Result<Value, String>>,
+    last: Mutex<Last>,
 }
+
+/// The last good status (and when it came), and the error since, if any.
+#[derive(Default)]
+struct Last {
+    good: Option<(Value, chrono::DateTime<chrono::Utc>)>,
+    error: Option<String>,
+}
+
+/// Partitions sorted by lag (largest first) or by number.
+static BY_NUMBER: AtomicBool = AtomicBool::new(false);
 
 /// Poll `urls` every `every` and draw them until the user quits.
 pub fn run(
@@ -36,7 +47,10 @@ pub fn run(
         .map(|url| {
             Arc::new(Instance {
                 url: url.trim_end_matches('/').to_string(),
-                last: Mutex::new(Err("connecting…".into())),
+                last: Mutex::new(Last {
+                    good: None,
+                    error: Some("connecting…".into()),
+                }),
             })
         })
         .collect();
@@ -61,6 +75,9 @@ pub fn run(
                     let quit = matches!(k.code, KeyCode::Char('q') | KeyCode::Esc);
                     if k.kind == KeyEventKind::Press && (quit || ctrl_c) {
                         return Ok(());
+                    }
+                    if k.kind == KeyEventKind::Press && k.code == KeyCode::Char('s') {
+                        BY_NUMBER.fetch_xor(true, Ordering::Relaxed);
                     }
                 }
             }
@@ -103,7 +120,15 @@ fn poll(
             Ok(r) => Err(format!("answer {}", r.status())),
             Err(e) => Err(format!("unreachable: {e}")),
         };
-        *instance.last.lock() = answer;
+        let mut last = instance.last.lock();
+        match answer {
+            Ok(status) => {
+                last.good = Some((status, chrono::Utc::now()));
+                last.error = None;
+            }
+            Err(e) => last.error = Some(e),
+        }
+        drop(last);
         std::thread::sleep(every);
     }
 }
@@ -120,28 +145,35 @@ fn draw(f: &mut Frame, instances: &[Arc<Instance>]) {
         draw_instance(f, instance, *rect);
     }
     f.render_widget(
-        Paragraph::new("q / Esc / Ctrl-C: quit").style(Style::new().fg(Color::DarkGray)),
+        Paragraph::new("s: sort partitions (lag / number)   q / Esc / Ctrl-C: quit")
+            .style(Style::new().fg(Color::DarkGray)),
         help,
     );
 }
 
 fn draw_instance(f: &mut Frame, instance: &Instance, rect: Rect) {
     let last = instance.last.lock();
-    let s = match &*last {
-        Ok(s) => s,
-        Err(e) => {
-            let block = Block::default()
-                .borders(Borders::ALL)
-                .title(instance.url.clone());
-            let text = Paragraph::new(e.clone())
-                .style(Style::new().fg(Color::Red))
-                .block(block);
-            f.render_widget(text, rect);
-            return;
-        }
+    let Some((s, at)) = &last.good else {
+        let block = Block::default()
+            .borders(Borders::ALL)
+            .title(instance.url.clone());
+        let text = Paragraph::new(last.error.clone().unwrap_or_default())
+            .style(Style::new().fg(Color::Red))
+            .block(block);
+        f.render_widget(text, rect);
+        return;
     };
-    let title = Line::from(header(&instance.url, s));
-    let block = Block::default().borders(Borders::ALL).title(title);
+    let mut title = header(&instance.url, s);
+    if let Some(e) = &last.error {
+        // The figures below stopped: say so, with why, rather than show them as live.
+        title.push(Span::styled(
+            format!(" STALE since {}: {e} ", at.format("%H:%M:%SZ")),
+            Style::new().fg(Color::White).bg(Color::Red),
+        ));
+    }
+    let block = Block::default()
+        .borders(Borders::ALL)
+        .title(Line::from(title));
     let inner = block.inner(rect);
     f.render_widget(block, rect);
     let stream = &s["stream"];
@@ -174,20 +206,26 @@ fn draw_instance(f: &mut Frame, instance: &Instance, rect: Rect) {
     f.render_widget(Paragraph::new(hot_lines(stream)), right);
 }
 
-/// `url  run  ready  kafka  redis  up 12s`.
+/// `url  run  ready  kafka up  redis up  up 12s  host (pid) tally 0.1.0 (commit) group/topic`:
+/// health in words (the colours only repeat them).
 fn header<'a>(url: &str, s: &Value) -> Vec<Span<'a>> {
-    let flag = |name: &str, v: &Value| -> Span<'a> {
+    let flag = |v: &Value, yes: &str, no: &str| -> Span<'a> {
         match v.as_bool() {
             Some(true) => Span::styled(
-                format!(" {name} "),
+                format!(" {yes} "),
                 Style::new().fg(Color::Black).bg(Color::Green),
             ),
             Some(false) => Span::styled(
-                format!(" {name} "),
+                format!(" {no} "),
                 Style::new().fg(Color::White).bg(Color::Red),
             ),
             None => Span::raw(""),
         }
+    };
+    let id = &s["instance"];
+    let consuming = match (id["group"].as_str(), id["topic"].as_str()) {
+        (Some(g), Some(t)) => format!(" group {g} topic {t}"),
+        _ => String::new(),
     };
     vec![
         Span::styled(
@@ -195,12 +233,19 @@ fn header<'a>(url: &str, s: &Value) -> Vec<Span<'a>> {
             Style::new().add_modifier(Modifier::BOLD),
         ),
         Span::raw(format!("{} ", s["mode"].as_str().unwrap_or("?"))),
-        flag("ready", &s["health"]["ready"]),
+        flag(&s["health"]["ready"], "ready", "NOT READY"),
         Span::raw(" "),
-        flag("kafka", &s["health"]["kafka"]),
+        flag(&s["health"]["kafka"], "kafka up", "kafka UNREACHABLE"),
         Span::raw(" "),
-        flag("redis", &s["health"]["redis"]),
-        Span::raw(format!(" up {}s ", s["uptime_s"].as_u64().unwrap_or(0))),
+        flag(&s["health"]["redis"], "redis up", "redis UNREACHABLE"),
+        Span::raw(format!(
+            " up {}s  {} (pid {}) tally {} ({}){consuming} ",
+            s["uptime_s"].as_u64().unwrap_or(0),
+            id["host"].as_str().unwrap_or("?"),
+            number(&id["pid"]),
+            id["version"].as_str().unwrap_or("?"),
+            id["commit"].as_str().unwrap_or("?"),
+        )),
     ]
 }
 
@@ -258,12 +303,33 @@ fn stream_lines(stream: &Value) -> Vec<Line<'static>> {
             number(&stream["totals"]["flushed_keys"]),
         )),
     ];
-    let parts = stream["partitions"].as_array().cloned().unwrap_or_default();
-    let summary: Vec<String> = parts
-        .iter()
-        .map(|p| format!("p{}:{}", number(&p["partition"]), number(&p["lag"])))
-        .collect();
-    lines.push(Line::from(format!("partition:lag  {}", summary.join(" "))));
+    let mut parts = stream["partitions"].as_array().cloned().unwrap_or_default();
+    if !BY_NUMBER.load(Ordering::Relaxed) {
+        parts.sort_by_key(|p| std::cmp::Reverse(p["lag"].as_i64().unwrap_or(0)));
+    }
+    lines.push(Line::styled(
+        "partition  lane     applied         end      lag  oldest  state",
+        Style::new().add_modifier(Modifier::BOLD),
+    ));
+    for p in &parts {
+        let age = p["lag_seconds"]
+            .as_f64()
+            .map_or("-".to_string(), |a| format!("{a:.1}s"));
+        lines.push(Line::from(format!(
+            "{:>9}  {:>4}  {:>10}  {:>10}  {:>7}  {:>6}  {}",
+            number(&p["partition"]),
+            number(&p["lane"]),
+            number(&p["applied"]),
+            number(&p["end"]),
+            number(&p["lag"]),
+            age,
+            if p["halted"].as_bool() == Some(true) {
+                "halted"
+            } else {
+                "counting"
+            },
+        )));
+    }
     // Event-time watermarks: on the replica that leads the window publisher.
     let marks: Vec<String> = parts
         .iter()

@@ -322,7 +322,7 @@ async fn answers_are_counted_by_route_template_method_and_code() {
     let port = tally_testkit::local_redis::free_port().unwrap();
     let mut config = h.config("g-answers", crate::common::hourly("ans"));
     config.http.listen = format!("127.0.0.1:{port}");
-    let _running = h.start(config);
+    let running = h.start(config);
     wait_for("http answers", Duration::from_secs(30), || {
         http::get(port, "/health/live").is_some()
     })
@@ -367,4 +367,5 @@ async fn answers_are_counted_by_route_template_method_and_code() {
             .contains("tally_http_request_duration_seconds_count{route=\"/v1/counters/{name}\"} 2"),
         "{metrics}"
     );
+    running.stop().await;
 }

@@ -191,6 +191,18 @@ async fn the_page_shows_lag_rates_hot_keys_decisions_and_a_halted_partition() {
         );
     }
     assert!(dom.contains(">ready<"), "{dom}");
+    // Health in words, not colour alone; which process this is.
+    assert!(
+        dom.contains(">kafka: up<") && dom.contains(">redis: up<"),
+        "{dom}"
+    );
+    let instance = browser::text_of(&dom, "instance").unwrap_or_default();
+    assert!(
+        instance.contains(&format!("tally {}", env!("CARGO_PKG_VERSION")))
+            && instance.contains(&format!("group {group}"))
+            && instance.contains(&format!("topic {}", h.topic)),
+        "{instance}"
+    );
     assert!(
         dom.contains("<div id=\"halted\"></div>"),
         "nothing halted: {dom}"
@@ -282,6 +294,38 @@ async fn tally_top_draws_the_status_in_a_terminal_and_quits_on_q() {
         "{screen}"
     );
     assert!(screen.contains("consumed/s"), "{screen}");
+    // Health in words; which process; each partition's lane and offsets.
+    for words in [
+        "kafka up",
+        "redis up",
+        &format!("tally {}", env!("CARGO_PKG_VERSION")),
+        &format!("group {group}"),
+        "partition  lane     applied         end      lag",
+    ] {
+        assert!(screen.contains(words), "no {words:?}:\n{screen}");
+    }
+    let applied = h.applied(group, 0).expect("partition 0 applied");
+    assert!(
+        screen
+            .lines()
+            .any(|l| l.contains(&format!("  {applied}  ")) && l.contains("counting")),
+        "partition 0's applied offset {applied}:\n{screen}"
+    );
+    // tally stops answering: the last status stays, marked stale.
+    running.stop().await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let shot = tmux(&socket, &["capture-pane", "-p", "-t", "top"]);
+        let screen = String::from_utf8_lossy(&shot.stdout).into_owned();
+        if screen.contains("STALE since") && screen.contains("consumed/s") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tally top never said stale:\n{screen}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     tmux(&socket, &["send-keys", "-t", "top", "q"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     while tmux(&socket, &["has-session", "-t", "top"])
@@ -292,5 +336,4 @@ async fn tally_top_draws_the_status_in_a_terminal_and_quits_on_q() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tmux(&socket, &["kill-server"]);
-    running.stop().await;
 }

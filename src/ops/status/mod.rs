@@ -104,6 +104,8 @@ pub struct Status {
     jobs: Mutex<BTreeMap<&'static str, Job>>,
     /// What the repair command needs besides its own arguments (`--config <file>`).
     command_prefix: Mutex<String>,
+    /// The consumer group and topic of `tally run` (unset under `tally serve`).
+    consuming: Mutex<Option<(String, String)>>,
 }
 
 impl Status {
@@ -122,12 +124,18 @@ impl Status {
             requests: Mutex::new(BTreeMap::new()),
             jobs: Mutex::new(BTreeMap::new()),
             command_prefix: Mutex::new("tally state".into()),
+            consuming: Mutex::new(None),
         }
     }
 
     /// Name the configuration file in repair commands (`tally state --config <path> repair …`).
     pub fn set_config_path(&self, path: &std::path::Path) {
         *self.command_prefix.lock() = format!("tally state --config {}", path.display());
+    }
+
+    /// Say which consumer group and topic this process counts (shown with its identity).
+    pub fn set_consuming(&self, group: &str, topic: &str) {
+        *self.consuming.lock() = Some((group.to_string(), topic.to_string()));
     }
 
     // ---- the stream path (consumer lanes) ----

@@ -16,6 +16,8 @@ const TOP_KEYS: usize = 10;
 pub struct StatusAnswer {
     /// `run` (consumes Kafka) or `serve` (request path only).
     pub mode: &'static str,
+    /// Which process this is.
+    pub instance: InstanceView,
     /// Seconds since the process started.
     pub uptime_s: u64,
     /// Readiness and its parts.
@@ -26,6 +28,21 @@ pub struct StatusAnswer {
     pub requests: Vec<PolicyView>,
     /// Jobs led by one replica at a time.
     pub jobs: Vec<JobView>,
+}
+
+/// Which process answers: enough to tell replicas and versions apart.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct InstanceView {
+    /// The host name (a pod's name under Kubernetes).
+    pub host: String,
+    /// The process id.
+    pub pid: u32,
+    /// tally's version and the git commit it was built from (`tally version`).
+    pub version: String,
+    pub commit: String,
+    /// The consumer group and topic counted; absent under `tally serve`.
+    pub group: Option<String>,
+    pub topic: Option<String>,
 }
 
 /// Readiness, as `/health/ready` decides it.
@@ -185,8 +202,17 @@ pub struct JobView {
 impl Status {
     /// The answer, with readiness from `health`; `stream` says whether this process consumes.
     pub fn view(&self, health: &Health, stream: bool) -> StatusAnswer {
+        let consuming = self.consuming.lock().clone();
         StatusAnswer {
             mode: if stream { "run" } else { "serve" },
+            instance: InstanceView {
+                host: host_name(),
+                pid: std::process::id(),
+                version: crate::ops::build_info::VERSION.to_string(),
+                commit: crate::ops::build_info::COMMIT.to_string(),
+                group: consuming.as_ref().map(|c| c.0.clone()),
+                topic: consuming.map(|c| c.1),
+            },
             uptime_s: self.started.elapsed().as_secs(),
             health: HealthView {
                 ready: health.ready(),
@@ -298,4 +324,14 @@ impl Status {
                 .collect(),
         }
     }
+}
+
+/// The host's name (Linux: the kernel's; elsewhere `HOSTNAME`), or `unknown`.
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown".into())
 }

@@ -67,10 +67,12 @@ impl LagProbe {
         })
     }
 
-    /// Probe every `kafka.lag_interval` until `shutdown` (blocking: run it on its own thread).
-    pub fn run(mut self, shutdown: CancellationToken) {
+    /// Probe every `kafka.lag_interval` until `shutdown`, or until `wanted` says no (blocking:
+    /// run it on its own thread).
+    pub fn run(mut self, shutdown: &CancellationToken, wanted: impl Fn() -> bool) {
         let log = crate::ops::log_limit::LogLimiter::new();
-        while !shutdown.is_cancelled() {
+        let go_on = || !shutdown.is_cancelled() && wanted();
+        while go_on() {
             let started = Instant::now();
             if let Err(e) = self.round() {
                 if let Some(suppressed) = log.allow() {
@@ -79,7 +81,7 @@ impl LagProbe {
             }
             let rest = self.every.saturating_sub(started.elapsed());
             let deadline = Instant::now() + rest;
-            while !shutdown.is_cancelled() && Instant::now() < deadline {
+            while go_on() && Instant::now() < deadline {
                 std::thread::sleep(
                     deadline
                         .saturating_duration_since(Instant::now())
