@@ -1,7 +1,7 @@
 //! `config/tally.toml` is the reference of every key (the README says so): each key the
 //! configuration types accept is in it, set or commented out with an example, under its section;
-//! it names no key they do not accept; and it loads, setting the built-in defaults everywhere but
-//! in its example lists.
+//! it names no key they do not accept; as shipped it is the built-in defaults (a copy changes
+//! nothing), and with its commented-out example entries uncommented it loads and validates.
 //!
 //! The keys come from the types, not from a list kept by hand: the default configuration, with
 //! an entry in every list, serialized to JSON. `None` fields serialize as `null` there (none of
@@ -83,18 +83,19 @@ fn walk(path: &str, table: &Map<String, Value>, keys: &mut Keys) {
 }
 
 /// The keys of the reference file: `key = …` lines, set or commented out (`# key = …`), under
-/// the latest `[section]` or `[[section]]` header. Quoted keys (librdkafka properties) and prose
+/// the latest `[section]` or `[[section]]` header, itself set or commented out. Quoted keys (librdkafka properties) and prose
 /// are not keys.
 fn reference_keys(text: &str) -> Keys {
     let mut keys = Keys::from([(String::new(), BTreeSet::new())]);
     let mut section = String::new();
     for line in text.lines().map(str::trim) {
+        // A commented-out header starts a commented-out example entry (`# [[request.limits]]`).
+        let line = line.strip_prefix('#').map_or(line, str::trim_start);
         if line.starts_with('[') {
             section = line.trim_matches(['[', ']']).trim().to_string();
             keys.entry(section.clone()).or_default();
             continue;
         }
-        let line = line.strip_prefix('#').map_or(line, str::trim_start);
         let Some((key, _)) = line.split_once(" = ") else {
             continue;
         };
@@ -184,33 +185,43 @@ fn example_lists(with_entries: &Value, default: &Value, path: &str, out: &mut Ve
     }
 }
 
-/// Remove the value at the JSON pointer `at` from `value` and return it.
-fn take(value: &mut Value, at: &str) -> Option<Value> {
-    let (parent, key) = at.rsplit_once('/')?;
-    value.pointer_mut(parent)?.as_object_mut()?.remove(key)
+/// The reference with its commented-out example entries uncommented: from a `# [[list]]` header
+/// to the next blank line, every `# key = …` line (prose comments stay comments).
+fn with_examples_uncommented(text: &str) -> String {
+    let mut out = String::new();
+    let mut in_example = false;
+    let is_key = |l: &str| {
+        l.split_once(" = ").is_some_and(|(k, _)| {
+            !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        })
+    };
+    for line in text.lines() {
+        if line.starts_with("# [[") {
+            in_example = true;
+        } else if line.trim().is_empty() || line.starts_with('[') {
+            in_example = false;
+        }
+        match line.strip_prefix("# ") {
+            Some(rest) if in_example && (rest.starts_with("[[") || is_key(rest)) => {
+                out.push_str(rest)
+            }
+            _ => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
 }
 
 #[test]
-fn the_reference_loads_and_sets_the_defaults_outside_its_example_lists() {
+fn the_reference_is_the_defaults_and_its_examples_load() {
+    // As shipped, the file is the built-in defaults, section by section (so a failure names the
+    // section; the counters' entry is the default counter).
     let loaded = Config::load(Some(reference_path()), &json!({}))
         .unwrap_or_else(|e| panic!("config/tally.toml: {e}"));
-    let mut loaded = serde_json::to_value(&loaded).expect("serialize");
-    let mut default = serde_json::to_value(Config::default()).expect("serialize");
-    let with_entries = serde_json::to_value(config_with_every_list()).expect("serialize");
-
-    let mut examples = Vec::new();
-    example_lists(&with_entries, &default, "", &mut examples);
-    assert!(examples.contains(&"/request/limits".into()), "{examples:?}");
-    for at in &examples {
-        let entries = take(&mut loaded, at).and_then(|v| v.as_array().map(Vec::len));
-        assert!(
-            entries.is_some_and(|n| n > 0),
-            "config/tally.toml has no example entry in {at} (loaded and validated with the rest)"
-        );
-        take(&mut default, at);
-    }
-
-    // Section by section, so a failure names the section (the counters' example is the default).
+    let loaded = serde_json::to_value(&loaded).expect("serialize");
+    let default = serde_json::to_value(Config::default()).expect("serialize");
     let sections = default.as_object().expect("a table");
     assert_eq!(sections.len(), loaded.as_object().map_or(0, Map::len));
     for (section, value) in sections {
@@ -218,6 +229,30 @@ fn the_reference_loads_and_sets_the_defaults_outside_its_example_lists() {
             loaded.get(section),
             Some(value),
             "config/tally.toml's [{section}] differs from the built-in default"
+        );
+    }
+
+    // Uncommented, its examples load and validate, one entry at least in every list that is
+    // empty by default.
+    let dir = std::env::temp_dir().join(format!("tally-reference-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("tally.toml");
+    std::fs::write(&path, with_examples_uncommented(&reference_text())).expect("write");
+    let examples_loaded = Config::load(Some(&path), &json!({}))
+        .unwrap_or_else(|e| panic!("config/tally.toml with its examples uncommented: {e}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let examples_loaded = serde_json::to_value(&examples_loaded).expect("serialize");
+    let with_entries = serde_json::to_value(config_with_every_list()).expect("serialize");
+    let mut examples = Vec::new();
+    example_lists(&with_entries, &default, "", &mut examples);
+    assert!(examples.contains(&"/request/limits".into()), "{examples:?}");
+    for at in &examples {
+        let entries = examples_loaded
+            .pointer(at)
+            .and_then(|v| v.as_array().map(Vec::len));
+        assert!(
+            entries.is_some_and(|n| n > 0),
+            "config/tally.toml has no commented-out example entry in {at}"
         );
     }
 }

@@ -48,7 +48,7 @@ fn the_metrics_reference_is_the_registry() {
          (`tests/it/docs_site.rs` fails when this page and the code differ). A labelled family\n\
          appears on `/metrics` once it has a series. Labels are bounded: counter and limit names\n\
          come from the configuration, the others are closed sets; a key or a dimension value is\n\
-         never a label. Every `tally_` family is on a panel of `dashboards/tally-overview.json`\n\
+         never a label. Every `tally_` family is on a panel of a dashboard in `dashboards/`\n\
          (`tests/it/observability.rs` checks it against a real Prometheus).\n\n\
          | metric | type | labels | meaning |\n|---|---|---|---|\n",
     );
