@@ -22,6 +22,12 @@ use crate::ops::metrics::Metrics;
 
 /// `tally serve`: serve until `shutdown` (or until a task fails).
 pub async fn run(model: Arc<Model>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    for section in model.config.ignored_by_serve() {
+        tracing::warn!(
+            section,
+            "{section} is set but `tally serve` does not consume Kafka: it applies to `tally run` only"
+        );
+    }
     Tally::with_role(model, Role::Serve).run(shutdown).await
 }
 
@@ -103,7 +109,8 @@ impl Ports<'_> {
         // With Kafka, the sinks report Redis's reachability; without, the probe does.
         let readiness = (self.role == Role::Serve).then(|| self.health.clone());
         if readiness.is_some() || rls_health.is_some() {
-            let probe = probe(client, readiness, rls_health, shutdown);
+            let target = model.config.redis_target();
+            let probe = probe(client, readiness, rls_health, target, shutdown);
             tasks.spawn("the redis probe", probe);
         }
         Ok(())
@@ -116,18 +123,29 @@ async fn probe(
     client: Client,
     health: Option<Arc<Health>>,
     rls: Option<crate::api::rls::HealthStatus>,
+    target: String,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
     let mut reported = None;
+    // While Redis does not answer: a WARN at once, then one every 10 s (with how many held back).
+    let log = crate::ops::log_limit::LogLimiter::new();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return Ok(()),
             _ = every.tick() => {
-                let ok = client.query::<String>(&redis::cmd("PING")).await.is_ok();
+                let answer = client.query::<String>(&redis::cmd("PING")).await;
+                let ok = answer.is_ok();
                 if let Some(health) = &health {
-                    if health.redis.swap(ok, Ordering::Relaxed) != ok {
-                        tracing::info!(redis = ok, "redis reachability changed");
+                    let was = health.redis.swap(ok, Ordering::Relaxed);
+                    match &answer {
+                        Err(e) => {
+                            if let Some(suppressed) = log.allow() {
+                                tracing::warn!(redis = %target, error = %e, suppressed, "redis unreachable: request-path calls answer 503 or decide by on_redis_error, not ready");
+                            }
+                        }
+                        Ok(_) if !was => tracing::info!(redis = %target, "redis reachable"),
+                        Ok(_) => {}
                     }
                 }
                 if let Some(rls) = rls.as_ref().filter(|_| reported != Some(ok)) {

@@ -170,6 +170,36 @@ pub enum ConfigError {
 }
 
 impl Config {
+    /// What `tally serve` does not use that this configuration sets (differs from the default):
+    /// the stream's own sections and keys. Each is a warning at start, not an error: one file
+    /// may serve both commands.
+    pub fn ignored_by_serve(&self) -> Vec<&'static str> {
+        fn differs<T: Serialize>(a: &T, b: &T) -> bool {
+            serde_json::to_value(a).ok() != serde_json::to_value(b).ok()
+        }
+        let d = Config::default();
+        [
+            ("[flush]", differs(&self.flush, &d.flush)),
+            ("[recovery]", differs(&self.recovery, &d.recovery)),
+            (
+                "kafka.consumers",
+                differs(&self.kafka.consumers, &d.kafka.consumers),
+            ),
+            (
+                "kafka.start_from",
+                differs(&self.kafka.start_from, &d.kafka.start_from),
+            ),
+            (
+                "kafka.lag_interval",
+                self.kafka.lag_interval != d.kafka.lag_interval,
+            ),
+            ("status.hot_keys", self.status.hot_keys != d.status.hot_keys),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect()
+    }
+
     /// Layer defaults, an optional file, `TALLY_…` environment and `overrides` (CLI flags, as
     /// a partial nested map), then validate.
     pub fn load(file: Option<&Path>, overrides: &serde_json::Value) -> Result<Config, ConfigError> {

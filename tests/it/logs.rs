@@ -73,3 +73,78 @@ fn json_logs_parse_line_by_line_and_text_in_a_file_has_no_colour() {
     );
     assert!(text.iter().all(|l| !l.starts_with('{')));
 }
+
+/// `tally serve` says when Redis does not answer, naming it (password masked), again while it
+/// stays down (rate-limited), and when it answers again.
+#[test]
+fn serve_warns_while_redis_is_unreachable_and_says_when_it_is_back() {
+    let port = tally_testkit::local_redis::free_port().expect("a free port");
+    let url = format!("redis://user:pw-of-the-test@127.0.0.1:{port}");
+    let t = TallyProcess::start_command_with_env(
+        "serve",
+        &serve_config(&url, None),
+        "logs-unreachable",
+        "",
+        &[],
+    );
+    let named = format!("redis://user:***@127.0.0.1:{port}");
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let log = t.log();
+            log.contains("WARN") && log.contains("redis unreachable") && log.contains(&named)
+        }),
+        "no WARN naming the unreachable redis:\n{}",
+        t.log()
+    );
+    assert!(!t.log().contains("pw-of-the-test"), "{}", t.log());
+    // The server comes up with that user (an ACL user, as the URL names).
+    let acl = [
+        "--user",
+        "user",
+        "on",
+        ">pw-of-the-test",
+        "~*",
+        "&*",
+        "+@all",
+    ];
+    let redis = LocalRedis::start_on(port, &acl).expect("redis-server on the port");
+    assert!(
+        wait_until(Duration::from_secs(30), || t
+            .log()
+            .contains("redis reachable")),
+        "serve never said redis is back:\n{}",
+        t.log()
+    );
+    drop(redis);
+}
+
+/// A stream-only setting in `tally serve`'s configuration is a WARN naming it (one file may serve
+/// both commands, so it is not an error); the defaults say nothing.
+#[test]
+fn serve_warns_about_stream_settings_it_ignores() {
+    let redis = LocalRedis::start(&[]).expect("redis-server");
+    let quiet = serve_log(&redis, None, &[]);
+    assert!(
+        !quiet.iter().any(|l| l.contains("does not consume Kafka")),
+        "{quiet:?}"
+    );
+    let config = format!(
+        "{}\n[flush]\ninterval = \"2s\"\n[status]\nhot_keys = 5\n",
+        serve_config(&redis.url(), None)
+    );
+    let t = TallyProcess::start_command_with_env("serve", &config, "logs-ignored", "", &[]);
+    assert!(
+        wait_until(Duration::from_secs(30), || t.log().contains("serving")),
+        "{}",
+        t.log()
+    );
+    let log = t.log();
+    for section in ["[flush]", "status.hot_keys"] {
+        assert!(
+            log.lines().any(|l| l.contains("WARN")
+                && l.contains("does not consume Kafka")
+                && l.contains(section)),
+            "no warning for {section}:\n{log}"
+        );
+    }
+}
