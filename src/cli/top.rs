@@ -298,9 +298,11 @@ fn stream_lines(stream: &Value) -> Vec<Line<'static>> {
             number(&stream["flushes_per_s"]),
         )),
         Line::from(format!(
-            "totals: consumed {}  flushed keys {}",
+            "totals: consumed {}  flushed keys {}   not counted: invalid {}  late {}",
             number(&stream["totals"]["consumed"]),
             number(&stream["totals"]["flushed_keys"]),
+            number(&stream["totals"]["invalid"]),
+            number(&stream["totals"]["late"]),
         )),
     ];
     let mut parts = stream["partitions"].as_array().cloned().unwrap_or_default();

@@ -208,6 +208,20 @@ async fn the_page_shows_lag_rates_hot_keys_decisions_and_a_halted_partition() {
         "nothing halted: {dom}"
     );
 
+    // What is not counted is shown: 3 undecodable messages and 2 events of a window long gone.
+    let long_ago = chrono::Utc::now().timestamp_millis() - 3 * 86_400_000;
+    for _ in 0..3 {
+        h.produce(0, b"not json", None);
+    }
+    for _ in 0..2 {
+        h.produce(0, br#"{"app_id":"a0","device_id":"d0"}"#, Some(long_ago));
+    }
+    h.flush_producer();
+    page_until(&url, "invalid and late", |dom| {
+        expect(browser::text_of(dom, "skipped"), "3 / 2", "not counted")
+    })
+    .await;
+
     // Partition 1's applied offset disappears; its next events cannot be counted safely.
     let fence = format!("tally:applied:{group}:{}:1:0", h.topic);
     let _: () = redis::cmd("DEL").arg(&fence).query(&mut h.conn()).unwrap();

@@ -198,6 +198,16 @@ impl Status {
         }
     }
 
+    /// `n` messages could not be decoded (not counted; dead-lettered when configured).
+    pub fn invalid(&self, n: u64) {
+        self.stream.totals.invalid.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// `n` events came after their window expired (not counted).
+    pub fn late(&self, n: u64) {
+        self.stream.totals.late.fetch_add(n, Ordering::Relaxed);
+    }
+
     /// `n` messages were read.
     pub fn consumed(&self, n: u64) {
         self.stream.totals.consumed.fetch_add(n, Ordering::Relaxed);

@@ -16,6 +16,10 @@ pub struct Totals {
     pub flushed_keys: AtomicU64,
     /// Flushes that landed.
     pub flushes: AtomicU64,
+    /// Messages not counted because they could not be decoded (every reason).
+    pub invalid: AtomicU64,
+    /// Events not counted because their window had expired.
+    pub late: AtomicU64,
 }
 
 /// Totals at one instant.

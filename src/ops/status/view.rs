@@ -151,6 +151,10 @@ pub struct TotalsView {
     pub consumed: u64,
     pub flushed_keys: u64,
     pub flushes: u64,
+    /// Messages not counted because they could not be decoded (`tally_decode_errors_total`).
+    pub invalid: u64,
+    /// Events not counted because their window had expired (`tally_late_events_total`).
+    pub late: u64,
 }
 
 /// Percentiles of the last flushes.
@@ -302,6 +306,8 @@ impl Status {
                 consumed: totals.consumed,
                 flushed_keys: totals.flushed_keys,
                 flushes: totals.flushes,
+                invalid: stream.totals.invalid.load(Ordering::Relaxed),
+                late: stream.totals.late.load(Ordering::Relaxed),
             },
             flush_latency_ms: LatencyView {
                 p50: latencies.quantile_ms(0.5),

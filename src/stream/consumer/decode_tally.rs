@@ -68,12 +68,17 @@ impl DecodeTally {
         let consumed = std::mem::take(&mut self.consumed);
         metrics.consumer.messages_consumed.inc_by(consumed);
         metrics.status.consumed(consumed);
+        let mut invalid = 0;
         for (i, n) in self.decode_errors.iter_mut().enumerate() {
             if *n > 0 {
+                invalid += *n;
                 metrics
                     .decode
                     .decode_failed(DecodeError::ALL[i].reason(), std::mem::take(n));
             }
+        }
+        if invalid > 0 {
+            metrics.status.invalid(invalid);
         }
     }
 

@@ -198,6 +198,7 @@ impl Worker {
                     .late_events
                     .with_label_values(&[&counter.name])
                     .inc_by(stats.late[i]);
+                self.metrics.status.late(stats.late[i]);
             }
         }
         self.metrics
