@@ -18,6 +18,7 @@ mod config_reference;
 mod contract;
 mod defer;
 mod docs_site;
+mod envoy_example;
 mod exactly_once;
 mod expiry_spread;
 mod failover;
