@@ -232,3 +232,49 @@ fn the_docs_site_builds_with_no_broken_link() {
         pages.len()
     );
 }
+
+/// The facts that drifted before, checked: README.md stays a front door (at most 12,000
+/// characters), and the alert table of the observability guide lists exactly the rules of
+/// `deploy/prometheus/alerts.yml`, with their `for` and severity.
+#[test]
+fn the_front_door_is_short_and_the_alert_table_is_the_rules() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
+    assert!(
+        readme.chars().count() <= 12_000,
+        "README.md has {} characters: move detail into docs/",
+        readme.chars().count()
+    );
+    let rules: serde_yaml_ng::Value = serde_yaml_ng::from_str(
+        &std::fs::read_to_string(root.join("deploy/prometheus/alerts.yml")).expect("alerts.yml"),
+    )
+    .expect("alerts.yml is YAML");
+    let mut in_file: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for group in rules["groups"].as_sequence().expect("groups") {
+        for rule in group["rules"].as_sequence().expect("rules") {
+            let name = rule["alert"].as_str().expect("alert").to_string();
+            let period = rule["for"].as_str().unwrap_or("0m").to_string();
+            let severity = rule["labels"]["severity"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            in_file.insert(name, (period, severity));
+        }
+    }
+    let guide = std::fs::read_to_string(docs().join("guide/16-observability-and-deployment.md"))
+        .expect("guide 16");
+    let in_guide: BTreeMap<String, (String, String)> = guide
+        .lines()
+        .filter(|l| l.starts_with("| `Tally"))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split(" | ").map(str::trim).collect();
+            let name = cells[0].trim_matches('`').to_string();
+            let n = cells.len();
+            (name, (cells[n - 2].to_string(), cells[n - 1].to_string()))
+        })
+        .collect();
+    assert_eq!(
+        in_guide, in_file,
+        "guide 16's alert table against alerts.yml"
+    );
+}
