@@ -332,7 +332,45 @@ async fn the_description_names_every_route_and_real_answers_match_it() {
             }
         }
     }
-    let mut wrong = run(&spec, tally.port, &up);
+    // Every operation says what it does, and every request body has an example that works: each
+    // is sent as written (path parameters filled) and must answer 200 by its schema.
+    let mut examples = Vec::new();
+    for (path, ops) in spec.doc["paths"].as_object().unwrap() {
+        for (method, op) in ops.as_object().unwrap() {
+            for field in ["summary", "description"] {
+                assert!(
+                    op[field].as_str().is_some_and(|t| !t.is_empty()),
+                    "{method} {path}: no {field}"
+                );
+            }
+            let Some(content) = op["requestBody"]["content"].as_object() else {
+                continue;
+            };
+            for (media, body) in content {
+                let example = &body["example"];
+                assert!(!example.is_null(), "{method} {path} ({media}): no example");
+                let target = path
+                    .replace(
+                        "{name}",
+                        if path.contains("locks") {
+                            "report"
+                        } else {
+                            "plays"
+                        },
+                    )
+                    .replace("{action}", "acquire");
+                let route = ROUTES.iter().find(|r| *r == path).expect("a route");
+                examples.push(cases::post(route, &target, &example.to_string(), 200));
+            }
+        }
+    }
+    assert!(
+        examples.len() >= 8,
+        "request bodies with examples: {}",
+        examples.len()
+    );
+    let mut wrong = run(&spec, tally.port, &examples);
+    wrong.extend(run(&spec, tally.port, &up));
     wrong.extend(run(&spec, tally.port, &refused));
     // The answer of a route that does not exist is a problem too.
     let auth = format!("Bearer {TOKEN}");
