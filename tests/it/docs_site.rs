@@ -278,3 +278,39 @@ fn the_front_door_is_short_and_the_alert_table_is_the_rules() {
         "guide 16's alert table against alerts.yml"
     );
 }
+
+/// Guide 16 lists each dashboard's rows as the dashboard JSON has them, top to bottom.
+#[test]
+fn the_dashboard_rows_in_the_guide_are_the_dashboards() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let guide = std::fs::read_to_string(docs().join("guide/16-observability-and-deployment.md"))
+        .expect("guide 16");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(root.join("dashboards"))
+        .expect("dashboards/")
+        .map(|e| e.expect("entry").path())
+        .collect();
+    files.sort();
+    assert!(files.len() >= 3, "{files:?}");
+    for file in files {
+        let name = file.file_name().unwrap().to_string_lossy().to_string();
+        let d: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        let rows: Vec<&str> = d["panels"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["type"] == "row")
+            .filter_map(|p| p["title"].as_str())
+            .collect();
+        let line = guide
+            .lines()
+            .find(|l| l.contains(&format!("`dashboards/{name}`:")))
+            .unwrap_or_else(|| panic!("guide 16 does not list {name}"));
+        let listed = line.split("`:").nth(1).unwrap_or_default();
+        assert_eq!(
+            listed.trim().trim_end_matches('.'),
+            rows.join(", "),
+            "guide 16's rows of {name}"
+        );
+    }
+}
