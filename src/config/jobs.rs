@@ -33,6 +33,10 @@ pub struct PublishConfig {
     /// Time allowed for Kafka to acknowledge one window's records before the pass is retried.
     #[serde(with = "humantime_serde")]
     pub send_timeout: Duration,
+    /// How often windows already published are read again for late changes (corrections)
+    /// when none closes; a closing window is always followed by a look.
+    #[serde(with = "humantime_serde")]
+    pub corrections_every: Duration,
 }
 
 impl Default for PublishConfig {
@@ -41,6 +45,7 @@ impl Default for PublishConfig {
             interval: Duration::from_secs(1),
             lease: Duration::from_secs(10),
             send_timeout: Duration::from_secs(30),
+            corrections_every: Duration::from_secs(60),
         }
     }
 }
@@ -134,6 +139,12 @@ impl JobsConfig {
         }
         if p.send_timeout < Duration::from_secs(1) {
             return Err(invalid("jobs.publish.send_timeout", "must be at least 1s"));
+        }
+        if p.corrections_every < p.interval {
+            return Err(invalid(
+                "jobs.publish.corrections_every",
+                "must be at least jobs.publish.interval (a pass is when it looks)",
+            ));
         }
         Ok(())
     }

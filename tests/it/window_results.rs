@@ -218,7 +218,9 @@ pub(crate) fn read_output(bootstrap: &str, out: &str) -> Vec<(String, Value)> {
     while (got.len() as i64) < high && Instant::now() < deadline {
         if let Some(Ok(m)) = c.poll(Duration::from_millis(100)) {
             let key = String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned();
-            let value = serde_json::from_slice(m.payload().unwrap_or_default()).unwrap();
+            let mut value: Value = serde_json::from_slice(m.payload().unwrap_or_default()).unwrap();
+            // The record's Kafka timestamp, beside its fields, for the checks.
+            value["_kafka_timestamp"] = m.timestamp().to_millis().into();
             got.push((key, value));
         }
     }
@@ -248,6 +250,11 @@ fn check_records(records: &[(String, Value)]) {
         assert_eq!(v["final"], Value::Bool(true), "{key}: {v}");
         let end = v["window_end"].as_i64().unwrap();
         assert_eq!(end - v["window_start"].as_i64().unwrap(), MIN, "{v}");
+        assert_eq!(
+            v["_kafka_timestamp"].as_i64(),
+            Some(end),
+            "{key}: the record's timestamp is its window's end: {v}"
+        );
         assert!(
             v["watermark"].as_i64().unwrap() >= end,
             "{key} published before its watermark passed its end: {v}"

@@ -48,9 +48,6 @@ use cells::Cell;
 use record::Emit;
 use watermark::Mark;
 
-/// How often published windows are read again for late changes when no window closes.
-const CORRECTIONS_EVERY: Duration = Duration::from_secs(60);
-
 /// The publisher, built once per process; [`Publisher::pass`] runs under the leadership.
 pub struct Publisher {
     model: Arc<Model>,
@@ -222,7 +219,7 @@ impl Publisher {
             .last_scan
             .lock()
             .get(&index)
-            .is_none_or(|at| at.elapsed() >= CORRECTIONS_EVERY);
+            .is_none_or(|at| at.elapsed() >= self.model.config.jobs.publish.corrections_every);
         if !closing && !rescan && !updates {
             return Ok(());
         }
@@ -418,7 +415,12 @@ impl Publisher {
             .map(|c| record::value(spec, window, c, closed_by, how))
             .collect();
         let sends = cells.iter().zip(&payloads).map(|(c, payload)| {
-            let rec = FutureRecord::to(&output.topic).key(&c.key).payload(payload);
+            // The record's time is its window's end, as Kafka Streams and Flink stamp a
+            // window's result: a consumer joining on time sees when the window closed.
+            let rec = FutureRecord::to(&output.topic)
+                .key(&c.key)
+                .payload(payload)
+                .timestamp(window.end_ms);
             self.producer.send(rec, timeout)
         });
         for result in join_all(sends).await {
