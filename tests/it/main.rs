@@ -62,6 +62,7 @@ mod status_page;
 mod tansu;
 mod tls;
 mod window_cluster;
+mod window_partitioner;
 mod window_results;
 mod window_retry;
 mod window_updates;

@@ -98,6 +98,12 @@ impl Publisher {
             .send_timeout
             .as_millis()
             .to_string();
+        // The Java producer's partitioner (murmur2 of the key), unless the user chose one: a
+        // join with topics written by Java clients meets the same key on the same partition
+        // (librdkafka's default, crc32, does not).
+        if !kafka.properties.contains_key("partitioner") {
+            c.set("partitioner", "murmur2_random");
+        }
         let producer: FutureProducer = c
             .set("acks", "all")
             .set("enable.idempotence", "true")
