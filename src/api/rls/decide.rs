@@ -311,7 +311,7 @@ fn respond(
                         "over_limit"
                     },
                 );
-                let window = rule.unit.window().as_secs();
+                let window = rule.policy.window.as_secs().max(1);
                 let now = now_secs();
                 DescriptorStatus {
                     code: if shadow { Code::Ok } else { Code::OverLimit } as i32,

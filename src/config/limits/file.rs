@@ -66,6 +66,10 @@ pub struct RateLimitYaml {
     /// Requests (units) per `unit`.
     #[serde(default)]
     pub requests_per_unit: Option<u64>,
+    /// The window is this many `unit`s (envoyproxy/ratelimit's custom window multiples, e.g.
+    /// `unit: minute` with `unit_multiplier: 5` for five minutes); 1 by default.
+    #[serde(default)]
+    pub unit_multiplier: Option<u32>,
     /// Never limited: answers OK with `limit_remaining` 4294967295.
     #[serde(default)]
     pub unlimited: bool,

@@ -381,6 +381,14 @@ fn rule(path: &str, r: &RateLimitYaml, shadow: bool) -> Result<Rule, String> {
         Some(n) => n,
         None => return Err("rate_limit: `requests_per_unit` is required".into()),
     };
+    let multiplier = match r.unit_multiplier {
+        Some(0) => return Err("unit_multiplier: must be at least 1".into()),
+        Some(_) if r.unlimited => {
+            return Err("an unlimited rate_limit takes no unit_multiplier".into())
+        }
+        Some(m) => m,
+        None => 1,
+    };
     let name = r.name.clone().filter(|n| !n.is_empty());
     for rep in &r.replaces {
         if rep.name.is_empty() {
@@ -395,7 +403,7 @@ fn rule(path: &str, r: &RateLimitYaml, shadow: bool) -> Result<Rule, String> {
         algorithm: r.algorithm.unwrap_or(Algorithm::Fixed),
         // A block list (0) never reaches the limiter; 1 keeps the policy valid.
         limit: limit.max(1),
-        window: unit.window(),
+        window: unit.window() * multiplier,
         burst: r.burst,
         shadow,
         on_redis_error: r.on_redis_error.unwrap_or_default(),

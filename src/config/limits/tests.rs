@@ -257,3 +257,29 @@ fn overrides_count_apart_per_unit_and_limit() {
     );
     assert!(Rule::overridden(0, Unit::Minute).is_err());
 }
+
+#[test]
+fn unit_multiplier_makes_the_window_a_multiple_of_the_unit() {
+    let l = Limits::parse(
+        "domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, unit_multiplier: 5, requests_per_unit: 10}
+  - key: team
+    rate_limit: {unit: second, requests_per_unit: 10}
+",
+    )
+    .unwrap();
+    let user = find(&l, "d", &[("user", "u")]).unwrap();
+    assert_eq!(user.policy.window, std::time::Duration::from_secs(300));
+    assert_eq!(user.unit, Unit::Minute, "Envoy is told the unit");
+    let team = find(&l, "d", &[("team", "t")]).unwrap();
+    assert_eq!(team.policy.window, std::time::Duration::from_secs(1));
+    for bad in [
+        "rate_limit: {unit: minute, unit_multiplier: 0, requests_per_unit: 1}",
+        "rate_limit: {unlimited: true, unit_multiplier: 2}",
+    ] {
+        let text = format!("domain: d\ndescriptors:\n  - key: k\n    {bad}\n");
+        assert!(Limits::parse(&text).is_err(), "{bad}");
+    }
+}
