@@ -171,6 +171,21 @@ async fn a_limits_file_is_applied_only_once_it_holds_still() {
             .unwrap_or(0.0)
     };
     assert_eq!(loads(), 1.0, "loaded once at start");
+    // The limits in force are gauges: units a window and the window, per configured descriptor
+    // (unlimited ones absent).
+    let gauge = |family: &str, descriptor: &str| {
+        rls.tally.metric(&format!(
+            "{family}{{descriptor=\"{descriptor}\",domain=\"api\"}}"
+        ))
+    };
+    assert_eq!(gauge("tally_rls_limit", "per_user"), Some(3.0));
+    assert_eq!(gauge("tally_rls_limit", "api.route"), Some(100.0));
+    assert_eq!(
+        gauge("tally_rls_limit_window_seconds", "per_user"),
+        Some(86_400.0)
+    );
+    assert_eq!(gauge("tally_rls_limit", "api.internal"), None);
+    assert_eq!(gauge("tally_rls_limit", "api.extra"), None);
     let full = format!(
         "{API}  - key: extra\n    rate_limit:\n      unit: day\n      requests_per_unit: 7\n"
     );
@@ -205,6 +220,11 @@ async fn a_limits_file_is_applied_only_once_it_holds_still() {
     .await;
     let limit = r.statuses[0].current_limit.as_ref().expect("the new limit");
     assert_eq!(limit.requests_per_unit, 7);
+    assert_eq!(
+        gauge("tally_rls_limit", "api.extra"),
+        Some(7.0),
+        "the new file's gauges"
+    );
 }
 
 /// Envoy's per-descriptor `limit` overrides: each unit (and limit) counts in its own state, so a

@@ -52,6 +52,7 @@ pub struct Rls {
 impl Rls {
     /// A service answering from `limits`.
     pub fn new(limits: Arc<Limits>, client: Client, metrics: Metrics) -> Rls {
+        publish_limits(&metrics, &limits);
         Rls {
             limits: RwLock::new(limits),
             client,
@@ -70,6 +71,7 @@ impl Rls {
         let m = &self.metrics.rls.reloads;
         match Limits::load(path) {
             Ok(limits) => {
+                publish_limits(&self.metrics, &limits);
                 *self.limits.write() = Arc::new(limits);
                 m.with_label_values(&["ok"]).inc();
                 tracing::info!(file = %path.display(), "rls limits loaded");
@@ -81,6 +83,20 @@ impl Rls {
                 Err(e)
             }
         }
+    }
+}
+
+/// Set the gauges of the limits in force to `limits` (the previous file's series go).
+fn publish_limits(metrics: &Metrics, limits: &Limits) {
+    let (limit, window) = (&metrics.rls.limit, &metrics.rls.limit_window);
+    limit.reset();
+    window.reset();
+    for (domain, rule) in limits.rules().into_iter().filter(|(_, r)| !r.unlimited) {
+        let labels = [domain, rule.label.as_str()];
+        let units = if rule.blocked { 0 } else { rule.policy.limit };
+        limit.with_label_values(&labels).set(units as i64);
+        let seconds = rule.policy.window.as_secs() as i64;
+        window.with_label_values(&labels).set(seconds);
     }
 }
 

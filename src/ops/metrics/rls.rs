@@ -1,7 +1,7 @@
 //! Envoy's rate limit service (`tally serve`'s gRPC port): decisions per domain and configured
 //! descriptor (never per value), answer latency, refusals, and limits-file reloads.
 
-use prometheus::{Histogram, IntCounterVec, Registry};
+use prometheus::{Histogram, IntCounterVec, IntGaugeVec, Registry};
 
 /// Metrics of `ShouldRateLimit` and of the limits file.
 #[derive(Clone)]
@@ -17,6 +17,10 @@ pub struct RlsMetrics {
     /// Loads of the limits file, by result (`ok`, `invalid`): an invalid file keeps the
     /// previous limits.
     pub reloads: IntCounterVec,
+    /// The limits in force, by domain and configured descriptor: units per window, and the
+    /// window in seconds (replaced whole at every load; unlimited descriptors are absent).
+    pub limit: IntGaugeVec,
+    pub limit_window: IntGaugeVec,
 }
 
 impl RlsMetrics {
@@ -45,6 +49,18 @@ impl RlsMetrics {
                 "tally_rls_limits_loads_total",
                 "Loads of the Envoy limits file, by result (invalid: the previous limits stay).",
                 &["result"],
+            ),
+            limit: super::gauge_vec(
+                registry,
+                "tally_rls_limit",
+                "The limits file in force: units a window, by domain and configured descriptor.",
+                &["domain", "descriptor"],
+            ),
+            limit_window: super::gauge_vec(
+                registry,
+                "tally_rls_limit_window_seconds",
+                "The limits file in force: each limit's window in seconds, by domain and configured descriptor.",
+                &["domain", "descriptor"],
             ),
         };
         for kind in ["unavailable", "invalid", "internal"] {
