@@ -46,6 +46,7 @@ pub async fn run(
     if config.request.limits.is_empty() {
         config.request.limits.push(demo_limit());
     }
+    let _limits_dir = demo_rls(&mut config)?;
     let model = tally::config::Model::compile(config.clone())?;
     let tally = Tally::new(model.clone());
     let metrics = tally.metrics.clone();
@@ -171,6 +172,40 @@ fn print_progress(
         metrics.aggregate.pending_keys.get(),
     );
     (Instant::now(), prod, consumed)
+}
+
+/// Envoy's rate limit service beside the rest, on a free loopback port, with a limits file of
+/// domain `edge` in a temporary folder (removed when the returned guard drops); unless the
+/// configuration sets one.
+fn demo_rls(config: &mut Config) -> anyhow::Result<Option<TempDir>> {
+    if !config.rls.listen.is_empty() {
+        return Ok(None);
+    }
+    let dir = TempDir(std::env::temp_dir().join(format!("tally-demo-rls-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0)?;
+    std::fs::write(
+        dir.0.join("edge.yaml"),
+        "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {name: per_user, unit: minute, requests_per_unit: 100}\n",
+    )?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    config.rls.listen = format!("127.0.0.1:{port}");
+    config.rls.limits_file = Some(dir.0.clone());
+    println!(
+        "envoy rate limit service: 127.0.0.1:{port} (domain `edge`, limits in {})",
+        dir.0.display()
+    );
+    Ok(Some(dir))
+}
+
+/// A folder removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The demo's rate limit: 20 requests per second per subject, bursts of 5.
