@@ -518,3 +518,49 @@ impl HealthWatch {
         }
     }
 }
+
+/// `share_threshold` (envoyproxy/ratelimit's shared wildcard thresholds): every value a shared
+/// wildcard matches counts in one state, so `files/a`, `files/b` and `files/c` share 3 a
+/// minute; a wildcard without it counts each value apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_wildcard_counts_its_values_together() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let dir = limits_dir("share");
+    let tag = unique("s");
+    std::fs::write(
+        dir.join("paths.yaml"),
+        format!(
+            "domain: paths
+descriptors:
+  - key: path
+    value: files-{tag}/*
+    share_threshold: true
+    rate_limit: {{unit: minute, requests_per_unit: 3}}
+  - key: path
+    value: docs-{tag}/*
+    rate_limit: {{unit: minute, requests_per_unit: 3}}
+"
+        ),
+    )
+    .unwrap();
+    let rls = Rls::start(&redis, &dir, "rls-share");
+    let mut c = rls.client().await;
+    let mut codes = Vec::new();
+    for file in ["a", "a", "b", "c", "d"] {
+        let path = format!("files-{tag}/{file}");
+        let r = ask(&mut c, "paths", vec![descriptor(&[("path", &path)], None)]).await;
+        codes.push(r.overall_code);
+    }
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    assert_eq!(
+        codes,
+        [ok, ok, ok, over, over],
+        "3 a minute for all files together"
+    );
+    // Not shared: each value has its own 3.
+    for doc in ["a", "a", "a", "b", "c"] {
+        let path = format!("docs-{tag}/{doc}");
+        let r = ask(&mut c, "paths", vec![descriptor(&[("path", &path)], None)]).await;
+        assert_eq!(r.overall_code, ok, "{path}");
+    }
+}

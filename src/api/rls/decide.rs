@@ -181,20 +181,21 @@ fn resolve<'a>(limits: &'a Limits, req: &RateLimitRequest) -> Result<Vec<Resolve
                 "is_negative_hits is not supported: tally never gives units back to a limit",
             ));
         }
-        let rule = match &d.limit {
-            Some(o) => Some(Cow::Owned(overridden(o)?)),
-            None => limits
-                .find(
-                    &req.domain,
-                    d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
-                )
-                .map(Cow::Borrowed),
+        let (rule, shared) = match &d.limit {
+            Some(o) => (Some(Cow::Owned(overridden(o)?)), Default::default()),
+            None => match limits.lookup(
+                &req.domain,
+                d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
+            ) {
+                Some(found) => (Some(Cow::Borrowed(found.rule)), found.shared),
+                None => (None, Default::default()),
+            },
         };
         out.push(match rule {
             None => Resolved::Nothing,
             Some(Cow::Borrowed(r)) if r.unlimited => Resolved::Unlimited(r),
             Some(Cow::Borrowed(r)) if r.blocked => Resolved::Blocked(r),
-            Some(r) => Resolved::Limited(r, subject(&req.domain, d), addend(req, d)),
+            Some(r) => Resolved::Limited(r, subject(&req.domain, d, &shared), addend(req, d)),
         });
     }
     // Only configured limits replace others (an override has no `replaces`).
@@ -245,15 +246,20 @@ fn addend(req: &RateLimitRequest, d: &RateLimitDescriptor) -> u64 {
 }
 
 /// Whose counter: the domain and every entry (key and value), escaped so that two descriptors
-/// never share one.
-fn subject(domain: &str, d: &RateLimitDescriptor) -> String {
+/// never share one; an entry a shared wildcard matched (`shared`, by index) counts under the
+/// wildcard's pattern, so all its values share the count.
+fn subject(domain: &str, d: &RateLimitDescriptor, shared: &[(usize, &str)]) -> String {
     let mut buf = Vec::with_capacity(64);
     tally_counters::key::escape_into(&mut buf, domain);
-    for e in &d.entries {
+    for (i, e) in d.entries.iter().enumerate() {
         buf.push(b':');
         tally_counters::key::escape_into(&mut buf, &e.key);
         buf.push(b':');
-        tally_counters::key::escape_into(&mut buf, &e.value);
+        let value = shared
+            .iter()
+            .find(|(j, _)| *j == i)
+            .map_or(e.value.as_str(), |(_, pattern)| pattern);
+        tally_counters::key::escape_into(&mut buf, value);
     }
     String::from_utf8(buf).unwrap_or_default()
 }

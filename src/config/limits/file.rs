@@ -13,7 +13,6 @@ pub const UNSUPPORTED: &[(&str, &str)] = &[
         "quota_mode",
         "tally has no quota mode for Envoy (its quotas are `/v1/quota`)",
     ),
-    ("share_threshold", "a wildcard's values always count apart"),
     ("metadata", "tally sends no dynamic metadata"),
 ];
 
@@ -35,9 +34,14 @@ pub struct DescriptorYaml {
     /// The entry's key (`generic_key`, `remote_address`, a header's descriptor key…).
     pub key: String,
     /// The entry's value; absent: any value, each counted apart. A `*` matches any run of
-    /// characters (envoyproxy/ratelimit's wildcards); the values it matches count apart.
+    /// characters (envoyproxy/ratelimit's wildcards); the values it matches count apart, unless
+    /// `share_threshold`.
     #[serde(default)]
     pub value: Option<String>,
+    /// A wildcard `value` only: every value it matches shares one count (envoyproxy/ratelimit's
+    /// shared thresholds), e.g. `files/*` limits all files together.
+    #[serde(default)]
+    pub share_threshold: bool,
     /// The limit of a descriptor that ends at this node.
     #[serde(default)]
     pub rate_limit: Option<RateLimitYaml>,

@@ -180,6 +180,15 @@ struct Node {
     /// (key, the value split on `*`, child), in file order.
     wildcards: Vec<(String, Vec<String>, Node)>,
     rule: Option<Rule>,
+    /// Reached through a wildcard with `share_threshold`: the pattern that stands for the
+    /// entry's value in the counter's subject, so every value it matches shares one count.
+    share: Option<String>,
+}
+
+/// A descriptor's limit, and the entries whose value a shared wildcard stands for (by index).
+pub struct Found<'a> {
+    pub rule: &'a Rule,
+    pub shared: smallvec::SmallVec<[(usize, &'a str); 2]>,
 }
 
 /// Every domain's tree.
@@ -273,9 +282,19 @@ impl Limits {
         domain: &str,
         entries: impl IntoIterator<Item = (&'e str, &'e str)>,
     ) -> Option<&'a Rule> {
+        self.lookup(domain, entries).map(|f| f.rule)
+    }
+
+    /// [`Limits::find`], with the entries a shared wildcard (`share_threshold`) matched.
+    pub fn lookup<'a, 'e>(
+        &'a self,
+        domain: &str,
+        entries: impl IntoIterator<Item = (&'e str, &'e str)>,
+    ) -> Option<Found<'a>> {
         let mut node = self.domains.get(domain)?;
-        let mut entries = entries.into_iter().peekable();
-        while let Some((key, value)) = entries.next() {
+        let mut shared = smallvec::SmallVec::new();
+        let mut entries = entries.into_iter().enumerate().peekable();
+        while let Some((i, (key, value))) = entries.next() {
             let next = node
                 .exact
                 .get(key)
@@ -287,8 +306,11 @@ impl Limits {
                         .map(|(_, _, n)| n)
                 })
                 .or_else(|| node.any.get(key))?;
+            if let Some(pattern) = &next.share {
+                shared.push((i, pattern.as_str()));
+            }
             if entries.peek().is_none() {
-                return next.rule.as_ref();
+                return next.rule.as_ref().map(|rule| Found { rule, shared });
             }
             node = next;
         }
@@ -323,6 +345,16 @@ fn build(node: &mut Node, path: &str, descriptors: &[DescriptorYaml]) -> Result<
             None => format!("{path}.{}", d.key),
         };
         let mut child = Node::default();
+        if d.share_threshold {
+            match value {
+                Some(v) if v.contains('*') => child.share = Some(v.to_string()),
+                _ => {
+                    return Err(format!(
+                        "`{here}`: share_threshold needs a wildcard value (one with `*`)"
+                    ))
+                }
+            }
+        }
         if let Some(r) = &d.rate_limit {
             child.rule = Some(rule(&here, r, d.shadow_mode).map_err(|e| format!("`{here}`: {e}"))?);
         }

@@ -228,17 +228,15 @@ fn refusals_say_what_and_where() {
     assert!(e.contains("replace itself"), "{e}");
     let e = refused("domain: ''\n");
     assert!(e.contains("domain"), "{e}");
-    assert!(
-        Limits::parse("domain: d\ndescriptors:\n  - key: a\n    share_threshold: false\n").is_ok()
-    );
+    assert!(Limits::parse("domain: d\ndescriptors:\n  - key: a\n    metadata: false\n").is_ok());
     // `false` is taken out at any depth; anything else is refused where it is.
     let nested = |set: &str| {
-        format!("domain: d\ndescriptors:\n  - key: a\n    quota_mode: false\n    descriptors:\n      - key: b\n        share_threshold: {set}\n")
+        format!("domain: d\ndescriptors:\n  - key: a\n    quota_mode: false\n    descriptors:\n      - key: b\n        metadata: {set}\n")
     };
     assert!(Limits::parse(&nested("false")).is_ok());
     let e = refused(&nested("true"));
     assert!(
-        e.contains("`descriptors[0].descriptors[0].share_threshold`"),
+        e.contains("`descriptors[0].descriptors[0].metadata`"),
         "{e}"
     );
 }
@@ -282,4 +280,36 @@ descriptors:
         let text = format!("domain: d\ndescriptors:\n  - key: k\n    {bad}\n");
         assert!(Limits::parse(&text).is_err(), "{bad}");
     }
+}
+
+#[test]
+fn share_threshold_makes_a_wildcards_values_share_one_count() {
+    let l = Limits::parse(
+        "domain: d
+descriptors:
+  - key: path
+    value: files/*
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: path
+    value: docs/*
+    rate_limit: {unit: minute, requests_per_unit: 3}
+",
+    )
+    .unwrap();
+    let a = l.lookup("d", [("path", "files/a")]).unwrap();
+    assert_eq!(a.shared.as_slice(), &[(0, "files/*")]);
+    let b = l.lookup("d", [("path", "files/b")]).unwrap();
+    assert_eq!(a.rule.policy.name, b.rule.policy.name);
+    assert!(l
+        .lookup("d", [("path", "docs/a")])
+        .unwrap()
+        .shared
+        .is_empty());
+    let e = Limits::parse(
+        "domain: d\ndescriptors:\n  - key: path\n    value: exact\n    share_threshold: true\n    rate_limit: {unit: minute, requests_per_unit: 3}\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("share_threshold needs a wildcard"), "{e}");
 }
