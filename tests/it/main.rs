@@ -50,6 +50,7 @@ mod rls;
 mod rls_envoy;
 mod rls_envoy_charge;
 mod rls_examples;
+mod rls_limits_file;
 mod rls_pause;
 mod rls_port;
 mod rollback;
