@@ -290,16 +290,12 @@ fn the_configurations_in_the_config_map_pass_tally_check() {
     for file in ["tally-token", "tally-admin-token"] {
         std::fs::write(dir.join(file), format!("{file}-of-the-test\n")).expect("write");
     }
-    let mut checked = 0;
-    for (file, text) in config["data"].as_mapping().expect("data") {
-        let file = file.as_str().expect("a file name");
-        let path = dir.join(file);
-        std::fs::write(&path, text.as_str().expect("text")).expect("write");
-        // The paths the pod mounts, here in the test's folder (the Secret's files and the
-        // limits ConfigMap).
-        let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+    // `tally check` with the paths the pod mounts, here in the test's folder (the Secret's
+    // files and the limits ConfigMap).
+    let check = |path: &Path| {
+        Command::new(env!("CARGO_BIN_EXE_tally"))
             .args(["check", "--config"])
-            .arg(&path)
+            .arg(path)
             .env("TALLY_HTTP__TOKEN_FILE", dir.join("tally-token"))
             .env(
                 "TALLY_HTTP__ADMIN_TOKEN_FILE",
@@ -307,7 +303,14 @@ fn the_configurations_in_the_config_map_pass_tally_check() {
             )
             .env("TALLY_RLS__LIMITS_FILE", &limits_dir)
             .output()
-            .expect("run tally check");
+            .expect("run tally check")
+    };
+    let mut checked = 0;
+    for (file, text) in config["data"].as_mapping().expect("data") {
+        let file = file.as_str().expect("a file name");
+        let path = dir.join(file);
+        std::fs::write(&path, text.as_str().expect("text")).expect("write");
+        let out = check(&path);
         assert!(
             out.status.success(),
             "tally check {file}: {}",
@@ -322,17 +325,7 @@ fn the_configurations_in_the_config_map_pass_tally_check() {
         "domain: other\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
     )
     .expect("write");
-    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .args(["check", "--config"])
-        .arg(dir.join("serve.toml"))
-        .env("TALLY_HTTP__TOKEN_FILE", dir.join("tally-token"))
-        .env(
-            "TALLY_HTTP__ADMIN_TOKEN_FILE",
-            dir.join("tally-admin-token"),
-        )
-        .env("TALLY_RLS__LIMITS_FILE", &limits_dir)
-        .output()
-        .expect("run tally check");
+    let out = check(&dir.join("serve.toml"));
     assert_eq!(
         out.status.code(),
         Some(64),

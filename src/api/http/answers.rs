@@ -18,7 +18,7 @@ use crate::ops::metrics::RequestMetrics;
 
 /// Where [`name_route`] leaves the matched route's template for [`count`].
 #[derive(Clone, Default)]
-struct RouteSlot(Arc<OnceLock<String>>);
+struct RouteSlot(Arc<OnceLock<MatchedPath>>);
 
 /// Time the request, then count its answer by route, method and status code.
 pub(super) async fn count(
@@ -31,7 +31,7 @@ pub(super) async fn count(
     let method = request.method().clone();
     let started = Instant::now();
     let response = next.run(request).await;
-    let route = slot.0.get().map(String::as_str).unwrap_or("unmatched");
+    let route = slot.0.get().map_or("unmatched", MatchedPath::as_str);
     let method = match method.as_str() {
         m @ ("GET" | "POST" | "PUT" | "DELETE" | "HEAD" | "PATCH" | "OPTIONS") => m,
         _ => "other",
@@ -53,7 +53,8 @@ pub(super) async fn name_route(request: Request, next: Next) -> Response {
         request.extensions().get::<RouteSlot>(),
         request.extensions().get::<MatchedPath>(),
     ) {
-        let _ = slot.0.set(path.as_str().to_string());
+        // A clone of the router's shared template: no copy of the text per request.
+        let _ = slot.0.set(path.clone());
     }
     next.run(request).await
 }

@@ -332,12 +332,16 @@ impl Status {
     }
 }
 
-/// The host's name (Linux: the kernel's; elsewhere `HOSTNAME`), or `unknown`.
+/// The host's name (Linux: the kernel's; elsewhere `HOSTNAME`), or `unknown`; read once.
 fn host_name() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown".into())
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "unknown".into())
+    })
+    .clone()
 }

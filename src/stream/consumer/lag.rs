@@ -26,8 +26,6 @@ use crate::ops::metrics::Metrics;
 
 /// How long one round may wait for the first message of every lagging partition.
 const FETCH_WAIT: Duration = Duration::from_secs(2);
-/// How long the ListOffsets request may take.
-const LIST_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Asks the broker for the owned partitions' ends (see the module).
 pub struct LagProbe {
@@ -94,7 +92,8 @@ impl LagProbe {
     /// One round: ends, then the age of each backlog's first message.
     fn round(&mut self) -> anyhow::Result<()> {
         let owned = self.metrics.status.owned();
-        let ends = self.ends(owned.iter().map(|(p, _)| *p))?;
+        let parts: Vec<i32> = owned.iter().map(|(p, _)| *p).collect();
+        let ends = self.ends(&parts)?;
         let mut behind = BTreeMap::new();
         let mut lags = Vec::new();
         for (p, applied) in &owned {
@@ -133,16 +132,13 @@ impl LagProbe {
         Ok(())
     }
 
-    /// The end offset of each of `parts`, in one ListOffsets request.
-    fn ends(&self, parts: impl Iterator<Item = i32>) -> anyhow::Result<BTreeMap<i32, i64>> {
-        let mut tpl = TopicPartitionList::new();
-        for p in parts {
-            tpl.add_partition_offset(&self.topic, p, Offset::End)?;
-        }
-        if tpl.count() == 0 {
+    /// The end offset of each of `parts`, in one ListOffsets request (the one reopening sends).
+    fn ends(&self, parts: &[i32]) -> anyhow::Result<BTreeMap<i32, i64>> {
+        if parts.is_empty() {
             return Ok(BTreeMap::new());
         }
-        let answer = self.consumer.offsets_for_times(tpl, LIST_TIMEOUT)?;
+        let answer =
+            super::partitions::list_offsets(&self.consumer, &self.topic, parts, Offset::End)?;
         Ok(answer
             .elements()
             .iter()

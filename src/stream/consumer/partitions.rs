@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaResult;
 use rdkafka::{Offset, TopicPartitionList};
 
@@ -86,8 +86,8 @@ pub(super) fn kafka_offsets(
 /// One ListOffsets request for `parts`: `Offset::Beginning` asks for each one's earliest
 /// retained offset, `Offset::End` for its end (the same request `fetch_watermarks` sends per
 /// partition).
-fn list_offsets(
-    consumer: &BaseConsumer<TallyContext>,
+pub(super) fn list_offsets<C: ConsumerContext>(
+    consumer: &BaseConsumer<C>,
     topic: &str,
     parts: &[i32],
     which: Offset,
