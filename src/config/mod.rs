@@ -16,6 +16,7 @@ use figment::Figment;
 use serde::{Deserialize, Serialize};
 
 mod decode;
+mod fields;
 mod flush;
 mod http;
 mod jobs;
@@ -31,6 +32,7 @@ mod tls;
 mod validate;
 
 pub use decode::{DecodeConfig, TimeFormat};
+pub use fields::{FieldSource, Segment};
 pub use flush::FlushConfig;
 pub use http::HttpConfig;
 pub use jobs::{JobsConfig, PublishConfig, ReconcileConfig, TtlAuditConfig};

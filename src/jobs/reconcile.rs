@@ -26,7 +26,7 @@ use tally_counters::request::Client;
 
 use crate::config::Model;
 use crate::ops::metrics::Metrics;
-use crate::stream::decode::Decoder;
+use crate::stream::decode::{Decoder, Record};
 
 /// One reconciler, built once per leadership.
 pub struct Reconciler {
@@ -185,9 +185,15 @@ impl Reconciler {
                 left.remove(&p);
             }
             let ts = msg.timestamp().to_millis();
-            let Ok(event) = self
-                .decoder
-                .decode_at(msg.payload(), ts, ts.unwrap_or(i64::MAX))
+            let record = Record {
+                key: msg.key(),
+                headers: msg.headers(),
+                topic: msg.topic(),
+                partition: p,
+            };
+            let Ok(event) =
+                self.decoder
+                    .decode_record(&record, msg.payload(), ts, ts.unwrap_or(i64::MAX))
             else {
                 continue;
             };

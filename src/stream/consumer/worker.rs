@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use crate::config::FlushConfig;
 use crate::ops::metrics::{LaneGauges, Metrics, ResetReason};
 use crate::stream::aggregate::{Added, Aggregator};
-use crate::stream::decode::{DecodeError, Decoder};
+use crate::stream::decode::{DecodeError, Decoder, Record};
 use crate::stream::sink::{ApplyReply, SinkRequest};
 
 mod assign;
@@ -105,19 +105,22 @@ impl Worker {
 
     pub(super) fn handle(
         &mut self,
-        partition: i32,
+        record: &Record<'_>,
         offset: i64,
-        key: Option<&[u8]>,
         payload: Option<&[u8]>,
         kafka_ts: Option<i64>,
         now_ms: i64,
     ) {
+        let partition = record.partition;
         self.tally.consumed();
         self.flusher.reading();
         if !self.agg.owns(partition) {
             return;
         }
-        let error = match self.decoder.decode_at(payload, kafka_ts, now_ms) {
+        let error = match self
+            .decoder
+            .decode_record(record, payload, kafka_ts, now_ms)
+        {
             Ok(event) => match self.agg.add(partition, offset, &event, now_ms) {
                 Added::Counted | Added::Ignored => None,
                 // `add` already moved past the message; it is bad input like any other.
@@ -130,7 +133,8 @@ impl Worker {
             }
         };
         if let Some(e) = error {
-            self.tally.bad_message(partition, offset, key, payload, e);
+            self.tally
+                .bad_message(partition, offset, record.key, payload, e);
         }
         self.flusher.processed();
     }
