@@ -15,6 +15,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+mod cel;
 mod decode;
 mod fields;
 mod flush;
@@ -31,6 +32,7 @@ mod status;
 mod tls;
 mod validate;
 
+pub use cel::{EvalError, Program, Val};
 pub use decode::{DecodeConfig, TimeFormat};
 pub use fields::{FieldSource, Segment};
 pub use flush::FlushConfig;
