@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::cel::Program;
 use super::fields::FieldSource;
 use super::validate::{ensure, invalid};
 use super::ConfigError;
@@ -31,6 +32,9 @@ pub struct DecodeConfig {
     /// record key, a header, the topic or the partition. A name not listed is the payload's
     /// top-level field of that name.
     pub fields: BTreeMap<String, String>,
+    /// Fields computed from other fields with a CEL expression (e.g. `status_class =
+    /// 'string(status / 100) + "xx"'`), usable as dimensions, members, values and in filters.
+    pub derive: BTreeMap<String, String>,
 }
 
 /// Encodings accepted for the event-time field.
@@ -55,6 +59,7 @@ impl Default for DecodeConfig {
             dead_letter_topic: None,
             max_future: Duration::from_secs(86_400),
             fields: BTreeMap::new(),
+            derive: BTreeMap::new(),
         }
     }
 }
@@ -77,6 +82,21 @@ impl DecodeConfig {
             let key = || format!("decode.fields.{name}");
             ensure(!name.is_empty(), key(), "a field name is not empty")?;
             FieldSource::parse(source).map_err(|e| invalid(key(), e))?;
+        }
+        for (name, text) in &self.derive {
+            let key = || format!("decode.derive.{name}");
+            ensure(
+                !self.fields.contains_key(name),
+                key(),
+                "is also in [decode.fields]: a field is read or derived, not both",
+            )?;
+            let program = Program::compile(text).map_err(|e| invalid(key(), e))?;
+            if let Some(v) = program.vars().iter().find(|v| self.derive.contains_key(*v)) {
+                return Err(invalid(
+                    key(),
+                    format!("reads `{v}`, another derived field: derive from read fields only"),
+                ));
+            }
         }
         Ok(())
     }

@@ -198,6 +198,9 @@ impl Reconciler {
                 continue;
             };
             for (i, starts) in targets {
+                if event.skips.all() >> *i & 1 == 1 {
+                    continue;
+                }
                 let spec = &self.model.counters[*i];
                 let window = spec.window.window_of(event.ts_ms);
                 if !starts.contains(&window.start_ms) {

@@ -122,7 +122,11 @@ impl Worker {
             .decode_record(record, payload, kafka_ts, now_ms)
         {
             Ok(event) => match self.agg.add(partition, offset, &event, now_ms) {
-                Added::Counted | Added::Ignored => None,
+                Added::Counted => {
+                    self.tally.skipped(&event.skips);
+                    None
+                }
+                Added::Ignored => None,
                 // `add` already moved past the message; it is bad input like any other.
                 Added::Overflow => Some(DecodeError::Overflow),
             },
@@ -187,6 +191,9 @@ impl Worker {
     fn publish(&mut self) {
         self.last_publish = Instant::now();
         self.tally.publish(&self.metrics);
+        let counters = self.agg.counters();
+        self.tally
+            .publish_skips(&self.metrics, |ci| counters[ci].name.as_str());
         let stats = self.agg.take_stats();
         for (i, counter) in self.agg.counters().iter().enumerate() {
             if stats.counted[i] > 0 {

@@ -12,7 +12,6 @@ use serde::de::DeserializeSeed;
 use smallvec::SmallVec;
 
 use crate::config::{DecodeConfig, FieldSource, TimeFormat};
-use crate::model::{CounterSpec, Kind};
 
 /// Why a message was skipped. Each maps to one `reason` label value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -105,6 +104,8 @@ pub enum FieldRole {
     Value,
     /// The event time.
     Time,
+    /// Read only by filters or derived fields: any value (or none) is taken as it is.
+    Filter,
 }
 
 /// One decoded event: field values in the decoder's field order, and the event time.
@@ -116,6 +117,8 @@ pub struct Event<'a> {
     pub nums: SmallVec<[i64; 4]>,
     /// Event time, Unix epoch milliseconds.
     pub ts_ms: i64,
+    /// The counters (a bit each, in model order) that do not take this event, by reason.
+    pub skips: Skips,
 }
 
 /// What Kafka says of a record besides its payload and time: the sources `$key`,
@@ -141,6 +144,8 @@ pub struct Decoder {
     root: paths::Node,
     /// The fields read from the record's metadata: (slot, source).
     meta: Vec<(usize, FieldSource)>,
+    /// Derived fields and counter filters (none: every field is required).
+    rules: rules::Rules,
     time_field: Option<usize>,
     time_format: TimeFormat,
     max_message_bytes: usize,
@@ -162,7 +167,17 @@ impl Decoder {
         let mut root = paths::Node::default();
         let mut meta = Vec::new();
         for (slot, name) in names.iter().enumerate() {
-            match config.source(name) {
+            if config.derive.contains_key(&**name) {
+                continue;
+            }
+            // In an expression, a dotted name not listed in [decode.fields] reads that path.
+            let source = match roles[slot] {
+                FieldRole::Filter if !config.fields.contains_key(&**name) => {
+                    FieldSource::parse(name).unwrap_or_else(|_| FieldSource::top_level(name))
+                }
+                _ => config.source(name),
+            };
+            match source {
                 FieldSource::Payload(path) => root.insert(&path, slot),
                 source => meta.push((slot, source)),
             }
@@ -172,35 +187,13 @@ impl Decoder {
             roles,
             root,
             meta,
+            rules: rules::Rules::default(),
             time_field,
             time_format: config.time_format,
             max_message_bytes: config.max_message_bytes,
             max_value_bytes: config.max_value_bytes,
             max_future_ms: i64::try_from(config.max_future.as_millis()).unwrap_or(i64::MAX),
         }
-    }
-
-    /// The decoder for `counters`: every field they group by, rank or sum, once each, in
-    /// counter order (dimensions, then the member, then the value field).
-    pub fn for_counters(config: &DecodeConfig, counters: &[CounterSpec]) -> Decoder {
-        let mut fields: Vec<(String, FieldRole)> = Vec::new();
-        let mut add = |name: &str, role: FieldRole| {
-            if !fields.iter().any(|(n, _)| n == name) {
-                fields.push((name.to_string(), role));
-            }
-        };
-        for c in counters {
-            for d in &c.dimensions {
-                add(d, FieldRole::Dimension);
-            }
-            if let Kind::Distinct { member, .. } | Kind::Leaderboard { member } = &c.kind {
-                add(member, FieldRole::Dimension);
-            }
-            if let Some(v) = &c.value_field {
-                add(v, FieldRole::Value);
-            }
-        }
-        Decoder::new(config, &fields)
     }
 
     /// Index of a field by name, as used in `Event::dims` / `Event::nums`.
@@ -291,49 +284,45 @@ impl Decoder {
             raw[*slot] = self.metadata(record, source, self.roles[*slot])?;
         }
 
+        // Derived fields, then the filters (on the values as read).
+        let failed = match self.rules.derived.is_empty() {
+            true => 0,
+            false => self.rules.derive(&mut raw),
+        };
+        let mut skips = match self.rules.counters.is_empty() {
+            true => Skips::default(),
+            false => self.rules.filter(&raw),
+        };
+        let (mut absent, mut wrong) = (0u64, 0u64);
         let mut dims = SmallVec::new();
         let mut nums = SmallVec::new();
         for (i, value) in raw.into_iter().enumerate() {
-            let value = match value {
-                None | Some(FieldValue::Other) if self.roles[i] != FieldRole::Time => {
-                    return Err(match value {
-                        Some(_) => DecodeError::WrongType,
-                        None => DecodeError::MissingField,
-                    })
+            let optional = self.rules.optional & rules::bit(i) != 0;
+            let converted = match value {
+                _ if self.roles[i] == FieldRole::Filter => Ok((Cow::Borrowed(""), 0)),
+                None => Err(DecodeError::MissingField),
+                Some(FieldValue::Other) if self.roles[i] != FieldRole::Time => {
+                    Err(DecodeError::WrongType)
                 }
-                None => return Err(DecodeError::MissingField),
-                Some(v) => v,
+                Some(v) => self.convert(i, v),
             };
-            match self.roles[i] {
-                FieldRole::Dimension => {
-                    let s = match value {
-                        FieldValue::Str(s) => s,
-                        FieldValue::Int(n) => Cow::Owned(n.to_string()),
-                        FieldValue::Bool(b) => Cow::Borrowed(if b { "true" } else { "false" }),
-                        _ => return Err(DecodeError::WrongType),
-                    };
-                    if s.len() > self.max_value_bytes {
-                        return Err(DecodeError::TooLarge);
-                    }
-                    dims.push(s);
-                    nums.push(0);
+            let (dim, num) = match converted {
+                Ok(pair) => pair,
+                Err(e) if !optional => return Err(e),
+                Err(DecodeError::MissingField) => {
+                    absent |= rules::bit(i);
+                    (Cow::Borrowed(""), 0)
                 }
-                FieldRole::Value => {
-                    let FieldValue::Int(n) = value else {
-                        return Err(DecodeError::WrongType);
-                    };
-                    dims.push(Cow::Borrowed(""));
-                    nums.push(n);
+                Err(_) => {
+                    wrong |= rules::bit(i);
+                    (Cow::Borrowed(""), 0)
                 }
-                FieldRole::Time => {
-                    let ts = self.parse_time(&value)?;
-                    if Some(i) == self.time_field {
-                        // Stored separately below; keep indexes aligned.
-                        dims.push(Cow::Borrowed(""));
-                        nums.push(ts);
-                    }
-                }
-            }
+            };
+            dims.push(dim);
+            nums.push(num);
+        }
+        if !self.rules.counters.is_empty() {
+            self.rules.needs(&mut skips, absent, wrong, failed);
         }
         let ts_ms = match self.time_field {
             Some(i) => nums[i],
@@ -341,7 +330,40 @@ impl Decoder {
                 .filter(|t| (crate::window::MIN_TS_MS..=crate::window::MAX_TS_MS).contains(t))
                 .ok_or(DecodeError::BadTimestamp)?,
         };
-        Ok(Event { dims, nums, ts_ms })
+        Ok(Event {
+            dims,
+            nums,
+            ts_ms,
+            skips,
+        })
+    }
+
+    /// One field's value as a dimension (text) or a number (a value, the time).
+    fn convert<'a>(
+        &self,
+        i: usize,
+        value: FieldValue<'a>,
+    ) -> Result<(Cow<'a, str>, i64), DecodeError> {
+        match self.roles[i] {
+            FieldRole::Dimension => {
+                let s = match value {
+                    FieldValue::Str(s) => s,
+                    FieldValue::Int(n) => Cow::Owned(n.to_string()),
+                    FieldValue::Bool(b) => Cow::Borrowed(if b { "true" } else { "false" }),
+                    _ => return Err(DecodeError::WrongType),
+                };
+                if s.len() > self.max_value_bytes {
+                    return Err(DecodeError::TooLarge);
+                }
+                Ok((s, 0))
+            }
+            FieldRole::Value => match value {
+                FieldValue::Int(n) => Ok((Cow::Borrowed(""), n)),
+                _ => Err(DecodeError::WrongType),
+            },
+            FieldRole::Time => Ok((Cow::Borrowed(""), self.parse_time(&value)?)),
+            FieldRole::Filter => Ok((Cow::Borrowed(""), 0)),
+        }
     }
 
     /// A field read from the record's metadata. Text is taken as a number where the field is
@@ -400,11 +422,17 @@ impl Decoder {
     }
 }
 
+mod build;
 mod full;
 mod paths;
+mod rules;
+
+pub use rules::Skips;
 mod scan;
 
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_fields;
+#[cfg(test)]
+mod tests_rules;

@@ -10,6 +10,7 @@ fn decoder(time_field: Option<&str>, format: TimeFormat) -> Decoder {
         dead_letter_topic: None,
         max_future: std::time::Duration::from_secs(3600),
         fields: Default::default(),
+        derive: Default::default(),
     };
     Decoder::new(
         &config,
