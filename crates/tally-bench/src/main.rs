@@ -35,6 +35,7 @@ mod alloc_switch;
 mod broker;
 mod child;
 mod e2e;
+mod events_bench;
 mod latency;
 mod memprobe;
 mod orchestrate;
@@ -130,6 +131,21 @@ pub enum Role {
     /// Parts 3 and 4 and the fencing cost, fed from memory.
     #[command(hide = true)]
     Pipeline(PipelineArgs),
+    /// What reading events as users write them costs the consumer loop: nested JSON through
+    /// `[decode.fields]`, and CEL counter filters (`docs/benchmarks.md`).
+    Events {
+        /// Messages per round.
+        #[arg(long, default_value_t = 2_000_000)]
+        messages: u64,
+        /// Distinct keys the messages are spread over.
+        #[arg(long, default_value_t = 200_000)]
+        keys: u64,
+        #[arg(long, default_value_t = 16)]
+        partitions: i32,
+        /// Rounds (every variant once per round).
+        #[arg(long, default_value_t = 3)]
+        rounds: usize,
+    },
     /// The stream-side cost of window results: decode → aggregate → flush with the
     /// counter's `output` off and on, alternating rounds (issue 21; `docs/benchmarks.md`).
     Outputs {
@@ -293,5 +309,11 @@ fn main() -> anyhow::Result<()> {
             partitions,
             rounds,
         }) => outputs::role_outputs(messages, keys, partitions, rounds),
+        Some(Role::Events {
+            messages,
+            keys,
+            partitions,
+            rounds,
+        }) => events_bench::role_events(messages, keys, partitions, rounds),
     }
 }

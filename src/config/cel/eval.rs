@@ -43,11 +43,12 @@ pub enum EvalError {
 
 type Out<'v> = Result<Val<'v>, EvalError>;
 
-pub(super) fn eval<'v>(node: &'v Node, vars: &'v [Val<'_>]) -> Out<'v> {
+/// Runs `node`; `var(i)` is the value of `Var(i)` (read when the expression needs it).
+pub(super) fn eval<'v, F: Fn(usize) -> Val<'v>>(node: &'v Node, vars: &F) -> Out<'v> {
     match node {
         Node::Lit(v) => Ok(borrow(v)),
-        Node::Var(i) => Ok(borrow(&vars[*i])),
-        Node::Has(i) => Ok(Val::Bool(vars[*i] != Val::Null)),
+        Node::Var(i) => Ok(vars(*i)),
+        Node::Has(i) => Ok(Val::Bool(vars(*i) != Val::Null)),
         Node::Not(a) => match eval(a, vars)? {
             Val::Bool(b) => Ok(Val::Bool(!b)),
             _ => Err(EvalError::Type),

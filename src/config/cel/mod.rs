@@ -132,12 +132,31 @@ impl Program {
 
     /// Runs it on the values of [`Program::vars`] (`Val::Null` for a field the event lacks).
     pub fn eval<'v>(&'v self, vars: &'v [Val<'_>]) -> Result<Val<'v>, EvalError> {
-        eval::eval(&self.node, vars)
+        self.eval_with(&|i| match &vars[i] {
+            Val::Str(s) => Val::Str(Cow::Borrowed(s)),
+            v => v.clone(),
+        })
+    }
+
+    /// [`Program::eval`] reading `Var(i)` from `var(i)` when the expression needs it (nothing
+    /// gathered beforehand).
+    #[inline]
+    pub fn eval_with<'v, F: Fn(usize) -> Val<'v>>(&'v self, var: &F) -> Result<Val<'v>, EvalError> {
+        eval::eval(&self.node, var)
     }
 
     /// Runs a filter: true counts the event.
     pub fn test(&self, vars: &[Val<'_>]) -> Result<bool, EvalError> {
         match self.eval(vars)? {
+            Val::Bool(b) => Ok(b),
+            _ => Err(EvalError::NotBool),
+        }
+    }
+
+    /// [`Program::test`] with [`Program::eval_with`].
+    #[inline]
+    pub fn test_with<'v, F: Fn(usize) -> Val<'v>>(&'v self, var: &F) -> Result<bool, EvalError> {
+        match self.eval_with(var)? {
             Val::Bool(b) => Ok(b),
             _ => Err(EvalError::NotBool),
         }

@@ -9,8 +9,6 @@
 
 use std::borrow::Cow;
 
-use smallvec::SmallVec;
-
 use crate::config::{Program, Val};
 
 use super::FieldValue;
@@ -66,17 +64,16 @@ impl Bound {
         Bound { program, slots }
     }
 
-    fn vars<'v>(&self, raw: &'v [Option<FieldValue<'_>>]) -> SmallVec<[Val<'v>; 4]> {
-        self.slots
-            .iter()
-            .map(|&s| match &raw[s] {
-                Some(FieldValue::Str(s)) => Val::Str(Cow::Borrowed(s)),
-                Some(FieldValue::Int(n)) => Val::Int(*n),
-                Some(FieldValue::Float(f)) => Val::Double(*f),
-                Some(FieldValue::Bool(b)) => Val::Bool(*b),
-                Some(FieldValue::Other) | None => Val::Null,
-            })
-            .collect()
+    /// The value of the program's `i`-th field in `raw`.
+    #[inline]
+    fn var<'v>(&self, raw: &'v [Option<FieldValue<'_>>], i: usize) -> Val<'v> {
+        match &raw[self.slots[i]] {
+            Some(FieldValue::Str(s)) => Val::Str(Cow::Borrowed(s)),
+            Some(FieldValue::Int(n)) => Val::Int(*n),
+            Some(FieldValue::Float(f)) => Val::Double(*f),
+            Some(FieldValue::Bool(b)) => Val::Bool(*b),
+            Some(FieldValue::Other) | None => Val::Null,
+        }
     }
 }
 
@@ -107,7 +104,8 @@ impl Rules {
     pub(super) fn derive<'a>(&self, raw: &mut [Option<FieldValue<'a>>]) -> u64 {
         let mut failed = 0;
         for d in &self.derived {
-            let value = match d.bound.program.eval(&d.bound.vars(raw)) {
+            let b = &d.bound;
+            let value = match b.program.eval_with(&|i| b.var(raw, i)) {
                 Ok(Val::Str(s)) => Some(FieldValue::Str(Cow::Owned(s.into_owned()))),
                 Ok(Val::Int(n)) => Some(FieldValue::Int(n)),
                 Ok(Val::UInt(n)) => {
@@ -131,7 +129,7 @@ impl Rules {
         let mut s = Skips::default();
         for (ci, rule) in self.counters.iter().enumerate() {
             if let Some(f) = &rule.filter {
-                match f.program.test(&f.vars(raw)) {
+                match f.program.test_with(&|i| f.var(raw, i)) {
                     Ok(true) => {}
                     Ok(false) => s.filtered |= 1 << ci,
                     Err(_) => s.failed |= 1 << ci,

@@ -1,0 +1,109 @@
+//! `tally-bench events`: what reading events the way users write them costs the consumer loop
+//! (decode → aggregate → seal, one thread, no Redis), on the same generated events, rounds
+//! alternating so the machine's noise hits every variant:
+//!
+//! * flat JSON (the reference counter) against the same events nested
+//!   (`{"client":{"app_id":…,"device_id":…,"ip":…},…}` read through `[decode.fields]`);
+//! * a second counter without a filter, against the same counter with a CEL filter that keeps
+//!   half the events (`bytes % 2 == 0`) and one that keeps all (`bytes >= 0`: the evaluator's
+//!   cost alone).
+//!
+//! ```sh
+//! cargo run --release -p tally-bench -- events [--messages 2000000] [--rounds 3]
+//! ```
+
+use tally::config::{Config, CounterConfig};
+
+use crate::pipeline_loop::{load_bench_config, run_loop, Messages};
+use crate::proc_stats::median;
+
+/// The same events with the reference counter's dimensions inside a `client` object.
+fn nested(flat: &Messages) -> Messages {
+    let mut buf = Vec::with_capacity(flat.buf.len() + flat.index.len() * 16);
+    let mut index = Vec::with_capacity(flat.index.len());
+    for (i, &(_, _, p, offset, ts)) in flat.index.iter().enumerate() {
+        let v: serde_json::Value = serde_json::from_slice(flat.payload(i)).expect("generated JSON");
+        let one = serde_json::json!({
+            "client": {"app_id": v["app_id"], "device_id": v["device_id"], "ip": v["ip"]},
+            "ts": v["ts"],
+            "bytes": v["bytes"],
+        });
+        let start = buf.len();
+        serde_json::to_writer(&mut buf, &one).expect("in memory");
+        index.push((start, buf.len() - start, p, offset, ts));
+    }
+    Messages { buf, index }
+}
+
+fn with_second(base: &Config, filter: Option<&str>) -> Config {
+    let mut c = base.clone();
+    c.counters.push(CounterConfig {
+        name: "by_app".into(),
+        dimensions: vec!["app_id".into()],
+        key: "bench:app:{app_id}:{yyyyMMddHH}".into(),
+        filter: filter.map(String::from),
+        ..c.counters[0].clone()
+    });
+    c
+}
+
+/// Run the comparison and print it.
+pub fn role_events(messages: u64, keys: u64, partitions: i32, rounds: usize) -> anyhow::Result<()> {
+    // No flusher: the URL is never dialled.
+    let base = load_bench_config("redis://127.0.0.1:9")?;
+    let mut nested_config = base.clone();
+    for d in ["app_id", "device_id", "ip"] {
+        nested_config
+            .decode
+            .fields
+            .insert(d.into(), format!("client.{d}"));
+    }
+    let flat = Messages::generate(keys, 1.1, 7, messages, partitions);
+    let deep = nested(&flat);
+    let variants: Vec<(&str, Config, &Messages, usize)> = vec![
+        ("flat JSON, 1 counter", base.clone(), &flat, 0),
+        (
+            "nested JSON via [decode.fields], 1 counter",
+            nested_config,
+            &deep,
+            0,
+        ),
+        ("flat JSON, 2 counters", with_second(&base, None), &flat, 2),
+        (
+            "2nd counter filtered, keeps half",
+            with_second(&base, Some("bytes % 2 == 0")),
+            &flat,
+            2,
+        ),
+        (
+            "2nd counter filtered, keeps all",
+            with_second(&base, Some("bytes >= 0")),
+            &flat,
+            2,
+        ),
+    ];
+    let mut secs = vec![Vec::new(); variants.len()];
+    for round in 0..rounds {
+        for (i, (name, config, msgs, _)) in variants.iter().enumerate() {
+            let r = run_loop(config, msgs, partitions, None, None)?;
+            eprintln!(
+                "round {round}: {name}: {:.2} s ({:.2} s CPU)",
+                r.secs, r.cpu
+            );
+            secs[i].push(r.cpu);
+        }
+    }
+    println!("| variant | median CPU s | events/s per core | vs |");
+    println!("|---|---|---|---|");
+    let medians: Vec<f64> = secs.into_iter().map(median).collect();
+    for (i, (name, _, _, against)) in variants.iter().enumerate() {
+        let s = medians[i];
+        println!(
+            "| {name} | {s:.2} | {:.0} | {:.3} × {} |",
+            messages as f64 / s,
+            medians[*against] / s,
+            variants[*against].0
+        );
+    }
+    Ok(())
+}
