@@ -12,8 +12,8 @@
 //! and sums through a hit on one counter. It is decoded with the stream path's own decoder before
 //! it is sent: an event the stream path would skip (another counter on the topic reads a field
 //! this counter has not) is refused instead of sent. An event that decodes counts in every
-//! counter of the topic whose fields it has, exactly as a produced event would (counters have no
-//! filters). Guarantee: a 202 means the event is in Kafka and will be counted once;
+//! counter of the topic whose fields it has and whose filter takes it, exactly as a produced
+//! event would. Guarantee: a 202 means the event is in Kafka and will be counted once;
 //! a caller that retries a deferred hit sends a second event (idempotency keys are for hits
 //! that reach Redis).
 
