@@ -66,4 +66,5 @@ mod window_cluster;
 mod window_partitioner;
 mod window_results;
 mod window_retry;
+mod window_topics;
 mod window_updates;

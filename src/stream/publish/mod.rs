@@ -23,19 +23,17 @@
 //! within retention) is produced again with `"correction": true`.
 
 pub mod cells;
+pub mod kafka;
 pub mod record;
 pub mod snapshot;
+pub mod topics;
 pub mod watermark;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::join_all;
 use parking_lot::Mutex;
-use rdkafka::consumer::BaseConsumer;
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
 use tally_counters::config::OutputWhen;
 use tally_counters::conn::Conn;
 use tally_counters::model::CounterSpec;
@@ -45,6 +43,7 @@ use tally_counters::window::Window;
 use crate::config::Model;
 use crate::ops::metrics::Metrics;
 use cells::Cell;
+use kafka::{Kafka, Out};
 use record::Emit;
 use watermark::Mark;
 
@@ -52,9 +51,7 @@ use watermark::Mark;
 pub struct Publisher {
     model: Arc<Model>,
     client: Client,
-    producer: FutureProducer,
-    /// Kafka metadata and end offsets (no group, nothing consumed).
-    consumer: BaseConsumer,
+    kafka: Kafka,
     metrics: Metrics,
     /// Per counter index: when its published windows were last read for corrections.
     last_scan: Mutex<BTreeMap<usize, Instant>>,
@@ -74,46 +71,11 @@ pub struct Snapshot {
 impl Publisher {
     /// The publisher of `model`'s counters with an output.
     pub fn new(model: Arc<Model>, client: &Client, metrics: &Metrics) -> anyhow::Result<Self> {
-        let kafka = &model.config.kafka;
-        let mut c = ClientConfig::new();
-        for (k, v) in &kafka.properties {
-            // Consumer settings mean nothing to a producer or a metadata client.
-            if !k.starts_with("session.")
-                && !k.starts_with("heartbeat.")
-                && !k.starts_with("fetch.")
-            {
-                c.set(k, v);
-            }
-        }
-        c.set("bootstrap.servers", &kafka.brokers);
-        let consumer: BaseConsumer = c
-            .clone()
-            .set("group.id", format!("{}-publish", kafka.group_id))
-            .set("enable.auto.commit", "false")
-            .create()?;
-        let timeout = model
-            .config
-            .jobs
-            .publish
-            .send_timeout
-            .as_millis()
-            .to_string();
-        // The Java producer's partitioner (murmur2 of the key), unless the user chose one: a
-        // join with topics written by Java clients meets the same key on the same partition
-        // (librdkafka's default, crc32, does not).
-        if !kafka.properties.contains_key("partitioner") {
-            c.set("partitioner", "murmur2_random");
-        }
-        let producer: FutureProducer = c
-            .set("acks", "all")
-            .set("enable.idempotence", "true")
-            .set("message.timeout.ms", timeout)
-            .create()?;
+        let kafka = Kafka::new(&model)?;
         Ok(Publisher {
             model,
             client: client.clone(),
-            producer,
-            consumer,
+            kafka,
             metrics: metrics.clone(),
             last_scan: Mutex::new(BTreeMap::new()),
             state: Arc::default(),
@@ -123,8 +85,9 @@ impl Publisher {
     /// One pass: read the watermarks, then for every counter with an output publish the windows
     /// that closed and the corrections found.
     pub async fn pass(&self) -> anyhow::Result<()> {
+        self.kafka.ensure_topics(&self.model).await?;
         let mut conn = self.client.conn().await?;
-        let marks = watermark::read(&self.model, &mut conn, &self.consumer).await?;
+        let marks = watermark::read(&self.model, &mut conn, &self.kafka.consumer).await?;
         let now = redis_now_ms(&mut conn).await?;
         let quiet = self
             .model
@@ -415,26 +378,19 @@ impl Publisher {
             .output
             .as_ref()
             .expect("called for counters with an output");
-        let timeout = self.model.config.jobs.publish.send_timeout;
         let payloads: Vec<String> = cells
             .iter()
             .map(|c| record::value(spec, window, c, closed_by, how))
             .collect();
-        let sends = cells.iter().zip(&payloads).map(|(c, payload)| {
-            // The record's time is its window's end, as Kafka Streams and Flink stamp a
-            // window's result: a consumer joining on time sees when the window closed.
-            let rec = FutureRecord::to(&output.topic)
-                .key(&c.key)
-                .payload(payload)
-                .timestamp(window.end_ms);
-            self.producer.send(rec, timeout)
+        // The record's time is its window's end, as Kafka Streams and Flink stamp a window's
+        // result: a consumer joining on time sees when the window closed.
+        let records = cells.iter().zip(&payloads).map(|(c, payload)| Out {
+            key: &c.key,
+            payload: Some(payload),
+            headers: None,
+            timestamp: window.end_ms,
         });
-        for result in join_all(sends).await {
-            if let Err((e, _)) = result {
-                anyhow::bail!("kafka refused a window result: {e}");
-            }
-        }
-        Ok(())
+        self.kafka.send(&output.topic, records.collect()).await
     }
 
     fn count_records(&self, spec: &CounterSpec, how: Emit, n: usize) {
