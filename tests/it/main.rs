@@ -63,6 +63,7 @@ mod status_page;
 mod tansu;
 mod tls;
 mod window_cluster;
+mod window_late;
 mod window_partitioner;
 mod window_results;
 mod window_retry;

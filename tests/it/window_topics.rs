@@ -62,18 +62,16 @@ fn a_missing_output_topic_is_created_with_the_configured_partitions() {
         tally.log()
     );
     assert_eq!(partitions(&bootstrap, out), Some(3));
-    let mut records = Vec::new();
+    // Window results land on every partition created (dozens of keys over 3).
+    let mut used = BTreeSet::new();
     let published = wait_until(Duration::from_secs(60), || {
-        records = read(&bootstrap, out, &[0, 1, 2]);
-        records.len() >= 20
+        used = read(&bootstrap, out, &[0, 1, 2])
+            .iter()
+            .map(|(p, _, _)| *p)
+            .collect();
+        used.len() == 3
     });
-    assert!(published, "{} records\n{}", records.len(), tally.log());
-    let used: BTreeSet<i32> = records.iter().map(|(p, _, _)| *p).collect();
-    assert_eq!(
-        used.len(),
-        3,
-        "records on every created partition: {used:?}"
-    );
+    assert!(published, "records on partitions {used:?}\n{}", tally.log());
     // Up (partitions owned, handlers installed) before SIGTERM, which then means "drain".
     assert!(tally.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
     let status = tally.terminate(Duration::from_secs(30));

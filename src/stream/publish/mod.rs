@@ -7,9 +7,10 @@
 //!   `allowed_lateness`, has reached its end.
 //! * [`cells`]: a counter's keys, found with SCAN and decoded into (window, dimensions).
 //! * [`record`]: the record of one key (its Kafka key and JSON value).
-//!
 //! * [`snapshot`]: the write-ahead snapshot of a closing window, the answers its final records
 //!   carry.
+//! * [`late`]: `late = "drop"`, the late changes of published windows counted, not corrected.
+//! * [`kafka`]: the producer, metadata and admin clients; [`topics`]: missing topics created.
 //!
 //! One replica at a time publishes (the jobs' leadership, [`crate::jobs`]). Per counter it keeps
 //! its progress in Redis (the end of the last window published), and per window the answers it
@@ -20,10 +21,12 @@
 //! publisher killed mid-publish, or a send whose outcome is unknown, leaves the window
 //! unpublished and the next attempt produces the same records again, even if a late event
 //! changed a key in between. A key whose answer differs from the one published (a late event
-//! within retention) is produced again with `"correction": true`.
+//! within retention) is produced again with `"correction": true`, or with `late = "drop"`
+//! counted and left out ([`late`]).
 
 pub mod cells;
 pub mod kafka;
+pub mod late;
 pub mod record;
 pub mod snapshot;
 pub mod topics;
@@ -34,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tally_counters::config::OutputWhen;
+use tally_counters::config::{OutputLate, OutputWhen};
 use tally_counters::conn::Conn;
 use tally_counters::model::CounterSpec;
 use tally_counters::request::Client;
@@ -202,8 +205,7 @@ impl Publisher {
                         .await?;
                 }
             } else if progress.is_some_and(|p| window.end_ms <= p) {
-                self.emit_changes(conn, spec, window, cells, wm, Emit::Correction)
-                    .await?;
+                self.late_changes(conn, spec, window, cells, wm).await?;
             } else {
                 let attempt = self.emit_final(conn, spec, window, &cells, wm, &progress_key);
                 // None: another publisher finished it meanwhile.
@@ -219,11 +221,15 @@ impl Publisher {
                 if taken.again {
                     // A re-publish: a late event since the first attempt (even one during this
                     // attempt's sends) makes a key differ from the snapshot; read the keys again
-                    // now that Kafka acknowledged, and correct those.
+                    // now that Kafka acknowledged, and correct (or drop) those.
                     let now = cells::read(conn, spec, window, keys).await?;
-                    let late = snapshot::changed_since(&taken.cells, now);
-                    self.emit(conn, spec, window, &late, wm, Emit::Correction)
-                        .await?;
+                    if output.late == OutputLate::Drop {
+                        self.late_changes(conn, spec, window, now, wm).await?;
+                    } else {
+                        let late = snapshot::changed_since(&taken.cells, now);
+                        self.emit(conn, spec, window, &late, wm, Emit::Correction)
+                            .await?;
+                    }
                 }
             }
         }
@@ -231,6 +237,34 @@ impl Publisher {
             advance(conn, &progress_key, closed_end).await?;
         }
         Ok(())
+    }
+
+    /// The cells of a published window, read again: those whose answer changed are corrected,
+    /// or with `late = "drop"` dropped ([`late`]).
+    async fn late_changes(
+        &self,
+        conn: &mut Conn,
+        spec: &CounterSpec,
+        window: &Window,
+        cells: Vec<Cell>,
+        wm: i64,
+    ) -> anyhow::Result<()> {
+        let output = spec
+            .output
+            .as_ref()
+            .expect("called for counters with an output");
+        if output.late == OutputLate::Correct {
+            return self
+                .emit_changes(conn, spec, window, cells, wm, Emit::Correction)
+                .await;
+        }
+        let hash = self.values_hash(spec, window);
+        let dropper = late::Dropper {
+            kafka: &self.kafka,
+            metrics: &self.metrics,
+            hash: &hash,
+        };
+        dropper.drop_changes(conn, spec, window, cells).await
     }
 
     /// Produce the cells of `cells` whose value differs from what was published for the window

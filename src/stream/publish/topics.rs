@@ -24,6 +24,7 @@ pub fn written(model: &Model) -> BTreeSet<String> {
     let mut topics = BTreeSet::new();
     for o in outputs {
         topics.insert(o.topic.clone());
+        topics.extend(o.late_topic.clone());
     }
     topics
 }
