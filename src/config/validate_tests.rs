@@ -258,6 +258,7 @@ fn an_output_needs_a_topic_a_lateness_within_retention_and_top_for_leaderboards_
             top: None,
             late: Default::default(),
             late_topic: None,
+            tombstones: false,
         });
         c
     };
@@ -307,6 +308,7 @@ fn a_late_topic_is_for_dropped_changes_and_is_another_topic() {
             top: None,
             late,
             late_topic: Some(topic.into()),
+            tombstones: false,
         });
         c
     };

@@ -67,5 +67,6 @@ mod window_late;
 mod window_partitioner;
 mod window_results;
 mod window_retry;
+mod window_tombstones;
 mod window_topics;
 mod window_updates;

@@ -38,6 +38,7 @@ fn start(h: &Harness, group: &str, port: u16) -> Running {
         top: None,
         late: Default::default(),
         late_topic: None,
+        tombstones: false,
     });
     let mut config = h.config(group, counters);
     config.http.listen = format!("127.0.0.1:{port}");

@@ -30,6 +30,7 @@ fn with_output(mut c: CounterConfig) -> CounterConfig {
         top: None,
         late: Default::default(),
         late_topic: None,
+        tombstones: false,
     });
     c
 }

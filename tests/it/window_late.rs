@@ -104,6 +104,7 @@ async fn dropped_late_changes_leave_the_published_window_final_and_go_to_the_lat
         top: None,
         late: OutputLate::Drop,
         late_topic: Some(LATE.into()),
+        tombstones: false,
     });
     let mut config = h.config("wl", vec![hits]);
     config.jobs.publish.interval = Duration::from_millis(100);

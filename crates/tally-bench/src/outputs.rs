@@ -35,6 +35,7 @@ pub fn role_outputs(
             top: None,
             late: Default::default(),
             late_topic: None,
+            tombstones: false,
         });
     }
     let msgs = Messages::generate(keys, 1.1, 7, messages, partitions);

@@ -10,6 +10,7 @@
 //! * [`snapshot`]: the write-ahead snapshot of a closing window, the answers its final records
 //!   carry.
 //! * [`late`]: `late = "drop"`, the late changes of published windows counted, not corrected.
+//! * [`tombstones`]: null records for the keys of windows whose keys expired.
 //! * [`kafka`]: the producer, metadata and admin clients; [`topics`]: missing topics created.
 //!
 //! One replica at a time publishes (the jobs' leadership, [`crate::jobs`]). Per counter it keeps
@@ -29,6 +30,7 @@ pub mod kafka;
 pub mod late;
 pub mod record;
 pub mod snapshot;
+pub mod tombstones;
 pub mod topics;
 pub mod watermark;
 
@@ -107,13 +109,23 @@ impl Publisher {
             let wm = raw.map(|t| t.saturating_sub(lateness));
             self.state.lock().counters.insert(spec.name.clone(), wm);
             self.metrics.status.counter_watermark(&spec.name, wm);
+            if output.tombstones {
+                let hash_of = |start| self.model.scope.published_values(&spec.name, start);
+                let tombstoner = tombstones::Tombstoner {
+                    kafka: &self.kafka,
+                    metrics: &self.metrics,
+                    hash_of: &hash_of,
+                };
+                let progress_key = self.model.scope.publish_progress(&spec.name);
+                tombstoner.pass(&mut conn, spec, &progress_key, now).await?;
+            }
             let Some(wm) = wm else { continue };
             self.metrics
                 .publish
                 .counter_watermark_seconds
                 .with_label_values(&[&spec.name])
                 .set(wm as f64 / 1000.0);
-            self.counter_pass(&mut conn, i, spec, wm).await?;
+            self.counter_pass(&mut conn, i, spec, wm, now).await?;
         }
         Ok(())
     }
@@ -162,13 +174,14 @@ impl Publisher {
     }
 
     /// One counter: publish its windows that closed (up to `wm`), look for corrections, and
-    /// in `updates` mode publish the changes of its open windows.
+    /// in `updates` mode publish the changes of its open windows (`now`: Redis' clock).
     async fn counter_pass(
         &self,
         conn: &mut Conn,
         index: usize,
         spec: &CounterSpec,
         wm: i64,
+        now: i64,
     ) -> anyhow::Result<()> {
         let output = spec
             .output
@@ -205,6 +218,11 @@ impl Publisher {
                         .await?;
                 }
             } else if progress.is_some_and(|p| window.end_ms <= p) {
+                // Expired (nothing more is counted into it): its tombstones may be out, and
+                // no correction may follow them.
+                if output.tombstones && spec.expire_at(window.end_ms) <= now {
+                    continue;
+                }
                 self.late_changes(conn, spec, window, cells, wm).await?;
             } else {
                 let attempt = self.emit_final(conn, spec, window, &cells, wm, &progress_key);
@@ -320,6 +338,9 @@ impl Publisher {
         let progress: Option<i64> = conn.query(redis::cmd("GET").arg(progress_key)).await?;
         if progress.is_some_and(|p| p >= window.end_ms) {
             return Ok(None);
+        }
+        if spec.output.as_ref().is_some_and(|o| o.tombstones) {
+            tombstones::note(conn, spec, window, progress_key).await?;
         }
         if taken.again {
             self.metrics

@@ -36,6 +36,11 @@ pub struct OutputConfig {
     /// with headers saying why); unset: it is only counted.
     #[serde(default)]
     pub late_topic: Option<String>,
+    /// When a published window's keys expire (window end + retention), produce a tombstone
+    /// (its key, a null value) for each key the window published, so that a compacted topic
+    /// forgets them too. Off by default: an upsert sink deletes its rows on a tombstone.
+    #[serde(default)]
+    pub tombstones: bool,
 }
 
 /// What a late change of a published window produces.
