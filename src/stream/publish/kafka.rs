@@ -29,6 +29,7 @@ pub struct Out<'a> {
 
 /// The clients, built once per process.
 pub struct Kafka {
+    /// Idempotent, `acks=all`, murmur2 partitioner: every record the publisher writes.
     producer: FutureProducer,
     /// Kafka metadata and end offsets (no group, nothing consumed).
     pub consumer: BaseConsumer,

@@ -30,7 +30,9 @@ pub fn dropped_hash(hash: &str) -> String {
 
 /// What a drop needs besides the window.
 pub struct Dropper<'a> {
+    /// Produces to the late topic.
     pub kafka: &'a Kafka,
+    /// Where the dropped changes and the late records are counted.
     pub metrics: &'a Metrics,
     /// The window's published-values hash.
     pub hash: &'a str,

@@ -240,11 +240,11 @@ impl Publisher {
                     // A re-publish: a late event since the first attempt (even one during this
                     // attempt's sends) makes a key differ from the snapshot; read the keys again
                     // now that Kafka acknowledged, and correct (or drop) those.
-                    let now = cells::read(conn, spec, window, keys).await?;
+                    let current = cells::read(conn, spec, window, keys).await?;
                     if output.late == OutputLate::Drop {
-                        self.late_changes(conn, spec, window, now, wm).await?;
+                        self.late_changes(conn, spec, window, current, wm).await?;
                     } else {
-                        let late = snapshot::changed_since(&taken.cells, now);
+                        let late = snapshot::changed_since(&taken.cells, current);
                         self.emit(conn, spec, window, &late, wm, Emit::Correction)
                             .await?;
                     }

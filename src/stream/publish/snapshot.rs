@@ -70,7 +70,8 @@ pub async fn take(
 }
 
 /// Record `cells`' answers as published in `hash` (a correction, or with `open` an update of
-/// an open window, that Kafka acknowledged). An update never changes a snapshot (a former
+/// an open window, that Kafka acknowledged; or in a window's dropped-changes hash, what
+/// [`super::late`] dropped). An update never changes a snapshot (a former
 /// leader's pass finishing after the window closed).
 pub async fn record(
     conn: &mut Conn,

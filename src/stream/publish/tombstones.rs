@@ -47,7 +47,9 @@ pub async fn note(
 
 /// What producing tombstones needs.
 pub struct Tombstoner<'a> {
+    /// Produces the tombstones to the output topic.
     pub kafka: &'a Kafka,
+    /// Where the tombstones are counted (`records{kind="tombstone"}`).
     pub metrics: &'a Metrics,
     /// The published-values hash of the window starting at a time.
     pub hash_of: &'a (dyn Fn(i64) -> String + Sync),
