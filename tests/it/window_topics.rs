@@ -1,5 +1,5 @@
-//! `jobs.publish.create_topics`: the output topic does not exist, and the publisher creates it
-//! with the configured partitions before it publishes. On tansu (librdkafka's mock broker has
+//! `jobs.publish.create_topics`: the output topic and the late topic do not exist, and the
+//! publisher creates them with the configured partitions before it publishes. On tansu (librdkafka's mock broker has
 //! no CreateTopics), which creates no topic by itself: without the setting the topic never
 //! appears and no window result is ever stored.
 
@@ -30,23 +30,34 @@ fn partitions(bootstrap: &str, topic: &str) -> Option<usize> {
     (t.error().is_none() && !t.partitions().is_empty()).then(|| t.partitions().len())
 }
 
+const LATE: &str = "topics-late";
+
 #[test]
 fn a_missing_output_topic_is_created_with_the_configured_partitions() {
     let (topic, out) = ("topics-in", "topics-out");
     let broker = Tansu::start().unwrap();
     broker.create_topic(topic, PARTITIONS).unwrap();
     let bootstrap = broker.bootstrap();
-    assert_eq!(
-        partitions(&bootstrap, out),
-        None,
-        "the output topic is missing"
-    );
+    for missing in [out, LATE] {
+        assert_eq!(
+            partitions(&bootstrap, missing),
+            None,
+            "{missing} is missing"
+        );
+    }
     let redis = LocalRedis::start(&[]).unwrap();
-    let cfg = config(&bootstrap, &redis.url(), topic, out, "final").replace(
-        "[jobs.publish]\n",
-        "[jobs.publish]\ncreate_topics = true\ntopic_partitions = 3\ntopic_replication = 1\n\
-         topic_config = { \"cleanup.policy\" = \"compact\" }\n",
-    );
+    // The late topic of `late = "drop"` is created too.
+    let cfg = config(&bootstrap, &redis.url(), topic, out, "final")
+        .replace(
+            "[jobs.publish]\n",
+            "[jobs.publish]\ncreate_topics = true\ntopic_partitions = 3\ntopic_replication = 1\n\
+             topic_config = { \"cleanup.policy\" = \"compact\" }\n",
+        )
+        .replace(
+            r#"idle_timeout = "2s" }"#,
+            &format!(r#"idle_timeout = "2s", late = "drop", late_topic = "{LATE}" }}"#),
+        );
+    assert!(cfg.contains(LATE), "{cfg}");
     let now = chrono::Utc::now().timestamp_millis();
     let base = now - now.rem_euclid(MIN) - 60 * MIN;
     // Minutes 0..3: minutes 0 and 1 close.
@@ -62,6 +73,7 @@ fn a_missing_output_topic_is_created_with_the_configured_partitions() {
         tally.log()
     );
     assert_eq!(partitions(&bootstrap, out), Some(3));
+    assert_eq!(partitions(&bootstrap, LATE), Some(3), "the late topic");
     // Window results land on every partition created (dozens of keys over 3).
     let mut used = BTreeSet::new();
     let published = wait_until(Duration::from_secs(60), || {
