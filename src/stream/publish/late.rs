@@ -53,12 +53,7 @@ impl Dropper<'_> {
         let late_hash = dropped_hash(self.hash);
         let published = hmget(conn, self.hash, &cells).await?;
         let dropped = hmget(conn, &late_hash, &cells).await?;
-        let changed: Vec<Cell> = cells
-            .into_iter()
-            .zip(published.into_iter().zip(dropped))
-            .filter(|(c, (p, d))| d.as_ref().or(p.as_ref()) != Some(&c.answer()))
-            .map(|(c, _)| c)
-            .collect();
+        let changed = changed(cells, published, dropped);
         if changed.is_empty() {
             return Ok(());
         }
@@ -120,6 +115,22 @@ impl Dropper<'_> {
     }
 }
 
+/// The cells whose answer differs from the one last dropped for their key, or if none was,
+/// from the one published (a key no record carried, created by a late event, differs).
+/// `published` and `dropped` are the recorded answers of `cells`' keys, in order.
+fn changed(
+    cells: Vec<Cell>,
+    published: Vec<Option<String>>,
+    dropped: Vec<Option<String>>,
+) -> Vec<Cell> {
+    cells
+        .into_iter()
+        .zip(published.into_iter().zip(dropped))
+        .filter(|(c, (p, d))| d.as_ref().or(p.as_ref()) != Some(&c.answer()))
+        .map(|(c, _)| c)
+        .collect()
+}
+
 fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
     Header {
         key,
@@ -135,4 +146,37 @@ async fn hmget(conn: &mut Conn, hash: &str, cells: &[Cell]) -> anyhow::Result<Ve
         cmd.arg(&c.key);
     }
     Ok(conn.query(&cmd).await?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cell(key: &str, value: i64) -> Cell {
+        Cell {
+            key: key.into(),
+            dims: vec![key.into()],
+            value,
+            top: None,
+        }
+    }
+
+    #[test]
+    fn a_change_is_dropped_once_and_again_only_when_it_changes_again() {
+        let some = |v: &str| Some(v.to_string());
+        let cells = vec![
+            cell("same", 1),
+            cell("changed", 3),
+            cell("dropped", 3),
+            cell("again", 4),
+            cell("new", 1),
+        ];
+        let published = vec![some("1"), some("1"), some("1"), some("1"), None];
+        let dropped = vec![None, None, some("3"), some("3"), None];
+        let keys: Vec<String> = changed(cells, published, dropped)
+            .into_iter()
+            .map(|c| c.key)
+            .collect();
+        assert_eq!(keys, ["changed", "again", "new"]);
+    }
 }
