@@ -46,6 +46,12 @@ fn decoders() -> &'static [(Decoder, Option<i64>)] {
         for format in [TimeFormat::EpochMs, TimeFormat::EpochS, TimeFormat::Rfc3339] {
             out.push((Decoder::new(&config(Some("ts"), format), &fields), Some(0)));
         }
+        // Fields inside objects and arrays (`[decode.fields]`).
+        let mut nested = config(Some("ts"), TimeFormat::EpochMs);
+        for (name, path) in [("app_id", "a.b"), ("ip", "a.c[1]"), ("ts", "/t/0")] {
+            nested.fields.insert(name.to_string(), path.to_string());
+        }
+        out.push((Decoder::new(&nested, &fields), Some(0)));
         out
     })
 }

@@ -46,6 +46,9 @@ pub async fn run(
     if config.request.limits.is_empty() {
         config.request.limits.push(demo_limit());
     }
+    if config.counters.iter().all(|c| c.filter.is_none()) {
+        config.counters.push(demo_filtered_counter());
+    }
     let _limits_dir = demo_rls(&mut config)?;
     let model = tally::config::Model::compile(config.clone())?;
     let tally = Tally::new(model.clone());
@@ -209,6 +212,18 @@ impl Drop for TempDir {
 }
 
 /// The demo's rate limit: 20 requests per second per subject, bursts of 5.
+/// A counter with a filter, so the demo shows what filters skip: the large events (bytes of
+/// 1000 or more, about 6% of the synthetic ones) per app and hour.
+fn demo_filtered_counter() -> tally::config::CounterConfig {
+    tally::config::CounterConfig {
+        name: "large".into(),
+        dimensions: vec!["app_id".into()],
+        key: "demo:large:{app_id}:{yyyyMMddHH}".into(),
+        filter: Some("bytes >= 1000".into()),
+        ..tally::config::CounterConfig::reference()
+    }
+}
+
 fn demo_limit() -> tally_counters::request::LimitPolicy {
     tally_counters::request::LimitPolicy {
         name: "demo_api".into(),

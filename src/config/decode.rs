@@ -1,10 +1,13 @@
 //! `[decode]`: how a message becomes an event.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::validate::ensure;
+use super::cel::Program;
+use super::fields::FieldSource;
+use super::validate::{ensure, invalid};
 use super::ConfigError;
 
 /// Decoding of message payloads.
@@ -25,6 +28,13 @@ pub struct DecodeConfig {
     /// (a wrong clock or unit would otherwise create keys that live for centuries).
     #[serde(with = "humantime_serde")]
     pub max_future: Duration,
+    /// Where named fields are read from (see [`FieldSource`]): a path into the payload, the
+    /// record key, a header, the topic or the partition. A name not listed is the payload's
+    /// top-level field of that name.
+    pub fields: BTreeMap<String, String>,
+    /// Fields computed from other fields with a CEL expression (e.g. `status_class =
+    /// 'string(status / 100) + "xx"'`), usable as dimensions, members, values and in filters.
+    pub derive: BTreeMap<String, String>,
 }
 
 /// Encodings accepted for the event-time field.
@@ -48,6 +58,8 @@ impl Default for DecodeConfig {
             max_value_bytes: 256,
             dead_letter_topic: None,
             max_future: Duration::from_secs(86_400),
+            fields: BTreeMap::new(),
+            derive: BTreeMap::new(),
         }
     }
 }
@@ -65,6 +77,36 @@ impl DecodeConfig {
             !self.max_future.is_zero(),
             "decode.max_future",
             "must be positive (e.g. \"1d\")",
-        )
+        )?;
+        for (name, source) in &self.fields {
+            let key = || format!("decode.fields.{name}");
+            ensure(!name.is_empty(), key(), "a field name is not empty")?;
+            FieldSource::parse(source).map_err(|e| invalid(key(), e))?;
+        }
+        for (name, text) in &self.derive {
+            let key = || format!("decode.derive.{name}");
+            ensure(
+                !self.fields.contains_key(name),
+                key(),
+                "is also in [decode.fields]: a field is read or derived, not both",
+            )?;
+            let program = Program::compile(text).map_err(|e| invalid(key(), e))?;
+            if let Some(v) = program.vars().iter().find(|v| self.derive.contains_key(*v)) {
+                return Err(invalid(
+                    key(),
+                    format!("reads `{v}`, another derived field: derive from read fields only"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Where the field `name` is read from (validated: an invalid source reads as the
+    /// top-level field).
+    pub fn source(&self, name: &str) -> FieldSource {
+        self.fields
+            .get(name)
+            .and_then(|s| FieldSource::parse(s).ok())
+            .unwrap_or_else(|| FieldSource::top_level(name))
     }
 }

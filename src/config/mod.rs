@@ -15,7 +15,9 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+mod cel;
 mod decode;
+mod fields;
 mod flush;
 mod http;
 mod jobs;
@@ -30,7 +32,9 @@ mod status;
 mod tls;
 mod validate;
 
+pub use cel::{EvalError, Program, Val};
 pub use decode::{DecodeConfig, TimeFormat};
+pub use fields::{FieldSource, Segment};
 pub use flush::FlushConfig;
 pub use http::HttpConfig;
 pub use jobs::{JobsConfig, PublishConfig, ReconcileConfig, TtlAuditConfig};

@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use super::cel::Program;
 use super::{Config, ConfigError, CounterConfig, RedisConfigError};
 use crate::model::CounterSpec;
 
@@ -75,7 +76,18 @@ impl Config {
             let reason = format!("`{}` is used by two counters", c.name);
             ensure(seen.insert(c.name.as_str()), key, reason)?;
             specs.push(self.validate_counter(i, c)?);
+            if let Some(f) = &c.filter {
+                Program::filter(f).map_err(|e| invalid(format!("counters[{i}].filter"), e))?;
+            }
         }
+        // The decoder keeps per-event flags in 64-bit masks: one bit per counter.
+        let rules =
+            self.counters.iter().any(|c| c.filter.is_some()) || !self.decode.derive.is_empty();
+        ensure(
+            !rules || self.counters.len() <= 64,
+            "counters",
+            "at most 64 counters with filters or derived fields",
+        )?;
         self.validate_key_spaces(&specs)?;
         Ok(specs)
     }

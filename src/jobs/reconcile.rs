@@ -26,7 +26,7 @@ use tally_counters::request::Client;
 
 use crate::config::Model;
 use crate::ops::metrics::Metrics;
-use crate::stream::decode::Decoder;
+use crate::stream::decode::{Decoder, Record};
 
 /// One reconciler, built once per leadership.
 pub struct Reconciler {
@@ -185,13 +185,22 @@ impl Reconciler {
                 left.remove(&p);
             }
             let ts = msg.timestamp().to_millis();
-            let Ok(event) = self
-                .decoder
-                .decode_at(msg.payload(), ts, ts.unwrap_or(i64::MAX))
+            let record = Record {
+                key: msg.key(),
+                headers: msg.headers(),
+                topic: msg.topic(),
+                partition: p,
+            };
+            let Ok(event) =
+                self.decoder
+                    .decode_record(&record, msg.payload(), ts, ts.unwrap_or(i64::MAX))
             else {
                 continue;
             };
             for (i, starts) in targets {
+                if event.skips.all() >> *i & 1 == 1 {
+                    continue;
+                }
                 let spec = &self.model.counters[*i];
                 let window = spec.window.window_of(event.ts_ms);
                 if !starts.contains(&window.start_ms) {

@@ -345,3 +345,45 @@ fn configuration_errors_never_print_secrets() {
         assert_no_secret(&out);
     }
 }
+
+#[test]
+fn bad_expressions_and_field_sources_say_where() {
+    for (toml, key, says) in [
+        (
+            "filter = '''a > 1 &&\n  a.all(x, x > 1)'''",
+            "counters[0].filter",
+            "2:",
+        ),
+        ("filter = 'a + 1'", "counters[0].filter", "gives a number"),
+        ("filter = 'a >'", "counters[0].filter", "1:"),
+    ] {
+        let toml = format!("[[counters]]\nname = \"c\"\ndimensions = [\"a\"]\nkey = \"c:{{a}}:{{yyyyMMddHH}}\"\nwindow = \"1h\"\n{toml}\n");
+        let out = with_file(&toml, &[], &[]);
+        assert_usage_error(&out, key);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{toml}: {stderr}");
+    }
+    for (section, key, says) in [
+        (
+            "[decode.fields]\na = \"x..y\"",
+            "decode.fields.a",
+            "empty segment",
+        ),
+        (
+            "[decode.fields]\na = \"$offset\"",
+            "decode.fields.a",
+            "unknown source",
+        ),
+        ("[decode.derive]\na = \"size(\"", "decode.derive.a", "1:"),
+        (
+            "[decode.derive]\na = \"b + 1\"\nb = \"c\"",
+            "decode.derive.a",
+            "another derived field",
+        ),
+    ] {
+        let out = with_file(section, &[], &[]);
+        assert_usage_error(&out, key);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(says), "{section}: {stderr}");
+    }
+}

@@ -23,6 +23,7 @@ mod exactly_once;
 mod expiry_spread;
 mod failover;
 mod faults;
+mod fields;
 mod fuzz_corpus;
 mod group;
 mod hostile;

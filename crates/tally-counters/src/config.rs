@@ -116,6 +116,11 @@ pub struct CounterConfig {
     /// with `jobs.publish`); none: the counter is only read from Redis.
     #[serde(default)]
     pub output: Option<OutputConfig>,
+    /// A CEL condition an event must meet to count here (e.g. `status >= 500`); none: every
+    /// event counts. Fields it reads, and this counter's own fields, may then be missing from
+    /// an event: it is skipped here only (counted by reason), not refused as bad input.
+    #[serde(default)]
+    pub filter: Option<String>,
 }
 
 /// What a counter keeps.
@@ -197,6 +202,7 @@ impl CounterConfig {
             storage: Storage::String,
             hash_key: None,
             output: None,
+            filter: None,
         }
     }
 }

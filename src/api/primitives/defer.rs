@@ -26,7 +26,7 @@ use serde::Serialize;
 use tally_counters::request::{Hit, HitReply, RequestError};
 
 use super::{Action, Primitives};
-use crate::config::{Model, TimeFormat};
+use crate::config::{DecodeConfig, FieldSource, Model, Segment, TimeFormat};
 use crate::stream::decode::Decoder;
 
 /// Where deferred hits go.
@@ -37,8 +37,39 @@ pub struct Deferral {
     settings: ClientConfig,
     topic: String,
     decoder: Decoder,
-    time_field: Option<String>,
-    time_format: TimeFormat,
+    /// Where each field goes in the event (`[decode.fields]`), and the time's field and format.
+    decode: DecodeConfig,
+}
+
+/// Stores `value` where the stream path reads it: at its path in the payload (objects made on
+/// the way). The error names a source a deferred event cannot set (the record's metadata, an
+/// array index).
+fn put_at(
+    event: &mut serde_json::Map<String, serde_json::Value>,
+    source: &FieldSource,
+    value: serde_json::Value,
+) -> Result<(), String> {
+    let FieldSource::Payload(path) = source else {
+        return Err(format!("{source}; a deferred hit writes only the payload"));
+    };
+    let key = |s: &Segment| match s {
+        Segment::Key(k) | Segment::KeyOrIndex(k, _) => Ok(k.to_string()),
+        Segment::Index(_) => Err(format!(
+            "{source}, an array index a deferred hit cannot set"
+        )),
+    };
+    let (last, inner) = path.split_last().expect("a payload path has a segment");
+    let mut at = event;
+    for s in inner {
+        let slot = at
+            .entry(key(s)?)
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        at = slot
+            .as_object_mut()
+            .ok_or_else(|| format!("{source}, inside a field that is not an object"))?;
+    }
+    at.insert(key(last)?, value);
+    Ok(())
 }
 
 /// What became of a hit.
@@ -81,8 +112,7 @@ impl Deferral {
             settings: c,
             topic: config.kafka.topic.clone(),
             decoder: Decoder::for_counters(&config.decode, &model.counters),
-            time_field: config.decode.time_field.clone(),
-            time_format: config.decode.time_format,
+            decode: config.decode.clone(),
         }
     }
 
@@ -102,20 +132,26 @@ impl Deferral {
         at_ms: i64,
     ) -> Result<Vec<u8>, RequestError> {
         // Only fields no counter reads may come from the caller's map.
-        if let Some(field) = extra.keys().find(|k| self.decoder.field_index(k).is_some()) {
+        if let Some(field) = extra.keys().find(|k| self.decoder.reads_top_level(k)) {
             return Err(RequestError::Invalid(format!(
                 "cannot defer: `event` field `{field}` is read by the topic's counters; a deferred hit sets only counter `{}`'s fields, from `dimensions`, the value and `at`",
                 spec.name
             )));
         }
         let mut event = extra.clone();
+        let mut put = |name: &str, value: serde_json::Value| {
+            put_at(&mut event, &self.decode.source(name), value).map_err(|e| {
+                RequestError::Invalid(format!(
+                    "cannot defer: counter `{}` reads `{name}` from {e}",
+                    spec.name
+                ))
+            })
+        };
         for (k, v) in values {
-            event.insert(k.clone(), serde_json::Value::String(v.clone()));
+            put(k, serde_json::Value::String(v.clone()))?;
         }
         match &spec.value_field {
-            Some(f) => {
-                event.insert(f.clone(), delta.into());
-            }
+            Some(f) => put(f, delta.into())?,
             None if delta != 1 => {
                 return Err(RequestError::Invalid(
                     "a deferred hit of a count counter adds 1 (one event)".into(),
@@ -123,8 +159,8 @@ impl Deferral {
             }
             None => {}
         }
-        if let Some(f) = &self.time_field {
-            let t = match self.time_format {
+        if let Some(f) = &self.decode.time_field {
+            let t = match self.decode.time_format {
                 TimeFormat::EpochMs => at_ms.into(),
                 TimeFormat::EpochS => serde_json::json!(at_ms as f64 / 1000.0),
                 TimeFormat::Rfc3339 => chrono::DateTime::from_timestamp_millis(at_ms)
@@ -132,7 +168,7 @@ impl Deferral {
                     .unwrap_or_default()
                     .into(),
             };
-            event.insert(f.clone(), t);
+            put(f, t)?;
         }
         let payload =
             serde_json::to_vec(&event).map_err(|e| RequestError::Invalid(e.to_string()))?;
@@ -205,14 +241,21 @@ mod tests {
     /// `flow` (per app and device), `daily` (per app, summing `bytes`) and `traffic` (per app
     /// and device, summing `bytes`) on one topic.
     fn model() -> std::sync::Arc<Model> {
+        model_with("")
+    }
+
+    /// The model above, with `[decode.fields]` lines.
+    fn model_with(fields: &str) -> std::sync::Arc<Model> {
         let config: Config = toml::from_str(
-            r#"
+            &r#"
 [kafka]
 brokers = "127.0.0.1:9"
 topic = "t"
 group_id = "g"
 [decode]
 time_field = "ts"
+[decode.fields]
+{fields}
 [[counters]]
 name = "flow"
 dimensions = ["app_id", "device_id"]
@@ -233,7 +276,8 @@ value_field = "bytes"
 key = "t:{app_id}:{device_id}:{yyyyMMddHH}"
 window = "1h"
 retention = "1d"
-"#,
+"#
+            .replace("{fields}", fields),
         )
         .unwrap();
         Model::compile(config).unwrap()
@@ -245,8 +289,17 @@ retention = "1d"
         extra: serde_json::Value,
         delta: i64,
     ) -> Result<serde_json::Value, String> {
-        let model = model();
-        let deferral = Deferral::new(&model);
+        event_of(&model(), name, values, extra, delta)
+    }
+
+    fn event_of(
+        model: &Model,
+        name: &str,
+        values: &[(&str, &str)],
+        extra: serde_json::Value,
+        delta: i64,
+    ) -> Result<serde_json::Value, String> {
+        let deferral = Deferral::new(model);
         let spec = model.counters.iter().find(|c| c.name == name).unwrap();
         let values = values
             .iter()
@@ -289,5 +342,55 @@ retention = "1d"
         let keys: Vec<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
         assert_eq!(keys, ["app_id", "bytes", "device_id", "trace", "ts"], "{e}");
         assert_eq!(e["bytes"], 7);
+    }
+
+    #[test]
+    fn a_deferred_hit_writes_its_fields_where_the_stream_reads_them() {
+        let model = model_with(
+            r#"app_id = "client.app"
+device_id = "/client/device"
+bytes = "sizes.out"
+ts = "meta.at""#,
+        );
+        let e = event_of(
+            &model,
+            "traffic",
+            &[("app_id", "a"), ("device_id", "d")],
+            serde_json::json!({"trace": "t1"}),
+            7,
+        )
+        .unwrap();
+        assert_eq!(
+            e["client"],
+            serde_json::json!({"app": "a", "device": "d"}),
+            "{e}"
+        );
+        assert_eq!(e["sizes"]["out"], 7);
+        assert!(e["meta"]["at"].is_i64(), "{e}");
+        // `client` holds fields counters read: the caller's map may not set it.
+        let e = event_of(
+            &model,
+            "traffic",
+            &[("app_id", "a"), ("device_id", "d")],
+            serde_json::json!({"client": {}}),
+            7,
+        );
+        assert!(e.is_err_and(|e| e.contains("`client`")));
+        // A field read from the record's key or an array cannot be written by a deferred hit.
+        for source in ["$key", "$header.dev", "list[0]"] {
+            let model = model_with(&format!("device_id = \"{source}\""));
+            let e = event_of(
+                &model,
+                "traffic",
+                &[("app_id", "a"), ("device_id", "d")],
+                serde_json::json!({}),
+                7,
+            );
+            assert!(
+                e.as_ref()
+                    .is_err_and(|e| e.contains("reads `device_id` from")),
+                "{source}: {e:?}"
+            );
+        }
     }
 }

@@ -12,6 +12,10 @@ pub struct AggregateMetrics {
     pub events_counted: IntCounterVec,
     /// Events dropped because their window (plus retention) had already expired, by counter.
     pub late_events: IntCounterVec,
+    /// Events a counter did not take, by counter and reason: `filtered` (its filter said no),
+    /// `expression_error` (its filter or a derived field failed), `missing_field` and
+    /// `invalid_field` (a field only filtered counters read).
+    pub events_skipped: IntCounterVec,
     /// Event contributions skipped because Redis already holds them (replay after a restart).
     pub replayed_events_skipped: IntCounter,
     /// Keys waiting in memory for a flush.
@@ -32,6 +36,12 @@ impl AggregateMetrics {
                 "tally_late_events_total",
                 "Events not counted because their window and retention had already expired.",
                 &["counter"],
+            ),
+            events_skipped: counter_vec(
+                registry,
+                "tally_events_skipped_total",
+                "Events a counter did not take: its filter said no, an expression failed, or a field it needs is missing or invalid.",
+                &["counter", "reason"],
             ),
             replayed_events_skipped: counter(
                 registry,

@@ -69,8 +69,12 @@ impl Aggregator {
         part.max_event_ms = part.max_event_ms.max(event.ts_ms);
         let mut trail = Trail::default();
         let mut overflow_at = None;
+        let skips = event.skips.all();
         for (ci, counter) in self.counters.iter_mut().enumerate() {
             trail.created.push(false);
+            if skips >> ci & 1 == 1 {
+                continue;
+            }
             let Some(target) = target(
                 counter,
                 event,

@@ -20,7 +20,11 @@ impl Aggregator {
             .partitions
             .get_mut(&partition)
             .expect("undo follows add");
+        let skips = event.skips.all();
         for ci in (0..created.len()).rev() {
+            if skips >> ci & 1 == 1 {
+                continue;
+            }
             let counter = &mut self.counters[ci];
             if !counter.is_count() {
                 // Taken back from the undo log; only the statistics are settled here.

@@ -3,7 +3,7 @@
 
 use crate::ops::log_limit::LogLimiter;
 use crate::ops::metrics::Metrics;
-use crate::stream::decode::DecodeError;
+use crate::stream::decode::{DecodeError, Skips};
 
 use super::DeadLetters;
 
@@ -17,6 +17,9 @@ pub(super) struct DecodeTally {
     log: LogLimiter,
     /// Where undecodable messages are copied, if configured.
     dead_letters: Option<DeadLetters>,
+    /// Events a counter did not take (its filter, a field it needs), by counter and
+    /// [`Skips::REASONS`]; grown on the first skip.
+    skipped: Vec<[u64; Skips::REASONS.len()]>,
 }
 
 impl DecodeTally {
@@ -26,6 +29,45 @@ impl DecodeTally {
             decode_errors: [0; DecodeError::ALL.len()],
             log: LogLimiter::new(),
             dead_letters: None,
+            skipped: Vec::new(),
+        }
+    }
+
+    /// Counters that did not take a counted event, by reason.
+    #[inline]
+    pub(super) fn skipped(&mut self, skips: &Skips) {
+        if skips.all() == 0 {
+            return;
+        }
+        for (reason, mask) in skips.masks().into_iter().enumerate() {
+            let mut m = mask;
+            while m != 0 {
+                let ci = m.trailing_zeros() as usize;
+                m &= m - 1;
+                if self.skipped.len() <= ci {
+                    self.skipped.resize(ci + 1, [0; Skips::REASONS.len()]);
+                }
+                self.skipped[ci][reason] += 1;
+            }
+        }
+    }
+
+    /// Add the per-counter skips to the metrics (`names` by counter index).
+    pub(super) fn publish_skips<'n>(
+        &mut self,
+        metrics: &Metrics,
+        names: impl Fn(usize) -> &'n str,
+    ) {
+        for (ci, reasons) in self.skipped.iter_mut().enumerate() {
+            for (r, n) in reasons.iter_mut().enumerate() {
+                if *n > 0 {
+                    metrics
+                        .aggregate
+                        .events_skipped
+                        .with_label_values(&[names(ci), Skips::REASONS[r]])
+                        .inc_by(std::mem::take(n));
+                }
+            }
         }
     }
 

@@ -14,7 +14,7 @@ use tokio::sync::mpsc;
 use crate::config::FlushConfig;
 use crate::ops::metrics::{LaneGauges, Metrics, ResetReason};
 use crate::stream::aggregate::{Added, Aggregator};
-use crate::stream::decode::{DecodeError, Decoder};
+use crate::stream::decode::{DecodeError, Decoder, Record};
 use crate::stream::sink::{ApplyReply, SinkRequest};
 
 mod assign;
@@ -105,21 +105,28 @@ impl Worker {
 
     pub(super) fn handle(
         &mut self,
-        partition: i32,
+        record: &Record<'_>,
         offset: i64,
-        key: Option<&[u8]>,
         payload: Option<&[u8]>,
         kafka_ts: Option<i64>,
         now_ms: i64,
     ) {
+        let partition = record.partition;
         self.tally.consumed();
         self.flusher.reading();
         if !self.agg.owns(partition) {
             return;
         }
-        let error = match self.decoder.decode_at(payload, kafka_ts, now_ms) {
+        let error = match self
+            .decoder
+            .decode_record(record, payload, kafka_ts, now_ms)
+        {
             Ok(event) => match self.agg.add(partition, offset, &event, now_ms) {
-                Added::Counted | Added::Ignored => None,
+                Added::Counted => {
+                    self.tally.skipped(&event.skips);
+                    None
+                }
+                Added::Ignored => None,
                 // `add` already moved past the message; it is bad input like any other.
                 Added::Overflow => Some(DecodeError::Overflow),
             },
@@ -130,7 +137,8 @@ impl Worker {
             }
         };
         if let Some(e) = error {
-            self.tally.bad_message(partition, offset, key, payload, e);
+            self.tally
+                .bad_message(partition, offset, record.key, payload, e);
         }
         self.flusher.processed();
     }
@@ -183,6 +191,9 @@ impl Worker {
     fn publish(&mut self) {
         self.last_publish = Instant::now();
         self.tally.publish(&self.metrics);
+        let counters = self.agg.counters();
+        self.tally
+            .publish_skips(&self.metrics, |ci| counters[ci].name.as_str());
         let stats = self.agg.take_stats();
         for (i, counter) in self.agg.counters().iter().enumerate() {
             if stats.counted[i] > 0 {

@@ -6,13 +6,12 @@
 //! in wanted fields, invalid JSON) goes to serde_json, which gives the reference answer.
 
 use std::borrow::Cow;
-use std::fmt;
 
-use serde::de::{self, DeserializeSeed, IgnoredAny, MapAccess, Visitor};
+use rdkafka::message::{BorrowedHeaders, Headers};
+use serde::de::DeserializeSeed;
 use smallvec::SmallVec;
 
-use crate::config::{DecodeConfig, TimeFormat};
-use crate::model::{CounterSpec, Kind};
+use crate::config::{DecodeConfig, FieldSource, TimeFormat};
 
 /// Why a message was skipped. Each maps to one `reason` label value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -105,6 +104,8 @@ pub enum FieldRole {
     Value,
     /// The event time.
     Time,
+    /// Read only by filters or derived fields: any value (or none) is taken as it is.
+    Filter,
 }
 
 /// One decoded event: field values in the decoder's field order, and the event time.
@@ -116,12 +117,35 @@ pub struct Event<'a> {
     pub nums: SmallVec<[i64; 4]>,
     /// Event time, Unix epoch milliseconds.
     pub ts_ms: i64,
+    /// The counters (a bit each, in model order) that do not take this event, by reason.
+    pub skips: Skips,
+}
+
+/// What Kafka says of a record besides its payload and time: the sources `$key`,
+/// `$header.<name>`, `$topic` and `$partition` read from it.
+#[derive(Default, Clone, Copy)]
+pub struct Record<'a> {
+    /// The record key.
+    pub key: Option<&'a [u8]>,
+    /// The record headers.
+    pub headers: Option<&'a BorrowedHeaders>,
+    /// The topic it was read from.
+    pub topic: &'a str,
+    /// The partition it was read from.
+    pub partition: i32,
 }
 
 /// Turns payloads into events. Built once from the config; cheap to call per message.
 pub struct Decoder {
+    /// Field names, by slot (the index in `Event::dims` / `Event::nums`).
     names: Vec<Box<str>>,
     roles: Vec<FieldRole>,
+    /// The payload fields, as one tree of paths.
+    root: paths::Node,
+    /// The fields read from the record's metadata: (slot, source).
+    meta: Vec<(usize, FieldSource)>,
+    /// Derived fields and counter filters (none: every field is required).
+    rules: rules::Rules,
     time_field: Option<usize>,
     time_format: TimeFormat,
     max_message_bytes: usize,
@@ -140,9 +164,30 @@ impl Decoder {
             roles.push(FieldRole::Time);
             names.len() - 1
         });
+        let mut root = paths::Node::default();
+        let mut meta = Vec::new();
+        for (slot, name) in names.iter().enumerate() {
+            if config.derive.contains_key(&**name) {
+                continue;
+            }
+            // In an expression, a dotted name not listed in [decode.fields] reads that path.
+            let source = match roles[slot] {
+                FieldRole::Filter if !config.fields.contains_key(&**name) => {
+                    FieldSource::parse(name).unwrap_or_else(|_| FieldSource::top_level(name))
+                }
+                _ => config.source(name),
+            };
+            match source {
+                FieldSource::Payload(path) => root.insert(&path, slot),
+                source => meta.push((slot, source)),
+            }
+        }
         Decoder {
             names,
             roles,
+            root,
+            meta,
+            rules: rules::Rules::default(),
             time_field,
             time_format: config.time_format,
             max_message_bytes: config.max_message_bytes,
@@ -151,32 +196,14 @@ impl Decoder {
         }
     }
 
-    /// The decoder for `counters`: every field they group by, rank or sum, once each, in
-    /// counter order (dimensions, then the member, then the value field).
-    pub fn for_counters(config: &DecodeConfig, counters: &[CounterSpec]) -> Decoder {
-        let mut fields: Vec<(String, FieldRole)> = Vec::new();
-        let mut add = |name: &str, role: FieldRole| {
-            if !fields.iter().any(|(n, _)| n == name) {
-                fields.push((name.to_string(), role));
-            }
-        };
-        for c in counters {
-            for d in &c.dimensions {
-                add(d, FieldRole::Dimension);
-            }
-            if let Kind::Distinct { member, .. } | Kind::Leaderboard { member } = &c.kind {
-                add(member, FieldRole::Dimension);
-            }
-            if let Some(v) = &c.value_field {
-                add(v, FieldRole::Value);
-            }
-        }
-        Decoder::new(config, &fields)
-    }
-
     /// Index of a field by name, as used in `Event::dims` / `Event::nums`.
     pub fn field_index(&self, name: &str) -> Option<usize> {
         self.names.iter().position(|n| &**n == name)
+    }
+
+    /// Whether a field is read from inside the payload's top-level field `key`.
+    pub fn reads_top_level(&self, key: &str) -> bool {
+        self.root.by_key(key).is_some()
     }
 
     /// Decode one payload and refuse an event time more than `decode.max_future` after `now_ms`.
@@ -186,7 +213,18 @@ impl Decoder {
         kafka_ts_ms: Option<i64>,
         now_ms: i64,
     ) -> Result<Event<'a>, DecodeError> {
-        let event = self.decode(payload, kafka_ts_ms)?;
+        self.decode_record(&Record::default(), payload, kafka_ts_ms, now_ms)
+    }
+
+    /// [`Decoder::decode_at`] of a record whose key, headers, topic and partition are known.
+    pub fn decode_record<'a>(
+        &self,
+        record: &Record<'a>,
+        payload: Option<&'a [u8]>,
+        kafka_ts_ms: Option<i64>,
+        now_ms: i64,
+    ) -> Result<Event<'a>, DecodeError> {
+        let event = self.decode_with(record, payload, kafka_ts_ms, true)?;
         if event.ts_ms > now_ms.saturating_add(self.max_future_ms) {
             return Err(DecodeError::FutureTime);
         }
@@ -199,7 +237,7 @@ impl Decoder {
         payload: Option<&'a [u8]>,
         kafka_ts_ms: Option<i64>,
     ) -> Result<Event<'a>, DecodeError> {
-        self.decode_with(payload, kafka_ts_ms, true)
+        self.decode_with(&Record::default(), payload, kafka_ts_ms, true)
     }
 
     /// [`Decoder::decode`] with the full parser only (no fast scan): the reference the fast
@@ -210,11 +248,12 @@ impl Decoder {
         payload: Option<&'a [u8]>,
         kafka_ts_ms: Option<i64>,
     ) -> Result<Event<'a>, DecodeError> {
-        self.decode_with(payload, kafka_ts_ms, false)
+        self.decode_with(&Record::default(), payload, kafka_ts_ms, false)
     }
 
     fn decode_with<'a>(
         &self,
+        record: &Record<'a>,
         payload: Option<&'a [u8]>,
         kafka_ts_ms: Option<i64>,
         fast: bool,
@@ -229,62 +268,61 @@ impl Decoder {
         let text = std::str::from_utf8(payload).map_err(|_| DecodeError::NotUtf8)?;
         let mut raw: SmallVec<[Option<FieldValue<'a>>; 4]> = SmallVec::new();
         raw.resize(self.names.len(), None);
-        if !fast || scan::scan(text, &self.names, &mut raw).is_none() {
+        if !fast || scan::scan(text, &self.root, &mut raw).is_none() {
             // Escapes, floats, long integers, deep nesting or invalid JSON: the full parser.
             raw.fill(None);
             let mut de = serde_json::Deserializer::from_str(text);
-            ObjectSeed {
-                names: &self.names,
+            full::ObjectSeed {
+                node: &self.root,
                 out: &mut raw,
             }
             .deserialize(&mut de)
             .map_err(|_| DecodeError::NotJson)?;
             de.end().map_err(|_| DecodeError::NotJson)?;
         }
+        for (slot, source) in &self.meta {
+            raw[*slot] = self.metadata(record, source, self.roles[*slot])?;
+        }
 
+        // Derived fields, then the filters (on the values as read).
+        let failed = match self.rules.derived.is_empty() {
+            true => 0,
+            false => self.rules.derive(&mut raw),
+        };
+        let mut skips = match self.rules.counters.is_empty() {
+            true => Skips::default(),
+            false => self.rules.filter(&raw),
+        };
+        let (mut absent, mut wrong) = (0u64, 0u64);
         let mut dims = SmallVec::new();
         let mut nums = SmallVec::new();
         for (i, value) in raw.into_iter().enumerate() {
-            let value = match value {
-                None | Some(FieldValue::Other) if self.roles[i] != FieldRole::Time => {
-                    return Err(match value {
-                        Some(_) => DecodeError::WrongType,
-                        None => DecodeError::MissingField,
-                    })
+            let optional = self.rules.optional & rules::bit(i) != 0;
+            let converted = match value {
+                _ if self.roles[i] == FieldRole::Filter => Ok((Cow::Borrowed(""), 0)),
+                None => Err(DecodeError::MissingField),
+                Some(FieldValue::Other) if self.roles[i] != FieldRole::Time => {
+                    Err(DecodeError::WrongType)
                 }
-                None => return Err(DecodeError::MissingField),
-                Some(v) => v,
+                Some(v) => self.convert(i, v),
             };
-            match self.roles[i] {
-                FieldRole::Dimension => {
-                    let s = match value {
-                        FieldValue::Str(s) => s,
-                        FieldValue::Int(n) => Cow::Owned(n.to_string()),
-                        FieldValue::Bool(b) => Cow::Borrowed(if b { "true" } else { "false" }),
-                        _ => return Err(DecodeError::WrongType),
-                    };
-                    if s.len() > self.max_value_bytes {
-                        return Err(DecodeError::TooLarge);
-                    }
-                    dims.push(s);
-                    nums.push(0);
+            let (dim, num) = match converted {
+                Ok(pair) => pair,
+                Err(e) if !optional => return Err(e),
+                Err(DecodeError::MissingField) => {
+                    absent |= rules::bit(i);
+                    (Cow::Borrowed(""), 0)
                 }
-                FieldRole::Value => {
-                    let FieldValue::Int(n) = value else {
-                        return Err(DecodeError::WrongType);
-                    };
-                    dims.push(Cow::Borrowed(""));
-                    nums.push(n);
+                Err(_) => {
+                    wrong |= rules::bit(i);
+                    (Cow::Borrowed(""), 0)
                 }
-                FieldRole::Time => {
-                    let ts = self.parse_time(&value)?;
-                    if Some(i) == self.time_field {
-                        // Stored separately below; keep indexes aligned.
-                        dims.push(Cow::Borrowed(""));
-                        nums.push(ts);
-                    }
-                }
-            }
+            };
+            dims.push(dim);
+            nums.push(num);
+        }
+        if !self.rules.counters.is_empty() {
+            self.rules.needs(&mut skips, absent, wrong, failed);
         }
         let ts_ms = match self.time_field {
             Some(i) => nums[i],
@@ -292,7 +330,73 @@ impl Decoder {
                 .filter(|t| (crate::window::MIN_TS_MS..=crate::window::MAX_TS_MS).contains(t))
                 .ok_or(DecodeError::BadTimestamp)?,
         };
-        Ok(Event { dims, nums, ts_ms })
+        Ok(Event {
+            dims,
+            nums,
+            ts_ms,
+            skips,
+        })
+    }
+
+    /// One field's value as a dimension (text) or a number (a value, the time).
+    fn convert<'a>(
+        &self,
+        i: usize,
+        value: FieldValue<'a>,
+    ) -> Result<(Cow<'a, str>, i64), DecodeError> {
+        match self.roles[i] {
+            FieldRole::Dimension => {
+                let s = match value {
+                    FieldValue::Str(s) => s,
+                    FieldValue::Int(n) => Cow::Owned(n.to_string()),
+                    FieldValue::Bool(b) => Cow::Borrowed(if b { "true" } else { "false" }),
+                    _ => return Err(DecodeError::WrongType),
+                };
+                if s.len() > self.max_value_bytes {
+                    return Err(DecodeError::TooLarge);
+                }
+                Ok((s, 0))
+            }
+            FieldRole::Value => match value {
+                FieldValue::Int(n) => Ok((Cow::Borrowed(""), n)),
+                _ => Err(DecodeError::WrongType),
+            },
+            FieldRole::Time => Ok((Cow::Borrowed(""), self.parse_time(&value)?)),
+            FieldRole::Filter => Ok((Cow::Borrowed(""), 0)),
+        }
+    }
+
+    /// A field read from the record's metadata. Text is taken as a number where the field is
+    /// one (a value, or an epoch time).
+    fn metadata<'a>(
+        &self,
+        record: &Record<'a>,
+        source: &FieldSource,
+        role: FieldRole,
+    ) -> Result<Option<FieldValue<'a>>, DecodeError> {
+        let bytes = match source {
+            FieldSource::Topic => return Ok(Some(FieldValue::Str(Cow::Borrowed(record.topic)))),
+            FieldSource::Partition => return Ok(Some(FieldValue::Int(record.partition.into()))),
+            FieldSource::Key => record.key,
+            FieldSource::Header(name) => record.headers.and_then(|h| {
+                (0..h.count())
+                    .rev()
+                    .filter_map(|i| h.try_get(i))
+                    .find(|h| h.key == &**name)
+                    .and_then(|h| h.value)
+            }),
+            FieldSource::Payload(_) => None,
+        };
+        let Some(bytes) = bytes else {
+            return Ok(None);
+        };
+        let text = std::str::from_utf8(bytes).map_err(|_| DecodeError::NotUtf8)?;
+        let numeric = role == FieldRole::Value
+            || role == FieldRole::Time && self.time_format != TimeFormat::Rfc3339;
+        Ok(Some(match text.parse::<i64>() {
+            Ok(n) if numeric => FieldValue::Int(n),
+            _ => FieldValue::Str(Cow::Borrowed(text)),
+        }))
     }
 
     fn parse_time(&self, value: &FieldValue<'_>) -> Result<i64, DecodeError> {
@@ -318,107 +422,17 @@ impl Decoder {
     }
 }
 
-/// Walks one JSON object, keeping only the wanted fields.
-struct ObjectSeed<'d, 'a> {
-    names: &'d [Box<str>],
-    out: &'d mut SmallVec<[Option<FieldValue<'a>>; 4]>,
-}
+mod build;
+mod full;
+mod paths;
+mod rules;
 
-impl<'de, 'd> DeserializeSeed<'de> for ObjectSeed<'d, 'de> {
-    type Value = ();
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-        d.deserialize_map(self)
-    }
-}
-
-impl<'de, 'd> Visitor<'de> for ObjectSeed<'d, 'de> {
-    type Value = ();
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        while let Some(slot) = map.next_key_seed(KeySeed { names: self.names })? {
-            match slot {
-                Some(i) => self.out[i] = Some(map.next_value::<FieldValue<'de>>()?),
-                None => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Matches an object key against the wanted names without allocating.
-struct KeySeed<'d> {
-    names: &'d [Box<str>],
-}
-
-impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
-    type Value = Option<usize>;
-    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<Option<usize>, D::Error> {
-        d.deserialize_str(self)
-    }
-}
-
-impl<'de> Visitor<'de> for KeySeed<'_> {
-    type Value = Option<usize>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a field name")
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Option<usize>, E> {
-        Ok(self.names.iter().position(|n| &**n == v))
-    }
-}
-
-impl<'de> de::Deserialize<'de> for FieldValue<'de> {
-    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(FieldValueVisitor)
-    }
-}
-
-struct FieldValueVisitor;
-
-impl<'de> Visitor<'de> for FieldValueVisitor {
-    type Value = FieldValue<'de>;
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(FieldValue::Str(Cow::Borrowed(v)))
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(FieldValue::Str(Cow::Owned(v.to_owned())))
-    }
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-        Ok(FieldValue::Str(Cow::Owned(v)))
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-        Ok(FieldValue::Int(v))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-        Ok(i64::try_from(v).map_or(FieldValue::Float(v as f64), FieldValue::Int))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
-        Ok(FieldValue::Float(v))
-    }
-    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
-        Ok(FieldValue::Bool(v))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(FieldValue::Other)
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(FieldValue::Other)
-    }
-    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(FieldValue::Other)
-    }
-}
-
+pub use rules::Skips;
 mod scan;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_fields;
+#[cfg(test)]
+mod tests_rules;

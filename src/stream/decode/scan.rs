@@ -1,5 +1,5 @@
 //! The decoder's fast path: one borrowed pass over a JSON object that keeps only the wanted
-//! top-level fields and validates (without building anything) the rest.
+//! fields (at any depth: [`Node`]) and validates (without building anything) the rest.
 //!
 //! It accepts a strict subset of what the full parser (serde_json) accepts and gives the same
 //! values on it; on anything else it answers `None` and the caller runs the full parser, so
@@ -8,6 +8,7 @@
 
 use std::borrow::Cow;
 
+use super::paths::{Entry, Node};
 use super::FieldValue;
 
 /// Nesting deeper than this goes to the full parser (serde_json's own limit is 128).
@@ -16,12 +17,13 @@ const MAX_DEPTH: u32 = 64;
 /// Integers with more digits than this may not fit `i64`: the full parser decides.
 const MAX_INT_DIGITS: usize = 18;
 
-/// Scans `text` (one JSON object) and stores each wanted field's value in `out[index of its
-/// name]`; a later duplicate key overwrites an earlier one, as with the full parser.
+/// Scans `text` (one JSON object) and stores each wanted field's value in `out[its slot]`,
+/// walking into objects and arrays the tree wants; a later duplicate key overwrites an earlier
+/// one, as with the full parser.
 /// `None`: not in the fast path's subset (or not valid JSON); `out` is then partly filled.
 pub(super) fn scan<'a>(
     text: &'a str,
-    names: &[Box<str>],
+    root: &Node,
     out: &mut [Option<FieldValue<'a>>],
 ) -> Option<()> {
     let mut s = Scanner {
@@ -30,26 +32,10 @@ pub(super) fn scan<'a>(
         pos: 0,
     };
     s.skip_ws();
-    s.expect(b'{')?;
-    s.skip_ws();
-    if !s.eat(b'}') {
-        loop {
-            let key = s.string()?;
-            s.skip_ws();
-            s.expect(b':')?;
-            s.skip_ws();
-            match names.iter().position(|n| n.as_bytes() == key.as_bytes()) {
-                Some(slot) => out[slot] = Some(s.field_value()?),
-                None => s.skip_value(0)?,
-            }
-            s.skip_ws();
-            match s.next()? {
-                b',' => s.skip_ws(),
-                b'}' => break,
-                _ => return None,
-            }
-        }
+    if s.peek()? != b'{' {
+        return None;
     }
+    s.object(root, out, 0)?;
     s.skip_ws();
     (s.pos == s.bytes.len()).then_some(())
 }
@@ -79,6 +65,84 @@ impl<'a> Scanner<'a> {
 
     fn expect(&mut self, want: u8) -> Option<()> {
         self.eat(want).then_some(())
+    }
+
+    /// The object at `{` (nested `depth` deep), its wanted keys stored.
+    fn object(
+        &mut self,
+        node: &Node,
+        out: &mut [Option<FieldValue<'a>>],
+        depth: u32,
+    ) -> Option<()> {
+        if depth >= MAX_DEPTH {
+            return None;
+        }
+        self.pos += 1;
+        self.skip_ws();
+        if self.eat(b'}') {
+            return Some(());
+        }
+        loop {
+            let key = self.string()?;
+            self.skip_ws();
+            self.expect(b':')?;
+            self.skip_ws();
+            match node.by_key(key) {
+                Some(entry) => self.wanted(entry, out, depth + 1)?,
+                None => self.skip_value(depth + 1)?,
+            }
+            self.skip_ws();
+            match self.next()? {
+                b',' => self.skip_ws(),
+                b'}' => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+
+    /// The array at `[`, its wanted indexes stored.
+    fn array(&mut self, node: &Node, out: &mut [Option<FieldValue<'a>>], depth: u32) -> Option<()> {
+        if depth >= MAX_DEPTH {
+            return None;
+        }
+        self.pos += 1;
+        self.skip_ws();
+        if self.eat(b']') {
+            return Some(());
+        }
+        let mut index = 0;
+        loop {
+            match node.by_index(index) {
+                Some(entry) => self.wanted(entry, out, depth + 1)?,
+                None => self.skip_value(depth + 1)?,
+            }
+            index += 1;
+            self.skip_ws();
+            match self.next()? {
+                b',' => self.skip_ws(),
+                b']' => return Some(()),
+                _ => return None,
+            }
+        }
+    }
+
+    /// A wanted value: stored in its slots; walked into when fields lie inside it.
+    fn wanted(
+        &mut self,
+        entry: &Entry,
+        out: &mut [Option<FieldValue<'a>>],
+        depth: u32,
+    ) -> Option<()> {
+        let value = match (&entry.inner, self.peek()?) {
+            (Some(inner), b'{') => self.object(inner, out, depth).map(|()| FieldValue::Other)?,
+            (Some(inner), b'[') => self.array(inner, out, depth).map(|()| FieldValue::Other)?,
+            _ if entry.slots.is_empty() => return self.skip_value(depth),
+            _ => self.field_value(depth)?,
+        };
+        for &slot in &entry.slots {
+            out[slot] = Some(value.clone());
+        }
+        Some(())
     }
 
     /// JSON whitespace: exactly space, tab, newline, carriage return.
@@ -117,7 +181,7 @@ impl<'a> Scanner<'a> {
 
     /// A wanted field's value. Integers are taken when plainly within `i64` (no fraction,
     /// exponent, `-0` or leading zero); other numbers go to the full parser.
-    fn field_value(&mut self) -> Option<FieldValue<'a>> {
+    fn field_value(&mut self, depth: u32) -> Option<FieldValue<'a>> {
         match self.peek()? {
             b'"' => self.string().map(|s| FieldValue::Str(Cow::Borrowed(s))),
             b'-' | b'0'..=b'9' => {
@@ -139,7 +203,7 @@ impl<'a> Scanner<'a> {
             b't' => self.literal(b"true").map(|()| FieldValue::Bool(true)),
             b'f' => self.literal(b"false").map(|()| FieldValue::Bool(false)),
             b'n' => self.literal(b"null").map(|()| FieldValue::Other),
-            b'{' | b'[' => self.skip_value(0).map(|()| FieldValue::Other),
+            b'{' | b'[' => self.skip_value(depth).map(|()| FieldValue::Other),
             _ => None,
         }
     }

@@ -9,6 +9,8 @@ fn decoder(time_field: Option<&str>, format: TimeFormat) -> Decoder {
         max_value_bytes: 16,
         dead_letter_topic: None,
         max_future: std::time::Duration::from_secs(3600),
+        fields: Default::default(),
+        derive: Default::default(),
     };
     Decoder::new(
         &config,
@@ -177,8 +179,9 @@ fn every_reason_has_its_index_and_a_distinct_label() {
 }
 
 /// Decoders with every time source, for comparing the fast scan with the full parser.
-fn reference_decoders() -> Vec<(Decoder, Option<i64>)> {
+pub(super) fn reference_decoders() -> Vec<(Decoder, Option<i64>)> {
     let mut out = vec![(decoder(None, TimeFormat::EpochMs), Some(1))];
+    out.push((nested_decoder(), Some(1)));
     for format in [TimeFormat::EpochMs, TimeFormat::EpochS, TimeFormat::Rfc3339] {
         out.push((decoder(Some("ts"), format), None));
     }
@@ -187,7 +190,7 @@ fn reference_decoders() -> Vec<(Decoder, Option<i64>)> {
 
 /// `decode` (fast scan, falling back) and `decode_reference` (full parser only) give the same
 /// answer for `payload` with every decoder.
-fn assert_same_answer(payload: &[u8]) {
+pub(super) fn assert_same_answer(payload: &[u8]) {
     for (d, kafka_ts) in reference_decoders() {
         let fast = d.decode(Some(payload), kafka_ts);
         let full = d.decode_reference(Some(payload), kafka_ts);
@@ -208,7 +211,7 @@ fn assert_same_answer(payload: &[u8]) {
 fn scanned(payload: &str) -> bool {
     let d = decoder(Some("ts"), TimeFormat::EpochMs);
     let mut raw = vec![None; d.names.len()];
-    scan::scan(payload, &d.names, &mut raw).is_some()
+    scan::scan(payload, &d.root, &mut raw).is_some()
 }
 
 const EDGE_CASES: &[&str] = &[
@@ -414,4 +417,36 @@ fn strings_of_every_length_with_a_special_byte_anywhere() {
         )
         .unwrap();
     assert_eq!(e.dims[0], "abcdefghijklm");
+}
+
+pub(super) fn config(fields: &[(&str, &str)], time_field: Option<&str>) -> DecodeConfig {
+    DecodeConfig {
+        time_field: time_field.map(String::from),
+        fields: fields
+            .iter()
+            .map(|(n, s)| (n.to_string(), s.to_string()))
+            .collect(),
+        max_value_bytes: 16,
+        ..DecodeConfig::default()
+    }
+}
+
+pub(super) fn roles(names: &[(&str, FieldRole)]) -> Vec<(String, FieldRole)> {
+    names.iter().map(|(n, r)| (n.to_string(), *r)).collect()
+}
+
+/// Reads `app_id` and `ip` from inside `n`, `bytes` and `ts` from the top level: one of the
+/// decoders every fast-scan comparison runs.
+pub(super) fn nested_decoder() -> Decoder {
+    Decoder::new(
+        &config(
+            &[("app_id", "n.a[2]"), ("ip", "/n/a/0"), ("deep", "n.b.c.d")],
+            Some("ts"),
+        ),
+        &roles(&[
+            ("app_id", FieldRole::Dimension),
+            ("ip", FieldRole::Dimension),
+            ("bytes", FieldRole::Value),
+        ]),
+    )
 }

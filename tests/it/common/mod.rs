@@ -142,12 +142,37 @@ impl Harness {
 
     /// Produce one message to `partition` with an optional Kafka timestamp.
     pub fn produce(&mut self, partition: i32, payload: &[u8], ts: Option<i64>) {
-        let mut rec = BaseRecord::<(), [u8]>::to(&self.topic)
+        let topic = self.topic.clone();
+        let mut rec = BaseRecord::<[u8], [u8]>::to(&topic)
             .partition(partition)
             .payload(payload);
         if let Some(ts) = ts {
             rec = rec.timestamp(ts);
         }
+        self.send(rec);
+    }
+
+    /// Produce one message with a key and headers.
+    pub fn produce_record(
+        &mut self,
+        partition: i32,
+        key: Option<&[u8]>,
+        headers: rdkafka::message::OwnedHeaders,
+        payload: &[u8],
+    ) {
+        let topic = self.topic.clone();
+        let mut rec = BaseRecord::<[u8], [u8]>::to(&topic)
+            .partition(partition)
+            .payload(payload)
+            .headers(headers);
+        if let Some(key) = key {
+            rec = rec.key(key);
+        }
+        self.send(rec);
+    }
+
+    fn send(&mut self, mut rec: BaseRecord<'_, [u8], [u8]>) {
+        let partition = rec.partition.expect("a partition is chosen");
         loop {
             match self.producer.send(rec) {
                 Ok(()) => break,

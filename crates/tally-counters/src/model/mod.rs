@@ -43,6 +43,8 @@ pub struct CounterSpec {
     pub kind: Kind,
     /// Where its closed windows are published, if anywhere.
     pub output: Option<crate::config::OutputConfig>,
+    /// The CEL condition an event meets to count here (compiled by the service).
+    pub filter: Option<String>,
 }
 
 /// What a counter keeps per (dimensions, window), compiled.
@@ -119,6 +121,7 @@ impl CounterSpec {
             value_field: config.value_field.clone(),
             kind,
             output: config.output.clone(),
+            filter: config.filter.clone(),
         })
     }
 
