@@ -2,7 +2,7 @@
 //! key the window published is produced again with a null value, after its final record, once;
 //! a window not published gets none, and no correction follows a tombstone (a late change the
 //! publisher had not looked at before the expiry stays out: the tombstone deletes the key
-//! anyway). One-second windows kept 8 s, so that a window expires within the test. Without the
+//! anyway). One-second windows kept 12 s, so that a window expires within the test. Without the
 //! setting (what main did) no tombstone ever comes. tally in-process on librdkafka's mock
 //! cluster and a real `redis-server`.
 
@@ -17,7 +17,7 @@ use crate::window_late::{read_all, Rec};
 const OUT: &str = "wt-out";
 const APPS: usize = 6;
 /// Seconds a window's keys are kept after its end.
-const RETENTION: u64 = 8;
+const RETENTION: u64 = 12;
 
 /// Per key, in the topic's order, what its records are: "final", "correction" or "tombstone".
 fn kinds(records: &[Rec]) -> BTreeMap<&str, Vec<&'static str>> {
