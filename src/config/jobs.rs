@@ -162,10 +162,12 @@ impl JobsConfig {
                 "must be at least jobs.publish.interval (a pass is when it looks)",
             ));
         }
-        if p.topic_partitions == Some(0) {
+        if p.topic_partitions
+            .is_some_and(|n| !(1..=i32::MAX as u32).contains(&n))
+        {
             return Err(invalid(
                 "jobs.publish.topic_partitions",
-                "must be at least 1 (unset: the broker's default)",
+                "must be between 1 and 2147483647 (unset: the broker's default)",
             ));
         }
         if p.topic_replication == Some(0) {
@@ -209,6 +211,11 @@ mod tests {
             ..ok.clone()
         };
         assert_eq!(refused(none), "jobs.publish.topic_partitions");
+        let many = PublishConfig {
+            topic_partitions: Some(u32::MAX),
+            ..ok.clone()
+        };
+        assert_eq!(refused(many), "jobs.publish.topic_partitions");
         let none = PublishConfig {
             topic_replication: Some(0),
             ..ok

@@ -48,7 +48,10 @@ pub async fn create_missing(
     }
     let publish = &model.config.jobs.publish;
     // -1: the broker's default (KIP-464, Kafka 2.4).
-    let partitions = publish.topic_partitions.map_or(-1, |p| p as i32);
+    // Validated to fit.
+    let partitions = publish
+        .topic_partitions
+        .map_or(-1, |p| i32::try_from(p).unwrap_or(i32::MAX));
     let replication = publish.topic_replication.map_or(-1, i32::from);
     let new: Vec<NewTopic> = missing
         .iter()
