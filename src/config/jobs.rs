@@ -1,5 +1,6 @@
 //! Jobs that run on one replica at a time (leadership through a lock): the TTL auditor.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -37,6 +38,17 @@ pub struct PublishConfig {
     /// when none closes; a closing window is always followed by a look.
     #[serde(with = "humantime_serde")]
     pub corrections_every: Duration,
+    /// Create the output topics (and late topics) that do not exist, with the settings below,
+    /// through Kafka's admin API, before the first window is published. Off: a missing topic
+    /// is the broker's business (auto-creation, or the sends time out and the pass is retried).
+    pub create_topics: bool,
+    /// Partitions of a created topic; unset: the broker's `num.partitions` (Kafka 2.4+).
+    pub topic_partitions: Option<u32>,
+    /// Replication factor of a created topic; unset: the broker's `default.replication.factor`
+    /// (Kafka 2.4+).
+    pub topic_replication: Option<u16>,
+    /// Topic configuration of a created topic, e.g. `"cleanup.policy" = "compact"`.
+    pub topic_config: BTreeMap<String, String>,
 }
 
 impl Default for PublishConfig {
@@ -46,6 +58,10 @@ impl Default for PublishConfig {
             lease: Duration::from_secs(10),
             send_timeout: Duration::from_secs(30),
             corrections_every: Duration::from_secs(60),
+            create_topics: false,
+            topic_partitions: None,
+            topic_replication: None,
+            topic_config: BTreeMap::new(),
         }
     }
 }
@@ -146,6 +162,64 @@ impl JobsConfig {
                 "must be at least jobs.publish.interval (a pass is when it looks)",
             ));
         }
+        if p.topic_partitions
+            .is_some_and(|n| !(1..=i32::MAX as u32).contains(&n))
+        {
+            return Err(invalid(
+                "jobs.publish.topic_partitions",
+                "must be between 1 and 2147483647 (unset: the broker's default)",
+            ));
+        }
+        if p.topic_replication == Some(0) {
+            return Err(invalid(
+                "jobs.publish.topic_replication",
+                "must be at least 1 (unset: the broker's default)",
+            ));
+        }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn created_topics_need_a_partition_and_a_replica() {
+        let refused = |p: PublishConfig| match (JobsConfig {
+            publish: p,
+            ..JobsConfig::default()
+        })
+        .validate()
+        {
+            Err(ConfigError::Invalid { key, .. }) => key,
+            other => panic!("expected a refusal, got {other:?}"),
+        };
+        let ok = PublishConfig {
+            create_topics: true,
+            topic_partitions: Some(1),
+            topic_replication: Some(1),
+            ..PublishConfig::default()
+        };
+        let jobs = JobsConfig {
+            publish: ok.clone(),
+            ..JobsConfig::default()
+        };
+        assert!(jobs.validate().is_ok());
+        let none = PublishConfig {
+            topic_partitions: Some(0),
+            ..ok.clone()
+        };
+        assert_eq!(refused(none), "jobs.publish.topic_partitions");
+        let many = PublishConfig {
+            topic_partitions: Some(u32::MAX),
+            ..ok.clone()
+        };
+        assert_eq!(refused(many), "jobs.publish.topic_partitions");
+        let none = PublishConfig {
+            topic_replication: Some(0),
+            ..ok
+        };
+        assert_eq!(refused(none), "jobs.publish.topic_replication");
     }
 }

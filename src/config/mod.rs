@@ -46,7 +46,7 @@ pub use request::{BatchConfig, OnceConfig, PoolConfig, QuotaConfig, RequestConfi
 pub use rls::RlsConfig;
 pub use status::StatusConfig;
 pub use tally_counters::config::{
-    CounterConfig, CounterKind, DistinctMode, OutputConfig, OutputWhen, RedisConfig,
+    CounterConfig, CounterKind, DistinctMode, OutputConfig, OutputLate, OutputWhen, RedisConfig,
     RedisConfigError, RedisMode, Storage,
 };
 pub use tls::TlsFiles;

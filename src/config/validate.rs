@@ -180,11 +180,22 @@ fn validate_output(
     at: &dyn Fn(&str) -> String,
 ) -> Result<(), ConfigError> {
     let legal = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
-    ensure(
-        !o.topic.is_empty() && o.topic.len() <= 249 && o.topic.bytes().all(legal),
-        at("output.topic"),
-        "a Kafka topic name: 1 to 249 of letters, digits, '.', '_', '-'",
-    )?;
+    let topic = |t: &str| !t.is_empty() && t.len() <= 249 && t.bytes().all(legal);
+    let named = "a Kafka topic name: 1 to 249 of letters, digits, '.', '_', '-'";
+    ensure(topic(&o.topic), at("output.topic"), named)?;
+    if let Some(late) = &o.late_topic {
+        ensure(
+            o.late == tally_counters::config::OutputLate::Drop,
+            at("output.late_topic"),
+            "only dropped changes go to a late topic: set late = \"drop\" (with \"correct\" they are corrections in the output topic)",
+        )?;
+        ensure(topic(late), at("output.late_topic"), named)?;
+        ensure(
+            *late != o.topic,
+            at("output.late_topic"),
+            "must differ from output.topic, whose records stay final",
+        )?;
+    }
     if let Some(top) = o.top {
         ensure(
             c.kind == tally_counters::config::CounterKind::Leaderboard,

@@ -256,6 +256,9 @@ fn an_output_needs_a_topic_a_lateness_within_retention_and_top_for_leaderboards_
             allowed_lateness: Duration::from_secs(lateness),
             idle_timeout: Duration::from_secs(60),
             top: None,
+            late: Default::default(),
+            late_topic: None,
+            tombstones: false,
         });
         c
     };
@@ -289,6 +292,39 @@ fn an_output_needs_a_topic_a_lateness_within_retention_and_top_for_leaderboards_
     let mut count = with("t", 0, 60);
     count.output.as_mut().unwrap().top = Some(5);
     assert_eq!(refusal(vec![count]).0, "counters[0].output.top");
+}
+
+#[test]
+fn a_late_topic_is_for_dropped_changes_and_is_another_topic() {
+    use tally_counters::config::{OutputConfig, OutputLate};
+    let with = |late: OutputLate, topic: &str| {
+        let mut c = counter("views", "v:{app_id}:{yyyyMMddHH}", 3600);
+        c.retention = Duration::from_secs(7200);
+        c.output = Some(OutputConfig {
+            topic: "views-hourly".into(),
+            when: Default::default(),
+            allowed_lateness: Duration::ZERO,
+            idle_timeout: Duration::from_secs(60),
+            top: None,
+            late,
+            late_topic: Some(topic.into()),
+            tombstones: false,
+        });
+        c
+    };
+    let ok = Config {
+        counters: vec![with(OutputLate::Drop, "views-late")],
+        ..Config::default()
+    };
+    assert!(ok.validate().is_ok());
+    for (late, topic) in [
+        (OutputLate::Correct, "views-late"),
+        (OutputLate::Drop, "views late"),
+        (OutputLate::Drop, "views-hourly"),
+    ] {
+        let (key, _) = refusal(vec![with(late, topic)]);
+        assert_eq!(key, "counters[0].output.late_topic", "{late:?} {topic}");
+    }
 }
 
 #[test]

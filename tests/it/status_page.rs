@@ -36,6 +36,9 @@ fn start(h: &Harness, group: &str, port: u16) -> Running {
         allowed_lateness: Duration::from_secs(60),
         idle_timeout: Duration::from_secs(3600),
         top: None,
+        late: Default::default(),
+        late_topic: None,
+        tombstones: false,
     });
     let mut config = h.config(group, counters);
     config.http.listen = format!("127.0.0.1:{port}");

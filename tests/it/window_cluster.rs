@@ -28,6 +28,9 @@ fn with_output(mut c: CounterConfig) -> CounterConfig {
         allowed_lateness: Duration::ZERO,
         idle_timeout: Duration::from_secs(2),
         top: None,
+        late: Default::default(),
+        late_topic: None,
+        tombstones: false,
     });
     c
 }

@@ -83,6 +83,9 @@ async fn a_retry_after_a_failed_publish_produces_the_first_attempts_values_then_
         allowed_lateness: Duration::ZERO,
         idle_timeout: Duration::from_secs(2),
         top: None,
+        late: Default::default(),
+        late_topic: None,
+        tombstones: false,
     });
     let mut config = h.config("wr", vec![hits]);
     config.jobs.publish.interval = Duration::from_millis(100);

@@ -33,6 +33,9 @@ pub fn role_outputs(
             allowed_lateness: std::time::Duration::ZERO,
             idle_timeout: std::time::Duration::from_secs(60),
             top: None,
+            late: Default::default(),
+            late_topic: None,
+            tombstones: false,
         });
     }
     let msgs = Messages::generate(keys, 1.1, 7, messages, partitions);

@@ -7,6 +7,9 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod output;
+pub use output::{OutputConfig, OutputLate, OutputWhen};
+
 /// Redis connection settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -118,46 +121,6 @@ pub struct CounterConfig {
     /// an event: it is skipped here only (counted by reason), not refused as bad input.
     #[serde(default)]
     pub filter: Option<String>,
-}
-
-/// Where and when a counter's window results go (see the README's "Window results downstream").
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OutputConfig {
-    /// Kafka topic (on `kafka.brokers`) the window results are produced to; keyed by the
-    /// counter's key, so a compacted topic keeps the last value of each (dimensions, window).
-    pub topic: String,
-    /// `final`: each key of a window once, when the window closes (and a correction for a late
-    /// change); `updates`: also the changed keys of open windows, every publisher pass.
-    #[serde(default)]
-    pub when: OutputWhen,
-    /// How long after its end a window waits for late events: it closes when the watermark
-    /// (the highest event time seen, minus this) passes its end. Less than `retention`.
-    #[serde(with = "humantime_serde", default)]
-    pub allowed_lateness: Duration,
-    /// A partition that is caught up and got no message for this long no longer holds the
-    /// watermark back (an idle partition would otherwise keep every window open).
-    #[serde(with = "humantime_serde", default = "default_idle_timeout")]
-    pub idle_timeout: Duration,
-    /// Leaderboards: how many of the best members a record lists (1 to 1000; unset: 10, as a
-    /// query answers). Only for leaderboard counters.
-    #[serde(default)]
-    pub top: Option<usize>,
-}
-
-/// When window results are published.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum OutputWhen {
-    /// Once per key when the window closes (Kafka Streams' suppress, ksqlDB's EMIT FINAL).
-    #[default]
-    Final,
-    /// Closed windows as `final`, plus the changed keys of open windows on every pass.
-    Updates,
-}
-
-fn default_idle_timeout() -> Duration {
-    Duration::from_secs(60)
 }
 
 /// What a counter keeps.

@@ -16,10 +16,13 @@ pub struct PublishMetrics {
     pub counter_watermark_seconds: GaugeVec,
     /// Windows published when they closed, by counter.
     pub windows: IntCounterVec,
-    /// Records produced and acknowledged, by counter and kind (final, correction, update).
+    /// Records produced and acknowledged, by counter and kind (final, correction, update, late,
+    /// tombstone).
     pub records: IntCounterVec,
     /// Keys whose value changed after their window was published, by counter.
     pub corrections: IntCounterVec,
+    /// Late changes of published windows not corrected (`late = "drop"`), by counter.
+    pub late_dropped: IntCounterVec,
     /// Final attempts that produced a window's stored snapshot again, by counter.
     pub republished: IntCounterVec,
     /// How far publishing is behind the windows that closed (seconds of event time), by counter.
@@ -56,13 +59,19 @@ impl PublishMetrics {
             records: counter_vec(
                 registry,
                 "tally_publish_records_total",
-                "Window result records Kafka acknowledged, by counter and kind (final, correction, update).",
+                "Records Kafka acknowledged, by counter and kind (final, correction, update; late: to the late topic; tombstone).",
                 &["counter", "kind"],
             ),
             corrections: counter_vec(
                 registry,
                 "tally_publish_corrections_total",
                 "Keys whose value changed after their window was published (late events), by counter.",
+                &["counter"],
+            ),
+            late_dropped: counter_vec(
+                registry,
+                "tally_publish_late_dropped_total",
+                "Keys whose value changed after their window was published final and that no correction was produced for (late = \"drop\"; counted in Redis all the same), by counter.",
                 &["counter"],
             ),
             republished: counter_vec(
@@ -82,9 +91,10 @@ impl PublishMetrics {
             m.counter_watermark_seconds.with_label_values(&[c]);
             m.windows.with_label_values(&[c]);
             m.corrections.with_label_values(&[c]);
+            m.late_dropped.with_label_values(&[c]);
             m.republished.with_label_values(&[c]);
             m.behind_seconds.with_label_values(&[c]);
-            for kind in ["final", "correction", "update"] {
+            for kind in ["final", "correction", "update", "late", "tombstone"] {
                 m.records.with_label_values(&[c, kind]);
             }
         }

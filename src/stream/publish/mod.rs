@@ -7,9 +7,11 @@
 //!   `allowed_lateness`, has reached its end.
 //! * [`cells`]: a counter's keys, found with SCAN and decoded into (window, dimensions).
 //! * [`record`]: the record of one key (its Kafka key and JSON value).
-//!
 //! * [`snapshot`]: the write-ahead snapshot of a closing window, the answers its final records
 //!   carry.
+//! * [`late`]: `late = "drop"`, the late changes of published windows counted, not corrected.
+//! * [`tombstones`]: null records for the keys of windows whose keys expired.
+//! * [`kafka`]: the producer, metadata and admin clients; [`topics`]: missing topics created.
 //!
 //! One replica at a time publishes (the jobs' leadership, [`crate::jobs`]). Per counter it keeps
 //! its progress in Redis (the end of the last window published), and per window the answers it
@@ -20,23 +22,24 @@
 //! publisher killed mid-publish, or a send whose outcome is unknown, leaves the window
 //! unpublished and the next attempt produces the same records again, even if a late event
 //! changed a key in between. A key whose answer differs from the one published (a late event
-//! within retention) is produced again with `"correction": true`.
+//! within retention) is produced again with `"correction": true`, or with `late = "drop"`
+//! counted and left out ([`late`]).
 
 pub mod cells;
+pub mod kafka;
+pub mod late;
 pub mod record;
 pub mod snapshot;
+pub mod tombstones;
+pub mod topics;
 pub mod watermark;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::future::join_all;
 use parking_lot::Mutex;
-use rdkafka::consumer::BaseConsumer;
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
-use tally_counters::config::OutputWhen;
+use tally_counters::config::{OutputLate, OutputWhen};
 use tally_counters::conn::Conn;
 use tally_counters::model::CounterSpec;
 use tally_counters::request::Client;
@@ -45,6 +48,7 @@ use tally_counters::window::Window;
 use crate::config::Model;
 use crate::ops::metrics::Metrics;
 use cells::Cell;
+use kafka::{Kafka, Out};
 use record::Emit;
 use watermark::Mark;
 
@@ -52,9 +56,7 @@ use watermark::Mark;
 pub struct Publisher {
     model: Arc<Model>,
     client: Client,
-    producer: FutureProducer,
-    /// Kafka metadata and end offsets (no group, nothing consumed).
-    consumer: BaseConsumer,
+    kafka: Kafka,
     metrics: Metrics,
     /// Per counter index: when its published windows were last read for corrections.
     last_scan: Mutex<BTreeMap<usize, Instant>>,
@@ -74,46 +76,11 @@ pub struct Snapshot {
 impl Publisher {
     /// The publisher of `model`'s counters with an output.
     pub fn new(model: Arc<Model>, client: &Client, metrics: &Metrics) -> anyhow::Result<Self> {
-        let kafka = &model.config.kafka;
-        let mut c = ClientConfig::new();
-        for (k, v) in &kafka.properties {
-            // Consumer settings mean nothing to a producer or a metadata client.
-            if !k.starts_with("session.")
-                && !k.starts_with("heartbeat.")
-                && !k.starts_with("fetch.")
-            {
-                c.set(k, v);
-            }
-        }
-        c.set("bootstrap.servers", &kafka.brokers);
-        let consumer: BaseConsumer = c
-            .clone()
-            .set("group.id", format!("{}-publish", kafka.group_id))
-            .set("enable.auto.commit", "false")
-            .create()?;
-        let timeout = model
-            .config
-            .jobs
-            .publish
-            .send_timeout
-            .as_millis()
-            .to_string();
-        // The Java producer's partitioner (murmur2 of the key), unless the user chose one: a
-        // join with topics written by Java clients meets the same key on the same partition
-        // (librdkafka's default, crc32, does not).
-        if !kafka.properties.contains_key("partitioner") {
-            c.set("partitioner", "murmur2_random");
-        }
-        let producer: FutureProducer = c
-            .set("acks", "all")
-            .set("enable.idempotence", "true")
-            .set("message.timeout.ms", timeout)
-            .create()?;
+        let kafka = Kafka::new(&model)?;
         Ok(Publisher {
             model,
             client: client.clone(),
-            producer,
-            consumer,
+            kafka,
             metrics: metrics.clone(),
             last_scan: Mutex::new(BTreeMap::new()),
             state: Arc::default(),
@@ -123,8 +90,9 @@ impl Publisher {
     /// One pass: read the watermarks, then for every counter with an output publish the windows
     /// that closed and the corrections found.
     pub async fn pass(&self) -> anyhow::Result<()> {
+        self.kafka.ensure_topics(&self.model).await?;
         let mut conn = self.client.conn().await?;
-        let marks = watermark::read(&self.model, &mut conn, &self.consumer).await?;
+        let marks = watermark::read(&self.model, &mut conn, &self.kafka.consumer).await?;
         let now = redis_now_ms(&mut conn).await?;
         let quiet = self
             .model
@@ -141,13 +109,23 @@ impl Publisher {
             let wm = raw.map(|t| t.saturating_sub(lateness));
             self.state.lock().counters.insert(spec.name.clone(), wm);
             self.metrics.status.counter_watermark(&spec.name, wm);
+            if output.tombstones {
+                let hash_of = |start| self.model.scope.published_values(&spec.name, start);
+                let tombstoner = tombstones::Tombstoner {
+                    kafka: &self.kafka,
+                    metrics: &self.metrics,
+                    hash_of: &hash_of,
+                };
+                let progress_key = self.model.scope.publish_progress(&spec.name);
+                tombstoner.pass(&mut conn, spec, &progress_key, now).await?;
+            }
             let Some(wm) = wm else { continue };
             self.metrics
                 .publish
                 .counter_watermark_seconds
                 .with_label_values(&[&spec.name])
                 .set(wm as f64 / 1000.0);
-            self.counter_pass(&mut conn, i, spec, wm).await?;
+            self.counter_pass(&mut conn, i, spec, wm, now).await?;
         }
         Ok(())
     }
@@ -196,13 +174,14 @@ impl Publisher {
     }
 
     /// One counter: publish its windows that closed (up to `wm`), look for corrections, and
-    /// in `updates` mode publish the changes of its open windows.
+    /// in `updates` mode publish the changes of its open windows (`now`: Redis' clock).
     async fn counter_pass(
         &self,
         conn: &mut Conn,
         index: usize,
         spec: &CounterSpec,
         wm: i64,
+        now: i64,
     ) -> anyhow::Result<()> {
         let output = spec
             .output
@@ -239,8 +218,12 @@ impl Publisher {
                         .await?;
                 }
             } else if progress.is_some_and(|p| window.end_ms <= p) {
-                self.emit_changes(conn, spec, window, cells, wm, Emit::Correction)
-                    .await?;
+                // Expired (nothing more is counted into it): its tombstones may be out, and
+                // no correction may follow them.
+                if output.tombstones && spec.expire_at(window.end_ms) <= now {
+                    continue;
+                }
+                self.late_changes(conn, spec, window, cells, wm).await?;
             } else {
                 let attempt = self.emit_final(conn, spec, window, &cells, wm, &progress_key);
                 // None: another publisher finished it meanwhile.
@@ -256,11 +239,15 @@ impl Publisher {
                 if taken.again {
                     // A re-publish: a late event since the first attempt (even one during this
                     // attempt's sends) makes a key differ from the snapshot; read the keys again
-                    // now that Kafka acknowledged, and correct those.
-                    let now = cells::read(conn, spec, window, keys).await?;
-                    let late = snapshot::changed_since(&taken.cells, now);
-                    self.emit(conn, spec, window, &late, wm, Emit::Correction)
-                        .await?;
+                    // now that Kafka acknowledged, and correct (or drop) those.
+                    let current = cells::read(conn, spec, window, keys).await?;
+                    if output.late == OutputLate::Drop {
+                        self.late_changes(conn, spec, window, current, wm).await?;
+                    } else {
+                        let late = snapshot::changed_since(&taken.cells, current);
+                        self.emit(conn, spec, window, &late, wm, Emit::Correction)
+                            .await?;
+                    }
                 }
             }
         }
@@ -268,6 +255,34 @@ impl Publisher {
             advance(conn, &progress_key, closed_end).await?;
         }
         Ok(())
+    }
+
+    /// The cells of a published window, read again: those whose answer changed are corrected,
+    /// or with `late = "drop"` dropped ([`late`]).
+    async fn late_changes(
+        &self,
+        conn: &mut Conn,
+        spec: &CounterSpec,
+        window: &Window,
+        cells: Vec<Cell>,
+        wm: i64,
+    ) -> anyhow::Result<()> {
+        let output = spec
+            .output
+            .as_ref()
+            .expect("called for counters with an output");
+        if output.late == OutputLate::Correct {
+            return self
+                .emit_changes(conn, spec, window, cells, wm, Emit::Correction)
+                .await;
+        }
+        let hash = self.values_hash(spec, window);
+        let dropper = late::Dropper {
+            kafka: &self.kafka,
+            metrics: &self.metrics,
+            hash: &hash,
+        };
+        dropper.drop_changes(conn, spec, window, cells).await
     }
 
     /// Produce the cells of `cells` whose value differs from what was published for the window
@@ -323,6 +338,9 @@ impl Publisher {
         let progress: Option<i64> = conn.query(redis::cmd("GET").arg(progress_key)).await?;
         if progress.is_some_and(|p| p >= window.end_ms) {
             return Ok(None);
+        }
+        if spec.output.as_ref().is_some_and(|o| o.tombstones) {
+            tombstones::note(conn, spec, window, progress_key).await?;
         }
         if taken.again {
             self.metrics
@@ -415,26 +433,19 @@ impl Publisher {
             .output
             .as_ref()
             .expect("called for counters with an output");
-        let timeout = self.model.config.jobs.publish.send_timeout;
         let payloads: Vec<String> = cells
             .iter()
             .map(|c| record::value(spec, window, c, closed_by, how))
             .collect();
-        let sends = cells.iter().zip(&payloads).map(|(c, payload)| {
-            // The record's time is its window's end, as Kafka Streams and Flink stamp a
-            // window's result: a consumer joining on time sees when the window closed.
-            let rec = FutureRecord::to(&output.topic)
-                .key(&c.key)
-                .payload(payload)
-                .timestamp(window.end_ms);
-            self.producer.send(rec, timeout)
+        // The record's time is its window's end, as Kafka Streams and Flink stamp a window's
+        // result: a consumer joining on time sees when the window closed.
+        let records = cells.iter().zip(&payloads).map(|(c, payload)| Out {
+            key: &c.key,
+            payload: Some(payload),
+            headers: None,
+            timestamp: window.end_ms,
         });
-        for result in join_all(sends).await {
-            if let Err((e, _)) = result {
-                anyhow::bail!("kafka refused a window result: {e}");
-            }
-        }
-        Ok(())
+        self.kafka.send(&output.topic, records.collect()).await
     }
 
     fn count_records(&self, spec: &CounterSpec, how: Emit, n: usize) {

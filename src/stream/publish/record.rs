@@ -16,6 +16,10 @@ pub enum Emit {
     Correction,
     /// `when = "updates"`: the changed value of an open window.
     Update,
+    /// `late = "drop"`: a late change, to the late topic (its value is the would-be correction).
+    Late,
+    /// The window's keys expired: the key with a null value.
+    Tombstone,
 }
 
 impl Emit {
@@ -25,6 +29,8 @@ impl Emit {
             Emit::Final => "final",
             Emit::Correction => "correction",
             Emit::Update => "update",
+            Emit::Late => "late",
+            Emit::Tombstone => "tombstone",
         }
     }
 }
@@ -87,7 +93,7 @@ pub fn value(
         }),
         watermark,
         is_final: how != Emit::Update,
-        correction: how == Emit::Correction,
+        correction: matches!(how, Emit::Correction | Emit::Late),
     };
     serde_json::to_string(&v).expect("plain data serializes")
 }

@@ -25,12 +25,20 @@ const STATE: [&str; 3] = ["@snap", "@watermark", "@open"];
 /// Cells per HSET of the snapshot (two arguments each: Lua's `unpack` takes at most ~8,000).
 const CHUNK: usize = 2_000;
 
+/// How long the published-values hash outlives the window's keys when the counter produces
+/// tombstones: the time a publisher has to produce them from it (a publisher away longer than
+/// this, past the window's expiry, finds nothing to produce them from).
+pub const TOMBSTONE_GRACE_MS: i64 = 3_600_000;
+
 /// When the published-values hash of `window` expires: with the last of its keys (window end +
-/// retention + the counter's expiry spread). Every write sets it again, so that a write after
-/// it passed does not leave a hash without expiry.
+/// retention + the counter's expiry spread; plus [`TOMBSTONE_GRACE_MS`] with tombstones). Every
+/// write sets it again, so that a write after it passed does not leave a hash without expiry.
 pub fn expire_at(spec: &CounterSpec, window: &Window) -> i64 {
+    let tombstones = spec.output.as_ref().is_some_and(|o| o.tombstones);
+    let grace = if tombstones { TOMBSTONE_GRACE_MS } else { 0 };
     spec.expire_at(window.end_ms)
         .saturating_add(spec.expiry_spread_ms)
+        .saturating_add(grace)
 }
 
 /// A window's snapshot, as [`take`] found it.
@@ -62,7 +70,8 @@ pub async fn take(
 }
 
 /// Record `cells`' answers as published in `hash` (a correction, or with `open` an update of
-/// an open window, that Kafka acknowledged). An update never changes a snapshot (a former
+/// an open window, that Kafka acknowledged; or in a window's dropped-changes hash, what
+/// [`super::late`] dropped). An update never changes a snapshot (a former
 /// leader's pass finishing after the window closed).
 pub async fn record(
     conn: &mut Conn,
@@ -129,6 +138,18 @@ async fn write(conn: &mut Conn, hash: &str, expire: i64, cells: &[Cell]) -> anyh
 /// The snapshot in `hash` (HSCAN, so that a large window does not block Redis), its
 /// [`STATE`] fields left out.
 async fn read(conn: &mut Conn, spec: &CounterSpec, hash: &str) -> anyhow::Result<Vec<Cell>> {
+    let fields = answers(conn, hash).await?;
+    Ok(fields
+        .into_iter()
+        .filter_map(|(key, text)| {
+            let (dims, _) = spec.template.decode(key.as_bytes())?;
+            Cell::from_answer(key, dims, &text)
+        })
+        .collect())
+}
+
+/// Every record key of `hash` and the answer it records (HSCAN), [`STATE`] left out.
+pub async fn answers(conn: &mut Conn, hash: &str) -> anyhow::Result<BTreeMap<String, String>> {
     let mut fields = BTreeMap::new();
     let mut cursor: u64 = 0;
     loop {
@@ -145,13 +166,7 @@ async fn read(conn: &mut Conn, spec: &CounterSpec, hash: &str) -> anyhow::Result
             break;
         }
     }
-    Ok(fields
-        .into_iter()
-        .filter_map(|(key, text)| {
-            let (dims, _) = spec.template.decode(key.as_bytes())?;
-            Cell::from_answer(key, dims, &text)
-        })
-        .collect())
+    Ok(fields)
 }
 
 /// The cells of `now` whose answer differs from the one `snapshot` recorded, or that it lacks:
