@@ -83,6 +83,14 @@ if ! command -v kubernetes-validate >/dev/null; then
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages kubernetes-validate==1.35.0
 fi
 
+# fastavro writes the Avro events of tests/it/avro.rs: an independent writer (the one
+# confluent-kafka's AvroSerializer uses), so tally reads the bytes other clients write.
+if ! python3 -c "import fastavro" 2>/dev/null; then
+  echo "setup: installing fastavro (pip)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check fastavro==1.13.1 \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages fastavro==1.13.1
+fi
+
 # mdBook builds the docs site (tests/it/docs_site.rs builds it and follows every link); cargo-deny
 # checks the dependencies' licenses, sources and duplicates (scripts/test.sh). From crates.io,
 # about 2 and 3 minutes on 2 cores, once.

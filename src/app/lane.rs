@@ -98,7 +98,8 @@ impl Lane {
     pub(super) async fn start(shared: &Shared<'_>, index: usize) -> anyhow::Result<Lane> {
         let model = shared.model;
         let config = &model.config;
-        let (decoder, counters) = crate::stream::aggregate::stages(model);
+        let (mut decoder, counters) = crate::stream::aggregate::stages(model);
+        decoder.wait_for_schemas(shared.shutdown.clone());
         let scope = model.scope.clone();
         let agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call)
             .with_layout(scope.layout.clone())

@@ -10,10 +10,52 @@ use super::fields::FieldSource;
 use super::validate::{ensure, invalid};
 use super::ConfigError;
 
+/// How payloads are encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// A JSON object.
+    #[default]
+    Json,
+    /// Avro binary: framed with a schema registry id (Confluent wire format: byte 0, a 4-byte
+    /// big-endian schema id, the datum) when `schema_registry` is set, or bare datums of
+    /// `schema_file`.
+    Avro,
+}
+
+/// `[decode.schema_registry]`: where Avro writer schemas are fetched by id.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegistryConfig {
+    /// Base URL (`http://` or `https://`), e.g. `http://registry:8081`.
+    pub url: String,
+    /// Basic authentication user.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Basic authentication password (prefer the environment:
+    /// `TALLY_DECODE__SCHEMA_REGISTRY__PASSWORD`).
+    #[serde(default)]
+    pub password: Option<String>,
+    /// Time allowed for one request; a registry that does not answer is asked again (the
+    /// partition waits: nothing is skipped).
+    #[serde(with = "humantime_serde", default = "default_registry_timeout")]
+    pub timeout: Duration,
+}
+
+fn default_registry_timeout() -> Duration {
+    Duration::from_secs(5)
+}
+
 /// Decoding of message payloads.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DecodeConfig {
+    /// `json` or `avro`.
+    pub format: Format,
+    /// Avro: the schema registry the framed events' schema ids are looked up in.
+    pub schema_registry: Option<RegistryConfig>,
+    /// Avro without a registry: the `.avsc` file every (unframed) datum is written with.
+    pub schema_file: Option<std::path::PathBuf>,
     /// Field holding the event time; absent → the Kafka message timestamp is used.
     pub time_field: Option<String>,
     /// How `time_field` is written.
@@ -52,6 +94,9 @@ pub enum TimeFormat {
 impl Default for DecodeConfig {
     fn default() -> Self {
         DecodeConfig {
+            format: Format::Json,
+            schema_registry: None,
+            schema_file: None,
             time_field: None,
             time_format: TimeFormat::EpochMs,
             max_message_bytes: 1 << 20,
@@ -83,6 +128,7 @@ impl DecodeConfig {
             ensure(!name.is_empty(), key(), "a field name is not empty")?;
             FieldSource::parse(source).map_err(|e| invalid(key(), e))?;
         }
+        self.validate_format()?;
         for (name, text) in &self.derive {
             let key = || format!("decode.derive.{name}");
             ensure(
@@ -99,6 +145,38 @@ impl DecodeConfig {
             }
         }
         Ok(())
+    }
+
+    /// Avro names exactly one schema source, readable now; JSON names none.
+    fn validate_format(&self) -> Result<(), ConfigError> {
+        match (self.format, &self.schema_registry, &self.schema_file) {
+            (Format::Json, None, None) => Ok(()),
+            (Format::Json, ..) => Err(invalid(
+                "decode.format",
+                "schema_registry and schema_file are for format = \"avro\"",
+            )),
+            (Format::Avro, Some(_), Some(_)) | (Format::Avro, None, None) => Err(invalid(
+                "decode.format",
+                "avro needs one schema source: [decode.schema_registry] (framed events) or decode.schema_file (bare datums)",
+            )),
+            (Format::Avro, Some(r), None) => {
+                let ok = r.url.starts_with("http://") || r.url.starts_with("https://");
+                ensure(ok, "decode.schema_registry.url", "an http:// or https:// URL")?;
+                ensure(
+                    !r.timeout.is_zero(),
+                    "decode.schema_registry.timeout",
+                    "must be positive",
+                )
+            }
+            (Format::Avro, None, Some(path)) => {
+                let text = std::fs::read_to_string(path).map_err(|e| {
+                    invalid("decode.schema_file", format!("{}: {e}", path.display()))
+                })?;
+                apache_avro::Schema::parse_str(&text)
+                    .map(drop)
+                    .map_err(|e| invalid("decode.schema_file", format!("{}: {e}", path.display())))
+            }
+        }
     }
 
     /// Where the field `name` is read from (validated: an invalid source reads as the

@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use figment::providers::{Env, Format, Serialized, Toml};
+use figment::providers::{Env, Format as _, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
@@ -33,7 +33,7 @@ mod tls;
 mod validate;
 
 pub use cel::{EvalError, Program, Val};
-pub use decode::{DecodeConfig, TimeFormat};
+pub use decode::{DecodeConfig, Format, RegistryConfig, TimeFormat};
 pub use fields::{FieldSource, Segment};
 pub use flush::FlushConfig;
 pub use http::HttpConfig;

@@ -9,6 +9,7 @@ mod common;
 
 mod admin_token;
 mod aof;
+mod avro;
 mod bounded_flush;
 mod cli_help;
 mod clock_skew;

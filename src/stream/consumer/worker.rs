@@ -130,6 +130,9 @@ impl Worker {
                 // `add` already moved past the message; it is bad input like any other.
                 Added::Overflow => Some(DecodeError::Overflow),
             },
+            // Left unread: the lane is stopping while the schema registry is down. Nothing
+            // moves past this offset; the next start reads it again.
+            Err(DecodeError::Unavailable) => return,
             Err(e) => {
                 let fresh = self.agg.position(partition).is_some_and(|p| offset >= p);
                 self.agg.skip(partition, offset);

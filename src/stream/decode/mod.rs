@@ -11,7 +11,7 @@ use rdkafka::message::{BorrowedHeaders, Headers};
 use serde::de::DeserializeSeed;
 use smallvec::SmallVec;
 
-use crate::config::{DecodeConfig, FieldSource, TimeFormat};
+use crate::config::{DecodeConfig, FieldSource, Format, TimeFormat};
 
 /// Why a message was skipped. Each maps to one `reason` label value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -43,11 +43,21 @@ pub enum DecodeError {
     /// Adding the event's value would overflow a counter's 64-bit sum.
     #[error("value would overflow the counter")]
     Overflow,
+    /// Not an Avro datum of its schema (or not a schema registry frame).
+    #[error("payload is not avro")]
+    NotAvro,
+    /// The schema id is unknown to the registry, or its schema cannot be read.
+    #[error("unknown or unusable schema")]
+    UnknownSchema,
+    /// The schema registry did not answer and the decoder may not wait: the event was not
+    /// read and must be read again (never skipped, never counted as bad input).
+    #[error("schema registry unavailable")]
+    Unavailable,
 }
 
 impl DecodeError {
     /// Every reason, in `index` order.
-    pub const ALL: [DecodeError; 9] = [
+    pub const ALL: [DecodeError; 12] = [
         DecodeError::Empty,
         DecodeError::TooLarge,
         DecodeError::NotUtf8,
@@ -57,6 +67,9 @@ impl DecodeError {
         DecodeError::BadTimestamp,
         DecodeError::FutureTime,
         DecodeError::Overflow,
+        DecodeError::NotAvro,
+        DecodeError::UnknownSchema,
+        DecodeError::Unavailable,
     ];
 
     /// The metric label for this error.
@@ -71,6 +84,9 @@ impl DecodeError {
             DecodeError::BadTimestamp => "bad_timestamp",
             DecodeError::FutureTime => "future_time",
             DecodeError::Overflow => "overflow",
+            DecodeError::NotAvro => "not_avro",
+            DecodeError::UnknownSchema => "unknown_schema",
+            DecodeError::Unavailable => "unavailable",
         }
     }
 
@@ -150,6 +166,8 @@ pub struct Decoder {
     time_format: TimeFormat,
     max_message_bytes: usize,
     max_value_bytes: usize,
+    /// Avro payloads (`decode.format = "avro"`); none: JSON.
+    avro: Option<Box<avro::Avro>>,
     /// `decode.max_future` in ms: later event times are bad input, not keys living for millennia.
     max_future_ms: i64,
 }
@@ -182,6 +200,8 @@ impl Decoder {
                 source => meta.push((slot, source)),
             }
         }
+        let avro =
+            (config.format == Format::Avro).then(|| Box::new(avro::Avro::new(config, &root)));
         Decoder {
             names,
             roles,
@@ -192,6 +212,7 @@ impl Decoder {
             time_format: config.time_format,
             max_message_bytes: config.max_message_bytes,
             max_value_bytes: config.max_value_bytes,
+            avro,
             max_future_ms: i64::try_from(config.max_future.as_millis()).unwrap_or(i64::MAX),
         }
     }
@@ -265,20 +286,11 @@ impl Decoder {
         if payload.len() > self.max_message_bytes {
             return Err(DecodeError::TooLarge);
         }
-        let text = std::str::from_utf8(payload).map_err(|_| DecodeError::NotUtf8)?;
         let mut raw: SmallVec<[Option<FieldValue<'a>>; 4]> = SmallVec::new();
         raw.resize(self.names.len(), None);
-        if !fast || scan::scan(text, &self.root, &mut raw).is_none() {
-            // Escapes, floats, long integers, deep nesting or invalid JSON: the full parser.
-            raw.fill(None);
-            let mut de = serde_json::Deserializer::from_str(text);
-            full::ObjectSeed {
-                node: &self.root,
-                out: &mut raw,
-            }
-            .deserialize(&mut de)
-            .map_err(|_| DecodeError::NotJson)?;
-            de.end().map_err(|_| DecodeError::NotJson)?;
+        match &self.avro {
+            Some(avro) => avro.read(payload, &self.root, &mut raw)?,
+            None => self.json(payload, fast, &mut raw)?,
         }
         for (slot, source) in &self.meta {
             raw[*slot] = self.metadata(record, source, self.roles[*slot])?;
@@ -336,6 +348,37 @@ impl Decoder {
             ts_ms,
             skips,
         })
+    }
+
+    /// A JSON payload's wanted fields into `raw`: the fast scan, else the full parser.
+    fn json<'a>(
+        &self,
+        payload: &'a [u8],
+        fast: bool,
+        raw: &mut [Option<FieldValue<'a>>],
+    ) -> Result<(), DecodeError> {
+        let text = std::str::from_utf8(payload).map_err(|_| DecodeError::NotUtf8)?;
+        if !fast || scan::scan(text, &self.root, raw).is_none() {
+            // Escapes, floats, long integers, deep nesting or invalid JSON: the full parser.
+            raw.fill(None);
+            let mut de = serde_json::Deserializer::from_str(text);
+            full::ObjectSeed {
+                node: &self.root,
+                out: raw,
+            }
+            .deserialize(&mut de)
+            .map_err(|_| DecodeError::NotJson)?;
+            de.end().map_err(|_| DecodeError::NotJson)?;
+        }
+        Ok(())
+    }
+
+    /// Avro only: wait out a schema registry outage until `stop` is cancelled (the lane's
+    /// shutdown) instead of answering [`DecodeError::Unavailable`] at once.
+    pub fn wait_for_schemas(&mut self, stop: tokio_util::sync::CancellationToken) {
+        if let Some(avro) = &mut self.avro {
+            avro.stop_on(stop);
+        }
     }
 
     /// One field's value as a dimension (text) or a number (a value, the time).
@@ -422,6 +465,7 @@ impl Decoder {
     }
 }
 
+mod avro;
 mod build;
 mod full;
 mod paths;

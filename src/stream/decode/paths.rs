@@ -64,4 +64,24 @@ impl Node {
             Segment::Key(_) => false,
         })
     }
+
+    /// One past the highest index wanted (0: none).
+    pub(super) fn max_index(&self) -> usize {
+        self.entries
+            .iter()
+            .filter_map(|e| match e.segment {
+                Segment::Index(i) | Segment::KeyOrIndex(_, i) => Some(i + 1),
+                Segment::Key(_) => None,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The wanted keys (of an object or a map) and their entries.
+    pub(super) fn keys(&self) -> impl Iterator<Item = (&str, &Entry)> {
+        self.entries.iter().filter_map(|e| match &e.segment {
+            Segment::Key(k) | Segment::KeyOrIndex(k, _) => Some((&**k, e)),
+            Segment::Index(_) => None,
+        })
+    }
 }

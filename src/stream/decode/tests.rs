@@ -9,8 +9,7 @@ fn decoder(time_field: Option<&str>, format: TimeFormat) -> Decoder {
         max_value_bytes: 16,
         dead_letter_topic: None,
         max_future: std::time::Duration::from_secs(3600),
-        fields: Default::default(),
-        derive: Default::default(),
+        ..DecodeConfig::default()
     };
     Decoder::new(
         &config,

@@ -7,6 +7,7 @@ pub mod kinds;
 pub mod ledger;
 pub mod lock_process;
 pub mod process;
+pub mod registry;
 pub mod replica;
 pub mod sentinel;
 pub mod stream;

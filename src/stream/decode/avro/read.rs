@@ -1,0 +1,191 @@
+//! Reads one Avro binary datum with a [`Plan`]: wanted values into their slots (strings borrowed
+//! from the message), everything else skipped without building it. Any malformed input (a
+//! length past the end, a bad union branch, invalid UTF-8 in a wanted string, bytes left over)
+//! is `None`.
+
+use std::borrow::Cow;
+
+use super::super::FieldValue;
+use super::plan::{Kind, Plan};
+
+/// Blocks of an array or map may claim at most this many items (a corrupt count is refused
+/// before it loops).
+const MAX_ITEMS: i64 = 1 << 24;
+
+pub(super) struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    pub(super) fn new(bytes: &'a [u8]) -> Reader<'a> {
+        Reader { bytes, pos: 0 }
+    }
+
+    pub(super) fn at_end(&self) -> bool {
+        self.pos == self.bytes.len()
+    }
+
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.pos.checked_add(n)?;
+        let out = self.bytes.get(self.pos..end)?;
+        self.pos = end;
+        Some(out)
+    }
+
+    /// A zigzag varint (int and long alike; at most 10 bytes).
+    fn long(&mut self) -> Option<i64> {
+        let mut value: u64 = 0;
+        for shift in (0..70).step_by(7) {
+            let b = *self.bytes.get(self.pos)?;
+            self.pos += 1;
+            value |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some((value >> 1) as i64 ^ -((value & 1) as i64));
+            }
+        }
+        None
+    }
+
+    fn len(&mut self) -> Option<usize> {
+        usize::try_from(self.long()?).ok()
+    }
+
+    /// One value of `plan`: its slots filled, and what it is.
+    pub(super) fn value(
+        &mut self,
+        plan: &Plan,
+        out: &mut [Option<FieldValue<'a>>],
+    ) -> Option<FieldValue<'a>> {
+        if !plan.wanted {
+            self.skip(plan)?;
+            return Some(FieldValue::Other);
+        }
+        let v = match &plan.kind {
+            Kind::Null => FieldValue::Other,
+            Kind::Bool => FieldValue::Bool(match self.take(1)?[0] {
+                0 => false,
+                1 => true,
+                _ => return None,
+            }),
+            Kind::Long { divide } => FieldValue::Int(self.long()?.div_euclid(*divide)),
+            Kind::Float => {
+                FieldValue::Float(f32::from_le_bytes(self.take(4)?.try_into().ok()?).into())
+            }
+            Kind::Double => FieldValue::Float(f64::from_le_bytes(self.take(8)?.try_into().ok()?)),
+            Kind::Str => {
+                let n = self.len()?;
+                FieldValue::Str(Cow::Borrowed(std::str::from_utf8(self.take(n)?).ok()?))
+            }
+            Kind::Enum(symbols) => {
+                let i = usize::try_from(self.long()?).ok()?;
+                FieldValue::Str(Cow::Owned(symbols.get(i)?.to_string()))
+            }
+            Kind::Record(fields) => {
+                for f in fields {
+                    self.value(f, out)?;
+                }
+                FieldValue::Other
+            }
+            Kind::Array(item, wanted) => {
+                let mut index = 0;
+                self.blocks(|r| {
+                    let plan = wanted
+                        .iter()
+                        .find(|(i, _)| *i == index)
+                        .map_or(&**item, |(_, p)| p);
+                    index += 1;
+                    r.value(plan, out).map(drop)
+                })?;
+                FieldValue::Other
+            }
+            Kind::Map(value, wanted) => {
+                self.blocks(|r| {
+                    let n = r.len()?;
+                    let key = r.take(n)?;
+                    let plan = wanted
+                        .iter()
+                        .find(|(k, _)| k.as_bytes() == key)
+                        .map_or(&**value, |(_, p)| p);
+                    r.value(plan, out).map(drop)
+                })?;
+                FieldValue::Other
+            }
+            Kind::Union(branches) => {
+                let branch = branches.get(usize::try_from(self.long()?).ok()?)?;
+                self.value(branch, out)?
+            }
+            Kind::Bytes | Kind::Fixed(_) => {
+                self.skip(plan)?;
+                FieldValue::Other
+            }
+        };
+        for &slot in &plan.slots {
+            out[slot] = Some(v.clone());
+        }
+        Some(v)
+    }
+
+    /// Past one value of `plan`, building nothing.
+    fn skip(&mut self, plan: &Plan) -> Option<()> {
+        match &plan.kind {
+            Kind::Null => {}
+            Kind::Bool => {
+                self.take(1)?;
+            }
+            Kind::Long { .. } | Kind::Enum(_) => {
+                self.long()?;
+            }
+            Kind::Float => {
+                self.take(4)?;
+            }
+            Kind::Double => {
+                self.take(8)?;
+            }
+            Kind::Bytes | Kind::Str => {
+                let n = self.len()?;
+                self.take(n)?;
+            }
+            Kind::Fixed(n) => {
+                self.take(*n)?;
+            }
+            Kind::Record(fields) => {
+                for f in fields {
+                    self.skip(f)?;
+                }
+            }
+            Kind::Array(item, _) => self.blocks(|r| r.skip(item))?,
+            Kind::Map(value, _) => self.blocks(|r| {
+                let n = r.len()?;
+                r.take(n)?;
+                r.skip(value)
+            })?,
+            Kind::Union(branches) => {
+                let branch = branches.get(usize::try_from(self.long()?).ok()?)?;
+                self.skip(branch)?;
+            }
+        }
+        Some(())
+    }
+
+    /// The items of an array or map: blocks of `count` items (a negative count is followed by
+    /// the block's size in bytes), ended by a zero count.
+    fn blocks(&mut self, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        loop {
+            let mut count = self.long()?;
+            if count == 0 {
+                return Some(());
+            }
+            if count < 0 {
+                count = count.checked_neg()?;
+                self.long()?;
+            }
+            if count > MAX_ITEMS {
+                return None;
+            }
+            for _ in 0..count {
+                item(self)?;
+            }
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! The Avro reader against apache-avro's writer: wanted fields at any depth, unions, enums,
+//! arrays, maps, logical times; malformed datums refused; two writer versions read alike.
+
+use std::borrow::Cow;
+
+use apache_avro::types::Value;
+use apache_avro::{to_avro_datum, Schema};
+
+use super::super::paths::Node;
+use super::super::FieldValue;
+use super::{frame, plan, run};
+use crate::config::{FieldSource, Segment};
+
+const SCHEMA: &str = r#"{
+  "type": "record", "name": "Event", "namespace": "t",
+  "fields": [
+    {"name": "route", "type": "string"},
+    {"name": "skip_me", "type": {"type": "array", "items": {"type": "map", "values": "double"}}},
+    {"name": "request", "type": {"type": "record", "name": "Request", "fields": [
+      {"name": "method", "type": {"type": "enum", "name": "Method", "symbols": ["GET", "POST"]}},
+      {"name": "bytes", "type": "long"}
+    ]}},
+    {"name": "region", "type": ["null", "string"], "default": null},
+    {"name": "items", "type": {"type": "array", "items": "Request"}},
+    {"name": "labels", "type": {"type": "map", "values": "string"}},
+    {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+    {"name": "ok", "type": "boolean"},
+    {"name": "ratio", "type": "float"}
+  ]
+}"#;
+
+/// Slots: 0 route, 1 request.method, 2 request.bytes, 3 region, 4 items[1].bytes,
+/// 5 labels.team, 6 at, 7 ok, 8 ratio.
+fn root() -> Node {
+    let mut root = Node::default();
+    for (slot, path) in [
+        "route",
+        "request.method",
+        "request.bytes",
+        "region",
+        "items[1].bytes",
+        "labels.team",
+        "at",
+        "ok",
+        "ratio",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let FieldSource::Payload(p) = FieldSource::parse(path).unwrap() else {
+            unreachable!()
+        };
+        root.insert(&p, slot);
+    }
+    root
+}
+
+fn request(method: u32, symbol: &str, bytes: i64) -> Value {
+    Value::Record(vec![
+        ("method".into(), Value::Enum(method, symbol.into())),
+        ("bytes".into(), Value::Long(bytes)),
+    ])
+}
+
+fn event(region: Option<&str>) -> Value {
+    Value::Record(vec![
+        ("route".into(), Value::String("/orders".into())),
+        (
+            "skip_me".into(),
+            Value::Array(vec![Value::Map(
+                [("x".to_string(), Value::Double(1.5))].into(),
+            )]),
+        ),
+        ("request".into(), request(1, "POST", 42)),
+        (
+            "region".into(),
+            match region {
+                Some(r) => Value::Union(1, Box::new(Value::String(r.into()))),
+                None => Value::Union(0, Box::new(Value::Null)),
+            },
+        ),
+        (
+            "items".into(),
+            Value::Array(vec![request(0, "GET", 1), request(0, "GET", 7)]),
+        ),
+        (
+            "labels".into(),
+            Value::Map(
+                [
+                    ("team".to_string(), Value::String("pay".into())),
+                    ("z".to_string(), Value::String("q".into())),
+                ]
+                .into(),
+            ),
+        ),
+        ("at".into(), Value::TimestampMicros(1_722_531_600_123_456)),
+        ("ok".into(), Value::Boolean(true)),
+        ("ratio".into(), Value::Float(0.5)),
+    ])
+}
+
+fn read(datum: &[u8]) -> Result<Vec<Option<FieldValue<'_>>>, super::DecodeError> {
+    let schema = Schema::parse_str(SCHEMA).unwrap();
+    let plan = plan::compile(&schema, &root()).unwrap();
+    let mut out = vec![None; 9];
+    run(&plan, datum, &mut out).map(|()| out)
+}
+
+#[test]
+fn wanted_fields_at_any_depth() {
+    let schema = Schema::parse_str(SCHEMA).unwrap();
+    let datum = to_avro_datum(&schema, event(Some("eu"))).unwrap();
+    let out = read(&datum).unwrap();
+    fn s(v: &str) -> Option<FieldValue<'_>> {
+        Some(FieldValue::Str(Cow::Borrowed(v)))
+    }
+    assert_eq!(out[0], s("/orders"));
+    assert!(
+        matches!(out[0], Some(FieldValue::Str(Cow::Borrowed(_)))),
+        "borrowed"
+    );
+    assert_eq!(out[1], Some(FieldValue::Str(Cow::Owned("POST".into()))));
+    assert_eq!(out[2], Some(FieldValue::Int(42)));
+    assert_eq!(out[3], s("eu"));
+    assert_eq!(out[4], Some(FieldValue::Int(7)));
+    assert_eq!(out[5], s("pay"));
+    assert_eq!(
+        out[6],
+        Some(FieldValue::Int(1_722_531_600_123)),
+        "micros to ms"
+    );
+    assert_eq!(out[7], Some(FieldValue::Bool(true)));
+    assert_eq!(out[8], Some(FieldValue::Float(0.5)));
+    let datum = to_avro_datum(&schema, event(None)).unwrap();
+    assert_eq!(
+        read(&datum).unwrap()[3],
+        Some(FieldValue::Other),
+        "null branch"
+    );
+}
+
+#[test]
+fn malformed_datums_are_refused() {
+    let schema = Schema::parse_str(SCHEMA).unwrap();
+    let datum = to_avro_datum(&schema, event(Some("eu"))).unwrap();
+    for end in 0..datum.len() {
+        assert!(read(&datum[..end]).is_err(), "cut at {end}");
+    }
+    let mut longer = datum.clone();
+    longer.push(0);
+    assert!(read(&longer).is_err(), "a byte left over");
+    // Every single-byte change either still reads or is refused: never a panic.
+    for i in 0..datum.len() {
+        for b in [0u8, 1, 0x7f, 0x80, 0xff] {
+            let mut bad = datum.clone();
+            bad[i] = b;
+            let _ = read(&bad);
+        }
+    }
+    // A huge block count is refused before looping.
+    let mut huge = vec![0x0c];
+    huge.extend_from_slice(b"/route");
+    huge.extend_from_slice(&[0xfe, 0xff, 0xff, 0xff, 0x0f]);
+    assert!(read(&huge).is_err());
+}
+
+#[test]
+fn the_registry_frame() {
+    assert_eq!(frame(&[0, 0, 0, 1, 2, 9, 9]), Some((258, &[9u8, 9][..])));
+    assert_eq!(frame(&[1, 0, 0, 0, 1]), None, "magic byte");
+    assert_eq!(frame(&[0, 0, 0, 1]), None, "short");
+    assert_eq!(frame(b"{\"json\":1}"), None);
+}
+
+#[test]
+fn schema_versions_each_read_with_their_own() {
+    // v2 adds a field in front and drops `region`: the same paths still find their values.
+    let v2 = r#"{"type": "record", "name": "Event", "fields": [
+        {"name": "tenant", "type": "string"},
+        {"name": "route", "type": "string"},
+        {"name": "request", "type": {"type": "record", "name": "Request", "fields": [
+            {"name": "bytes", "type": "int"},
+            {"name": "method", "type": "string"}]}}]}"#;
+    let schema = Schema::parse_str(v2).unwrap();
+    let plan = plan::compile(&schema, &root()).unwrap();
+    let value = Value::Record(vec![
+        ("tenant".into(), Value::String("acme".into())),
+        ("route".into(), Value::String("/r".into())),
+        (
+            "request".into(),
+            Value::Record(vec![
+                ("bytes".into(), Value::Int(5)),
+                ("method".into(), Value::String("GET".into())),
+            ]),
+        ),
+    ]);
+    let datum = to_avro_datum(&schema, value).unwrap();
+    let mut out = vec![None; 9];
+    run(&plan, &datum, &mut out).unwrap();
+    assert_eq!(out[0], Some(FieldValue::Str(Cow::Borrowed("/r"))));
+    assert_eq!(out[1], Some(FieldValue::Str(Cow::Borrowed("GET"))));
+    assert_eq!(out[2], Some(FieldValue::Int(5)));
+    assert_eq!(out[3], None, "a field this version lacks is missing");
+}
+
+#[test]
+fn recursive_and_non_record_schemas_are_refused() {
+    let list = r#"{"type": "record", "name": "Node", "fields": [
+        {"name": "v", "type": "long"}, {"name": "next", "type": ["null", "Node"]}]}"#;
+    let schema = Schema::parse_str(list).unwrap();
+    let mut root = Node::default();
+    root.insert(&[Segment::Key("v".into())], 0);
+    assert!(plan::compile(&schema, &root)
+        .unwrap_err()
+        .contains("recursive"));
+    let schema = Schema::parse_str(r#""string""#).unwrap();
+    assert!(plan::compile(&schema, &root).is_err());
+}

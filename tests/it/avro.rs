@@ -1,0 +1,239 @@
+//! Avro topics end to end: events written by fastavro in the Confluent wire format with two
+//! versions of a schema, read through a schema registry (a stand-in serving its REST API on
+//! loopback, see `common/registry.rs`), counted exactly by a plain counter and a filtered one
+//! on a nested field. The registry is down when tally starts: nothing is counted or skipped
+//! until it answers. Unknown ids and corrupt frames are skipped by reason, and dead-lettered.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+use serde_json::json;
+
+use crate::common::registry::Registry;
+use crate::common::{counter, wait_for, Harness};
+
+fn v1() -> serde_json::Value {
+    json!({"type": "record", "name": "Request", "namespace": "shop", "fields": [
+        {"name": "route", "type": "string"},
+        {"name": "status", "type": "int"},
+        {"name": "http", "type": {"type": "record", "name": "Http", "fields": [
+            {"name": "method", "type": {"type": "enum", "name": "Method", "symbols": ["GET", "POST", "PUT"]}}]}},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]})
+}
+
+/// v2: a field added in front, `status` now a long, a nullable region: the same fields found.
+fn v2() -> serde_json::Value {
+    json!({"type": "record", "name": "Request", "namespace": "shop", "fields": [
+        {"name": "tenant", "type": "string"},
+        {"name": "http", "type": {"type": "record", "name": "Http", "fields": [
+            {"name": "method", "type": "string"}, {"name": "path", "type": ["null", "string"], "default": null}]}},
+        {"name": "route", "type": "string"},
+        {"name": "region", "type": ["null", "string"], "default": null},
+        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
+        {"name": "status", "type": "long"}]})
+}
+
+/// Framed payloads from fastavro (`avro/write_events.py`), in input order.
+fn fastavro(items: &[serde_json::Value]) -> Vec<Vec<u8>> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/avro/write_events.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 (scripts/setup.sh installs fastavro)");
+    let mut stdin = child.stdin.take().unwrap();
+    let lines: String = items.iter().map(|i| format!("{i}\n")).collect();
+    let writer = std::thread::spawn(move || stdin.write_all(lines.as_bytes()));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(out.status.success(), "fastavro writer failed");
+    let (mut payloads, mut rest) = (Vec::new(), &out.stdout[..]);
+    while rest.len() >= 4 {
+        let n = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
+        payloads.push(rest[4..4 + n].to_vec());
+        rest = &rest[4 + n..];
+    }
+    assert_eq!(payloads.len(), items.len());
+    payloads
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn avro_events_through_a_schema_registry_count_exactly() {
+    let mut h = Harness::new("avro", 3);
+    h.mock.create_topic("avro-dlq", 1, 1).unwrap();
+    let registry = Registry::start(Some("tally:s3cret pass"));
+    registry.add(1, &v1());
+    registry.add(2, &v2());
+    registry.set_up(false);
+
+    let hour = Duration::from_secs(3600);
+    let day = Duration::from_secs(86_400);
+    let mut errors = counter(
+        "errors",
+        &["route", "method"],
+        "ae:{route}:{method}:{yyyyMMddHH}",
+        hour,
+        "UTC",
+        day,
+    );
+    errors.filter = Some("status >= 500".into());
+    let mut config = h.config(
+        "g-avro",
+        vec![
+            counter(
+                "routes",
+                &["route"],
+                "ar:{route}:{yyyyMMddHH}",
+                hour,
+                "UTC",
+                day,
+            ),
+            errors,
+        ],
+    );
+    // One lane: each schema is then fetched exactly once (every lane keeps its own cache).
+    config.kafka.consumers = tally::config::Consumers::Count(1);
+    config.decode.format = tally::config::Format::Avro;
+    config.decode.schema_registry = Some(tally::config::RegistryConfig {
+        url: registry.url.clone(),
+        username: Some("tally".into()),
+        password: Some("s3cret pass".into()),
+        timeout: Duration::from_secs(2),
+    });
+    config.decode.time_field = Some("at".into());
+    config.decode.dead_letter_topic = Some("avro-dlq".into());
+    config
+        .decode
+        .fields
+        .insert("method".into(), "http.method".into());
+    config.validate().expect("valid");
+
+    let now = Utc::now().timestamp_millis();
+    let hh = Utc.timestamp_millis_opt(now).unwrap().format("%Y%m%d%H");
+    let methods = ["GET", "POST", "PUT"];
+    let mut items = Vec::new();
+    let mut want: BTreeMap<String, i64> = BTreeMap::new();
+    for i in 0..1_500usize {
+        let (route, method, status) = (
+            format!("/r{}", i % 4),
+            methods[i % 3],
+            [200, 404, 500, 503][(i / 4) % 4] as i64,
+        );
+        let (id, schema, record) = match i % 2 {
+            0 => (
+                1,
+                v1(),
+                json!({"route": route, "status": status, "http": {"method": method}, "at": now}),
+            ),
+            _ => (
+                2,
+                v2(),
+                json!({"tenant": "t", "http": {"method": method, "path": null}, "route": route,
+                                  "region": if i % 3 == 0 { json!("eu") } else { json!(null) },
+                                  "at": now * 1000 + 999, "status": status}),
+            ),
+        };
+        items.push(json!({"id": id, "schema": schema, "record": record}));
+        *want.entry(format!("ar:{route}:{hh}")).or_default() += 1;
+        if status >= 500 {
+            *want.entry(format!("ae:{route}:{method}:{hh}")).or_default() += 1;
+        }
+    }
+    let payloads = fastavro(&items);
+    // Bad input among the good: an id the registry does not know, a cut datum, a JSON event.
+    let unknown = {
+        let mut p = payloads[0].clone();
+        p[1..5].copy_from_slice(&99u32.to_be_bytes());
+        p
+    };
+    let cut = payloads[1][..payloads[1].len() - 3].to_vec();
+    let bad: Vec<(Vec<u8>, &str)> = vec![
+        (unknown, "unknown_schema"),
+        (cut, "not_avro"),
+        (br#"{"route":"/r0"}"#.to_vec(), "not_avro"),
+    ];
+    for (i, p) in payloads.iter().enumerate() {
+        h.produce((i % 3) as i32, p, Some(now));
+        if i % 500 == 250 {
+            for (b, _) in &bad {
+                h.produce((i % 3) as i32, b, Some(now));
+            }
+        }
+    }
+    h.flush_producer();
+    let total = (payloads.len() + 3 * bad.len()) as u64;
+
+    let running = h.start(config);
+    let m = running.metrics.clone();
+    // The registry is down: tally asks again and again, and counts nothing, skips nothing.
+    wait_for("registry asked while down", Duration::from_secs(30), || {
+        registry.refused.load(std::sync::atomic::Ordering::Relaxed) >= 2
+    })
+    .await;
+    let nothing_skipped = tally::stream::decode::DecodeError::ALL.iter().all(|e| {
+        m.decode
+            .decode_errors
+            .with_label_values(&[e.reason()])
+            .get()
+            == 0
+    });
+    assert!(nothing_skipped, "a registry outage skips nothing");
+    assert_eq!(
+        m.aggregate
+            .events_counted
+            .with_label_values(&["routes"])
+            .get(),
+        0
+    );
+
+    registry.set_up(true);
+    h.wait_applied("g-avro", Duration::from_secs(60)).await;
+    wait_for("every message consumed", Duration::from_secs(20), || {
+        m.consumer.messages_consumed.get() >= total
+            && m.decode
+                .decode_errors
+                .with_label_values(&["not_avro"])
+                .get()
+                == 6
+    })
+    .await;
+    assert_eq!(
+        m.decode
+            .decode_errors
+            .with_label_values(&["unknown_schema"])
+            .get(),
+        3
+    );
+    assert_eq!(
+        registry.served.load(std::sync::atomic::Ordering::Relaxed),
+        2,
+        "each schema fetched once, at its first event"
+    );
+    running.stop().await;
+
+    let mut got = h.dump("ar:*");
+    got.extend(h.dump("ae:*"));
+    assert_eq!(
+        got, want,
+        "every key equals the truth computed from what fastavro wrote"
+    );
+    let letters = crate::common::dead_letters::read(&h, "avro-dlq", 9, Duration::from_secs(20));
+    let reasons: Vec<&str> = letters
+        .iter()
+        .filter_map(|l| l.header("tally-reason"))
+        .collect();
+    assert_eq!(
+        reasons.iter().filter(|r| **r == "unknown_schema").count(),
+        3,
+        "{reasons:?}"
+    );
+    assert_eq!(
+        reasons.iter().filter(|r| **r == "not_avro").count(),
+        6,
+        "{reasons:?}"
+    );
+}

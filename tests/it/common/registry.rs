@@ -1,0 +1,141 @@
+//! A schema registry stand-in on loopback: no registry server can be installed on these
+//! machines (Confluent's and Apicurio's are Java), so this serves the one call of its documented
+//! REST API tally makes, `GET /schemas/ids/{id}` → `{"schema": "<text>"}` (404 with error code
+//! 40403 for an unknown id), checks Basic credentials when given, and can be taken down (503).
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub struct Registry {
+    pub url: String,
+    schemas: Arc<Mutex<HashMap<u32, String>>>,
+    up: Arc<AtomicBool>,
+    /// Requests answered 503 while down.
+    pub refused: Arc<AtomicUsize>,
+    /// Requests answered with a schema.
+    pub served: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Registry {
+    /// `auth`: the expected `user:password`, if any.
+    pub fn start(auth: Option<&str>) -> Registry {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let r = Registry {
+            url,
+            schemas: Arc::default(),
+            up: Arc::new(AtomicBool::new(true)),
+            refused: Arc::default(),
+            served: Arc::default(),
+            stop: Arc::default(),
+        };
+        let (schemas, up, refused, served, stop) = (
+            r.schemas.clone(),
+            r.up.clone(),
+            r.refused.clone(),
+            r.served.clone(),
+            r.stop.clone(),
+        );
+        let expected =
+            auth.map(|a| format!("authorization: basic {}", base64(a.as_bytes())).to_lowercase());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let Ok((stream, _)) = listener.accept() else {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                    continue;
+                };
+                stream.set_nonblocking(false).unwrap();
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let mut head = Vec::new();
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    head.push(line.trim_end().to_string());
+                }
+                let path = head
+                    .first()
+                    .and_then(|l| l.split(' ').nth(1))
+                    .unwrap_or("")
+                    .to_string();
+                let authorized = expected
+                    .as_ref()
+                    .is_none_or(|e| head.iter().any(|h| h.to_lowercase() == *e));
+                let id = path
+                    .strip_prefix("/schemas/ids/")
+                    .and_then(|i| i.parse::<u32>().ok());
+                let (status, body) = if !up.load(Ordering::Relaxed) {
+                    refused.fetch_add(1, Ordering::Relaxed);
+                    (
+                        "503 Service Unavailable",
+                        r#"{"error_code":50301,"message":"down"}"#.to_string(),
+                    )
+                } else if !authorized {
+                    (
+                        "401 Unauthorized",
+                        r#"{"error_code":40101,"message":"unauthorized"}"#.to_string(),
+                    )
+                } else {
+                    match id.and_then(|id| schemas.lock().unwrap().get(&id).cloned()) {
+                        Some(text) => {
+                            served.fetch_add(1, Ordering::Relaxed);
+                            ("200 OK", serde_json::json!({ "schema": text }).to_string())
+                        }
+                        None => (
+                            "404 Not Found",
+                            r#"{"error_code":40403,"message":"Schema not found"}"#.to_string(),
+                        ),
+                    }
+                };
+                let mut stream = reader.into_inner();
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status}\r\ncontent-type: application/vnd.schemaregistry.v1+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        r
+    }
+
+    pub fn add(&self, id: u32, schema: &serde_json::Value) {
+        self.schemas.lock().unwrap().insert(id, schema.to_string());
+    }
+
+    pub fn set_up(&self, up: bool) {
+        self.up.store(up, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = u32::from(b[0]) << 16 | u32::from(b[1]) << 8 | u32::from(b[2]);
+        for i in 0..4 {
+            out.push(if i <= chunk.len() {
+                char::from(ABC[(n >> (18 - 6 * i)) as usize & 63])
+            } else {
+                '='
+            });
+        }
+    }
+    out
+}
