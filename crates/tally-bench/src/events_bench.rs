@@ -4,6 +4,7 @@
 //!
 //! * flat JSON (the reference counter) against the same events nested
 //!   (`{"client":{"app_id":…,"device_id":…,"ip":…},…}` read through `[decode.fields]`);
+//! * the same events as bare Avro datums (`decode.format = "avro"` with a schema file);
 //! * a second counter without a filter, against the same counter with a CEL filter that keeps
 //!   half the events (`bytes % 2 == 0`) and one that keeps all (`bytes >= 0`: the evaluator's
 //!   cost alone).
@@ -35,6 +36,34 @@ fn nested(flat: &Messages) -> Messages {
     Messages { buf, index }
 }
 
+const AVRO_SCHEMA: &str = r#"{"type": "record", "name": "Event", "fields": [
+    {"name": "app_id", "type": "string"}, {"name": "device_id", "type": "string"},
+    {"name": "ip", "type": "string"}, {"name": "ts", "type": "long"}, {"name": "bytes", "type": "long"}]}"#;
+
+/// The same events as bare Avro datums of [`AVRO_SCHEMA`].
+fn avro(flat: &Messages) -> anyhow::Result<Messages> {
+    use apache_avro::types::Value;
+    let schema = apache_avro::Schema::parse_str(AVRO_SCHEMA)?;
+    let mut buf = Vec::with_capacity(flat.buf.len());
+    let mut index = Vec::with_capacity(flat.index.len());
+    for (i, &(_, _, p, offset, ts)) in flat.index.iter().enumerate() {
+        let v: serde_json::Value = serde_json::from_slice(flat.payload(i))?;
+        let s = |k: &str| Value::String(v[k].as_str().unwrap_or_default().to_string());
+        let n = |k: &str| Value::Long(v[k].as_i64().unwrap_or_default());
+        let record = Value::Record(vec![
+            ("app_id".into(), s("app_id")),
+            ("device_id".into(), s("device_id")),
+            ("ip".into(), s("ip")),
+            ("ts".into(), n("ts")),
+            ("bytes".into(), n("bytes")),
+        ]);
+        let start = buf.len();
+        buf.extend(apache_avro::to_avro_datum(&schema, record)?);
+        index.push((start, buf.len() - start, p, offset, ts));
+    }
+    Ok(Messages { buf, index })
+}
+
 fn with_second(base: &Config, filter: Option<&str>) -> Config {
     let mut c = base.clone();
     c.counters.push(CounterConfig {
@@ -45,6 +74,17 @@ fn with_second(base: &Config, filter: Option<&str>) -> Config {
         ..c.counters[0].clone()
     });
     c
+}
+
+/// Removes the schema file when the run ends.
+struct Remove(std::path::PathBuf);
+impl Drop for Remove {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+fn scopeguard(path: std::path::PathBuf) -> Remove {
+    Remove(path)
 }
 
 /// Run the comparison and print it.
@@ -60,6 +100,12 @@ pub fn role_events(messages: u64, keys: u64, partitions: i32, rounds: usize) -> 
     }
     let flat = Messages::generate(keys, 1.1, 7, messages, partitions);
     let deep = nested(&flat);
+    let binary = avro(&flat)?;
+    let schema_file = std::env::temp_dir().join(format!("tally-bench-{}.avsc", std::process::id()));
+    std::fs::write(&schema_file, AVRO_SCHEMA)?;
+    let mut avro_config = base.clone();
+    avro_config.decode.format = tally::config::Format::Avro;
+    avro_config.decode.schema_file = Some(schema_file.clone());
     let variants: Vec<(&str, Config, &Messages, usize)> = vec![
         ("flat JSON, 1 counter", base.clone(), &flat, 0),
         (
@@ -68,21 +114,28 @@ pub fn role_events(messages: u64, keys: u64, partitions: i32, rounds: usize) -> 
             &deep,
             0,
         ),
-        ("flat JSON, 2 counters", with_second(&base, None), &flat, 2),
+        (
+            "Avro (bare datums, schema file), 1 counter",
+            avro_config,
+            &binary,
+            0,
+        ),
+        ("flat JSON, 2 counters", with_second(&base, None), &flat, 3),
         (
             "2nd counter filtered, keeps half",
             with_second(&base, Some("bytes % 2 == 0")),
             &flat,
-            2,
+            3,
         ),
         (
             "2nd counter filtered, keeps all",
             with_second(&base, Some("bytes >= 0")),
             &flat,
-            2,
+            3,
         ),
     ];
     let mut secs = vec![Vec::new(); variants.len()];
+    let _cleanup = scopeguard(schema_file);
     for round in 0..rounds {
         for (i, (name, config, msgs, _)) in variants.iter().enumerate() {
             let r = run_loop(config, msgs, partitions, None, None)?;

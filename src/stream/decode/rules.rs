@@ -142,6 +142,9 @@ impl Rules {
     /// Adds the counters the filters let through that need a slot that is `absent`, `wrong`
     /// or `failed` (a derived field that could not be computed).
     pub(super) fn needs(&self, s: &mut Skips, absent: u64, wrong: u64, failed: u64) {
+        if absent | wrong | failed == 0 {
+            return;
+        }
         let taken = !(s.filtered | s.failed);
         for (ci, rule) in self.counters.iter().enumerate() {
             let me = 1u64 << ci;
