@@ -62,11 +62,6 @@ impl FieldSource {
             _ => dotted(text).map(FieldSource::Payload),
         }
     }
-
-    /// Whether the value comes from the record's metadata (not from the payload).
-    pub fn is_metadata(&self) -> bool {
-        !matches!(self, FieldSource::Payload(_))
-    }
 }
 
 impl fmt::Display for FieldSource {

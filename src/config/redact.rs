@@ -134,6 +134,12 @@ impl Config {
                 *value = MASK.to_string();
             }
         }
+        if let Some(r) = &mut c.decode.schema_registry {
+            r.url = redact_url(&r.url);
+            if r.password.is_some() {
+                r.password = Some(MASK.to_string());
+            }
+        }
         c
     }
 
@@ -179,6 +185,23 @@ mod tests {
             out.contains("at line 3") && out.contains("redis://u:***@h:1/0,"),
             "{out}"
         );
+    }
+
+    #[test]
+    fn the_schema_registry_password_is_masked() {
+        let mut c = Config::default();
+        c.decode.schema_registry = Some(crate::config::RegistryConfig {
+            url: "https://u:pw@registry:8081".into(),
+            username: Some("u".into()),
+            password: Some("hunter2".into()),
+            timeout: std::time::Duration::from_secs(1),
+        });
+        let shown = format!("{:?}", c.redacted());
+        assert!(
+            !shown.contains("hunter2") && !shown.contains(":pw@"),
+            "{shown}"
+        );
+        assert!(shown.contains("registry:8081"), "{shown}");
     }
 
     #[test]

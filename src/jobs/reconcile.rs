@@ -191,14 +191,20 @@ impl Reconciler {
                 topic: msg.topic(),
                 partition: p,
             };
-            let Ok(event) =
-                self.decoder
+            let event =
+                match self
+                    .decoder
                     .decode_record(&record, msg.payload(), ts, ts.unwrap_or(i64::MAX))
-            else {
-                continue;
-            };
+                {
+                    Ok(event) => event,
+                    // The schema registry did not answer: this recount would come out short.
+                    Err(crate::stream::decode::DecodeError::Unavailable) => {
+                        anyhow::bail!("schema registry unavailable: recount abandoned")
+                    }
+                    Err(_) => continue,
+                };
             for (i, starts) in targets {
-                if event.skips.all() >> *i & 1 == 1 {
+                if event.skips.all().checked_shr(*i as u32).unwrap_or(0) & 1 == 1 {
                     continue;
                 }
                 let spec = &self.model.counters[*i];

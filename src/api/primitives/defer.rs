@@ -39,6 +39,8 @@ pub struct Deferral {
     decoder: Decoder,
     /// Where each field goes in the event (`[decode.fields]`), and the time's field and format.
     decode: DecodeConfig,
+    /// The topic's counters by name, in the decoder's order (for its skip masks).
+    counters: Vec<String>,
 }
 
 /// Stores `value` where the stream path reads it: at its path in the payload (objects made on
@@ -113,6 +115,7 @@ impl Deferral {
             topic: config.kafka.topic.clone(),
             decoder: Decoder::for_counters(&config.decode, &model.counters),
             decode: config.decode.clone(),
+            counters: model.counters.iter().map(|c| c.name.clone()).collect(),
         }
     }
 
@@ -172,8 +175,10 @@ impl Deferral {
         }
         let payload =
             serde_json::to_vec(&event).map_err(|e| RequestError::Invalid(e.to_string()))?;
-        self.decoder
+        let skips = self
+            .decoder
             .decode(Some(&payload), Some(at_ms))
+            .map(|decoded| decoded.skips.all())
             .map_err(|e| {
                 RequestError::Invalid(format!(
                     "cannot defer: the stream path would skip this event ({}): another counter on the topic reads a field counter `{}` does not have",
@@ -181,6 +186,16 @@ impl Deferral {
                     spec.name
                 ))
             })?;
+        // The counter's own filter (or a derived field it needs) must take the event, or the
+        // 202 would promise a count the stream path never makes.
+        let index = self.counters.iter().position(|n| *n == spec.name);
+        let skipped = index.is_some_and(|i| skips.checked_shr(i as u32).unwrap_or(0) & 1 == 1);
+        if skipped {
+            return Err(RequestError::Invalid(format!(
+                "cannot defer: counter `{}` would skip this event (its filter, or a derived field it needs, reads fields a deferred hit does not set)",
+                spec.name
+            )));
+        }
         Ok(payload)
     }
 }
@@ -392,5 +407,33 @@ ts = "meta.at""#,
                 "{source}: {e:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_hit_its_own_filter_would_skip_is_refused() {
+        let config: Config = toml::from_str(
+            r#"
+[kafka]
+brokers = "127.0.0.1:9"
+topic = "t"
+group_id = "g"
+[[counters]]
+name = "errors"
+dimensions = ["route"]
+key = "e:{route}:{yyyyMMddHH}"
+window = "1h"
+filter = "status >= 500"
+"#,
+        )
+        .unwrap();
+        let model = Model::compile(config).unwrap();
+        let e = event_of(
+            &model,
+            "errors",
+            &[("route", "/a")],
+            serde_json::json!({}),
+            1,
+        );
+        assert!(e.is_err_and(|e| e.contains("would skip this event")));
     }
 }

@@ -72,7 +72,7 @@ impl Aggregator {
         let skips = event.skips.all();
         for (ci, counter) in self.counters.iter_mut().enumerate() {
             trail.created.push(false);
-            if skips >> ci & 1 == 1 {
+            if skips.checked_shr(ci as u32).unwrap_or(0) & 1 == 1 {
                 continue;
             }
             let Some(target) = target(

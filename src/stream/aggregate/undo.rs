@@ -22,7 +22,7 @@ impl Aggregator {
             .expect("undo follows add");
         let skips = event.skips.all();
         for ci in (0..created.len()).rev() {
-            if skips >> ci & 1 == 1 {
+            if skips.checked_shr(ci as u32).unwrap_or(0) & 1 == 1 {
                 continue;
             }
             let counter = &mut self.counters[ci];

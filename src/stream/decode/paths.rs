@@ -65,16 +65,12 @@ impl Node {
         })
     }
 
-    /// One past the highest index wanted (0: none).
-    pub(super) fn max_index(&self) -> usize {
-        self.entries
-            .iter()
-            .filter_map(|e| match e.segment {
-                Segment::Index(i) | Segment::KeyOrIndex(_, i) => Some(i + 1),
-                Segment::Key(_) => None,
-            })
-            .max()
-            .unwrap_or(0)
+    /// The wanted indexes (of an array) and their entries.
+    pub(super) fn indexes(&self) -> impl Iterator<Item = (usize, &Entry)> {
+        self.entries.iter().filter_map(|e| match e.segment {
+            Segment::Index(i) | Segment::KeyOrIndex(_, i) => Some((i, e)),
+            Segment::Key(_) => None,
+        })
     }
 
     /// The wanted keys (of an object or a map) and their entries.

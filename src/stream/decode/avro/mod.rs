@@ -33,6 +33,9 @@ use super::{DecodeError, FieldValue};
 use plan::Plan;
 use registry::{Fetch, Registry};
 
+/// Unknown ids remembered at most (then forgotten, known schemas kept).
+const MAX_SCHEMAS: usize = 10_000;
+
 /// How long an id the registry did not know is answered `unknown_schema` without asking again.
 pub const UNKNOWN_RETRY: Duration = Duration::from_secs(10);
 
@@ -122,14 +125,16 @@ impl Avro {
                     if let Some(suppressed) = self.log.lock().allow() {
                         tracing::warn!(schema_id = id, error = %e, suppressed, "schema registry unavailable: the partition waits");
                     }
-                    match &self.stop {
-                        Some(stop) if !stop.is_cancelled() => {
-                            std::thread::sleep(wait);
-                            wait = (wait * 2).min(Duration::from_secs(30));
-                            continue;
-                        }
-                        _ => return Err(DecodeError::Unavailable),
+                    let Some(stop) = self.stop.as_ref().filter(|s| !s.is_cancelled()) else {
+                        return Err(DecodeError::Unavailable);
+                    };
+                    // Asleep in short steps: a stop is noticed within 100 ms.
+                    let until = Instant::now() + wait;
+                    while Instant::now() < until && !stop.is_cancelled() {
+                        std::thread::sleep(Duration::from_millis(100));
                     }
+                    wait = (wait * 2).min(Duration::from_secs(30));
+                    continue;
                 }
             };
             let mut plans = self.plans.lock();
@@ -141,6 +146,10 @@ impl Avro {
                 }
                 Err(e) => {
                     tracing::warn!(schema_id = id, error = %e, "avro schema unusable: its events are unknown_schema");
+                    // Ids are 32-bit: a producer inventing them must not grow this forever.
+                    if plans.len() >= MAX_SCHEMAS {
+                        plans.retain(|_, p| p.is_ok());
+                    }
                     plans.insert(id, Err(Instant::now()));
                     Err(DecodeError::UnknownSchema)
                 }

@@ -135,10 +135,8 @@ impl Compiler<'_> {
             Schema::Array(a) => {
                 let mut wanted = Vec::new();
                 if let Some(n) = node {
-                    for i in 0..n.max_index() {
-                        if let Some(e) = n.by_index(i) {
-                            wanted.push((i, child(Some(e), &a.items)?));
-                        }
+                    for (i, e) in n.indexes() {
+                        wanted.push((i, child(Some(e), &a.items)?));
                     }
                 }
                 Kind::Array(Box::new(child(None, &a.items)?), wanted)

@@ -8,18 +8,25 @@ use std::borrow::Cow;
 use super::super::FieldValue;
 use super::plan::{Kind, Plan};
 
-/// Blocks of an array or map may claim at most this many items (a corrupt count is refused
-/// before it loops).
+/// A datum's arrays and maps may hold at most this many items in all (a corrupt count is
+/// refused before it loops).
 const MAX_ITEMS: i64 = 1 << 24;
 
 pub(super) struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
+    /// Array and map items left for the whole datum: items of a zero-width type (null, an
+    /// empty record) take no bytes, so their count alone bounds the work.
+    items: i64,
 }
 
 impl<'a> Reader<'a> {
     pub(super) fn new(bytes: &'a [u8]) -> Reader<'a> {
-        Reader { bytes, pos: 0 }
+        Reader {
+            bytes,
+            pos: 0,
+            items: MAX_ITEMS,
+        }
     }
 
     pub(super) fn at_end(&self) -> bool {
@@ -180,7 +187,8 @@ impl<'a> Reader<'a> {
                 count = count.checked_neg()?;
                 self.long()?;
             }
-            if count > MAX_ITEMS {
+            self.items -= count;
+            if self.items < 0 {
                 return None;
             }
             for _ in 0..count {

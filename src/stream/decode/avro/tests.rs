@@ -216,3 +216,24 @@ fn recursive_and_non_record_schemas_are_refused() {
     let schema = Schema::parse_str(r#""string""#).unwrap();
     assert!(plan::compile(&schema, &root).is_err());
 }
+
+#[test]
+fn items_that_take_no_bytes_cannot_spin_a_lane() {
+    // An array of nulls: each item is zero bytes, so only the item budget bounds the work.
+    let schema = Schema::parse_str(
+        r#"{"type": "record", "name": "Z", "fields": [{"name": "zs", "type": {"type": "array", "items": "null"}}]}"#,
+    )
+    .unwrap();
+    let plan = plan::compile(&schema, &Node::default()).unwrap();
+    let mut datum = Vec::new();
+    for _ in 0..1_000 {
+        datum.extend_from_slice(&[0x80, 0x80, 0x80, 0x01]); // zigzag 2^20 items
+    }
+    datum.push(0);
+    let started = std::time::Instant::now();
+    assert!(run(&plan, &datum, &mut []).is_err(), "2^30 items refused");
+    assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
+    // Within the budget it reads.
+    let ok = [0x80, 0x80, 0x80, 0x01, 0];
+    assert!(run(&plan, &ok, &mut []).is_ok());
+}
