@@ -232,7 +232,11 @@ fn items_that_take_no_bytes_cannot_spin_a_lane() {
     datum.push(0);
     let started = std::time::Instant::now();
     assert!(run(&plan, &datum, &mut []).is_err(), "2^30 items refused");
-    assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
     // Within the budget it reads.
     let ok = [0x80, 0x80, 0x80, 0x01, 0];
     assert!(run(&plan, &ok, &mut []).is_ok());
