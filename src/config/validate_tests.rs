@@ -251,14 +251,8 @@ fn an_output_needs_a_topic_a_lateness_within_retention_and_top_for_leaderboards_
         let mut c = counter("views", "v:{app_id}:{yyyyMMddHH}", 3600);
         c.retention = Duration::from_secs(retention);
         c.output = Some(OutputConfig {
-            topic: topic.into(),
-            when: Default::default(),
             allowed_lateness: Duration::from_secs(lateness),
-            idle_timeout: Duration::from_secs(60),
-            top: None,
-            late: Default::default(),
-            late_topic: None,
-            tombstones: false,
+            ..OutputConfig::to(topic)
         });
         c
     };
@@ -301,14 +295,9 @@ fn a_late_topic_is_for_dropped_changes_and_is_another_topic() {
         let mut c = counter("views", "v:{app_id}:{yyyyMMddHH}", 3600);
         c.retention = Duration::from_secs(7200);
         c.output = Some(OutputConfig {
-            topic: "views-hourly".into(),
-            when: Default::default(),
-            allowed_lateness: Duration::ZERO,
-            idle_timeout: Duration::from_secs(60),
-            top: None,
             late,
             late_topic: Some(topic.into()),
-            tombstones: false,
+            ..OutputConfig::to("views-hourly")
         });
         c
     };
@@ -364,4 +353,11 @@ fn request_batch_sizes_are_checked_and_one_call_turns_batching_off() {
     let mut config = Config::default();
     config.request.batch = off;
     config.validate().expect("max_calls = 1 is batching off");
+}
+
+#[test]
+fn an_output_topic_alone_is_what_the_file_reads() {
+    use tally_counters::config::OutputConfig;
+    let read: OutputConfig = toml::from_str("topic = \"t\"").unwrap();
+    assert_eq!(read, OutputConfig::to("t"));
 }

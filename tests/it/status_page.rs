@@ -31,14 +31,9 @@ fn start(h: &Harness, group: &str, port: u16) -> Running {
     // after an hour: the partitions keep holding the watermark for the whole test.
     h.mock.create_topic("sp-hourly", 1, 1).unwrap();
     counters[0].output = Some(tally_counters::config::OutputConfig {
-        topic: "sp-hourly".into(),
-        when: Default::default(),
         allowed_lateness: Duration::from_secs(60),
         idle_timeout: Duration::from_secs(3600),
-        top: None,
-        late: Default::default(),
-        late_topic: None,
-        tombstones: false,
+        ..tally_counters::config::OutputConfig::to("sp-hourly")
     });
     let mut config = h.config(group, counters);
     config.http.listen = format!("127.0.0.1:{port}");

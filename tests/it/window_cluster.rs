@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tally::config::{CounterConfig, CounterKind, OutputConfig, OutputWhen, RedisMode, Storage};
+use tally::config::{CounterConfig, CounterKind, OutputConfig, RedisMode, Storage};
 use tally_testkit::local_redis::LocalCluster;
 
 use crate::common::{counter, wait_for, Harness};
@@ -23,14 +23,8 @@ const WAIT: Duration = Duration::from_secs(60);
 
 fn with_output(mut c: CounterConfig) -> CounterConfig {
     c.output = Some(OutputConfig {
-        topic: OUT.into(),
-        when: OutputWhen::Final,
-        allowed_lateness: Duration::ZERO,
         idle_timeout: Duration::from_secs(2),
-        top: None,
-        late: Default::default(),
-        late_topic: None,
-        tombstones: false,
+        ..OutputConfig::to(OUT)
     });
     c
 }

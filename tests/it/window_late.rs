@@ -12,7 +12,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::Value;
-use tally::config::{OutputConfig, OutputLate, OutputWhen};
+use tally::config::{OutputConfig, OutputLate};
 
 use crate::common::{counter, wait_for, Harness};
 
@@ -97,14 +97,10 @@ async fn dropped_late_changes_leave_the_published_window_final_and_go_to_the_lat
         Duration::from_secs(86_400),
     );
     hits.output = Some(OutputConfig {
-        topic: OUT.into(),
-        when: OutputWhen::Final,
-        allowed_lateness: Duration::ZERO,
         idle_timeout: Duration::from_secs(2),
-        top: None,
         late: OutputLate::Drop,
         late_topic: Some(LATE.into()),
-        tombstones: false,
+        ..OutputConfig::to(OUT)
     });
     let mut config = h.config("wl", vec![hits]);
     config.jobs.publish.interval = Duration::from_millis(100);

@@ -14,7 +14,7 @@ use rdkafka::message::Message;
 use rdkafka::mocking::MockCoordinator;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde_json::Value;
-use tally::config::{OutputConfig, OutputWhen};
+use tally::config::OutputConfig;
 
 use crate::common::{counter, wait_for, Harness};
 
@@ -78,14 +78,8 @@ async fn a_retry_after_a_failed_publish_produces_the_first_attempts_values_then_
         Duration::from_secs(86_400),
     );
     hits.output = Some(OutputConfig {
-        topic: OUT.into(),
-        when: OutputWhen::Final,
-        allowed_lateness: Duration::ZERO,
         idle_timeout: Duration::from_secs(2),
-        top: None,
-        late: Default::default(),
-        late_topic: None,
-        tombstones: false,
+        ..OutputConfig::to(OUT)
     });
     let mut config = h.config("wr", vec![hits]);
     config.jobs.publish.interval = Duration::from_millis(100);

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use tally::config::{OutputConfig, OutputWhen};
+use tally::config::OutputConfig;
 
 use crate::common::{counter, wait_for, Harness};
 use crate::window_late::{read_all, Rec};
@@ -50,14 +50,9 @@ async fn expired_windows_leave_a_tombstone_for_each_published_key() {
     // them, and the late change, after the tombstones.
     hits.expiry_spread = Some(Duration::from_secs(30));
     hits.output = Some(OutputConfig {
-        topic: OUT.into(),
-        when: OutputWhen::Final,
-        allowed_lateness: Duration::ZERO,
         idle_timeout: Duration::from_secs(2),
-        top: None,
-        late: Default::default(),
-        late_topic: None,
         tombstones: true,
+        ..OutputConfig::to(OUT)
     });
     let mut config = h.config("wt", vec![hits]);
     config.jobs.publish.interval = Duration::from_millis(100);

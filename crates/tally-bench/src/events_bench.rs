@@ -83,9 +83,6 @@ impl Drop for Remove {
         let _ = std::fs::remove_file(&self.0);
     }
 }
-fn scopeguard(path: std::path::PathBuf) -> Remove {
-    Remove(path)
-}
 
 /// Run the comparison and print it.
 pub fn role_events(messages: u64, keys: u64, partitions: i32, rounds: usize) -> anyhow::Result<()> {
@@ -135,7 +132,7 @@ pub fn role_events(messages: u64, keys: u64, partitions: i32, rounds: usize) -> 
         ),
     ];
     let mut secs = vec![Vec::new(); variants.len()];
-    let _cleanup = scopeguard(schema_file);
+    let _cleanup = Remove(schema_file);
     for round in 0..rounds {
         for (i, (name, config, msgs, _)) in variants.iter().enumerate() {
             let r = run_loop(config, msgs, partitions, None, None)?;

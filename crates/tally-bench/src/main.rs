@@ -133,34 +133,10 @@ pub enum Role {
     Pipeline(PipelineArgs),
     /// What reading events as users write them costs the consumer loop: nested JSON through
     /// `[decode.fields]`, and CEL counter filters (`docs/benchmarks.md`).
-    Events {
-        /// Messages per round.
-        #[arg(long, default_value_t = 2_000_000)]
-        messages: u64,
-        /// Distinct keys the messages are spread over.
-        #[arg(long, default_value_t = 200_000)]
-        keys: u64,
-        #[arg(long, default_value_t = 16)]
-        partitions: i32,
-        /// Rounds (every variant once per round).
-        #[arg(long, default_value_t = 3)]
-        rounds: usize,
-    },
+    Events(Rounds),
     /// The stream-side cost of window results: decode → aggregate → flush with the
     /// counter's `output` off and on, alternating rounds (issue 21; `docs/benchmarks.md`).
-    Outputs {
-        /// Messages per round.
-        #[arg(long, default_value_t = 2_000_000)]
-        messages: u64,
-        /// Distinct keys the messages are spread over.
-        #[arg(long, default_value_t = 200_000)]
-        keys: u64,
-        #[arg(long, default_value_t = 16)]
-        partitions: i32,
-        /// Rounds of each (off and on alternate).
-        #[arg(long, default_value_t = 3)]
-        rounds: usize,
-    },
+    Outputs(Rounds),
     /// RSS of the aggregator holding `keys` distinct pending keys.
     #[command(hide = true)]
     Memprobe {
@@ -176,6 +152,23 @@ pub enum Role {
         #[arg(long)]
         whole: bool,
     },
+}
+
+/// The in-memory comparisons' workload: the same generated messages for every variant, rounds
+/// alternating between them.
+#[derive(clap::Args, Clone)]
+pub struct Rounds {
+    /// Messages per round.
+    #[arg(long, default_value_t = 2_000_000)]
+    messages: u64,
+    /// Distinct keys the messages are spread over.
+    #[arg(long, default_value_t = 200_000)]
+    keys: u64,
+    #[arg(long, default_value_t = 16)]
+    partitions: i32,
+    /// Rounds (every variant once per round).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
 }
 
 #[derive(clap::Args, Clone)]
@@ -303,17 +296,9 @@ fn main() -> anyhow::Result<()> {
             capped,
             whole,
         }) => memprobe::role_memprobe(keys, partitions, capped, whole),
-        Some(Role::Outputs {
-            messages,
-            keys,
-            partitions,
-            rounds,
-        }) => outputs::role_outputs(messages, keys, partitions, rounds),
-        Some(Role::Events {
-            messages,
-            keys,
-            partitions,
-            rounds,
-        }) => events_bench::role_events(messages, keys, partitions, rounds),
+        Some(Role::Outputs(r)) => outputs::role_outputs(r.messages, r.keys, r.partitions, r.rounds),
+        Some(Role::Events(r)) => {
+            events_bench::role_events(r.messages, r.keys, r.partitions, r.rounds)
+        }
     }
 }

@@ -27,16 +27,7 @@ pub fn role_outputs(
     let off = load_bench_config(&url)?;
     let mut on = off.clone();
     for c in &mut on.counters {
-        c.output = Some(OutputConfig {
-            topic: "flow-windows".into(),
-            when: Default::default(),
-            allowed_lateness: std::time::Duration::ZERO,
-            idle_timeout: std::time::Duration::from_secs(60),
-            top: None,
-            late: Default::default(),
-            late_topic: None,
-            tombstones: false,
-        });
+        c.output = Some(OutputConfig::to("flow-windows"));
     }
     let msgs = Messages::generate(keys, 1.1, 7, messages, partitions);
     let mut secs = [Vec::new(), Vec::new()];

@@ -145,15 +145,7 @@ impl Program {
         eval::eval(&self.node, var)
     }
 
-    /// Runs a filter: true counts the event.
-    pub fn test(&self, vars: &[Val<'_>]) -> Result<bool, EvalError> {
-        match self.eval(vars)? {
-            Val::Bool(b) => Ok(b),
-            _ => Err(EvalError::NotBool),
-        }
-    }
-
-    /// [`Program::test`] with [`Program::eval_with`].
+    /// Runs a filter (true counts the event), reading fields as [`Program::eval_with`] does.
     #[inline]
     pub fn test_with<'v, F: Fn(usize) -> Val<'v>>(&'v self, var: &F) -> Result<bool, EvalError> {
         match self.eval_with(var)? {

@@ -88,7 +88,7 @@ fn runtime_errors_are_errors_not_answers() {
         assert_eq!(run(text, &event), Err(error), "{text}");
     }
     let p = Program::filter("t").unwrap();
-    assert_eq!(p.test(&[s("x")]), Err(EvalError::NotBool));
+    assert_eq!(p.test_with(&|_| s("x")), Err(EvalError::NotBool));
 }
 
 #[test]

@@ -330,11 +330,14 @@ fn fast_scan_gives_the_full_parsers_answer_on_edge_cases() {
 #[test]
 fn fast_scan_gives_the_full_parsers_answer_on_mangled_input() {
     let payload = br#" {"n":{"a":[1,-2.5e-3,"s",true,null]},"app_id":"ab","ip":"c\"d","bytes":-12,"ts":1722531600123,"r":"2024-08-01T18:00:00Z"} "#;
-    // Every prefix, and every byte replaced by each of a few structural or odd bytes.
-    for end in 0..=payload.len() {
-        if end > 0 {
-            assert_same_answer(&payload[..end]);
-        }
+    assert_same_answer_mangled(payload);
+}
+
+/// [`assert_same_answer`] for every prefix of `payload`, every byte of it replaced by (or
+/// preceded by) each of a few structural or odd bytes, and every byte removed.
+pub(super) fn assert_same_answer_mangled(payload: &[u8]) {
+    for end in 1..=payload.len() {
+        assert_same_answer(&payload[..end]);
     }
     let odd = b"{}[]\":,\\ 0-+.eE1tnx\x00\x1f\x7f\xc3\xff";
     for i in 0..payload.len() {

@@ -3,7 +3,7 @@
 
 use rdkafka::message::{Header, OwnedHeaders};
 
-use super::tests::{assert_same_answer, config, nested_decoder, roles};
+use super::tests::{assert_same_answer, assert_same_answer_mangled, config, nested_decoder, roles};
 use super::*;
 
 #[test]
@@ -74,20 +74,7 @@ fn nested_paths_take_the_fast_scan() {
 #[test]
 fn fast_scan_and_full_parser_agree_on_nested_input() {
     let payload = br#" {"n":{"b":{"c":{"d":[1]}},"a":[1,{"q":[2]},"s",true,null]},"bytes":-12,"n":{"a":[3,4,"t"]},"ts":1722531600123} "#;
-    assert_same_answer(payload);
-    for end in 1..=payload.len() {
-        assert_same_answer(&payload[..end]);
-    }
-    let odd = b"{}[]\":,\\ 0-.e1tn\x00\xc3";
-    for i in 0..payload.len() {
-        for &b in odd {
-            let mut mangled = payload.to_vec();
-            mangled[i] = b;
-            assert_same_answer(&mangled);
-            mangled.insert(i, b);
-            assert_same_answer(&mangled);
-        }
-    }
+    assert_same_answer_mangled(payload);
     for depth in [1, 30, 62, 63, 64, 65, 126, 127, 128, 129] {
         for (open, close) in [("[", "]"), ("{\"k\":", "}")] {
             let inside = format!("{}1{}", open.repeat(depth), close.repeat(depth));

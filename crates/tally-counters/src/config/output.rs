@@ -43,6 +43,22 @@ pub struct OutputConfig {
     pub tombstones: bool,
 }
 
+impl OutputConfig {
+    /// The output `topic = "…"` alone: every other setting at its default, as the file reads it.
+    pub fn to(topic: &str) -> OutputConfig {
+        OutputConfig {
+            topic: topic.to_string(),
+            when: OutputWhen::default(),
+            allowed_lateness: Duration::ZERO,
+            idle_timeout: default_idle_timeout(),
+            top: None,
+            late: OutputLate::default(),
+            late_topic: None,
+            tombstones: false,
+        }
+    }
+}
+
 /// What a late change of a published window produces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
