@@ -112,7 +112,8 @@ impl Lane {
             shared.metrics.clone(),
             shared.health.clone(),
         )
-        .context("redis configuration")?;
+        .context("redis configuration")?
+        .reapplying(config.recovery.reapply_keys / shared.lanes.max(1));
         if index == 0 {
             sink.preflight().await?;
         }

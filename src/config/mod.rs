@@ -104,16 +104,25 @@ pub struct RecoveryConfig {
     /// Kafka at once.
     #[serde(with = "humantime_serde")]
     pub fence_check_interval: Duration,
+    /// Keys (and other entries) of the last landed flushes kept in memory, shared by the lanes:
+    /// after a failover that lost acknowledged flushes they are applied again at once, before
+    /// anything else is written, instead of replaying those offsets from Kafka. 0 keeps none.
+    pub reapply_keys: usize,
 }
 
 impl RecoveryConfig {
-    /// A fence check interval between 100 ms and an hour.
+    /// A fence check interval between 100 ms and an hour; at most 10 million kept keys.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate::ensure(
             (Duration::from_millis(100)..=Duration::from_secs(3600))
                 .contains(&self.fence_check_interval),
             "recovery.fence_check_interval",
             "must be between 100ms and 1h",
+        )?;
+        validate::ensure(
+            self.reapply_keys <= 10_000_000,
+            "recovery.reapply_keys",
+            "must be at most 10000000 (each kept key holds about 100 bytes)",
         )
     }
 }
@@ -153,6 +162,7 @@ impl Default for RecoveryConfig {
         RecoveryConfig {
             on_state_lost: OnStateLost::Rebuild,
             fence_check_interval: Duration::from_secs(10),
+            reapply_keys: 50_000,
         }
     }
 }

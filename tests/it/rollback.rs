@@ -2,8 +2,10 @@
 //! never reach the replica, the primary dies, the replica is promoted at its address, and the
 //! counts, the applied offsets and the state marker go back together. No event is produced
 //! after the failover, so no flush would ever find the hole (a fence conflict): the fence check
-//! must (after the sink's reconnection, or within `recovery.fence_check_interval`) and replay the
-//! partitions from Kafka, without a restart. Every key is compared with the truth.
+//! must (after the sink's reconnection, or within `recovery.fence_check_interval`). The sink
+//! applies the lost flushes again from memory (`recovery.reapply_keys`); without them kept, the
+//! partitions are replayed from Kafka. Either way without a restart, and every key is compared
+//! with the truth.
 
 use std::time::{Duration, Instant};
 
@@ -16,9 +18,20 @@ use crate::common::{accuracy, hourly, produce_batch, total, Harness};
 const WAIT: Duration = Duration::from_secs(60);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_with_lag_is_applied_again_from_memory_without_new_events() {
+    failover_with_lag_and_no_event_after(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failover_with_lag_is_replayed_without_new_events_or_a_restart() {
-    let mut h = Harness::new("rollback", 2);
-    let g = "g-rollback";
+    failover_with_lag_and_no_event_after(false).await;
+}
+
+/// The scenario, with the lost flushes kept in memory (`reapply`) or replayed from Kafka.
+async fn failover_with_lag_and_no_event_after(reapply: bool) {
+    let name = if reapply { "reapply" } else { "rollback" };
+    let mut h = Harness::new(name, 2);
+    let g = &format!("g-{name}");
     let p = port_of(&h.redis);
     let replica = LocalRedis::start_on(
         free_port().unwrap(),
@@ -27,11 +40,15 @@ async fn a_failover_with_lag_is_replayed_without_new_events_or_a_restart() {
     .unwrap();
     let r = port_of(&replica);
     // The default interval: the reconnection is what must trigger the check.
-    let config = h.config(g, hourly("rb"));
+    let mut config = h.config(g, hourly("rb"));
     assert_eq!(
         config.recovery.fence_check_interval,
         Duration::from_secs(10)
     );
+    assert!(config.recovery.reapply_keys > 0, "kept by default");
+    if !reapply {
+        config.recovery.reapply_keys = 0;
+    }
     let running = h.start(config);
 
     produce_batch(&mut h, 0, 200);
@@ -93,7 +110,18 @@ async fn a_failover_with_lag_is_replayed_without_new_events_or_a_restart() {
                 .get()
         })
         .sum();
-    assert!(rollbacks >= 1, "the rollback is counted");
+    let reapplied = running.metrics.recovery.reapplied_ranges.get();
+    if reapply {
+        // Both partitions' lost flushes went in again from memory: nothing to replay.
+        assert!(
+            reapplied >= 2,
+            "the lost ranges are applied again ({reapplied})"
+        );
+        assert_eq!(rollbacks, 0, "nothing left for the fence check to replay");
+    } else {
+        assert!(rollbacks >= 1, "the rollback is counted");
+        assert_eq!(reapplied, 0, "nothing kept");
+    }
     // Within the sink's reconnection (a second), not the check interval.
     assert!(
         took < Duration::from_secs(5),
@@ -109,7 +137,11 @@ async fn a_failover_with_lag_is_replayed_without_new_events_or_a_restart() {
     accuracy(
         "stream counts (no event after the failover)",
         "primary failover with replication lag",
-        "none (replayed from Kafka)",
+        if reapply {
+            "none (applied again from memory)"
+        } else {
+            "none (replayed from Kafka)"
+        },
         format!("{} keys exact {took:.1?} after the promotion", truth.len()),
         "every key",
         0,

@@ -275,7 +275,7 @@ shutdown_grace = "20s"
     accuracy(
         "stream counts",
         "Sentinel failovers with replication lag + tally SIGKILL",
-        "none (replayed from Kafka)",
+        "none (applied again from memory, or replayed from Kafka)",
         format!("{keys} keys, {mismatches} wrong ({rounds} failovers, {kills} kills)"),
         "every key",
         0,

@@ -64,6 +64,8 @@ pub struct RecoveryMetrics {
     /// Partitions whose applied offsets in Redis differed from what landed, found by the
     /// fence check, by what was found; each is replayed from Kafka.
     pub state_rollbacks: IntCounterVec,
+    /// Offset ranges of landed flushes that Redis had lost, applied again from memory.
+    pub reapplied_ranges: IntCounter,
 }
 
 impl RecoveryMetrics {
@@ -96,6 +98,11 @@ impl RecoveryMetrics {
                 "tally_state_rollbacks_total",
                 "Partitions whose applied offsets in Redis differed from what tally had landed, found by the fence check (recovery.fence_check_interval, and after each reconnection), by what was found: behind (Redis lost acknowledged writes: a failover with replication lag, a restore), ahead (another writer), lost. Each is replayed from Kafka at once.",
                 &["found"],
+            ),
+            reapplied_ranges: counter(
+                registry,
+                "tally_reapplied_ranges_total",
+                "Offset ranges (a partition's events in one flush) that Redis acknowledged and then lost (a failover to a replica that lagged, an older copy restored), applied again from the flushes tally keeps in memory (recovery.reapply_keys) instead of replaying them from Kafka.",
             ),
         };
         for r in HaltReason::ALL {

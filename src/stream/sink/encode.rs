@@ -46,13 +46,13 @@ impl Sink {
     /// keys; returns it and what is needed to read its replies (one per call it took).
     pub(super) fn encode_chunk(
         &self,
-        calls: &[merge::Call],
+        calls: &[&merge::Call],
         check_ttl: bool,
     ) -> (redis::Pipeline, Vec<UnitMeta>) {
         let mut pipe = redis::pipe();
         let mut metas = Vec::new();
         let mut keys = 0;
-        for call in calls {
+        for &call in calls {
             if !metas.is_empty() && keys + call_keys(call) > CHUNK_KEYS {
                 break;
             }
@@ -108,7 +108,7 @@ impl Sink {
 }
 
 /// Keys (and other entries) a call writes, for sizing chunks.
-fn call_keys(call: &merge::Call) -> usize {
+pub(super) fn call_keys(call: &merge::Call) -> usize {
     match call {
         merge::Call::Unit(u) => u.items(),
         merge::Call::Merged(m) => m.keys.len(),

@@ -56,6 +56,9 @@ impl Sink {
         partitions: &[(i32, i64)],
     ) -> Result<PartitionFences, AttemptError> {
         let conn = self.connection().await?;
+        // The fence check reads through here: what a failover took back and is still kept
+        // goes in again first, so only older losses are replayed from Kafka.
+        self.reapply_if_lost(&conn).await?;
         let shards = self.scope.layout.shards();
         let now_ms = tally_counters::clock::unix_ms();
         // One script per shard: in a cluster a shard's marker and fences share a slot.

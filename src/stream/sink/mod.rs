@@ -12,6 +12,7 @@ pub use link::warn_if_aof_loads_truncated;
 mod fences;
 mod link;
 pub mod merge;
+mod reapply;
 mod reply;
 pub mod script;
 mod topology;
@@ -123,6 +124,8 @@ pub struct Sink {
     metrics: Metrics,
     /// `health.redis`: readiness follows what the sink last saw.
     health: Arc<Health>,
+    /// The last landed flushes, applied again where a failover took them back.
+    kept: reapply::Kept,
 }
 
 pub use conn::client;
@@ -167,7 +170,15 @@ impl Sink {
             flush,
             metrics,
             health,
+            kept: reapply::Kept::new(0),
         })
+    }
+
+    /// Keep the last landed flushes, up to `entries` keys and other entries, to apply them
+    /// again after a failover loses them (see [`reapply`]); 0 keeps none.
+    pub fn reapplying(mut self, entries: usize) -> Sink {
+        self.kept = reapply::Kept::new(entries);
+        self
     }
 
     /// Counts the connections the sink makes (see [`Link`]'s `connections`).
@@ -232,6 +243,13 @@ impl Sink {
                     let Some(outcome) = outcome else { continue };
                     if let Some(watch) = &mut self.link.topology {
                         watch.reset();
+                    }
+                    // A refused unit is replayed from Kafka by the worker: what is kept no
+                    // longer reaches its partitions' last landed range.
+                    if outcome.refusals.is_empty() {
+                        self.kept.keep(plan);
+                    } else {
+                        self.kept.forget();
                     }
                     self.observe_flush(&outcome, started, keys);
                     let _ = reply.send(outcome);
@@ -341,6 +359,9 @@ impl Sink {
         };
         self.check_eviction(&mut conn).await?;
         self.scripts.load(&mut conn).await?;
+        // Before anything else is written (and before the worker's fence check, which follows
+        // the connection count): what a failover took back goes in again first.
+        self.reapply_if_lost(&conn).await?;
         self.health.redis.store(true, Ordering::Relaxed);
         self.link.connections.fetch_add(1, Ordering::Relaxed);
         self.link.conn = Some(conn.clone());
@@ -367,12 +388,11 @@ impl Sink {
     async fn try_flush(&mut self, plan: &encode::Plan) -> Result<FlushOutcome, AttemptError> {
         let conn = self.connection().await?;
         let this = &*self;
-        let results = futures::future::join_all(
-            plan.groups
-                .iter()
-                .map(|calls| this.send_group(conn.clone(), calls, plan.check_ttl)),
-        )
-        .await;
+        let results =
+            futures::future::join_all(plan.groups.iter().map(|calls| {
+                this.send_group(conn.clone(), calls.iter().collect(), plan.check_ttl)
+            }))
+            .await;
         let mut outcome = FlushOutcome::default();
         let mut noscript = false;
         let mut first_error = None;
@@ -411,7 +431,7 @@ impl Sink {
     async fn send_group(
         &self,
         mut conn: conn::Conn,
-        calls: &[merge::Call],
+        calls: Vec<&merge::Call>,
         check_ttl: bool,
     ) -> Result<Vec<(UnitMeta, redis::Value)>, AttemptError> {
         let mut replies = Vec::with_capacity(calls.len());

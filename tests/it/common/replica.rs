@@ -73,7 +73,16 @@ pub fn fail_over_with_lag(primary: &mut LocalRedis, replica: &LocalRedis) -> Loc
     primary.stop();
     signal(replica.pid().unwrap(), "-CONT");
     cli(r, &["REPLICAOF", "NO", "ONE"]);
-    let new = LocalRedis::start_on(p, &["--replicaof", "127.0.0.1", &r.to_string()]).unwrap();
+    // Until its first sync the copy refuses reads (MASTERDOWN) rather than serve an empty
+    // dataset: a promoted replica has the data, only this way of moving it has not yet.
+    let args = [
+        "--replicaof",
+        "127.0.0.1",
+        &r.to_string(),
+        "--replica-serve-stale-data",
+        "no",
+    ];
+    let new = LocalRedis::start_on(p, &args).unwrap();
     wait_synced(r, p);
     cli(p, &["REPLICAOF", "NO", "ONE"]);
     cli(r, &["REPLICAOF", "127.0.0.1", &p.to_string()]);
