@@ -32,14 +32,8 @@ pub enum Connector {
     },
 }
 
-/// A primary found through Redis Sentinel: asked of the sentinels on every connect.
-#[derive(Clone)]
-pub struct Sentinel {
-    client: std::sync::Arc<tokio::sync::Mutex<redis::sentinel::SentinelClient>>,
-    config: AsyncConnectionConfig,
-    /// `redis.connect_timeout`.
-    timeout: Duration,
-}
+mod sentinel;
+pub use sentinel::Sentinel;
 
 /// A live connection.
 #[derive(Clone)]
@@ -171,26 +165,17 @@ impl Connector {
                     .set_response_timeout(Some(config.response_timeout)),
             )),
             RedisMode::Sentinel => {
-                use redis::sentinel::{
-                    SentinelClient, SentinelNodeConnectionInfo, SentinelServerType,
-                };
                 // The primary's user and password (the sentinels take none here).
                 let node = connection_info("redis://127.0.0.1", config)?;
-                let node = SentinelNodeConnectionInfo::default()
-                    .set_redis_connection_info(node.redis_settings().clone());
-                let client = SentinelClient::build(
-                    config.sentinels.clone(),
+                Ok(Connector::Sentinel(Sentinel::new(
+                    sentinel_clients(config)?,
                     config.master_name.clone(),
-                    Some(node),
-                    SentinelServerType::Master,
-                )?;
-                Ok(Connector::Sentinel(Sentinel {
-                    client: std::sync::Arc::new(tokio::sync::Mutex::new(client)),
-                    config: AsyncConnectionConfig::new()
+                    node.redis_settings().clone(),
+                    AsyncConnectionConfig::new()
                         .set_connection_timeout(Some(config.connect_timeout))
                         .set_response_timeout(Some(config.response_timeout)),
-                    timeout: config.connect_timeout,
-                }))
+                    config.connect_timeout,
+                )))
             }
             RedisMode::Cluster => {
                 let infos = seeds(config)
@@ -234,12 +219,8 @@ impl Connector {
                     .await?,
             )),
             Connector::Sentinel(s) => {
-                let connect = async {
-                    let mut client = s.client.lock().await;
-                    client.get_async_connection_with_config(&s.config).await
-                };
                 // Asking the sentinels is bounded too.
-                match tokio::time::timeout(s.config_connect_timeout(), connect).await {
+                match tokio::time::timeout(s.connect_timeout(), s.connect()).await {
                     Ok(conn) => Ok(Conn::Single(conn?)),
                     Err(_) => Err(RedisError::from(std::io::Error::new(
                         std::io::ErrorKind::TimedOut,
@@ -275,13 +256,6 @@ impl Connector {
         }
         let client = cluster_client(some, *timeouts, *retries)?;
         Ok(Conn::Cluster(client.get_async_connection().await?))
-    }
-}
-
-impl Sentinel {
-    /// Twice the connect timeout: the sentinels' answer, then the primary's connection.
-    fn config_connect_timeout(&self) -> Duration {
-        self.timeout * 2
     }
 }
 
