@@ -216,6 +216,7 @@ fn lane_worker(
             init_timeout: config.redis.connect_timeout + config.redis.response_timeout,
             lane: index,
             connections,
+            topic: (shared.model.topics.len() > 1).then(|| topic.name.clone()),
         },
     );
     if let Some(dead) = &topic.decode.dead_letter_topic {
