@@ -34,7 +34,7 @@ pub struct KafkaConfig {
     /// decoder, aggregator and Redis connection, and owns the partitions Kafka assigns it
     /// (like Kafka Streams' `num.stream.threads`). More lanes use more cores for decoding and
     /// aggregation; `"auto"` is one per core. `flush.max_pending_keys` bounds the lanes
-    /// together.
+    /// together. With `topics`, this many lanes per topic.
     pub consumers: Consumers,
     /// How often the end of every partition this process owns is asked of the broker (one
     /// ListOffsets request), with the age of the oldest message not yet counted: the lag on
