@@ -104,11 +104,8 @@ impl Publisher {
         self.observe(&marks, now, quiet);
         for (i, spec) in self.model.counters.iter().enumerate() {
             let Some(output) = &spec.output else { continue };
-            // Only the topics the counter reads hold its windows back.
             let topics = &self.model.topics;
-            let read = move |(tp, _): &(&TopicPartition, &Mark)| topics[tp.topic].reads[i];
-            let own = marks.iter().filter(read).map(|(_, m)| m);
-            let raw = watermark::topic_watermark(own, now, output.idle_timeout);
+            let raw = watermark::counter_watermark(&marks, topics, i, now, output.idle_timeout);
             let lateness = output.allowed_lateness.as_millis() as i64;
             let wm = raw.map(|t| t.saturating_sub(lateness));
             self.state.lock().counters.insert(spec.name.clone(), wm);

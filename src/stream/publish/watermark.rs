@@ -78,6 +78,20 @@ pub fn topic_watermark<'m>(
     marks.into_iter().filter_map(|m| m.max_event_ms).max()
 }
 
+/// The watermark of counter `ci` (model order): [`topic_watermark`] over the partitions of the
+/// topics it reads only, so a topic it does not count never holds its windows back.
+pub fn counter_watermark(
+    marks: &BTreeMap<TopicPartition, Mark>,
+    topics: &[Topic],
+    ci: usize,
+    now_ms: i64,
+    idle_timeout: Duration,
+) -> Option<i64> {
+    let reads = |tp: &TopicPartition| topics.get(tp.topic).is_some_and(|t| t.reads[ci]);
+    let own = marks.iter().filter(|(tp, _)| reads(tp)).map(|(_, m)| m);
+    topic_watermark(own, now_ms, idle_timeout)
+}
+
 /// Every partition's [`Mark`], of every topic read: Kafka's offsets from `consumer`, the rest
 /// from each topic's state markers.
 pub async fn read(
@@ -187,6 +201,35 @@ fn merge_marker(marks: &mut BTreeMap<i32, Mark>, fields: &[(String, String)], fi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_counter_waits_only_for_the_topics_it_reads() {
+        let topic = |name: &str, reads: Vec<bool>| Topic {
+            name: name.into(),
+            decode: Default::default(),
+            scope: tally_counters::model::state_keys::FenceScope::new(
+                &Default::default(),
+                "g",
+                name,
+            ),
+            reads,
+        };
+        // Counter 0 reads both topics, counter 1 only the first.
+        let topics = [topic("a", vec![true, true]), topic("b", vec![true, false])];
+        let tp = |topic, partition| TopicPartition { topic, partition };
+        let marks = BTreeMap::from([
+            (tp(0, 0), mark(10, 20, Some(9_000), Some(1_000))),
+            // The second topic is behind, with a backlog: it holds back whoever reads it.
+            (tp(1, 0), mark(3, 20, Some(2_000), Some(1_000))),
+        ]);
+        let wm = |ci| counter_watermark(&marks, &topics, ci, 2_000, IDLE);
+        assert_eq!(wm(0), Some(2_000));
+        assert_eq!(
+            wm(1),
+            Some(9_000),
+            "b does not hold back a counter not reading it"
+        );
+    }
 
     fn mark(applied: i64, high: i64, max_event_ms: Option<i64>, seen_ms: Option<i64>) -> Mark {
         Mark {
