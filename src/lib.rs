@@ -29,8 +29,10 @@
 //!
 //! # The stream path
 //!
-//! 1. [`stream::consumer`]: in each lane, one thread owns a Kafka consumer (a member of the
-//!    group; lanes and replicas share partitions). Rebalance callbacks run on it, so revoked
+//! 1. [`stream::consumer`]: in each lane, one thread owns a Kafka consumer of one topic (a
+//!    member of the group; lanes and replicas share partitions; with several topics, each has
+//!    `kafka.consumers` lanes of its own, decoding its events its way, so fences and exactness
+//!    are per topic-partition). Rebalance callbacks run on it, so revoked
 //!    partitions are flushed first. Its worker routes between small owners: the flush in flight
 //!    (`consumer::flush`), commits (`consumer::commit`), partition states and recovery (a pure
 //!    decision from what Redis and Kafka hold, `consumer::recovery`).

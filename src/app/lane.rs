@@ -16,7 +16,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{FlushConfig, KafkaConfig, Model};
+use crate::config::{FlushConfig, KafkaConfig, Model, Topic};
 use crate::ops::health::Health;
 use crate::ops::metrics::Metrics;
 use crate::stream::aggregate::Aggregator;
@@ -93,14 +93,20 @@ pub(super) struct Shared<'a> {
 }
 
 impl Lane {
-    /// Build lane `index` and start its sink task and consumer thread. Lane 0 checks Redis
-    /// first (an unsafe eviction policy refuses the start).
-    pub(super) async fn start(shared: &Shared<'_>, index: usize) -> anyhow::Result<Lane> {
+    /// Build lane `index`, a consumer of `topic`, and start its sink task and consumer
+    /// thread. Lane 0 checks Redis first (an unsafe eviction policy refuses the start).
+    pub(super) async fn start(
+        shared: &Shared<'_>,
+        index: usize,
+        topic: &Topic,
+    ) -> anyhow::Result<Lane> {
         let model = shared.model;
         let config = &model.config;
-        let (mut decoder, counters) = crate::stream::aggregate::stages(model);
+        shared.metrics.status.lane_reads(index, &topic.name);
+        let (mut decoder, counters) = crate::stream::aggregate::stages_of(model, topic);
         decoder.wait_for_schemas(shared.shutdown.clone());
-        let scope = model.scope.clone();
+        // Fences are per topic-partition: each topic's lanes keep theirs apart.
+        let scope = topic.scope.clone();
         let agg = Aggregator::new(counters, 1, config.flush.max_keys_per_call)
             .with_layout(scope.layout.clone())
             .with_watermarks(model.has_outputs());
@@ -119,7 +125,7 @@ impl Lane {
         }
         let (sink_tx, sink_rx) = mpsc::unbounded_channel();
         let sink_link = (sink_tx, sink.connections());
-        let worker = lane_worker(shared, index, agg, decoder, sink_link, flush)?;
+        let worker = lane_worker(shared, (index, topic), agg, decoder, sink_link, flush)?;
         let ctx = TallyContext::new(worker, shared.health.clone(), shared.shutdown.clone());
         let consumer: BaseConsumer<TallyContext> =
             lane_client_config(&config.kafka, shared.lanes, index)
@@ -186,11 +192,11 @@ fn lane_flush(process: &FlushConfig, lanes: usize) -> FlushConfig {
     flush
 }
 
-/// The consumer's worker of lane `index`: its aggregator and decoder, the sender to its sink,
-/// and a dead-letter producer if the config names a topic.
+/// The consumer's worker of lane `index` reading `topic`: its aggregator and decoder, the
+/// sender to its sink, and a dead-letter producer if the topic's decoding names one.
 fn lane_worker(
     shared: &Shared<'_>,
-    index: usize,
+    (index, topic): (usize, &Topic),
     agg: Aggregator,
     decoder: Decoder,
     (sink_tx, connections): (mpsc::UnboundedSender<SinkRequest>, Arc<AtomicU64>),
@@ -202,7 +208,7 @@ fn lane_worker(
         decoder,
         sink_tx,
         shared.metrics.clone(),
-        config.kafka.topic.clone(),
+        topic.name.clone(),
         flush,
         StateAccess {
             start_from: config.kafka.start_from,
@@ -211,12 +217,17 @@ fn lane_worker(
             init_timeout: config.redis.connect_timeout + config.redis.response_timeout,
             lane: index,
             connections,
+            topic: (shared.model.topics.len() > 1).then(|| topic.name.clone()),
         },
     );
-    if let Some(topic) = &config.decode.dead_letter_topic {
-        let dlq =
-            crate::stream::consumer::DeadLetters::new(&config.kafka, topic, shared.metrics.clone())
-                .context("dead-letter producer")?;
+    if let Some(dead) = &topic.decode.dead_letter_topic {
+        let dlq = crate::stream::consumer::DeadLetters::new(
+            &config.kafka,
+            &topic.name,
+            dead,
+            shared.metrics.clone(),
+        )
+        .context("dead-letter producer")?;
         worker = worker.with_dead_letters(dlq);
     }
     Ok(worker)

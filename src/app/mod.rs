@@ -107,8 +107,9 @@ impl Tally {
         };
         let metrics = Metrics::new(&model.counter_names()).with_status(hot_keys);
         if role == Role::Run {
-            let kafka = &model.config.kafka;
-            metrics.status.set_consuming(&kafka.group_id, &kafka.topic);
+            let topics: Vec<&str> = model.topics.iter().map(|t| t.name.as_str()).collect();
+            let group = &model.config.kafka.group_id;
+            metrics.status.set_consuming(group, &topics.join(", "));
         }
         metrics
             .decode
@@ -147,12 +148,20 @@ impl Tally {
             .await
     }
 
-    /// Start `kafka.consumers` consumer lanes under `tasks` (an error starting lane 0 is the
-    /// process's; a later lane's stops the lanes already started).
+    /// Start `kafka.consumers` consumer lanes per topic under `tasks`, all members of one group
+    /// (an error starting lane 0 is the process's; a later lane's stops the lanes already
+    /// started).
     async fn start_lanes(&self, tasks: &mut Supervisor) -> anyhow::Result<()> {
         let config = &self.model.config;
         let shutdown = tasks.shutdown().clone();
-        let lanes = config.kafka.consumers.resolve();
+        let per_topic = config.kafka.consumers.resolve();
+        let plan: Vec<&crate::config::Topic> = self
+            .model
+            .topics
+            .iter()
+            .flat_map(|t| std::iter::repeat_n(t, per_topic))
+            .collect();
+        let lanes = plan.len();
         let close_gate = Arc::new(lane::CloseGate::new(lanes));
         let shared = Shared {
             model: &self.model,
@@ -164,8 +173,8 @@ impl Tally {
             close_gate: &close_gate,
         };
         let grace = config.flush.shutdown_grace;
-        for index in 0..lanes {
-            match Lane::start(&shared, index).await {
+        for (index, topic) in plan.into_iter().enumerate() {
+            match Lane::start(&shared, index, topic).await {
                 Ok(lane) => {
                     let deadline = tasks.deadline().clone();
                     tasks.spawn(
@@ -199,7 +208,8 @@ impl Tally {
             let _ = task_gone.await;
             Ok(())
         });
-        tracing::info!(topic = %config.kafka.topic, group = %config.kafka.group_id, lanes, "consuming");
+        let topics: Vec<&str> = self.model.topics.iter().map(|t| t.name.as_str()).collect();
+        tracing::info!(topics = %topics.join(","), group = %config.kafka.group_id, lanes, "consuming");
         Ok(())
     }
 }

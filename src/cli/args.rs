@@ -181,6 +181,9 @@ pub(crate) enum StateAction {
     /// Set a halted partition's applied offset on every shard: to --offset, or to the state
     /// marker's copy (exact when only the offset key was lost).
     Repair {
+        /// The topic of the partition (needed when several topics are read).
+        #[arg(long = "topic")]
+        topic_name: Option<String>,
         /// The partition to repair.
         #[arg(long)]
         partition: i32,

@@ -58,17 +58,26 @@ pub(crate) async fn key(model: Arc<Model>, args: KeyArgs, fetch: bool) -> anyhow
 }
 
 pub(crate) async fn state(config: Config, args: StateArgs) -> anyhow::Result<()> {
-    if let Some(StateAction::Repair { partition, offset }) = args.action {
-        for (shard, value) in tally::stream::state::repair(&config, partition, offset).await? {
+    if let Some(StateAction::Repair {
+        topic_name,
+        partition,
+        offset,
+    }) = args.action
+    {
+        let topic = topic_name.as_deref();
+        for (shard, value) in
+            tally::stream::state::repair(&config, topic, partition, offset).await?
+        {
             println!("partition {partition} shard {shard}: applied offset set to {value}");
         }
         return Ok(());
     }
     let rows = tally::stream::state::inspect(&config, &args.partitions).await?;
-    println!("partition\tshard\tapplied\tmarker_copy\tstatus");
+    println!("topic\tpartition\tshard\tapplied\tmarker_copy\tstatus");
     for r in rows {
         println!(
-            "{}\t{}\t{}\t{}\t{}",
+            "{}\t{}\t{}\t{}\t{}\t{}",
+            r.topic,
             r.partition,
             r.shard,
             r.fence.as_deref().unwrap_or("-"),

@@ -309,6 +309,17 @@ fn stream_lines(stream: &Value) -> Vec<Line<'static>> {
     if !BY_NUMBER.load(Ordering::Relaxed) {
         parts.sort_by_key(|p| std::cmp::Reverse(p["lag"].as_i64().unwrap_or(0)));
     }
+    // With several topics, a partition is named `topic/number`.
+    let topics: std::collections::BTreeSet<&str> =
+        parts.iter().filter_map(|p| p["topic"].as_str()).collect();
+    let name = |p: &serde_json::Value| match topics.len() > 1 {
+        true => format!(
+            "{}/{}",
+            p["topic"].as_str().unwrap_or("?"),
+            number(&p["partition"])
+        ),
+        false => number(&p["partition"]),
+    };
     lines.push(Line::styled(
         "partition  lane     applied         end      lag  oldest  state",
         Style::new().add_modifier(Modifier::BOLD),
@@ -319,7 +330,7 @@ fn stream_lines(stream: &Value) -> Vec<Line<'static>> {
             .map_or("-".to_string(), |a| format!("{a:.1}s"));
         lines.push(Line::from(format!(
             "{:>9}  {:>4}  {:>10}  {:>10}  {:>7}  {:>6}  {}",
-            number(&p["partition"]),
+            name(p),
             number(&p["lane"]),
             number(&p["applied"]),
             number(&p["end"]),
@@ -342,7 +353,7 @@ fn stream_lines(stream: &Value) -> Vec<Line<'static>> {
             } else {
                 time_of_day(&p["watermark"])
             };
-            format!("p{}:{at}", number(&p["partition"]))
+            format!("p{}:{at}", name(p))
         })
         .collect();
     if !marks.is_empty() {
@@ -360,7 +371,7 @@ fn stream_lines(stream: &Value) -> Vec<Line<'static>> {
         lines.push(Line::styled(
             format!(
                 "HALTED partition {} ({})",
-                number(&h["partition"]),
+                name(h),
                 h["reason"].as_str().unwrap_or("?")
             ),
             red,

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use super::topics::TopicConfig;
 use super::validate::ensure;
 use super::ConfigError;
 
@@ -14,8 +15,11 @@ use super::ConfigError;
 pub struct KafkaConfig {
     /// `bootstrap.servers`: comma-separated host:port list.
     pub brokers: String,
-    /// The topic to count.
+    /// The topic to count (the single-topic form; see `topics`).
     pub topic: String,
+    /// Several topics, each with its own decoding (`[[kafka.topics]]`); empty: `topic`, decoded
+    /// per `[decode]`. Each topic gets `consumers` lanes of its own, all in one group.
+    pub topics: Vec<TopicConfig>,
     /// Consumer group; replicas with the same group share the partitions.
     pub group_id: String,
     /// Where a partition with no applied offset in Redis and no committed offset starts.
@@ -30,7 +34,7 @@ pub struct KafkaConfig {
     /// decoder, aggregator and Redis connection, and owns the partitions Kafka assigns it
     /// (like Kafka Streams' `num.stream.threads`). More lanes use more cores for decoding and
     /// aggregation; `"auto"` is one per core. `flush.max_pending_keys` bounds the lanes
-    /// together.
+    /// together. With `topics`, this many lanes per topic.
     pub consumers: Consumers,
     /// How often the end of every partition this process owns is asked of the broker (one
     /// ListOffsets request), with the age of the oldest message not yet counted: the lag on
@@ -114,6 +118,7 @@ impl Default for KafkaConfig {
         KafkaConfig {
             brokers: "localhost:9092".into(),
             topic: "events".into(),
+            topics: Vec::new(),
             group_id: "tally".into(),
             start_from: StartFrom::Earliest,
             properties: BTreeMap::new(),
@@ -143,7 +148,7 @@ impl KafkaConfig {
             "must list at least one host:port",
         )?;
         ensure(
-            !self.topic.trim().is_empty(),
+            !self.topic.trim().is_empty() || !self.topics.is_empty(),
             "kafka.topic",
             "must name a topic",
         )?;

@@ -30,6 +30,7 @@ mod request;
 mod rls;
 mod status;
 mod tls;
+mod topics;
 mod validate;
 
 pub use cel::{EvalError, Program, Val};
@@ -41,7 +42,7 @@ pub use jobs::{JobsConfig, PublishConfig, ReconcileConfig, TtlAuditConfig};
 pub use kafka::{statistics_interval_ms, AutoWord, Consumers, KafkaConfig, StartFrom};
 pub use limits::{Limits, LimitsError};
 pub use log::{LogConfig, LogFormat, DEFAULT_LOG};
-pub use model::{Model, Tokens};
+pub use model::{Model, Tokens, Topic};
 pub use request::{BatchConfig, OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use rls::RlsConfig;
 pub use status::StatusConfig;
@@ -50,6 +51,7 @@ pub use tally_counters::config::{
     RedisConfigError, RedisMode, Storage,
 };
 pub use tls::TlsFiles;
+pub use topics::{counter_reads, TopicConfig, TopicRef};
 
 use validate::invalid;
 

@@ -23,6 +23,20 @@ pub struct Tokens {
     pub admin: Option<String>,
 }
 
+/// One topic the stream reads, compiled: its decoding, where its fences live, and which
+/// counters count its events.
+#[derive(Debug, Clone)]
+pub struct Topic {
+    /// The topic's name.
+    pub name: String,
+    /// How its messages become events (its own `decode`, or `[decode]`).
+    pub decode: super::DecodeConfig,
+    /// The names of its state keys: fences are per (group, topic, partition, shard).
+    pub scope: FenceScope,
+    /// By counter, in model order: whether the counter counts this topic's events.
+    pub reads: Vec<bool>,
+}
+
 /// A validated configuration and what is compiled from it. Immutable; shared behind an `Arc`.
 #[derive(Debug)]
 pub struct Model {
@@ -32,8 +46,11 @@ pub struct Model {
     pub counters: Vec<CounterSpec>,
     /// Where counter keys live (plain keys standalone, hash tags per shard in a cluster).
     pub layout: Layout,
-    /// The names of this consumer group's state keys (applied offsets, markers).
+    /// The names of the first topic's state keys (applied offsets, markers), also where the
+    /// window publisher keeps its progress. Each topic's own are in `topics`.
     pub scope: FenceScope,
+    /// Every topic the stream reads (`kafka.topics`, or `kafka.topic`), in configuration order.
+    pub topics: Vec<Topic>,
     /// The secrets of the request path's ports, read once (a token file is not read again).
     pub tokens: Tokens,
     /// The RLS limits file (`rls.limits_file`) as loaded at start; a reload replaces the
@@ -58,14 +75,39 @@ impl Model {
                 Limits::load(path).map_err(|e| invalid("rls.limits_file", e.to_string()))?,
             )),
         };
+        let topics: Vec<Topic> = config
+            .topics()
+            .iter()
+            .map(|t| Topic {
+                name: t.name.to_string(),
+                decode: t.decode.clone(),
+                scope: FenceScope::new(&config.redis, &config.kafka.group_id, t.name),
+                reads: config
+                    .counters
+                    .iter()
+                    .map(|c| super::counter_reads(c, t.name))
+                    .collect(),
+            })
+            .collect();
         Ok(Arc::new(Model {
             tokens,
             rls_limits,
             layout: Layout::for_config(&config.redis),
-            scope: FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic),
+            scope: topics[0].scope.clone(),
+            topics,
             counters,
             config,
         }))
+    }
+
+    /// The topic named `name`.
+    pub fn topic(&self, name: &str) -> Option<&Topic> {
+        self.topics.iter().find(|t| t.name == name)
+    }
+
+    /// The first topic: the one of the single-topic form, and where deferred hits go.
+    pub fn first_topic(&self) -> &Topic {
+        &self.topics[0]
     }
 
     /// The counter named `name`.

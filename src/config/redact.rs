@@ -134,10 +134,13 @@ impl Config {
                 *value = MASK.to_string();
             }
         }
-        if let Some(r) = &mut c.decode.schema_registry {
-            r.url = redact_url(&r.url);
-            if r.password.is_some() {
-                r.password = Some(MASK.to_string());
+        let own = c.kafka.topics.iter_mut().filter_map(|t| t.decode.as_mut());
+        for decode in std::iter::once(&mut c.decode).chain(own) {
+            if let Some(r) = &mut decode.schema_registry {
+                r.url = redact_url(&r.url);
+                if r.password.is_some() {
+                    r.password = Some(MASK.to_string());
+                }
             }
         }
         c

@@ -29,6 +29,12 @@ pub(super) fn ensure(
     }
 }
 
+/// A Kafka topic name: 1 to 249 of letters, digits, '.', '_', '-'.
+pub(super) fn legal_topic(t: &str) -> bool {
+    let legal = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
+    !t.is_empty() && t.len() <= 249 && t.bytes().all(legal)
+}
+
 impl From<RedisConfigError> for ConfigError {
     /// The library names the field inside the Redis settings; the file has them under `redis`.
     fn from(e: RedisConfigError) -> ConfigError {
@@ -43,7 +49,7 @@ impl Config {
     pub fn validate(&self) -> Result<Vec<CounterSpec>, ConfigError> {
         self.kafka.validate()?;
         self.redis.validate()?;
-        self.decode.validate()?;
+        self.validate_topics()?;
         self.flush.validate()?;
         self.recovery.validate()?;
         self.http.validate()?;
@@ -80,13 +86,15 @@ impl Config {
                 Program::filter(f).map_err(|e| invalid(format!("counters[{i}].filter"), e))?;
             }
         }
+        self.validate_counter_topics()?;
         // The decoder keeps per-event flags in 64-bit masks: one bit per counter.
-        let rules =
-            self.counters.iter().any(|c| c.filter.is_some()) || !self.decode.derive.is_empty();
+        let rules = self.counters.iter().any(|c| c.filter.is_some())
+            || self.topics().iter().any(|t| !t.decode.derive.is_empty())
+            || self.restricts_topics();
         ensure(
             !rules || self.counters.len() <= 64,
             "counters",
-            "at most 64 counters with filters or derived fields",
+            "at most 64 counters with filters, derived fields or topics",
         )?;
         self.validate_key_spaces(&specs)?;
         Ok(specs)
@@ -118,22 +126,33 @@ impl Config {
                 |o: &CounterConfig| o.dimensions.contains(v) || o.member.as_ref() == Some(v);
             let reason = format!("`{v}` is also used as a dimension");
             ensure(!self.counters.iter().any(shared), at("value_field"), reason)?;
-            let reason = format!("`{v}` is also decode.time_field");
-            ensure(
-                self.decode.time_field.as_ref() != Some(v),
-                at("value_field"),
-                reason,
-            )?;
+            for t in self.read_by(c) {
+                let reason = format!("`{v}` is also {}.time_field", t.decode_key());
+                ensure(
+                    t.decode.time_field.as_ref() != Some(v),
+                    at("value_field"),
+                    reason,
+                )?;
+            }
         }
         if let Some(o) = &c.output {
             validate_output(o, c, &at)?;
         }
-        if let Some(t) = &self.decode.time_field {
-            let reason = || format!("`{t}` is also decode.time_field");
-            ensure(c.member.as_ref() != Some(t), at("member"), reason())?;
-            ensure(!c.dimensions.contains(t), at("dimensions"), reason())?;
+        for topic in self.read_by(c) {
+            if let Some(t) = &topic.decode.time_field {
+                let reason = || format!("`{t}` is also {}.time_field", topic.decode_key());
+                ensure(c.member.as_ref() != Some(t), at("member"), reason())?;
+                ensure(!c.dimensions.contains(t), at("dimensions"), reason())?;
+            }
         }
         Ok(spec)
+    }
+
+    /// The topics counter `c` reads.
+    fn read_by(&self, c: &CounterConfig) -> Vec<super::TopicRef<'_>> {
+        let mut topics = self.topics();
+        topics.retain(|t| super::counter_reads(c, t.name));
+        topics
     }
 
     /// No two counters may write one key (their counts would merge and the first expiry would
@@ -179,8 +198,7 @@ fn validate_output(
     c: &CounterConfig,
     at: &dyn Fn(&str) -> String,
 ) -> Result<(), ConfigError> {
-    let legal = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
-    let topic = |t: &str| !t.is_empty() && t.len() <= 249 && t.bytes().all(legal);
+    let topic = legal_topic;
     let named = "a Kafka topic name: 1 to 249 of letters, digits, '.', '_', '-'";
     ensure(topic(&o.topic), at("output.topic"), named)?;
     if let Some(late) = &o.late_topic {

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use tally_counters::model::Kind;
 use tally_counters::request::Client;
 
-use crate::config::Model;
+use crate::config::{Model, Topic};
 use crate::ops::metrics::Metrics;
 use crate::stream::decode::{Decoder, Record};
 
@@ -34,8 +34,8 @@ pub struct Reconciler {
     model: Arc<Model>,
     client: Client,
     metrics: Metrics,
-    /// Decodes recounted messages as the stream path does.
-    decoder: Decoder,
+    /// Decodes recounted messages as the stream path does: one per topic, in model order.
+    decoders: Vec<Decoder>,
 }
 
 /// A key (and hash field) and how to read it.
@@ -48,7 +48,11 @@ impl Reconciler {
     /// For a validated configuration.
     pub fn new(model: Arc<Model>, client: &Client, metrics: &Metrics) -> Reconciler {
         Reconciler {
-            decoder: Decoder::for_counters(&model.config.decode, &model.counters),
+            decoders: model
+                .topics
+                .iter()
+                .map(|t| Decoder::for_topic(t, &model.counters))
+                .collect(),
             model,
             client: client.clone(),
             metrics: metrics.clone(),
@@ -84,22 +88,31 @@ impl Reconciler {
         if targets.is_empty() {
             return Ok(());
         }
-        let applied = self.applied().await?;
-        // librdkafka's polling blocks: keep it off the async workers' feet.
-        let (truth, partial) = tokio::task::block_in_place(|| self.recount(&targets, &applied))?;
-        for p in &partial {
-            tracing::warn!(
-                partition = p,
-                "reconcile: the partition's start was deleted; its recount is partial"
-            );
+        // Every topic's events add to the same keys: one recount over them all.
+        let mut truth = Recount::new();
+        for (topic, decoder) in self.model.topics.iter().zip(&self.decoders) {
+            let applied = self.applied(topic).await?;
+            // librdkafka's polling blocks: keep it off the async workers' feet.
+            let partial = tokio::task::block_in_place(|| {
+                self.recount(topic, decoder, &targets, &applied, &mut truth)
+            })?;
+            for p in &partial {
+                tracing::warn!(
+                    topic = %topic.name,
+                    partition = p,
+                    "reconcile: the partition's start was deleted; its recount is partial"
+                );
+            }
         }
         self.compare(&truth).await
     }
 
-    /// How far Redis applied each partition (the minimum over its shards; absent: skipped).
-    async fn applied(&self) -> anyhow::Result<BTreeMap<i32, i64>> {
+    /// How far Redis applied each partition of `topic` (the minimum over its shards; absent:
+    /// skipped).
+    async fn applied(&self, topic: &Topic) -> anyhow::Result<BTreeMap<i32, i64>> {
         let consumer = self.consumer()?;
-        let topic = &self.model.config.kafka.topic;
+        let scope = &topic.scope;
+        let topic = &topic.name;
         let meta = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
         let partitions: Vec<i32> = meta
             .topics()
@@ -112,7 +125,7 @@ impl Reconciler {
             for shard in 0..self.model.layout.shards() {
                 let v: Option<i64> = self
                     .client
-                    .query(redis::cmd("GET").arg(self.model.scope.key(p, shard)))
+                    .query(redis::cmd("GET").arg(scope.key(p, shard)))
                     .await?;
                 least = match (least, v) {
                     (None, v) => v,
@@ -142,14 +155,18 @@ impl Reconciler {
         Ok(c.create()?)
     }
 
-    /// Sum the events of the target windows in every partition up to its applied offset.
+    /// Add to `truth` the events of the target windows in every partition of `topic` up to its
+    /// applied offset; the partitions whose start was deleted.
     fn recount(
         &self,
+        topic: &Topic,
+        decoder: &Decoder,
         targets: &[(usize, Vec<i64>)],
         applied: &BTreeMap<i32, i64>,
-    ) -> anyhow::Result<(Recount, Vec<i32>)> {
+        truth: &mut Recount,
+    ) -> anyhow::Result<Vec<i32>> {
         let consumer = self.consumer()?;
-        let topic = &self.model.config.kafka.topic;
+        let topic = &topic.name;
         let mut tpl = TopicPartitionList::new();
         let mut partial = Vec::new();
         for (&p, &end) in applied {
@@ -164,7 +181,6 @@ impl Reconciler {
         let mut left: BTreeMap<i32, i64> = applied.clone();
         left.retain(|p, _| tpl.find_partition(topic, *p).is_some());
         consumer.assign(&tpl)?;
-        let mut truth = Recount::new();
         let deadline = std::time::Instant::now() + Duration::from_secs(300);
         while !left.is_empty() {
             anyhow::ensure!(
@@ -192,10 +208,7 @@ impl Reconciler {
                 partition: p,
             };
             let event =
-                match self
-                    .decoder
-                    .decode_record(&record, msg.payload(), ts, ts.unwrap_or(i64::MAX))
-                {
+                match decoder.decode_record(&record, msg.payload(), ts, ts.unwrap_or(i64::MAX)) {
                     Ok(event) => event,
                     // The schema registry did not answer: this recount would come out short.
                     Err(crate::stream::decode::DecodeError::Unavailable) => {
@@ -215,19 +228,19 @@ impl Reconciler {
                 let values: Vec<&str> = spec
                     .dimensions
                     .iter()
-                    .filter_map(|d| self.decoder.field_index(d).map(|f| &*event.dims[f]))
+                    .filter_map(|d| decoder.field_index(d).map(|f| &*event.dims[f]))
                     .collect();
                 let delta = spec
                     .value_field
                     .as_deref()
-                    .and_then(|v| self.decoder.field_index(v))
+                    .and_then(|v| decoder.field_index(v))
                     .map_or(1, |f| event.nums[f]);
                 let (key, field, _) = spec.location_at(&values, event.ts_ms, &self.model.layout);
                 let entry = truth.entry((key, field)).or_insert((*i, 0));
                 entry.1 = entry.1.saturating_add(delta);
             }
         }
-        Ok((truth, partial))
+        Ok(partial)
     }
 
     async fn compare(&self, truth: &Recount) -> anyhow::Result<()> {

@@ -1,5 +1,5 @@
 //! `tally state`: inspect and repair tally's own state in Redis — each shard's state marker and
-//! the applied offset (fence) of every (partition, shard). A running tally retries halted
+//! the applied offset (fence) of every (topic, partition, shard): fences are per topic-partition. A running tally retries halted
 //! partitions every few seconds, so a repair takes effect without a restart.
 
 use anyhow::{bail, Context as _};
@@ -12,6 +12,8 @@ use crate::stream::sink::{script, FenceScope};
 /// One (partition, shard) as Redis holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FenceRow {
+    /// Kafka topic.
+    pub topic: String,
     /// Kafka partition.
     pub partition: i32,
     /// Shard (0 on standalone Redis).
@@ -39,11 +41,24 @@ async fn connect(config: &Config) -> anyhow::Result<Conn> {
     connector.connect().await.context("cannot connect to redis")
 }
 
-/// The fences of `partitions`, plus every partition a state marker names.
+/// The fences of `partitions` of every topic read, plus every partition a state marker names.
 pub async fn inspect(config: &Config, partitions: &[i32]) -> anyhow::Result<Vec<FenceRow>> {
-    let scope = FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic);
     let mut conn = connect(config).await?;
     let mut rows = Vec::new();
+    for topic in config.topics() {
+        let scope = FenceScope::new(&config.redis, &config.kafka.group_id, topic.name);
+        inspect_topic(&mut conn, &scope, partitions, &mut rows).await?;
+    }
+    Ok(rows)
+}
+
+/// [`inspect`] of the topic of `scope`, into `rows`.
+async fn inspect_topic(
+    conn: &mut Conn,
+    scope: &FenceScope,
+    partitions: &[i32],
+    rows: &mut Vec<FenceRow>,
+) -> anyhow::Result<()> {
     for shard in 0..scope.layout.shards() {
         let marker = scope.marker(shard);
         let kind: String = conn.query(redis::cmd("TYPE").arg(&marker)).await?;
@@ -69,6 +84,7 @@ pub async fn inspect(config: &Config, partitions: &[i32]) -> anyhow::Result<Vec<
                 .find(|(f, _)| f == &p.to_string())
                 .map(|(_, v)| v.clone());
             rows.push(FenceRow {
+                topic: scope.topic.clone(),
                 partition: p,
                 shard,
                 fence,
@@ -76,19 +92,30 @@ pub async fn inspect(config: &Config, partitions: &[i32]) -> anyhow::Result<Vec<
             });
         }
     }
-    Ok(rows)
+    Ok(())
 }
 
-/// Set the fence of every shard of `partition`: to `offset`, or (without it) to the state
-/// marker's copy, which the flush script writes in the same atomic step as the fence. Returns
-/// what was written per shard.
+/// Set the fence of every shard of `partition` of `topic` (None: the only topic read): to
+/// `offset`, or (without it) to the state marker's copy, which the flush script writes in the
+/// same atomic step as the fence. Returns what was written per shard.
 pub async fn repair(
     config: &Config,
+    topic: Option<&str>,
     partition: i32,
     offset: Option<i64>,
 ) -> anyhow::Result<Vec<(u32, i64)>> {
-    let scope = FenceScope::new(&config.redis, &config.kafka.group_id, &config.kafka.topic);
-    let rows = inspect(config, &[partition]).await?;
+    let topics = config.topics();
+    let topic = match (topic, &topics[..]) {
+        (None, [only]) => only.name,
+        (None, _) => bail!("several topics are read: name one with --topic"),
+        (Some(name), _) => match topics.iter().find(|t| t.name == name) {
+            Some(t) => t.name,
+            None => bail!("--topic {name}: not a topic tally reads (kafka.topic or kafka.topics)"),
+        },
+    };
+    let scope = FenceScope::new(&config.redis, &config.kafka.group_id, topic);
+    let mut rows = Vec::new();
+    inspect_topic(&mut connect(config).await?, &scope, &[partition], &mut rows).await?;
     let mut plan = Vec::new();
     for shard in 0..scope.layout.shards() {
         let row = rows

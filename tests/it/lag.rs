@@ -15,30 +15,19 @@ const LAG_INTERVAL: Duration = Duration::from_millis(300);
 const FOLLOWS_WITHIN: Duration = Duration::from_secs(10);
 
 fn lag(running: &Running, partition: i32) -> Option<i64> {
-    let gauge = &running.metrics.consumer.consumer_lag;
-    gauge
-        .get_metric_with_label_values(&[&partition.to_string()])
-        .ok()
-        .map(|g| g.get())
-        .filter(|_| series(running, "tally_consumer_lag_messages", partition))
+    sample(running, "tally_consumer_lag_messages", partition).map(|v| v as i64)
 }
 
 fn lag_seconds(running: &Running, partition: i32) -> Option<f64> {
-    let gauge = &running.metrics.consumer.lag_seconds;
-    gauge
-        .get_metric_with_label_values(&[&partition.to_string()])
-        .ok()
-        .map(|g| g.get())
-        .filter(|_| series(running, "tally_consumer_lag_seconds", partition))
+    sample(running, "tally_consumer_lag_seconds", partition)
 }
 
-/// Whether `/metrics` has a series of `family` for `partition` (a lookup above creates one).
-fn series(running: &Running, family: &str, partition: i32) -> bool {
-    running
-        .metrics
-        .render()
-        .lines()
-        .any(|l| l.starts_with(&format!("{family}{{partition=\"{partition}\"}}")))
+/// The value of `/metrics`' series of `family` for `partition` (of the one topic), if any.
+fn sample(running: &Running, family: &str, partition: i32) -> Option<f64> {
+    let start = format!("{family}{{partition=\"{partition}\",topic=");
+    let text = running.metrics.render();
+    let line = text.lines().find(|l| l.starts_with(&start))?;
+    line.rsplit(' ').next()?.parse().ok()
 }
 
 /// The status page's lag of `partition`, as `/v1/status` answers it.

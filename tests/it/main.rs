@@ -64,6 +64,7 @@ mod state_loss;
 mod status_page;
 mod tansu;
 mod tls;
+mod topics;
 mod window_cluster;
 mod window_late;
 mod window_partitioner;

@@ -172,11 +172,11 @@ async fn redis_emptied_with_the_halt_policy_waits_for_the_operator() {
     .await;
     assert_eq!(total(&h, "lh:*"), 0, "nothing counted while halted");
     // Without a copy in a marker, repair needs an explicit offset: recount from the start.
-    assert!(tally::stream::state::repair(&config, 0, None)
+    assert!(tally::stream::state::repair(&config, None, 0, None)
         .await
         .is_err());
     for p in 0..2 {
-        tally::stream::state::repair(&config, p, Some(0))
+        tally::stream::state::repair(&config, None, p, Some(0))
             .await
             .unwrap();
     }
@@ -248,7 +248,7 @@ async fn a_corrupt_fence_halts_only_its_partition() {
     );
 
     for p in 0..2 {
-        tally::stream::state::repair(&config, p, None)
+        tally::stream::state::repair(&config, None, p, None)
             .await
             .unwrap();
     }
@@ -268,7 +268,7 @@ async fn an_applied_offset_beyond_the_topic_halts_instead_of_dropping() {
     first.stop().await;
 
     // As if the topic had been recreated: Redis has applied far more than the topic holds.
-    tally::stream::state::repair(&config, 0, Some(11_000))
+    tally::stream::state::repair(&config, None, 0, Some(11_000))
         .await
         .unwrap();
     produce_batch(&mut h, 200, 200);
@@ -287,7 +287,7 @@ async fn an_applied_offset_beyond_the_topic_halts_instead_of_dropping() {
     assert!(resets >= 1);
     // Before this change the 100 new events of partition 0 were consumed and silently dropped.
     assert_eq!(total(&h, "be:*"), 300);
-    tally::stream::state::repair(&config, 0, Some(100))
+    tally::stream::state::repair(&config, None, 0, Some(100))
         .await
         .unwrap();
     h.wait_applied(g, WAIT).await;

@@ -121,6 +121,10 @@ pub struct CounterConfig {
     /// an event: it is skipped here only (counted by reason), not refused as bad input.
     #[serde(default)]
     pub filter: Option<String>,
+    /// The topics whose events this counter counts (`kafka.topics` names); empty: every topic.
+    /// Another topic's events are not counted here, and need not carry this counter's fields.
+    #[serde(default)]
+    pub topics: Vec<String>,
 }
 
 /// What a counter keeps.
@@ -203,6 +207,7 @@ impl CounterConfig {
             hash_key: None,
             output: None,
             filter: None,
+            topics: Vec::new(),
         }
     }
 }

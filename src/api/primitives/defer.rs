@@ -1,5 +1,6 @@
 //! Deferred hits: when Redis cannot be reached, a hit whose caller asked for it is written as an
-//! event to the topic the stream path consumes. Only when the error proves that Redis did not run
+//! event to the topic the stream path consumes (with several topics, the first of
+//! `kafka.topics`, encoded for its decoding; a counter that does not read it cannot defer). Only when the error proves that Redis did not run
 //! the hit ([`RequestError::did_not_run`]): after a response timeout it may have, and deferring it
 //! would count it twice (the caller gets "outcome unknown" and retries with its idempotency key).
 //! The event is acknowledged by every in-sync replica (idempotent producer) and counted exactly
@@ -92,7 +93,8 @@ pub enum HitOutcome {
 }
 
 impl Deferral {
-    /// A producer to `kafka.topic` with the configured brokers and security properties.
+    /// A producer to the stream's first topic (`kafka.topic`, or the first of `kafka.topics`)
+    /// with the configured brokers and security properties.
     pub fn new(model: &Model) -> Deferral {
         let config = &model.config;
         let mut c = ClientConfig::new();
@@ -112,9 +114,10 @@ impl Deferral {
         Deferral {
             producer: std::sync::OnceLock::new(),
             settings: c,
-            topic: config.kafka.topic.clone(),
-            decoder: Decoder::for_counters(&config.decode, &model.counters),
-            decode: config.decode.clone(),
+            // With several topics, deferred hits go to the first: its decoding writes them.
+            topic: model.first_topic().name.clone(),
+            decoder: Decoder::for_topic(model.first_topic(), &model.counters),
+            decode: model.first_topic().decode.clone(),
             counters: model.counters.iter().map(|c| c.name.clone()).collect(),
         }
     }
@@ -189,6 +192,12 @@ impl Deferral {
         // The counter's own filter (or a derived field it needs) must take the event, or the
         // 202 would promise a count the stream path never makes.
         let index = self.counters.iter().position(|n| *n == spec.name);
+        if index.is_some_and(|i| !self.decoder.reads(i)) {
+            return Err(RequestError::Invalid(format!(
+                "cannot defer: counter `{}` does not read topic `{}`, where deferred hits go (the first of kafka.topics)",
+                spec.name, self.topic
+            )));
+        }
         let skipped = index.is_some_and(|i| skips.checked_shr(i as u32).unwrap_or(0) & 1 == 1);
         if skipped {
             return Err(RequestError::Invalid(format!(

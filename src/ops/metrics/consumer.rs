@@ -23,12 +23,12 @@ super::labels::labels!(
 pub struct ConsumerMetrics {
     /// Messages read from Kafka (before decoding).
     pub messages_consumed: IntCounter,
-    /// Last offset committed to Kafka, by partition.
+    /// Last offset committed to Kafka, by topic and partition.
     pub committed_offset: IntGaugeVec,
-    /// Messages not yet counted, by owned partition (the lag probe: the broker's end minus what
+    /// Messages not yet counted, by owned topic and partition (the lag probe: the broker's end minus what
     /// Redis has applied).
     pub consumer_lag: IntGaugeVec,
-    /// Age of the oldest message not yet counted, by owned partition (0 without a backlog).
+    /// Age of the oldest message not yet counted, by owned topic and partition (0 without a backlog).
     pub lag_seconds: GaugeVec,
     /// Partition assignments and revocations.
     pub rebalances: IntCounterVec,
@@ -51,20 +51,20 @@ impl ConsumerMetrics {
             committed_offset: gauge_vec(
                 registry,
                 "tally_committed_offset",
-                "Last offset committed to Kafka.",
-                &["partition"],
+                "Last offset committed to Kafka, by topic and partition.",
+                &["topic", "partition"],
             ),
             consumer_lag: gauge_vec(
                 registry,
                 "tally_consumer_lag_messages",
-                "Messages not yet counted: the partition's end, asked of the broker every kafka.lag_interval, minus the offset Redis has applied (paused and halted partitions included).",
-                &["partition"],
+                "Messages not yet counted: the partition's end, asked of the broker every kafka.lag_interval, minus the offset Redis has applied (paused and halted partitions included), by topic and partition.",
+                &["topic", "partition"],
             ),
             lag_seconds: float_gauge_vec(
                 registry,
                 "tally_consumer_lag_seconds",
-                "Age of the oldest message not yet counted (its Kafka timestamp), by partition; 0 without a backlog.",
-                &["partition"],
+                "Age of the oldest message not yet counted (its Kafka timestamp), by topic and partition; 0 without a backlog.",
+                &["topic", "partition"],
             ),
             rebalances: counter_vec(
                 registry,

@@ -35,14 +35,14 @@ impl PublishMetrics {
             watermark_seconds: float_gauge_vec(
                 registry,
                 "tally_watermark_seconds",
-                "Highest event time applied per partition (Unix seconds, millisecond precision), read by the window publisher.",
-                &["partition"],
+                "Highest event time applied per partition (Unix seconds, millisecond precision), read by the window publisher, by topic and partition.",
+                &["topic", "partition"],
             ),
             idle: gauge_vec(
                 registry,
                 "tally_partition_idle",
-                "1 for a partition the watermark leaves out (caught up, no message for idle_timeout).",
-                &["partition"],
+                "1 for a partition the watermark leaves out (caught up, no message for idle_timeout), by topic and partition.",
+                &["topic", "partition"],
             ),
             counter_watermark_seconds: float_gauge_vec(
                 registry,

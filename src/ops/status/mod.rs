@@ -73,7 +73,10 @@ struct Job {
 /// The stream's state: partitions, totals, history, flush latencies, hot keys.
 #[derive(Debug)]
 struct Stream {
-    partitions: Mutex<BTreeMap<i32, Partition>>,
+    /// By (topic, partition): fences, and so everything here, are per topic-partition.
+    partitions: Mutex<BTreeMap<(String, i32), Partition>>,
+    /// The topic each consumer lane reads, by lane.
+    lanes: Mutex<Vec<String>>,
     totals: Totals,
     history: Mutex<History>,
     latencies: Mutex<Latencies>,
@@ -86,9 +89,9 @@ struct Stream {
 /// What the window publisher last saw ([`crate::stream::publish`]); kept while this process leads it.
 #[derive(Debug, Clone, Default)]
 struct Watermarks {
-    /// Per partition of the topic: the highest event time applied (Unix ms), and whether the
+    /// Per (topic, partition): the highest event time applied (Unix ms), and whether the
     /// partition is idle (not holding the topic's watermark back).
-    partitions: BTreeMap<i32, (Option<i64>, bool)>,
+    partitions: BTreeMap<(String, i32), (Option<i64>, bool)>,
     /// Per counter with an output: its watermark after `allowed_lateness` (Unix ms).
     counters: BTreeMap<String, Option<i64>>,
 }
@@ -115,6 +118,7 @@ impl Status {
             started: Instant::now(),
             stream: Stream {
                 partitions: Mutex::new(BTreeMap::new()),
+                lanes: Mutex::new(Vec::new()),
                 totals: Totals::default(),
                 history: Mutex::new(History::default()),
                 latencies: Mutex::new(Latencies::default()),
@@ -140,31 +144,50 @@ impl Status {
 
     // ---- the stream path (consumer lanes) ----
 
+    /// Consumer lane `lane` reads `topic` (called as it starts, before it owns partitions).
+    pub fn lane_reads(&self, lane: usize, topic: &str) {
+        let mut lanes = self.stream.lanes.lock();
+        if lanes.len() <= lane {
+            lanes.resize(lane + 1, String::new());
+        }
+        lanes[lane] = topic.to_string();
+    }
+
+    /// The (topic, partition) of `partition` of `lane`'s topic.
+    fn of_lane(&self, lane: usize, partition: i32) -> (String, i32) {
+        let lanes = self.stream.lanes.lock();
+        (lanes.get(lane).cloned().unwrap_or_default(), partition)
+    }
+
     /// `partition` was assigned to `lane` and starts at `start`.
     pub fn assigned(&self, lane: usize, partition: i32, start: i64) {
+        let key = self.of_lane(lane, partition);
         let mut parts = self.stream.partitions.lock();
-        let p = parts.entry(partition).or_default();
+        let p = parts.entry(key).or_default();
         p.lane = lane;
         p.applied = Some(start);
     }
 
-    /// `partition` left this process.
-    pub fn revoked(&self, partition: i32) {
-        self.stream.partitions.lock().remove(&partition);
+    /// `partition` of `lane`'s topic left this process.
+    pub fn revoked(&self, lane: usize, partition: i32) {
+        let key = self.of_lane(lane, partition);
+        self.stream.partitions.lock().remove(&key);
     }
 
-    /// A flush landed: `ends` are the partitions' new applied offsets; it wrote `keys` keys in
-    /// `took`.
+    /// A flush of `lane` landed: `ends` are the partitions' new applied offsets; it wrote
+    /// `keys` keys in `took`.
     pub fn flush_landed(
         &self,
+        lane: usize,
         ends: impl IntoIterator<Item = (i32, i64)>,
         keys: usize,
         took: Duration,
     ) {
         {
+            let topic = self.of_lane(lane, 0).0;
             let mut parts = self.stream.partitions.lock();
             for (partition, end) in ends {
-                if let Some(p) = parts.get_mut(&partition) {
+                if let Some(p) = parts.get_mut(&(topic.clone(), partition)) {
                     p.applied = Some(end);
                 }
             }
@@ -178,22 +201,31 @@ impl Status {
         self.stream.latencies.lock().push(micros);
     }
 
-    /// The partitions this process owns, with the next offset to count where known.
-    pub fn owned(&self) -> Vec<(i32, Option<i64>)> {
+    /// The partitions this process owns, by topic, with the next offset to count where known.
+    pub fn owned(&self) -> BTreeMap<String, Vec<(i32, Option<i64>)>> {
         let parts = self.stream.partitions.lock();
-        parts.iter().map(|(&p, s)| (p, s.applied)).collect()
+        let mut owned: BTreeMap<String, Vec<(i32, Option<i64>)>> = BTreeMap::new();
+        for ((topic, p), s) in parts.iter() {
+            owned
+                .entry(topic.clone())
+                .or_default()
+                .push((*p, s.applied));
+        }
+        owned
     }
 
     /// The age of `partition`'s oldest message not yet counted (ignored if not owned).
-    pub fn lag_seconds(&self, partition: i32, seconds: f64) {
-        if let Some(p) = self.stream.partitions.lock().get_mut(&partition) {
+    pub fn lag_seconds(&self, topic: &str, partition: i32, seconds: f64) {
+        let key = (topic.to_string(), partition);
+        if let Some(p) = self.stream.partitions.lock().get_mut(&key) {
             p.lag_seconds = Some(seconds);
         }
     }
 
     /// Kafka's end offset of `partition` (ignored for partitions this process does not own).
-    pub fn kafka_end(&self, partition: i32, end: i64) {
-        if let Some(p) = self.stream.partitions.lock().get_mut(&partition) {
+    pub fn kafka_end(&self, topic: &str, partition: i32, end: i64) {
+        let key = (topic.to_string(), partition);
+        if let Some(p) = self.stream.partitions.lock().get_mut(&key) {
             p.end = Some(end);
         }
     }
@@ -215,12 +247,13 @@ impl Status {
 
     /// Replace what `lane` reports as halted.
     pub fn set_halted(&self, lane: usize, halted: impl IntoIterator<Item = (i32, Halt)>) {
+        let topic = self.of_lane(lane, 0).0;
         let mut parts = self.stream.partitions.lock();
         for p in parts.values_mut().filter(|p| p.lane == lane) {
             p.halt = None;
         }
         for (partition, halt) in halted {
-            let p = parts.entry(partition).or_default();
+            let p = parts.entry((topic.clone(), partition)).or_default();
             p.lane = lane;
             p.halt = Some(halt);
         }
@@ -228,12 +261,13 @@ impl Status {
 
     /// Replace what `lane` reports as replaying after a rollback: (partition, replayed up to).
     pub fn set_replaying(&self, lane: usize, replaying: impl IntoIterator<Item = (i32, i64)>) {
+        let topic = self.of_lane(lane, 0).0;
         let mut parts = self.stream.partitions.lock();
         for p in parts.values_mut().filter(|p| p.lane == lane) {
             p.replaying_until = None;
         }
         for (partition, until) in replaying {
-            let p = parts.entry(partition).or_default();
+            let p = parts.entry((topic.clone(), partition)).or_default();
             p.lane = lane;
             p.replaying_until = Some(until);
         }
@@ -254,12 +288,19 @@ impl Status {
         hot.lock().feed(deltas, repeats, unix_ms());
     }
 
-    /// The window publisher read the partitions' `(partition, highest event time, idle)`.
-    pub fn partition_watermarks(&self, marks: impl IntoIterator<Item = (i32, Option<i64>, bool)>) {
+    /// The window publisher read the partitions' `(topic, partition, highest event time,
+    /// idle)`.
+    pub fn partition_watermarks<'t>(
+        &self,
+        marks: impl IntoIterator<Item = (&'t str, i32, Option<i64>, bool)>,
+    ) {
         let mut w = self.stream.watermarks.lock();
         w.partitions.clear();
-        w.partitions
-            .extend(marks.into_iter().map(|(p, t, idle)| (p, (t, idle))));
+        w.partitions.extend(
+            marks
+                .into_iter()
+                .map(|(topic, p, t, idle)| ((topic.to_string(), p), (t, idle))),
+        );
     }
 
     /// The window publisher computed `counter`'s watermark after lateness (None: not known yet).

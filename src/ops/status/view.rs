@@ -98,6 +98,8 @@ pub struct OutputView {
 /// One owned partition.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PartitionView {
+    /// The topic.
+    pub topic: String,
     pub partition: i32,
     /// The consumer lane that owns it.
     pub lane: usize,
@@ -127,6 +129,8 @@ pub struct PartitionView {
 /// A halted partition.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct HaltView {
+    /// The topic.
+    pub topic: String,
     pub partition: i32,
     pub lane: usize,
     /// `fence_missing`, `fence_corrupt`, `state_lost`, `beyond_end`, `redis_unavailable`,
@@ -257,8 +261,9 @@ impl Status {
         let marks = stream.watermarks.lock().clone();
         let mut partitions = Vec::new();
         let mut halted = Vec::new();
-        for (&partition, p) in stream.partitions.lock().iter() {
-            let mark = marks.partitions.get(&partition);
+        for ((topic, partition), p) in stream.partitions.lock().iter() {
+            let (topic, partition) = (topic.clone(), *partition);
+            let mark = marks.partitions.get(&(topic.clone(), partition));
             // The end is asked every `kafka.lag_interval`: when the applied offset passed it
             // since, the probe is behind, not the partition.
             let end = match (p.applied, p.end) {
@@ -267,6 +272,7 @@ impl Status {
             };
             let lag = p.applied.zip(end).map(|(a, e)| e - a);
             partitions.push(PartitionView {
+                topic: topic.clone(),
                 partition,
                 lane: p.lane,
                 applied: p.applied,
@@ -280,6 +286,7 @@ impl Status {
             });
             if let Some(h) = &p.halt {
                 halted.push(HaltView {
+                    topic,
                     partition,
                     lane: p.lane,
                     reason: h.reason,

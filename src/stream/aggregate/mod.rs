@@ -69,7 +69,15 @@ enum HotKind {
 
 /// The decoder and hot-path counters of `model`, as each consumer lane builds them.
 pub fn stages(model: &crate::config::Model) -> (Decoder, Vec<Counter>) {
-    let decoder = Decoder::for_counters(&model.config.decode, &model.counters);
+    stages_of(model, model.first_topic())
+}
+
+/// [`stages`] for the events of `topic`: the counters that do not read it skip them all.
+pub fn stages_of(
+    model: &crate::config::Model,
+    topic: &crate::config::Topic,
+) -> (Decoder, Vec<Counter>) {
+    let decoder = Decoder::for_topic(topic, &model.counters);
     let counters = Counter::for_decoder(&model.counters, &decoder);
     (decoder, counters)
 }
@@ -80,11 +88,14 @@ impl Counter {
     pub fn for_decoder(specs: &[CounterSpec], decoder: &Decoder) -> Vec<Counter> {
         specs
             .iter()
-            .map(|spec| {
-                Counter::new(spec, |name| {
-                    decoder
-                        .field_index(name)
-                        .expect("Decoder::for_counters registers every field of the specs")
+            .enumerate()
+            .map(|(ci, spec)| {
+                Counter::new(spec, |name| match decoder.field_index(name) {
+                    Some(slot) => slot,
+                    // A counter that does not read the decoder's topic skips every event
+                    // (`Skips::unread`): its fields are never looked at.
+                    None if !decoder.reads(ci) => 0,
+                    None => panic!("Decoder::for_counters registers every field of the specs"),
                 })
             })
             .collect()

@@ -55,7 +55,7 @@ impl Committer {
                 .is_ok()
             {
                 self.committed_offset
-                    .with_label_values(&[&p.to_string()])
+                    .with_label_values(&[&self.topic, &p.to_string()])
                     .set(end);
                 self.landed.insert(p, end);
             }

@@ -62,9 +62,11 @@ fn shared_property(key: &str) -> bool {
 }
 
 impl DeadLetters {
-    /// A producer to `topic` using the consumer's brokers and security settings.
+    /// A producer to `topic` of copies of `source`'s messages, using the consumer's brokers
+    /// and security settings.
     pub fn new(
         kafka: &KafkaConfig,
+        source: &str,
         topic: &str,
         metrics: Metrics,
     ) -> rdkafka::error::KafkaResult<DeadLetters> {
@@ -80,7 +82,7 @@ impl DeadLetters {
         Ok(DeadLetters {
             producer,
             topic: topic.to_string(),
-            source_topic: kafka.topic.clone(),
+            source_topic: source.to_string(),
             metrics,
         })
     }

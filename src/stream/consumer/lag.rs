@@ -9,9 +9,9 @@
 //! - for each partition with a backlog, the first message not yet counted (a fetch of one small
 //!   batch at the applied offset): its timestamp's age is the lag in seconds.
 //!
-//! It writes `tally_consumer_lag_messages{partition}` (end - applied, applied being what Redis
-//! holds), `tally_consumer_lag_seconds{partition}` (0 without a backlog) and the status page's
-//! end and lag. A partition no longer owned loses its series.
+//! It writes `tally_consumer_lag_messages{topic,partition}` (end - applied, applied being what
+//! Redis holds), `tally_consumer_lag_seconds{topic,partition}` (0 without a backlog) and the
+//! status page's end and lag, for every topic read. A partition no longer owned loses its series.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -30,11 +30,10 @@ const FETCH_WAIT: Duration = Duration::from_secs(2);
 /// Asks the broker for the owned partitions' ends (see the module).
 pub struct LagProbe {
     consumer: BaseConsumer,
-    topic: String,
     metrics: Metrics,
     every: Duration,
-    /// Partitions with series on `/metrics`, to remove those no longer owned.
-    reported: BTreeSet<i32>,
+    /// (topic, partition)s with series on `/metrics`, to remove those no longer owned.
+    reported: BTreeSet<(String, i32)>,
 }
 
 impl LagProbe {
@@ -58,7 +57,6 @@ impl LagProbe {
             .set("statistics.interval.ms", "0");
         Ok(LagProbe {
             consumer: c.create()?,
-            topic: kafka.topic.clone(),
             metrics,
             every: kafka.lag_interval,
             reported: BTreeSet::new(),
@@ -89,16 +87,36 @@ impl LagProbe {
         }
     }
 
-    /// One round: ends, then the age of each backlog's first message.
+    /// One round: per topic, the ends, then the age of each backlog's first message.
     fn round(&mut self) -> anyhow::Result<()> {
-        let owned = self.metrics.status.owned();
+        let mut now_reported = BTreeSet::new();
+        for (topic, owned) in self.metrics.status.owned() {
+            self.round_of(&topic, &owned, &mut now_reported)?;
+        }
+        let consumer = &self.metrics.consumer;
+        for (topic, p) in self.reported.difference(&now_reported) {
+            let labels = [topic.as_str(), &p.to_string()];
+            let _ = consumer.consumer_lag.remove_label_values(&labels);
+            let _ = consumer.lag_seconds.remove_label_values(&labels);
+        }
+        self.reported = now_reported;
+        Ok(())
+    }
+
+    /// [`LagProbe::round`] of the `owned` partitions of `topic` (with their applied offsets).
+    fn round_of(
+        &self,
+        topic: &str,
+        owned: &[(i32, Option<i64>)],
+        reported: &mut BTreeSet<(String, i32)>,
+    ) -> anyhow::Result<()> {
         let parts: Vec<i32> = owned.iter().map(|(p, _)| *p).collect();
-        let ends = self.ends(&parts)?;
+        let ends = self.ends(topic, &parts)?;
         let mut behind = BTreeMap::new();
         let mut lags = Vec::new();
-        for (p, applied) in &owned {
+        for (p, applied) in owned {
             let Some(&end) = ends.get(p) else { continue };
-            self.metrics.status.kafka_end(*p, end);
+            self.metrics.status.kafka_end(topic, *p, end);
             let Some(applied) = *applied else { continue };
             let lag = (end - applied).max(0);
             lags.push((*p, lag));
@@ -106,39 +124,31 @@ impl LagProbe {
                 behind.insert(*p, applied);
             }
         }
-        let ages = self.ages(&behind);
+        let ages = self.ages(topic, &behind);
         let consumer = &self.metrics.consumer;
-        let mut now_reported = BTreeSet::new();
         for (p, lag) in lags {
-            let label = p.to_string();
-            consumer.consumer_lag.with_label_values(&[&label]).set(lag);
+            let labels = [topic, &p.to_string()];
+            consumer.consumer_lag.with_label_values(&labels).set(lag);
             let age = if lag == 0 {
                 Some(0.0)
             } else {
                 ages.get(&p).copied()
             };
             if let Some(age) = age {
-                consumer.lag_seconds.with_label_values(&[&label]).set(age);
-                self.metrics.status.lag_seconds(p, age);
+                consumer.lag_seconds.with_label_values(&labels).set(age);
+                self.metrics.status.lag_seconds(topic, p, age);
             }
-            now_reported.insert(p);
+            reported.insert((topic.to_string(), p));
         }
-        for gone in self.reported.difference(&now_reported) {
-            let label = gone.to_string();
-            let _ = consumer.consumer_lag.remove_label_values(&[&label]);
-            let _ = consumer.lag_seconds.remove_label_values(&[&label]);
-        }
-        self.reported = now_reported;
         Ok(())
     }
 
     /// The end offset of each of `parts`, in one ListOffsets request (the one reopening sends).
-    fn ends(&self, parts: &[i32]) -> anyhow::Result<BTreeMap<i32, i64>> {
+    fn ends(&self, topic: &str, parts: &[i32]) -> anyhow::Result<BTreeMap<i32, i64>> {
         if parts.is_empty() {
             return Ok(BTreeMap::new());
         }
-        let answer =
-            super::partitions::list_offsets(&self.consumer, &self.topic, parts, Offset::End)?;
+        let answer = super::partitions::list_offsets(&self.consumer, topic, parts, Offset::End)?;
         Ok(answer
             .elements()
             .iter()
@@ -152,7 +162,7 @@ impl LagProbe {
 
     /// The age in seconds of the message at each partition's applied offset (the oldest not
     /// yet counted): one fetch at those offsets, at most [`FETCH_WAIT`].
-    fn ages(&self, behind: &BTreeMap<i32, i64>) -> BTreeMap<i32, f64> {
+    fn ages(&self, topic: &str, behind: &BTreeMap<i32, i64>) -> BTreeMap<i32, f64> {
         let mut ages = BTreeMap::new();
         if behind.is_empty() {
             return ages;
@@ -160,7 +170,7 @@ impl LagProbe {
         let mut tpl = TopicPartitionList::new();
         for (&p, &applied) in behind {
             if tpl
-                .add_partition_offset(&self.topic, p, Offset::Offset(applied))
+                .add_partition_offset(topic, p, Offset::Offset(applied))
                 .is_err()
             {
                 return ages;

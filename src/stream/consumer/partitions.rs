@@ -38,6 +38,9 @@ pub struct StateAccess {
     /// Connections the lane's sink has made (`Sink::connections`): the fences are re-read
     /// after each new one.
     pub connections: Arc<AtomicU64>,
+    /// The lane's topic when the process reads several: halts then name it, and their repair
+    /// commands take `--topic`. None with one topic (messages as they always were).
+    pub topic: Option<String>,
 }
 
 /// What Kafka holds for a partition, for [`recovery::decide`].
@@ -301,10 +304,10 @@ impl PartitionStates {
         self.access.health.set_replaying(
             self.access.lane,
             replays().map(|(p, r)| {
-                format!(
+                self.named(format!(
                     "partition {p}: reopened behind where it was (redis took its applied offset back, or refused a unit); replaying offsets {} to {} from kafka",
                     r.from, r.end
-                )
+                ))
             }),
         );
         self.status
@@ -323,19 +326,39 @@ impl PartitionStates {
         }
         self.access.health.set_halted(
             self.access.lane,
-            self.parked.iter().map(|(p, h)| h.describe(*p)),
+            self.parked.iter().map(|(p, h)| self.named(h.describe(*p))),
         );
         self.status.set_halted(
             self.access.lane,
             self.parked.iter().map(|(&p, h)| {
                 let halt = crate::ops::status::Halt {
                     reason: h.reason().label(),
-                    detail: h.describe(p),
-                    repair: h.repair_args(p),
+                    detail: self.named(h.describe(p)),
+                    repair: h.repair_args(p).map(|a| self.with_topic_arg(a)),
                 };
                 (p, halt)
             }),
         );
+    }
+
+    /// `text` (a halt's description or repair arguments) naming the lane's topic when the
+    /// process reads several.
+    fn named(&self, text: String) -> String {
+        match &self.access.topic {
+            None => text,
+            Some(t) => format!("topic {t}: {}", self.with_topic_arg(text)),
+        }
+    }
+
+    /// `text` with `--topic` added to the repair command it holds, when several topics are read.
+    fn with_topic_arg(&self, text: String) -> String {
+        match &self.access.topic {
+            None => text,
+            Some(t) => text.replace(
+                "repair --partition",
+                &format!("repair --topic {t} --partition"),
+            ),
+        }
     }
 
     /// The parked partitions to try again now (every few seconds), except those being revoked.
@@ -442,6 +465,7 @@ mod tests {
             init_timeout: Duration::from_secs(1),
             lane: 0,
             connections: Arc::default(),
+            topic: None,
         };
         let mut parts = PartitionStates::new(access, status.clone());
         let mut agg = Aggregator::new(Vec::new(), 1, 100);

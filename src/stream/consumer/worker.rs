@@ -266,9 +266,12 @@ impl Worker {
         let outcome = landed.outcome;
         let refused: HashSet<i32> = outcome.refusals.iter().map(|r| r.partition).collect();
         let applied = landed.ends.iter().filter(|(p, _)| !refused.contains(p));
-        self.metrics
-            .status
-            .flush_landed(applied.copied(), landed.keys, landed.took);
+        self.metrics.status.flush_landed(
+            self.parts.lane(),
+            applied.copied(),
+            landed.keys,
+            landed.took,
+        );
         self.commits
             .flush_landed(consumer, &landed.ends, &refused, mode);
         let mut resync = Vec::new();

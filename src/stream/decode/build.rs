@@ -1,7 +1,7 @@
 //! The decoder a model needs: its counters' fields, and the rules of their filters and
 //! derived fields.
 
-use crate::config::{DecodeConfig, Program};
+use crate::config::{DecodeConfig, Program, Topic};
 use crate::model::{CounterSpec, Kind};
 
 use super::{rules, Decoder, FieldRole};
@@ -12,13 +12,34 @@ impl Decoder {
     /// filters and derived fields read. With filters or derived fields, [`rules::Rules`] decide
     /// per counter (see there).
     pub fn for_counters(config: &DecodeConfig, counters: &[CounterSpec]) -> Decoder {
+        Decoder::reading(config, counters, &vec![true; counters.len()])
+    }
+
+    /// The decoder of `topic`'s events: [`Decoder::for_counters`] of the counters that read
+    /// it. The others skip every event (`Skips::unread`); their fields are not read at all, so
+    /// an event of this topic need not carry them.
+    pub fn for_topic(topic: &Topic, counters: &[CounterSpec]) -> Decoder {
+        Decoder::reading(&topic.decode, counters, &topic.reads)
+    }
+
+    /// Whether counter `ci` (model order) takes this decoder's events at all.
+    pub fn reads(&self, ci: usize) -> bool {
+        self.rules.unread & rules::counter_bit(ci) == 0
+    }
+
+    /// The decoder of the counters `reads` marks (by counter, in model order).
+    fn reading(config: &DecodeConfig, counters: &[CounterSpec], reads: &[bool]) -> Decoder {
         fn add(fields: &mut Vec<(String, FieldRole)>, name: &str, role: FieldRole) {
             if !fields.iter().any(|(n, _)| n == name) {
                 fields.push((name.to_string(), role));
             }
         }
+        let read = |ci: &usize| reads.get(*ci).copied().unwrap_or(true);
+        let unread = (0..counters.len())
+            .filter(|ci| !read(ci))
+            .fold(0, |m, ci| m | rules::counter_bit(ci));
         let mut fields = Vec::new();
-        for c in counters {
+        for (_, c) in counters.iter().enumerate().filter(|(ci, _)| read(ci)) {
             for (name, role) in own_fields(c) {
                 add(&mut fields, name, role);
             }
@@ -26,10 +47,13 @@ impl Decoder {
         let compiled = "filters and derived fields are compiled when the model is validated";
         let filters: Vec<Option<Program>> = counters
             .iter()
-            .map(|c| {
-                c.filter
+            .enumerate()
+            .map(|(ci, c)| match read(&ci) {
+                true => c
+                    .filter
                     .as_deref()
-                    .map(|f| Program::filter(f).expect(compiled))
+                    .map(|f| Program::filter(f).expect(compiled)),
+                false => None,
             })
             .collect();
         for v in filters.iter().flatten().flat_map(|p| p.vars()) {
@@ -45,7 +69,7 @@ impl Decoder {
             add(&mut fields, v, FieldRole::Filter);
         }
         let mut decoder = Decoder::new(config, &fields);
-        if filters.iter().all(Option::is_none) && derived.is_empty() {
+        if filters.iter().all(Option::is_none) && derived.is_empty() && unread == 0 {
             return decoder;
         }
         let d = &decoder;
@@ -53,7 +77,11 @@ impl Decoder {
         // Fields of counters that do not filter stay required (the event time too); derived
         // fields never are: a counter whose derived field fails skips the event.
         let mut optional = (0..d.names.len()).fold(0, |m, i| m | rules::bit(i));
-        for c in counters.iter().filter(|c| c.filter.is_none()) {
+        let unfiltered = counters
+            .iter()
+            .enumerate()
+            .filter(|(ci, c)| read(ci) && c.filter.is_none());
+        for (_, c) in unfiltered {
             for (name, _) in own_fields(c).filter(|(n, _)| !config.derive.contains_key(*n)) {
                 optional &= !rules::bit(slot(name));
             }
@@ -72,12 +100,17 @@ impl Decoder {
             counters: counters
                 .iter()
                 .zip(filters)
-                .map(|(c, filter)| rules::CounterRule {
+                .enumerate()
+                .map(|(ci, (c, filter))| rules::CounterRule {
                     filter: filter.map(|p| rules::Bound::new(p, slot)),
-                    needs: own_fields(c).fold(0, |m, (n, _)| m | rules::bit(slot(n))),
+                    needs: match read(&ci) {
+                        true => own_fields(c).fold(0, |m, (n, _)| m | rules::bit(slot(n))),
+                        false => 0,
+                    },
                 })
                 .collect(),
             optional,
+            unread,
         };
         decoder.rules = rules;
         decoder

@@ -24,6 +24,9 @@ pub struct Skips {
     pub missing: u64,
     /// A field it needs has a type it cannot use, or is too long.
     pub invalid: u64,
+    /// It does not read the event's topic (`counters[].topics`): by design, so not in
+    /// [`Skips::masks`] nor in any metric.
+    pub unread: u64,
 }
 
 impl Skips {
@@ -38,10 +41,10 @@ impl Skips {
     /// Every counter that skips the event.
     #[inline]
     pub fn all(&self) -> u64 {
-        self.filtered | self.failed | self.missing | self.invalid
+        self.filtered | self.failed | self.missing | self.invalid | self.unread
     }
 
-    /// The masks, in [`Skips::REASONS`] order.
+    /// The masks of skips counted in metrics, in [`Skips::REASONS`] order.
     pub fn masks(&self) -> [u64; 4] {
         [self.filtered, self.failed, self.missing, self.invalid]
     }
@@ -97,6 +100,8 @@ pub(super) struct Rules {
     pub(super) counters: Vec<CounterRule>,
     /// Slots an event may lack (a bit per slot).
     pub(super) optional: u64,
+    /// The counters that do not read the decoder's topic (a bit per counter).
+    pub(super) unread: u64,
 }
 
 impl Rules {
@@ -126,7 +131,10 @@ impl Rules {
 
     /// The counters whose filter refuses the event (or fails on it).
     pub(super) fn filter(&self, raw: &[Option<FieldValue<'_>>]) -> Skips {
-        let mut s = Skips::default();
+        let mut s = Skips {
+            unread: self.unread,
+            ..Skips::default()
+        };
         for (ci, rule) in self.counters.iter().enumerate() {
             if let Some(f) = &rule.filter {
                 match f.program.test_with(&|i| f.var(raw, i)) {
@@ -145,7 +153,7 @@ impl Rules {
         if absent | wrong | failed == 0 {
             return;
         }
-        let taken = !(s.filtered | s.failed);
+        let taken = !(s.filtered | s.failed | s.unread);
         for (ci, rule) in self.counters.iter().enumerate() {
             let me = 1u64 << ci;
             if taken & me == 0 {
@@ -170,4 +178,11 @@ pub(super) fn bit(slot: usize) -> u64 {
     } else {
         0
     }
+}
+
+/// The mask bit of counter `ci` (counters past 63 are never flagged: validation allows at most
+/// 64 counters when any rule or topic restriction applies).
+#[inline]
+pub(super) fn counter_bit(ci: usize) -> u64 {
+    bit(ci)
 }

@@ -130,3 +130,63 @@ fn without_rules_nothing_changes() {
     assert_eq!(e.skips, Skips::default());
     assert_eq!(decode(&d, r#"{}"#).unwrap_err(), DecodeError::MissingField);
 }
+
+/// Two topics with different layouts: `both` reads either, `pages` only `views` (flat),
+/// `users` only `clicks` (nested, its own `[decode.fields]`).
+#[test]
+fn a_counter_that_does_not_read_a_topic_skips_its_events_without_a_skip_reason() {
+    let text = r#"
+[kafka]
+brokers = "127.0.0.1:9"
+group_id = "g"
+[[kafka.topics]]
+name = "views"
+[[kafka.topics]]
+name = "clicks"
+decode = { fields = { user = "client.user", app = "req.app" } }
+[[counters]]
+name = "both"
+dimensions = ["app"]
+key = "b:{app}:{yyyyMMddHH}"
+window = "1h"
+[[counters]]
+name = "pages"
+dimensions = ["page"]
+topics = ["views"]
+key = "p:{page}:{yyyyMMddHH}"
+window = "1h"
+[[counters]]
+name = "users"
+dimensions = ["user"]
+topics = ["clicks"]
+key = "u:{user}:{yyyyMMddHH}"
+window = "1h"
+"#;
+    let m = Model::compile(toml::from_str(text).unwrap()).unwrap();
+    let views = Decoder::for_topic(m.topic("views").unwrap(), &m.counters);
+    let clicks = Decoder::for_topic(m.topic("clicks").unwrap(), &m.counters);
+    assert!(views.field_index("user").is_none(), "not read on views");
+    assert!(!views.reads(2) && views.reads(1) && clicks.reads(2));
+
+    let e = decode(&views, r#"{"app":"a","page":"/x"}"#).unwrap();
+    assert_eq!(e.skips.unread, 0b100);
+    assert_eq!(e.skips.all(), 0b100, "users does not take it");
+    assert_eq!(
+        e.skips.masks(),
+        [0; 4],
+        "by design: no skip metric counts it"
+    );
+    let e = decode(&clicks, r#"{"req":{"app":"a"},"client":{"user":"u1"}}"#).unwrap();
+    assert_eq!(e.skips.all(), 0b010, "pages does not take it");
+    assert_eq!(e.skips.masks(), [0; 4]);
+    assert_eq!(&*e.dims[clicks.field_index("user").unwrap()], "u1");
+    // A field of a counter that reads the topic stays required.
+    assert!(matches!(
+        decode(&clicks, r#"{"req":{"app":"a"}}"#),
+        Err(DecodeError::MissingField)
+    ));
+    // The single-topic form reads every counter.
+    let one = model("");
+    let d = Decoder::for_topic(one.first_topic(), &one.counters);
+    assert!((0..3).all(|ci| d.reads(ci)));
+}

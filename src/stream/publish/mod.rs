@@ -50,7 +50,7 @@ use crate::ops::metrics::Metrics;
 use cells::Cell;
 use kafka::{Kafka, Out};
 use record::Emit;
-use watermark::Mark;
+use watermark::{Mark, TopicPartition};
 
 /// The publisher, built once per process; [`Publisher::pass`] runs under the leadership.
 pub struct Publisher {
@@ -67,8 +67,8 @@ pub struct Publisher {
 /// The publisher's last view (program state, beside the metrics).
 #[derive(Debug, Clone, Default)]
 pub struct Snapshot {
-    /// Per partition: what Redis and Kafka hold, and whether it is idle.
-    pub partitions: BTreeMap<i32, (Mark, bool)>,
+    /// Per partition of every topic: what Redis and Kafka hold, and whether it is idle.
+    pub partitions: BTreeMap<TopicPartition, (Mark, bool)>,
     /// Per counter name: its watermark after lateness (Unix ms), if known.
     pub counters: BTreeMap<String, Option<i64>>,
 }
@@ -104,7 +104,8 @@ impl Publisher {
         self.observe(&marks, now, quiet);
         for (i, spec) in self.model.counters.iter().enumerate() {
             let Some(output) = &spec.output else { continue };
-            let raw = watermark::topic_watermark(&marks, now, output.idle_timeout);
+            let topics = &self.model.topics;
+            let raw = watermark::counter_watermark(&marks, topics, i, now, output.idle_timeout);
             let lateness = output.allowed_lateness.as_millis() as i64;
             let wm = raw.map(|t| t.saturating_sub(lateness));
             self.state.lock().counters.insert(spec.name.clone(), wm);
@@ -148,28 +149,31 @@ impl Publisher {
     }
 
     /// Metrics and state of the partitions (idle as seen with the shortest `idle_timeout`).
-    fn observe(&self, marks: &BTreeMap<i32, Mark>, now: i64, quiet: Duration) {
+    fn observe(&self, marks: &BTreeMap<TopicPartition, Mark>, now: i64, quiet: Duration) {
         let mut state = self.state.lock();
         state.partitions.clear();
-        for (p, mark) in marks {
-            let label = p.to_string();
+        for (tp, mark) in marks {
+            let topic = self.model.topics[tp.topic].name.as_str();
+            let labels = [topic, &tp.partition.to_string()];
             let idle = mark.idle(now, quiet);
             if let Some(t) = mark.max_event_ms {
                 self.metrics
                     .publish
                     .watermark_seconds
-                    .with_label_values(&[&label])
+                    .with_label_values(&labels)
                     .set(t as f64 / 1000.0);
             }
             self.metrics
                 .publish
                 .idle
-                .with_label_values(&[&label])
+                .with_label_values(&labels)
                 .set(i64::from(idle));
-            state.partitions.insert(*p, (*mark, idle));
+            state.partitions.insert(*tp, (*mark, idle));
         }
-        let marks = state.partitions.iter();
-        let marks = marks.map(|(p, (mark, idle))| (*p, mark.max_event_ms, *idle));
+        let marks = state.partitions.iter().map(|(tp, (mark, idle))| {
+            let topic = self.model.topics[tp.topic].name.as_str();
+            (topic, tp.partition, mark.max_event_ms, *idle)
+        });
         self.metrics.status.partition_watermarks(marks);
     }
 

@@ -13,7 +13,16 @@ use std::time::Duration;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use tally_counters::conn::Conn;
 
-use crate::config::Model;
+use crate::config::{Model, Topic};
+
+/// A partition of one of the topics read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TopicPartition {
+    /// The topic's index in [`Model::topics`].
+    pub topic: usize,
+    /// The partition.
+    pub partition: i32,
+}
 
 /// What is known of one partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -48,14 +57,14 @@ impl Mark {
 /// that are not idle. None while a partition that is not idle has shown no event time yet (it
 /// could still hold anything). With every partition idle, everything Kafka holds is applied:
 /// the greatest event time seen.
-pub fn topic_watermark(
-    marks: &BTreeMap<i32, Mark>,
+pub fn topic_watermark<'m>(
+    marks: impl IntoIterator<Item = &'m Mark> + Clone,
     now_ms: i64,
     idle_timeout: Duration,
 ) -> Option<i64> {
     let mut least: Option<i64> = None;
     let mut active = false;
-    for mark in marks.values() {
+    for mark in marks.clone() {
         if mark.idle(now_ms, idle_timeout) {
             continue;
         }
@@ -66,29 +75,65 @@ pub fn topic_watermark(
     if active {
         return least;
     }
-    marks.values().filter_map(|m| m.max_event_ms).max()
+    marks.into_iter().filter_map(|m| m.max_event_ms).max()
 }
 
-/// Every partition's [`Mark`]: Kafka's offsets from `consumer`, the rest from the state markers.
+/// The watermark of counter `ci` (model order): [`topic_watermark`] over the partitions of the
+/// topics it reads only, so a topic it does not count never holds its windows back.
+pub fn counter_watermark(
+    marks: &BTreeMap<TopicPartition, Mark>,
+    topics: &[Topic],
+    ci: usize,
+    now_ms: i64,
+    idle_timeout: Duration,
+) -> Option<i64> {
+    let reads = |tp: &TopicPartition| topics.get(tp.topic).is_some_and(|t| t.reads[ci]);
+    let own = marks.iter().filter(|(tp, _)| reads(tp)).map(|(_, m)| m);
+    topic_watermark(own, now_ms, idle_timeout)
+}
+
+/// Every partition's [`Mark`], of every topic read: Kafka's offsets from `consumer`, the rest
+/// from each topic's state markers.
 pub async fn read(
     model: &Model,
     conn: &mut Conn,
     consumer: &BaseConsumer,
+) -> anyhow::Result<BTreeMap<TopicPartition, Mark>> {
+    let mut all = BTreeMap::new();
+    for (index, topic) in model.topics.iter().enumerate() {
+        let marks = read_topic(model, topic, conn, consumer).await?;
+        all.extend(marks.into_iter().map(|(partition, mark)| {
+            let tp = TopicPartition {
+                topic: index,
+                partition,
+            };
+            (tp, mark)
+        }));
+    }
+    Ok(all)
+}
+
+/// [`read`] of one topic.
+async fn read_topic(
+    model: &Model,
+    topic: &Topic,
+    conn: &mut Conn,
+    consumer: &BaseConsumer,
 ) -> anyhow::Result<BTreeMap<i32, Mark>> {
-    let topic = model.config.kafka.topic.clone();
+    let name = topic.name.clone();
     let offsets = tokio::task::block_in_place(|| -> anyhow::Result<Vec<(i32, i64, i64)>> {
         let timeout = Duration::from_secs(10);
-        let meta = consumer.fetch_metadata(Some(&topic), timeout)?;
+        let meta = consumer.fetch_metadata(Some(&name), timeout)?;
         let mut out = Vec::new();
         for t in meta.topics() {
             for p in t.partitions() {
-                let (low, high) = consumer.fetch_watermarks(&topic, p.id(), timeout)?;
+                let (low, high) = consumer.fetch_watermarks(&name, p.id(), timeout)?;
                 out.push((p.id(), low, high));
             }
         }
         Ok(out)
     })?;
-    anyhow::ensure!(!offsets.is_empty(), "topic {topic} has no partitions");
+    anyhow::ensure!(!offsets.is_empty(), "topic {name} has no partitions");
     let mut marks: BTreeMap<i32, Mark> = offsets
         .into_iter()
         .map(|(p, low, high)| {
@@ -101,9 +146,8 @@ pub async fn read(
         })
         .collect();
     for shard in 0..model.layout.shards() {
-        let kind: String = conn
-            .query(redis::cmd("TYPE").arg(model.scope.marker(shard)))
-            .await?;
+        let marker = topic.scope.marker(shard);
+        let kind: String = conn.query(redis::cmd("TYPE").arg(&marker)).await?;
         if kind != "hash" {
             // No state for this shard: no partition's applied offset is known everywhere.
             for mark in marks.values_mut() {
@@ -111,9 +155,7 @@ pub async fn read(
             }
             continue;
         }
-        let fields: Vec<(String, String)> = conn
-            .query(redis::cmd("HGETALL").arg(model.scope.marker(shard)))
-            .await?;
+        let fields: Vec<(String, String)> = conn.query(redis::cmd("HGETALL").arg(&marker)).await?;
         merge_marker(&mut marks, &fields, shard == 0);
     }
     Ok(marks)
@@ -160,6 +202,35 @@ fn merge_marker(marks: &mut BTreeMap<i32, Mark>, fields: &[(String, String)], fi
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_counter_waits_only_for_the_topics_it_reads() {
+        let topic = |name: &str, reads: Vec<bool>| Topic {
+            name: name.into(),
+            decode: Default::default(),
+            scope: tally_counters::model::state_keys::FenceScope::new(
+                &Default::default(),
+                "g",
+                name,
+            ),
+            reads,
+        };
+        // Counter 0 reads both topics, counter 1 only the first.
+        let topics = [topic("a", vec![true, true]), topic("b", vec![true, false])];
+        let tp = |topic, partition| TopicPartition { topic, partition };
+        let marks = BTreeMap::from([
+            (tp(0, 0), mark(10, 20, Some(9_000), Some(1_000))),
+            // The second topic is behind, with a backlog: it holds back whoever reads it.
+            (tp(1, 0), mark(3, 20, Some(2_000), Some(1_000))),
+        ]);
+        let wm = |ci| counter_watermark(&marks, &topics, ci, 2_000, IDLE);
+        assert_eq!(wm(0), Some(2_000));
+        assert_eq!(
+            wm(1),
+            Some(9_000),
+            "b does not hold back a counter not reading it"
+        );
+    }
+
     fn mark(applied: i64, high: i64, max_event_ms: Option<i64>, seen_ms: Option<i64>) -> Mark {
         Mark {
             applied: Some(applied),
@@ -178,7 +249,7 @@ mod tests {
             (0, mark(10, 10, Some(5_000), Some(1_000))),
             (1, mark(10, 12, Some(3_000), Some(1_000))),
         ]);
-        assert_eq!(topic_watermark(&marks, 2_000, IDLE), Some(3_000));
+        assert_eq!(topic_watermark(marks.values(), 2_000, IDLE), Some(3_000));
     }
 
     #[test]
@@ -188,10 +259,10 @@ mod tests {
             (1, mark(4, 4, Some(1_000), Some(1_000))),
             (2, Mark::default()),
         ]);
-        assert_eq!(topic_watermark(&marks, 100_000, IDLE), Some(5_000));
+        assert_eq!(topic_watermark(marks.values(), 100_000, IDLE), Some(5_000));
         assert!(marks[&2].idle(100_000, IDLE), "empty and never seen");
         // Still within idle_timeout: it holds the watermark back.
-        assert_eq!(topic_watermark(&marks, 30_000, IDLE), Some(1_000));
+        assert_eq!(topic_watermark(marks.values(), 30_000, IDLE), Some(1_000));
     }
 
     #[test]
@@ -200,7 +271,10 @@ mod tests {
             (0, mark(10, 10, Some(5_000), Some(100_000))),
             (1, mark(4, 9, Some(1_000), Some(1_000))),
         ]);
-        assert_eq!(topic_watermark(&marks, 1_000_000, IDLE), Some(1_000));
+        assert_eq!(
+            topic_watermark(marks.values(), 1_000_000, IDLE),
+            Some(1_000)
+        );
         let unknown = BTreeMap::from([
             (0, mark(10, 10, Some(5_000), Some(100_000))),
             (
@@ -211,7 +285,7 @@ mod tests {
                 },
             ),
         ]);
-        assert_eq!(topic_watermark(&unknown, 100_000, IDLE), None);
+        assert_eq!(topic_watermark(unknown.values(), 100_000, IDLE), None);
     }
 
     #[test]
@@ -220,7 +294,10 @@ mod tests {
             (0, mark(10, 10, Some(5_000), Some(1_000))),
             (1, mark(4, 4, Some(7_000), Some(1_000))),
         ]);
-        assert_eq!(topic_watermark(&marks, 1_000_000, IDLE), Some(7_000));
+        assert_eq!(
+            topic_watermark(marks.values(), 1_000_000, IDLE),
+            Some(7_000)
+        );
     }
 
     #[test]

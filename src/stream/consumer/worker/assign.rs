@@ -51,11 +51,12 @@ impl Worker {
             self.agg.revoke(p);
             self.commits.revoked(p);
             self.parts.revoked(p, &mut self.gauges);
-            self.metrics.status.revoked(p);
-            let label = p.to_string();
+            self.metrics.status.revoked(self.parts.lane(), p);
+            let labels = [self.topic.as_str(), &p.to_string()];
             let consumer = &self.metrics.consumer;
-            let _ = consumer.consumer_lag.remove_label_values(&[&label]);
-            let _ = consumer.lag_seconds.remove_label_values(&[&label]);
+            let _ = consumer.consumer_lag.remove_label_values(&labels);
+            let _ = consumer.lag_seconds.remove_label_values(&labels);
+            let _ = consumer.committed_offset.remove_label_values(&labels);
         }
         self.parts.revoke_done();
     }

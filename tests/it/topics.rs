@@ -1,0 +1,494 @@
+//! Several topics in one process (`[[kafka.topics]]`): two topics with different partition
+//! counts and field layouts (flat JSON per `[decode]`, nested JSON with its own decoding), and
+//! counters reading one, the other, or both. Every key is compared with a ground truth computed
+//! from what was produced, through a SIGKILL crash loop; `tally state` lists both topics' fences;
+//! `tally check` refuses a counter naming a topic that is not read.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{TimeZone, Utc};
+use rand::{RngExt, SeedableRng};
+use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::ClientConfig;
+use tally_testkit::local_redis::LocalRedis;
+
+use crate::common::process::{BrokerProcess, TallyProcess};
+
+const FLAT: &str = "tp-flat";
+const FLAT_PARTITIONS: i32 = 3;
+const NESTED: &str = "tp-nested";
+const NESTED_PARTITIONS: i32 = 5;
+const HOUR: i64 = 3_600_000;
+
+/// `by_app` and `bytes` read both topics, `by_page` only the flat one, `by_user` only the
+/// nested one: a nested event has no `page`, a flat one no `user`.
+fn config(bootstrap: &str, redis: &str, group: &str) -> String {
+    format!(
+        r#"
+[kafka]
+brokers = "{bootstrap}"
+group_id = "{group}"
+consumers = 1
+[kafka.properties]
+"session.timeout.ms" = "3000"
+"heartbeat.interval.ms" = "300"
+
+[[kafka.topics]]
+name = "{FLAT}"
+
+[[kafka.topics]]
+name = "{NESTED}"
+[kafka.topics.decode]
+time_field = "ts"
+[kafka.topics.decode.fields]
+app = "req.app"
+n = "req.bytes"
+user = "client.user"
+
+[decode]
+time_field = "ts"
+
+[redis]
+url = "{redis}"
+connect_timeout = "500ms"
+response_timeout = "2s"
+[flush]
+interval = "50ms"
+max_keys_per_call = 25
+retry_initial = "20ms"
+retry_max = "300ms"
+shutdown_grace = "20s"
+
+[[counters]]
+name = "by_app"
+dimensions = ["app"]
+key = "tp:app:{{app}}:{{yyyyMMddHH}}"
+window = "1h"
+retention = "1d"
+
+[[counters]]
+name = "bytes"
+dimensions = ["app"]
+value_field = "n"
+key = "tp:bytes:{{app}}:{{yyyyMMddHH}}"
+window = "1h"
+retention = "1d"
+
+[[counters]]
+name = "by_page"
+dimensions = ["page"]
+topics = ["{FLAT}"]
+key = "tp:page:{{page}}:{{yyyyMMddHH}}"
+window = "1h"
+retention = "1d"
+
+[[counters]]
+name = "by_user"
+dimensions = ["user"]
+topics = ["{NESTED}"]
+key = "tp:user:{{user}}:{{yyyyMMddHH}}"
+window = "1h"
+retention = "1d"
+"#
+    )
+}
+
+/// One produced event and what it adds.
+struct Event {
+    topic: &'static str,
+    partition: i32,
+    payload: String,
+    app: String,
+    /// `page` (flat) or `user` (nested).
+    other: String,
+    n: i64,
+    ts: i64,
+}
+
+/// Event `i` of the stream: even ones to the flat topic, odd ones to the nested one.
+fn event(i: u64, now_ms: i64) -> Event {
+    let i = i as i64;
+    let app = format!("a{}", i % 5);
+    let n = i % 17 + 1;
+    let ts = now_ms - (i % 2) * HOUR - (i * 7_919) % HOUR;
+    if i % 2 == 0 {
+        let page = format!("p{}", i % 11);
+        Event {
+            topic: FLAT,
+            partition: ((i / 2) % i64::from(FLAT_PARTITIONS)) as i32,
+            payload: format!(r#"{{"app":"{app}","page":"{page}","n":{n},"ts":{ts}}}"#),
+            app,
+            other: page,
+            n,
+            ts,
+        }
+    } else {
+        let user = format!("u{}", i % 13);
+        Event {
+            topic: NESTED,
+            partition: ((i / 2) % i64::from(NESTED_PARTITIONS)) as i32,
+            payload: format!(
+                r#"{{"req":{{"app":"{app}","bytes":{n}}},"client":{{"user":"{user}"}},"ts":{ts}}}"#
+            ),
+            app,
+            other: user,
+            n,
+            ts,
+        }
+    }
+}
+
+/// Every key the first `n` events write, with its value, computed without tally's code.
+fn truth(n: u64, now_ms: i64) -> BTreeMap<String, i64> {
+    let mut want = BTreeMap::new();
+    for i in 0..n {
+        let e = event(i, now_ms);
+        let hour = Utc.timestamp_millis_opt(e.ts).unwrap().format("%Y%m%d%H");
+        *want.entry(format!("tp:app:{}:{hour}", e.app)).or_insert(0) += 1;
+        *want
+            .entry(format!("tp:bytes:{}:{hour}", e.app))
+            .or_insert(0) += e.n;
+        let other = match e.topic {
+            FLAT => format!("tp:page:{}:{hour}", e.other),
+            _ => format!("tp:user:{}:{hour}", e.other),
+        };
+        *want.entry(other).or_insert(0) += 1;
+    }
+    want
+}
+
+/// Per (topic, partition): how many events the first `n` put there (= its end offset).
+fn produced(n: u64, now_ms: i64) -> BTreeMap<(&'static str, i32), i64> {
+    let mut ends = BTreeMap::new();
+    for t in 0..FLAT_PARTITIONS {
+        ends.insert((FLAT, t), 0);
+    }
+    for t in 0..NESTED_PARTITIONS {
+        ends.insert((NESTED, t), 0);
+    }
+    for i in 0..n {
+        let e = event(i, now_ms);
+        *ends.get_mut(&(e.topic, e.partition)).unwrap() += 1;
+    }
+    ends
+}
+
+/// Produce `n` events at `rate` per second on a thread; `sent` counts them.
+fn produce(
+    bootstrap: &str,
+    n: u64,
+    now_ms: i64,
+    rate: u64,
+) -> (std::thread::JoinHandle<()>, Arc<AtomicU64>) {
+    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("linger.ms", "5")
+        .create()
+        .expect("producer");
+    let sent = Arc::new(AtomicU64::new(0));
+    let progress = sent.clone();
+    let handle = std::thread::spawn(move || {
+        let start = Instant::now();
+        for i in 0..n {
+            while (start.elapsed().as_secs_f64() * rate as f64) < i as f64 {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            let e = event(i, now_ms);
+            let mut rec = BaseRecord::<(), str>::to(e.topic)
+                .partition(e.partition)
+                .payload(&e.payload);
+            while let Err((_, r)) = producer.send(rec) {
+                std::thread::sleep(Duration::from_millis(5));
+                rec = r;
+            }
+            progress.store(i + 1, Ordering::Relaxed);
+        }
+        producer
+            .flush(Duration::from_secs(60))
+            .expect("all produced");
+    });
+    (handle, sent)
+}
+
+fn redis_conn(url: &str) -> redis::Connection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .unwrap()
+}
+
+/// Redis' applied offset of every (topic, partition) (shard 0; -1: none).
+fn applied(conn: &mut redis::Connection, group: &str) -> BTreeMap<(&'static str, i32), i64> {
+    let parts = (0..FLAT_PARTITIONS)
+        .map(|p| (FLAT, p))
+        .chain((0..NESTED_PARTITIONS).map(|p| (NESTED, p)));
+    parts
+        .map(|(t, p)| {
+            let v: Option<i64> = redis::cmd("GET")
+                .arg(format!("tally:applied:{group}:{t}:{p}:0"))
+                .query(conn)
+                .unwrap();
+            ((t, p), v.unwrap_or(-1))
+        })
+        .collect()
+}
+
+/// Every `tp:*` key and its value.
+fn dump(conn: &mut redis::Connection) -> BTreeMap<String, i64> {
+    let keys: Vec<String> = redis::cmd("KEYS").arg("tp:*").query(conn).unwrap();
+    let mut got = BTreeMap::new();
+    for chunk in keys.chunks(500) {
+        let values: Vec<i64> = redis::cmd("MGET").arg(chunk).query(conn).unwrap();
+        got.extend(chunk.iter().cloned().zip(values));
+    }
+    got
+}
+
+/// Keys that differ from the truth (printing the first few).
+fn mismatches(got: &BTreeMap<String, i64>, want: &BTreeMap<String, i64>) -> usize {
+    let mut wrong = 0;
+    let keys: std::collections::BTreeSet<&String> = got.keys().chain(want.keys()).collect();
+    for k in keys {
+        if got.get(k) != want.get(k) {
+            if wrong < 10 {
+                eprintln!("mismatch {k}: want {:?}, got {:?}", want.get(k), got.get(k));
+            }
+            wrong += 1;
+        }
+    }
+    wrong
+}
+
+/// `tally <command> --config <file> <args…>` (the file holding `config`): its stdout, stderr
+/// and status.
+fn tally_cli(config: &str, args: &[&str]) -> (String, String, std::process::ExitStatus) {
+    let path = std::env::temp_dir().join(format!(
+        "tally-topics-cli-{}-{}.toml",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::write(&path, config).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
+        .arg(args[0])
+        .arg("--config")
+        .arg(&path)
+        .args(&args[1..])
+        .env("TALLY_LOG", "warn")
+        .output()
+        .expect("run tally");
+    let _ = std::fs::remove_file(&path);
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status,
+    )
+}
+
+/// A counter not reading a topic is not a skip: no skip metric moves, no event is bad input.
+fn no_skips(t: &TallyProcess) {
+    let Some(scrape) = tally_testkit::scrape::Scrape::get(t.port, Duration::from_secs(5)) else {
+        return;
+    };
+    let counted = |s: &&tally_testkit::scrape::Sample| {
+        let family = ["tally_events_skipped_total", "tally_decode_errors_total"];
+        family.contains(&s.name.as_str()) && s.value > 0.0
+    };
+    let skipped: Vec<_> = scrape.samples.iter().filter(counted).collect();
+    assert!(skipped.is_empty(), "{skipped:?}");
+    assert!(scrape.value("tally_messages_consumed_total").unwrap_or(0.0) > 0.0);
+}
+
+#[test]
+fn two_topics_count_exactly_through_a_sigkill_crash_loop() {
+    const N: u64 = 30_000;
+    let broker = BrokerProcess::start(&[(FLAT, FLAT_PARTITIONS), (NESTED, NESTED_PARTITIONS)]);
+    let redis = LocalRedis::start(&[]).unwrap();
+    let group = "g-topics";
+    let cfg = config(&broker.bootstrap, &redis.url(), group);
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let (producer, sent) = produce(&broker.bootstrap, N, now_ms, 3_000);
+
+    let seed: u64 = rand::random();
+    eprintln!("topics crash loop seed {seed}");
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+    let mut kills = 0;
+    while kills < 5 || !producer.is_finished() {
+        let mut t = TallyProcess::start(&cfg, "topics");
+        let consuming = t.wait_working();
+        std::thread::sleep(Duration::from_millis(rng.random_range(100..1200)));
+        if consuming {
+            no_skips(&t);
+        }
+        t.kill9();
+        kills += 1;
+    }
+    producer.join().unwrap();
+    assert_eq!(sent.load(Ordering::Relaxed), N);
+
+    // A last replica catches up, then drains on SIGTERM.
+    let mut last = TallyProcess::start(&cfg, "topics-final");
+    let mut conn = redis_conn(&redis.url());
+    let want_ends = produced(N, now_ms);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while applied(&mut conn, group) != want_ends {
+        assert!(
+            Instant::now() < deadline,
+            "did not catch up: applied {:?}, produced {want_ends:?}\n{}",
+            applied(&mut conn, group),
+            last.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(last.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
+    assert!(last.terminate(Duration::from_secs(30)).success());
+
+    let want = truth(N, now_ms);
+    let got = dump(&mut conn);
+    let wrong = mismatches(&got, &want);
+    eprintln!(
+        "topics crash loop: {kills} SIGKILLs, {N} events over 2 topics, {} keys, {wrong} wrong",
+        want.len()
+    );
+    assert_eq!(wrong, 0);
+    for prefix in ["tp:app:", "tp:bytes:", "tp:page:", "tp:user:"] {
+        assert!(want.keys().any(|k| k.starts_with(prefix)), "{prefix}");
+    }
+
+    // `tally state` shows the fences of both topics, every partition of each (one fence lost:
+    // the state marker still holds its copy).
+    let lost = format!("tally:applied:{group}:{NESTED}:4:0");
+    let _: () = redis::cmd("DEL").arg(&lost).query(&mut conn).unwrap();
+    let (shown, stderr, status) = tally_cli(&cfg, &["state"]);
+    assert!(status.success(), "{stderr}");
+    for ((topic, p), end) in &want_ends {
+        let row = match (*topic, *p) {
+            (NESTED, 4) => format!("{topic}\t{p}\t0\t-\t{end}\tmissing"),
+            _ => format!("{topic}\t{p}\t0\t{end}\t{end}\tok"),
+        };
+        assert!(shown.contains(&row), "no row `{row}` in:\n{shown}");
+    }
+    // With several topics, a repair must say which topic it means.
+    let (_, stderr, status) = tally_cli(&cfg, &["state", "repair", "--partition", "0"]);
+    assert!(!status.success());
+    assert!(stderr.contains("--topic"), "{stderr}");
+    let (out, stderr, status) = tally_cli(
+        &cfg,
+        &["state", "repair", "--topic", NESTED, "--partition", "4"],
+    );
+    assert!(status.success(), "{stderr}");
+    let end = want_ends[&(NESTED, 4)];
+    assert!(
+        out.contains(&format!("applied offset set to {end}")),
+        "{out}"
+    );
+}
+
+#[test]
+fn tally_check_refuses_a_counter_reading_a_topic_that_is_not_read() {
+    let cfg = config("127.0.0.1:9", "redis://127.0.0.1:9", "g-check");
+    let (_, stderr, status) = tally_cli(&cfg, &["check"]);
+    assert!(status.success(), "the test's own config is valid: {stderr}");
+
+    let unknown = cfg.replace(&format!("topics = [\"{NESTED}\"]"), "topics = [\"clicks\"]");
+    let (_, stderr, status) = tally_cli(&unknown, &["check"]);
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains("counters[3].topics") && stderr.contains("`clicks` is not a topic"),
+        "{stderr}"
+    );
+
+    // A topic's own decoding is checked like [decode], its errors named after where it is.
+    let bad = cfg.replace(
+        "[kafka.topics.decode]\n",
+        "[kafka.topics.decode]\nformat = \"avro\"\n",
+    );
+    let (_, stderr, status) = tally_cli(&bad, &["check"]);
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("kafka.topics[1].decode.format"), "{stderr}");
+
+    let twice = cfg.replace(
+        &format!("name = \"{NESTED}\""),
+        &format!("name = \"{FLAT}\""),
+    );
+    let (_, stderr, status) = tally_cli(&twice, &["check"]);
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("kafka.topics[1].name"), "{stderr}");
+
+    let both = cfg.replace("consumers = 1\n", "consumers = 1\ntopic = \"other\"\n");
+    let (_, stderr, status) = tally_cli(&both, &["check"]);
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("kafka.topic"), "{stderr}");
+}
+
+/// The reconciler recounts every topic: with two topics feeding one counter, a recount of the
+/// first alone would find Redis ahead on every key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reconciler_recounts_every_topic() {
+    use crate::common::{hourly, wait_for, Harness};
+    let mut h = Harness::new("rt-a", 2);
+    h.mock.create_topic("rt-b", 3, 1).unwrap();
+    let b: rdkafka::producer::BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", h.mock.bootstrap_servers())
+        .create()
+        .unwrap();
+    let now = chrono::Utc::now().timestamp_millis();
+    let last_hour = (now / HOUR - 1) * HOUR + 1_000;
+    for i in 0..300u32 {
+        let payload = format!(r#"{{"app_id":"a{}","device_id":"d{}"}}"#, i % 3, i % 7);
+        let ts = Some(last_hour + i64::from(i));
+        h.produce((i % 2) as i32, payload.as_bytes(), ts);
+        let rec = BaseRecord::<(), str>::to("rt-b")
+            .partition((i % 3) as i32)
+            .payload(&payload)
+            .timestamp(last_hour + i64::from(i));
+        b.send(rec).map_err(|(e, _)| e).unwrap();
+    }
+    h.flush_producer();
+    b.flush(Duration::from_secs(30)).unwrap();
+    let mut config = h.config("g-rt", hourly("rt"));
+    config.kafka.topics = ["rt-a", "rt-b"]
+        .map(|name| tally::config::TopicConfig {
+            name: name.into(),
+            decode: None,
+        })
+        .to_vec();
+    config.validate().unwrap();
+    let counting = h.start(config.clone());
+    let mut conn = h.conn();
+    let want: Vec<(&str, i32, i64)> = (0..2)
+        .map(|p| ("rt-a", p, 150))
+        .chain((0..3).map(|p| ("rt-b", p, 100)))
+        .collect();
+    wait_for("both topics applied", Duration::from_secs(60), || {
+        want.iter().all(|(t, p, end)| {
+            let fence: Option<i64> = redis::cmd("GET")
+                .arg(format!("tally:applied:g-rt:{t}:{p}:0"))
+                .query(&mut conn)
+                .unwrap();
+            fence == Some(*end)
+        })
+    })
+    .await;
+    counting.stop().await;
+    assert_eq!(h.dump("rt:*").values().sum::<i64>(), 600);
+
+    config.jobs.reconcile.enabled = true;
+    config.jobs.reconcile.interval = Duration::from_millis(200);
+    config.jobs.reconcile.grace = Duration::ZERO;
+    config.jobs.reconcile.lease = Duration::from_secs(2);
+    let running = h.start(config);
+    let m = running.metrics.clone();
+    let checked = || m.jobs.reconciled.with_label_values(&["flow"]).get();
+    let before = checked();
+    wait_for("a pass over both topics", Duration::from_secs(30), || {
+        checked() >= before + 21
+    })
+    .await;
+    let mismatches = m.jobs.mismatches.with_label_values(&["flow"]).get();
+    assert_eq!(mismatches, 0, "redis equals the recount of both topics");
+    running.stop().await;
+}
