@@ -1,7 +1,9 @@
 //! A schema registry stand-in on loopback: no registry server can be installed on these
-//! machines (Confluent's and Apicurio's are Java), so this serves the one call of its documented
-//! REST API tally makes, `GET /schemas/ids/{id}` → `{"schema": "<text>"}` (404 with error code
-//! 40403 for an unknown id), checks Basic credentials when given, and can be taken down (503).
+//! machines (Confluent's and Apicurio's are Java), so this serves the calls of its documented
+//! REST API tally makes, `GET /schemas/ids/{id}` → `{"schema": "<text>", "schemaType": …,
+//! "references": […]}` and `GET /subjects/{subject}/versions/{version}` (a reference's schema;
+//! 404 with error code 40403 for an unknown id), checks Basic credentials when given, and can
+//! be taken down (503).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
@@ -11,7 +13,8 @@ use std::sync::{Arc, Mutex};
 
 pub struct Registry {
     pub url: String,
-    schemas: Arc<Mutex<HashMap<u32, String>>>,
+    /// Answers by request path.
+    schemas: Arc<Mutex<HashMap<String, String>>>,
     up: Arc<AtomicBool>,
     /// Requests answered 503 while down.
     pub refused: Arc<AtomicUsize>,
@@ -67,9 +70,6 @@ impl Registry {
                 let authorized = expected
                     .as_ref()
                     .is_none_or(|e| head.iter().any(|h| h.to_lowercase() == *e));
-                let id = path
-                    .strip_prefix("/schemas/ids/")
-                    .and_then(|i| i.parse::<u32>().ok());
                 let (status, body) = if !up.load(Ordering::Relaxed) {
                     refused.fetch_add(1, Ordering::Relaxed);
                     (
@@ -82,10 +82,10 @@ impl Registry {
                         r#"{"error_code":40101,"message":"unauthorized"}"#.to_string(),
                     )
                 } else {
-                    match id.and_then(|id| schemas.lock().unwrap().get(&id).cloned()) {
-                        Some(text) => {
+                    match schemas.lock().unwrap().get(&path).cloned() {
+                        Some(answer) => {
                             served.fetch_add(1, Ordering::Relaxed);
-                            ("200 OK", serde_json::json!({ "schema": text }).to_string())
+                            ("200 OK", answer)
                         }
                         None => (
                             "404 Not Found",
@@ -104,8 +104,37 @@ impl Registry {
         r
     }
 
+    /// An Avro schema as `id`.
     pub fn add(&self, id: u32, schema: &serde_json::Value) {
-        self.schemas.lock().unwrap().insert(id, schema.to_string());
+        let answer = serde_json::json!({ "schema": schema.to_string() });
+        self.answer(format!("/schemas/ids/{id}"), answer);
+    }
+
+    /// A Protobuf schema (`.proto` text) as `id`, importing `references` (name, subject,
+    /// version).
+    pub fn add_protobuf(&self, id: u32, text: &str, references: &[(&str, &str, i64)]) {
+        let references: Vec<_> = references
+            .iter()
+            .map(|(name, subject, version)| {
+                serde_json::json!({"name": name, "subject": subject, "version": version})
+            })
+            .collect();
+        let answer =
+            serde_json::json!({"schemaType": "PROTOBUF", "schema": text, "references": references});
+        self.answer(format!("/schemas/ids/{id}"), answer);
+    }
+
+    /// A Protobuf schema as `version` of `subject` (what a reference names).
+    pub fn add_subject(&self, subject: &str, version: i64, text: &str) {
+        let answer = serde_json::json!({"subject": subject, "version": version, "id": 1000 + version, "schemaType": "PROTOBUF", "schema": text});
+        self.answer(format!("/subjects/{subject}/versions/{version}"), answer);
+    }
+
+    fn answer(&self, path: String, answer: serde_json::Value) {
+        self.schemas
+            .lock()
+            .unwrap()
+            .insert(path, answer.to_string());
     }
 
     pub fn set_up(&self, up: bool) {
