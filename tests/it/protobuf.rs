@@ -7,15 +7,13 @@
 //! registry: bare messages of a descriptor set file.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
 use serde_json::json;
 
-use crate::common::registry::Registry;
+use crate::common::registry::{python_writer, Registry};
 use crate::common::{counter, wait_for, Harness};
 
 /// A referenced schema (subject `shop-common`, version 1), imported by both versions.
@@ -82,33 +80,21 @@ fn write(
     descriptor_set_out: Option<(&str, &std::path::Path)>,
     items: &[serde_json::Value],
 ) -> Vec<Vec<u8>> {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/it/protobuf/write_events.py"
-    );
-    let mut child = Command::new("python3")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 (scripts/setup.sh installs protobuf)");
-    let mut stdin = child.stdin.take().unwrap();
-    let head = json!({"schemas": schemas, "descriptor_set_out": descriptor_set_out
-        .map(|(s, p)| json!({"schema": s, "path": p}))});
+    let out = descriptor_set_out.map(|(s, p)| json!({"schema": s, "path": p}));
+    let head = json!({"schemas": schemas, "descriptor_set_out": out});
     let mut lines = format!("{head}\n");
     lines.extend(items.iter().map(|i| format!("{i}\n")));
-    let writer = std::thread::spawn(move || stdin.write_all(lines.as_bytes()));
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    assert!(out.status.success(), "protobuf writer failed");
-    let (mut payloads, mut rest) = (Vec::new(), &out.stdout[..]);
-    while rest.len() >= 4 {
-        let n = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
-        payloads.push(rest[4..4 + n].to_vec());
-        rest = &rest[4 + n..];
-    }
+    let payloads = python_writer("protobuf/write_events.py", lines);
     assert_eq!(payloads.len(), items.len());
     payloads
+}
+
+/// The hour `now` falls in, as the keys write it.
+fn hour_of(now: i64) -> String {
+    Utc.timestamp_millis_opt(now)
+        .unwrap()
+        .format("%Y%m%d%H")
+        .to_string()
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -169,12 +155,7 @@ async fn protobuf_events_through_a_schema_registry_count_exactly() {
     // One lane: each schema is then fetched exactly once (every lane keeps its own cache).
     config.kafka.consumers = tally::config::Consumers::Count(1);
     config.decode.format = tally::config::Format::Protobuf;
-    config.decode.schema_registry = Some(tally::config::RegistryConfig {
-        url: registry.url.clone(),
-        username: Some("tally".into()),
-        password: Some("s3cret".into()),
-        timeout: Duration::from_secs(2),
-    });
+    config.decode.schema_registry = Some(registry.config(Some(("tally", "s3cret"))));
     config.decode.time_field = Some("at".into());
     config.decode.dead_letter_topic = Some("protobuf-dlq".into());
     config
@@ -184,11 +165,7 @@ async fn protobuf_events_through_a_schema_registry_count_exactly() {
     config.validate().expect("valid");
 
     let now = Utc::now().timestamp_millis();
-    let hh = Utc
-        .timestamp_millis_opt(now)
-        .unwrap()
-        .format("%Y%m%d%H")
-        .to_string();
+    let hh = hour_of(now);
     let mut items = Vec::new();
     let mut want: BTreeMap<String, i64> = BTreeMap::new();
     for i in 0..1_500usize {
@@ -302,11 +279,7 @@ async fn protobuf_bare_messages_of_a_descriptor_file_count_exactly() {
     }
 
     let now = Utc::now().timestamp_millis();
-    let hh = Utc
-        .timestamp_millis_opt(now)
-        .unwrap()
-        .format("%Y%m%d%H")
-        .to_string();
+    let hh = hour_of(now);
     let mut items = Vec::new();
     let mut want: BTreeMap<String, i64> = BTreeMap::new();
     for i in 0..600usize {

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -140,6 +141,42 @@ impl Registry {
     pub fn set_up(&self, up: bool) {
         self.up.store(up, Ordering::Relaxed);
     }
+}
+
+impl Registry {
+    /// tally's `[decode.schema_registry]` for this stand-in, with `user:password` if any.
+    pub fn config(&self, auth: Option<(&str, &str)>) -> tally::config::RegistryConfig {
+        tally::config::RegistryConfig {
+            url: self.url.clone(),
+            username: auth.map(|(u, _)| u.to_string()),
+            password: auth.map(|(_, p)| p.to_string()),
+            timeout: std::time::Duration::from_secs(2),
+        }
+    }
+}
+
+/// Runs the Python event writer `script` (under `tests/it/`) on the JSON `lines`; its output
+/// is each payload as a 4-byte big-endian length and the bytes, returned in order.
+pub fn python_writer(script: &str, lines: String) -> Vec<Vec<u8>> {
+    let path = format!("{}/tests/it/{script}", env!("CARGO_MANIFEST_DIR"));
+    let mut child = Command::new("python3")
+        .arg(path)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("python3 (scripts/setup.sh installs fastavro and protobuf)");
+    let mut stdin = child.stdin.take().unwrap();
+    let writer = std::thread::spawn(move || stdin.write_all(lines.as_bytes()));
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap().unwrap();
+    assert!(out.status.success(), "{script} failed");
+    let (mut payloads, mut rest) = (Vec::new(), &out.stdout[..]);
+    while rest.len() >= 4 {
+        let n = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
+        payloads.push(rest[4..4 + n].to_vec());
+        rest = &rest[4 + n..];
+    }
+    payloads
 }
 
 impl Drop for Registry {
