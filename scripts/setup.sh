@@ -91,6 +91,14 @@ if ! python3 -c "import fastavro" 2>/dev/null; then
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages fastavro==1.13.1
 fi
 
+# Google's protobuf runtime writes the Protobuf events of tests/it/protobuf.rs (the one
+# confluent-kafka's ProtobufSerializer uses); message classes are built at runtime, no protoc.
+if ! python3 -c "import google.protobuf" 2>/dev/null; then
+  echo "setup: installing protobuf (pip)" >&2
+  python3 -m pip install --quiet --disable-pip-version-check protobuf==7.36.2 \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages protobuf==7.36.2
+fi
+
 # mdBook builds the docs site (tests/it/docs_site.rs builds it and follows every link); cargo-deny
 # checks the dependencies' licenses, sources and duplicates (scripts/test.sh). From crates.io,
 # about 2 and 3 minutes on 2 cores, once.

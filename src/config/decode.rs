@@ -21,9 +21,13 @@ pub enum Format {
     /// big-endian schema id, the datum) when `schema_registry` is set, or bare datums of
     /// `schema_file`.
     Avro,
+    /// Protobuf: framed with a schema registry id and the message indexes (Confluent wire
+    /// format) when `schema_registry` is set, or bare messages of `decode.message` in
+    /// `descriptor_file`.
+    Protobuf,
 }
 
-/// `[decode.schema_registry]`: where Avro writer schemas are fetched by id.
+/// `[decode.schema_registry]`: where Avro and Protobuf writer schemas are fetched by id.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RegistryConfig {
@@ -50,12 +54,18 @@ fn default_registry_timeout() -> Duration {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DecodeConfig {
-    /// `json` or `avro`.
+    /// `json`, `avro` or `protobuf`.
     pub format: Format,
-    /// Avro: the schema registry the framed events' schema ids are looked up in.
+    /// Avro, Protobuf: the schema registry the framed events' schema ids are looked up in.
     pub schema_registry: Option<RegistryConfig>,
     /// Avro without a registry: the `.avsc` file every (unframed) datum is written with.
     pub schema_file: Option<std::path::PathBuf>,
+    /// Protobuf without a registry: a descriptor set (`protoc --include_imports
+    /// --descriptor_set_out`) holding `message`, the type of every (unframed) message.
+    pub descriptor_file: Option<std::path::PathBuf>,
+    /// Protobuf with `descriptor_file`: the full name of the events' message type
+    /// (`package.Message`).
+    pub message: Option<String>,
     /// Field holding the event time; absent → the Kafka message timestamp is used.
     pub time_field: Option<String>,
     /// How `time_field` is written.
@@ -97,6 +107,8 @@ impl Default for DecodeConfig {
             format: Format::Json,
             schema_registry: None,
             schema_file: None,
+            descriptor_file: None,
+            message: None,
             time_field: None,
             time_format: TimeFormat::EpochMs,
             max_message_bytes: 1 << 20,
@@ -147,34 +159,81 @@ impl DecodeConfig {
         Ok(())
     }
 
-    /// Avro names exactly one schema source, readable now; JSON names none.
+    /// Avro and Protobuf name exactly one schema source, readable now; JSON names none.
     fn validate_format(&self) -> Result<(), ConfigError> {
-        match (self.format, &self.schema_registry, &self.schema_file) {
-            (Format::Json, None, None) => Ok(()),
-            (Format::Json, ..) => Err(invalid(
+        let file = match self.format {
+            Format::Json => {
+                let none = self.schema_registry.is_none()
+                    && self.schema_file.is_none()
+                    && self.descriptor_file.is_none()
+                    && self.message.is_none();
+                return ensure(
+                    none,
+                    "decode.format",
+                    "schema_registry, schema_file, descriptor_file and message are for format = \"avro\" or \"protobuf\"",
+                );
+            }
+            Format::Avro => {
+                ensure(
+                    self.descriptor_file.is_none() && self.message.is_none(),
+                    "decode.format",
+                    "descriptor_file and message are for format = \"protobuf\" (avro reads schema_file)",
+                )?;
+                self.schema_file.as_ref()
+            }
+            Format::Protobuf => {
+                ensure(
+                    self.schema_file.is_none(),
+                    "decode.format",
+                    "schema_file is for format = \"avro\" (protobuf reads descriptor_file)",
+                )?;
+                ensure(
+                    self.message.is_some() == self.descriptor_file.is_some(),
+                    "decode.message",
+                    "descriptor_file and message go together: the file, and the events' message type in it",
+                )?;
+                self.descriptor_file.as_ref()
+            }
+        };
+        let (key, sources) = match self.format {
+            Format::Protobuf => ("decode.descriptor_file", "[decode.schema_registry] (framed events) or decode.descriptor_file with decode.message (bare messages)"),
+            _ => ("decode.schema_file", "[decode.schema_registry] (framed events) or decode.schema_file (bare datums)"),
+        };
+        match (&self.schema_registry, file) {
+            (Some(_), Some(_)) | (None, None) => Err(invalid(
                 "decode.format",
-                "schema_registry and schema_file are for format = \"avro\"",
+                format!("{:?} needs one schema source: {sources}", self.format).to_lowercase(),
             )),
-            (Format::Avro, Some(_), Some(_)) | (Format::Avro, None, None) => Err(invalid(
-                "decode.format",
-                "avro needs one schema source: [decode.schema_registry] (framed events) or decode.schema_file (bare datums)",
-            )),
-            (Format::Avro, Some(r), None) => {
+            (Some(r), None) => {
                 let ok = r.url.starts_with("http://") || r.url.starts_with("https://");
-                ensure(ok, "decode.schema_registry.url", "an http:// or https:// URL")?;
+                ensure(
+                    ok,
+                    "decode.schema_registry.url",
+                    "an http:// or https:// URL",
+                )?;
                 ensure(
                     !r.timeout.is_zero(),
                     "decode.schema_registry.timeout",
                     "must be positive",
                 )
             }
-            (Format::Avro, None, Some(path)) => {
-                let text = std::fs::read_to_string(path).map_err(|e| {
-                    invalid("decode.schema_file", format!("{}: {e}", path.display()))
-                })?;
-                apache_avro::Schema::parse_str(&text)
-                    .map(drop)
-                    .map_err(|e| invalid("decode.schema_file", format!("{}: {e}", path.display())))
+            (None, Some(path)) => {
+                let bytes = std::fs::read(path)
+                    .map_err(|e| invalid(key, format!("{}: {e}", path.display())))?;
+                let checked = match self.format {
+                    Format::Protobuf => {
+                        super::proto::message(&bytes, self.message.as_deref().unwrap_or_default())
+                            .map(drop)
+                    }
+                    _ => String::from_utf8(bytes)
+                        .map_err(|e| e.to_string())
+                        .and_then(|t| {
+                            apache_avro::Schema::parse_str(&t)
+                                .map(drop)
+                                .map_err(|e| e.to_string())
+                        }),
+                };
+                checked.map_err(|e| invalid(key, format!("{}: {e}", path.display())))
             }
         }
     }

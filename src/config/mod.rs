@@ -25,6 +25,7 @@ mod kafka;
 pub mod limits;
 mod log;
 mod model;
+mod proto;
 mod redact;
 mod request;
 mod rls;
@@ -43,6 +44,7 @@ pub use kafka::{statistics_interval_ms, AutoWord, Consumers, KafkaConfig, StartF
 pub use limits::{Limits, LimitsError};
 pub use log::{LogConfig, LogFormat, DEFAULT_LOG};
 pub use model::{Model, Tokens, Topic};
+pub use proto::message as descriptor_message;
 pub use request::{BatchConfig, OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use rls::RlsConfig;
 pub use status::StatusConfig;

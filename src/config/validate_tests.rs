@@ -361,3 +361,48 @@ fn an_output_topic_alone_is_what_the_file_reads() {
     let read: OutputConfig = toml::from_str("topic = \"t\"").unwrap();
     assert_eq!(read, OutputConfig::to("t"));
 }
+
+#[test]
+fn each_format_names_its_own_schema_sources() {
+    use super::super::{DecodeConfig, Format, RegistryConfig};
+    let registry = || RegistryConfig {
+        url: "http://registry:8081".into(),
+        username: None,
+        password: None,
+        timeout: std::time::Duration::from_secs(5),
+    };
+    let check = |f: &dyn Fn(&mut DecodeConfig)| {
+        let mut d = DecodeConfig::default();
+        f(&mut d);
+        d.validate().map_err(|e| e.to_string())
+    };
+    assert!(check(&|d| d.message = Some("a.B".into())).is_err(), "json");
+    let protobuf = |d: &mut DecodeConfig| d.format = Format::Protobuf;
+    let e = check(&|d| protobuf(d)).unwrap_err();
+    assert!(e.contains("descriptor_file with decode.message"), "{e}");
+    let e = check(&|d| {
+        protobuf(d);
+        d.schema_registry = Some(registry());
+        d.schema_file = Some("x.avsc".into());
+    })
+    .unwrap_err();
+    assert!(e.contains("schema_file is for format = \"avro\""), "{e}");
+    let e = check(&|d| {
+        protobuf(d);
+        d.descriptor_file = Some("x.pb".into());
+    })
+    .unwrap_err();
+    assert!(e.contains("decode.message"), "{e}");
+    check(&|d| {
+        protobuf(d);
+        d.schema_registry = Some(registry());
+    })
+    .expect("a registry alone");
+    let e = check(&|d| {
+        d.format = Format::Avro;
+        d.schema_registry = Some(registry());
+        d.descriptor_file = Some("x.pb".into());
+    })
+    .unwrap_err();
+    assert!(e.contains("are for format = \"protobuf\""), "{e}");
+}

@@ -5,14 +5,12 @@
 //! until it answers. Unknown ids and corrupt frames are skipped by reason, and dead-lettered.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
 use serde_json::json;
 
-use crate::common::registry::Registry;
+use crate::common::registry::{python_writer, Registry};
 use crate::common::{counter, wait_for, Harness};
 
 fn v1() -> serde_json::Value {
@@ -38,25 +36,8 @@ fn v2() -> serde_json::Value {
 
 /// Framed payloads from fastavro (`avro/write_events.py`), in input order.
 fn fastavro(items: &[serde_json::Value]) -> Vec<Vec<u8>> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/it/avro/write_events.py");
-    let mut child = Command::new("python3")
-        .arg(script)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 (scripts/setup.sh installs fastavro)");
-    let mut stdin = child.stdin.take().unwrap();
     let lines: String = items.iter().map(|i| format!("{i}\n")).collect();
-    let writer = std::thread::spawn(move || stdin.write_all(lines.as_bytes()));
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    assert!(out.status.success(), "fastavro writer failed");
-    let (mut payloads, mut rest) = (Vec::new(), &out.stdout[..]);
-    while rest.len() >= 4 {
-        let n = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
-        payloads.push(rest[4..4 + n].to_vec());
-        rest = &rest[4 + n..];
-    }
+    let payloads = python_writer("avro/write_events.py", lines);
     assert_eq!(payloads.len(), items.len());
     payloads
 }
@@ -98,12 +79,7 @@ async fn avro_events_through_a_schema_registry_count_exactly() {
     // One lane: each schema is then fetched exactly once (every lane keeps its own cache).
     config.kafka.consumers = tally::config::Consumers::Count(1);
     config.decode.format = tally::config::Format::Avro;
-    config.decode.schema_registry = Some(tally::config::RegistryConfig {
-        url: registry.url.clone(),
-        username: Some("tally".into()),
-        password: Some("s3cret pass".into()),
-        timeout: Duration::from_secs(2),
-    });
+    config.decode.schema_registry = Some(registry.config(Some(("tally", "s3cret pass"))));
     config.decode.time_field = Some("at".into());
     config.decode.dead_letter_topic = Some("avro-dlq".into());
     config

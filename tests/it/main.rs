@@ -39,6 +39,7 @@ mod logs;
 mod observability;
 mod openapi;
 mod pipeline;
+mod protobuf;
 mod proxy_faults;
 mod query;
 mod query_range;

@@ -13,89 +13,6 @@ use smallvec::SmallVec;
 
 use crate::config::{DecodeConfig, FieldSource, Format, TimeFormat};
 
-/// Why a message was skipped. Each maps to one `reason` label value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum DecodeError {
-    /// The message had no payload.
-    #[error("empty payload")]
-    Empty,
-    /// The payload or a dimension value exceeded its configured limit.
-    #[error("payload or value too large")]
-    TooLarge,
-    /// The payload is not valid UTF-8.
-    #[error("payload is not UTF-8")]
-    NotUtf8,
-    /// The payload is not a JSON object.
-    #[error("payload is not a JSON object")]
-    NotJson,
-    /// A required field is absent (or null).
-    #[error("a required field is missing")]
-    MissingField,
-    /// A field has a type the counter cannot use (e.g. an object as a dimension, a float value).
-    #[error("a field has the wrong type")]
-    WrongType,
-    /// The event time could not be read, or no timestamp was available.
-    #[error("bad event timestamp")]
-    BadTimestamp,
-    /// The event time lies further in the future than `decode.max_future` allows.
-    #[error("event time too far in the future")]
-    FutureTime,
-    /// Adding the event's value would overflow a counter's 64-bit sum.
-    #[error("value would overflow the counter")]
-    Overflow,
-    /// Not an Avro datum of its schema (or not a schema registry frame).
-    #[error("payload is not avro")]
-    NotAvro,
-    /// The schema id is unknown to the registry, or its schema cannot be read.
-    #[error("unknown or unusable schema")]
-    UnknownSchema,
-    /// The schema registry did not answer and the decoder may not wait: the event was not
-    /// read and must be read again (never skipped, never counted as bad input).
-    #[error("schema registry unavailable")]
-    Unavailable,
-}
-
-impl DecodeError {
-    /// Every reason, in `index` order.
-    pub const ALL: [DecodeError; 12] = [
-        DecodeError::Empty,
-        DecodeError::TooLarge,
-        DecodeError::NotUtf8,
-        DecodeError::NotJson,
-        DecodeError::MissingField,
-        DecodeError::WrongType,
-        DecodeError::BadTimestamp,
-        DecodeError::FutureTime,
-        DecodeError::Overflow,
-        DecodeError::NotAvro,
-        DecodeError::UnknownSchema,
-        DecodeError::Unavailable,
-    ];
-
-    /// The metric label for this error.
-    pub fn reason(self) -> &'static str {
-        match self {
-            DecodeError::Empty => "empty",
-            DecodeError::TooLarge => "too_large",
-            DecodeError::NotUtf8 => "not_utf8",
-            DecodeError::NotJson => "not_json",
-            DecodeError::MissingField => "missing_field",
-            DecodeError::WrongType => "wrong_type",
-            DecodeError::BadTimestamp => "bad_timestamp",
-            DecodeError::FutureTime => "future_time",
-            DecodeError::Overflow => "overflow",
-            DecodeError::NotAvro => "not_avro",
-            DecodeError::UnknownSchema => "unknown_schema",
-            DecodeError::Unavailable => "unavailable",
-        }
-    }
-
-    /// Index into [`DecodeError::ALL`], for per-batch counting without string lookups.
-    pub fn index(self) -> usize {
-        self as usize
-    }
-}
-
 /// A scalar JSON value, borrowed from the payload where possible.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FieldValue<'a> {
@@ -166,8 +83,8 @@ pub struct Decoder {
     time_format: TimeFormat,
     max_message_bytes: usize,
     max_value_bytes: usize,
-    /// Avro payloads (`decode.format = "avro"`); none: JSON.
-    avro: Option<Box<avro::Avro>>,
+    /// Avro or Protobuf payloads; none: JSON.
+    binary: Option<Box<Binary>>,
     /// `decode.max_future` in ms: later event times are bad input, not keys living for millennia.
     max_future_ms: i64,
 }
@@ -200,8 +117,13 @@ impl Decoder {
                 source => meta.push((slot, source)),
             }
         }
-        let avro =
-            (config.format == Format::Avro).then(|| Box::new(avro::Avro::new(config, &root)));
+        let binary = match config.format {
+            Format::Json => None,
+            Format::Avro => Some(Box::new(Binary::Avro(avro::Avro::new(config, &root)))),
+            Format::Protobuf => Some(Box::new(Binary::Protobuf(protobuf::Protobuf::new(
+                config, &root,
+            )))),
+        };
         Decoder {
             names,
             roles,
@@ -212,7 +134,7 @@ impl Decoder {
             time_format: config.time_format,
             max_message_bytes: config.max_message_bytes,
             max_value_bytes: config.max_value_bytes,
-            avro,
+            binary,
             max_future_ms: i64::try_from(config.max_future.as_millis()).unwrap_or(i64::MAX),
         }
     }
@@ -288,8 +210,9 @@ impl Decoder {
         }
         let mut raw: SmallVec<[Option<FieldValue<'a>>; 4]> = SmallVec::new();
         raw.resize(self.names.len(), None);
-        match &self.avro {
-            Some(avro) => avro.read(payload, &self.root, &mut raw)?,
+        match self.binary.as_deref() {
+            Some(Binary::Avro(avro)) => avro.read(payload, &self.root, &mut raw)?,
+            Some(Binary::Protobuf(proto)) => proto.read(payload, &self.root, &mut raw)?,
             None => self.json(payload, fast, &mut raw)?,
         }
         for (slot, source) in &self.meta {
@@ -373,11 +296,13 @@ impl Decoder {
         Ok(())
     }
 
-    /// Avro only: wait out a schema registry outage until `stop` is cancelled (the lane's
-    /// shutdown) instead of answering [`DecodeError::Unavailable`] at once.
+    /// Avro and Protobuf: wait out a schema registry outage until `stop` is cancelled (the
+    /// lane's shutdown) instead of answering [`DecodeError::Unavailable`] at once.
     pub fn wait_for_schemas(&mut self, stop: tokio_util::sync::CancellationToken) {
-        if let Some(avro) = &mut self.avro {
-            avro.stop_on(stop);
+        match self.binary.as_deref_mut() {
+            Some(Binary::Avro(avro)) => avro.stop_on(stop),
+            Some(Binary::Protobuf(proto)) => proto.stop_on(stop),
+            None => {}
         }
     }
 
@@ -465,12 +390,22 @@ impl Decoder {
     }
 }
 
+/// The binary formats, read with a schema.
+enum Binary {
+    Avro(avro::Avro),
+    Protobuf(protobuf::Protobuf),
+}
+
 mod avro;
 mod build;
+mod error;
 mod full;
 mod paths;
+mod protobuf;
 mod rules;
+mod schema;
 
+pub use error::DecodeError;
 pub use rules::Skips;
 mod scan;
 

@@ -8,7 +8,7 @@ use apache_avro::{to_avro_datum, Schema};
 
 use super::super::paths::Node;
 use super::super::FieldValue;
-use super::{frame, plan, run};
+use super::{plan, run};
 use crate::config::{FieldSource, Segment};
 
 const SCHEMA: &str = r#"{
@@ -162,14 +162,6 @@ fn malformed_datums_are_refused() {
     huge.extend_from_slice(b"/route");
     huge.extend_from_slice(&[0xfe, 0xff, 0xff, 0xff, 0x0f]);
     assert!(read(&huge).is_err());
-}
-
-#[test]
-fn the_registry_frame() {
-    assert_eq!(frame(&[0, 0, 0, 1, 2, 9, 9]), Some((258, &[9u8, 9][..])));
-    assert_eq!(frame(&[1, 0, 0, 0, 1]), None, "magic byte");
-    assert_eq!(frame(&[0, 0, 0, 1]), None, "short");
-    assert_eq!(frame(b"{\"json\":1}"), None);
 }
 
 #[test]

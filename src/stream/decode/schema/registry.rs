@@ -1,36 +1,61 @@
 //! A schema registry's REST API, the one call tally needs: `GET /schemas/ids/{id}`
-//! (`{"schema": "<the schema as JSON text>", "schemaType": …}`; no `schemaType` is Avro).
+//! (`{"schema": "<the schema's text>", "schemaType": …, "references": […]}`; no `schemaType`
+//! is Avro). The format reading the events decides whether the type is one it reads.
 
 use serde::Deserialize;
 
 use crate::config::RegistryConfig;
 
 /// What the registry said about an id.
-pub(super) enum Fetch {
-    /// The schema's text.
-    Found(String),
-    /// 404, or a schema that is not Avro.
+pub(in crate::stream::decode) enum Fetch {
+    /// The schema.
+    Found(Schema),
+    /// 404.
     NotFound,
     /// No answer, or not one that says what the schema is (5xx, 401, a timeout).
     Unavailable(String),
 }
 
-pub(super) struct Registry {
+pub(in crate::stream::decode) struct Registry {
     agent: ureq::Agent,
     base: String,
     /// `Basic …`, built once (never logged).
     authorization: Option<String>,
 }
 
+/// The registry's answer for an id.
 #[derive(Deserialize)]
-struct Answer {
-    schema: String,
-    #[serde(rename = "schemaType")]
-    schema_type: Option<String>,
+pub(in crate::stream::decode) struct Schema {
+    /// The schema's text (Avro JSON, `.proto` source).
+    pub(in crate::stream::decode) schema: String,
+    /// `AVRO` (also when absent), `PROTOBUF` or `JSON`.
+    #[serde(rename = "schemaType", default)]
+    pub(in crate::stream::decode) schema_type: Option<String>,
+    /// Other subjects' schemas this one imports (a Protobuf `import`).
+    #[serde(default)]
+    pub(in crate::stream::decode) references: Vec<Reference>,
+}
+
+/// A schema's reference to another: the name it is imported by, and where it is registered.
+#[derive(Deserialize, Clone)]
+pub(in crate::stream::decode) struct Reference {
+    /// The import's file name (Protobuf) or type name (Avro).
+    pub(in crate::stream::decode) name: String,
+    /// The subject and version that hold the referenced schema.
+    pub(in crate::stream::decode) subject: String,
+    /// Its version in that subject.
+    pub(in crate::stream::decode) version: i64,
+}
+
+impl Schema {
+    /// Whether the registry says this is a schema of `kind` (`AVRO` when it says nothing).
+    pub(in crate::stream::decode) fn is(&self, kind: &str) -> bool {
+        self.schema_type.as_deref().unwrap_or("AVRO") == kind
+    }
 }
 
 impl Registry {
-    pub(super) fn new(config: &RegistryConfig) -> Registry {
+    pub(in crate::stream::decode) fn new(config: &RegistryConfig) -> Registry {
         let agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(config.timeout))
@@ -47,8 +72,28 @@ impl Registry {
         }
     }
 
-    pub(super) fn schema(&self, id: u32) -> Fetch {
-        let mut request = self.agent.get(&format!("{}/schemas/ids/{id}", self.base));
+    /// The schema of `id`.
+    pub(in crate::stream::decode) fn schema(&self, id: u32) -> Fetch {
+        self.get(&format!("/schemas/ids/{id}"))
+    }
+
+    /// The schema a reference names: `version` of `subject`.
+    pub(in crate::stream::decode) fn reference(&self, r: &Reference) -> Fetch {
+        let subject: String = r
+            .subject
+            .bytes()
+            .map(
+                |b| match b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    true => char::from(b).to_string(),
+                    false => format!("%{b:02X}"),
+                },
+            )
+            .collect();
+        self.get(&format!("/subjects/{subject}/versions/{}", r.version))
+    }
+
+    fn get(&self, path: &str) -> Fetch {
+        let mut request = self.agent.get(&format!("{}{path}", self.base));
         if let Some(a) = &self.authorization {
             request = request.header("Authorization", a);
         }
@@ -58,12 +103,9 @@ impl Registry {
                     .body_mut()
                     .with_config()
                     .limit(1 << 20)
-                    .read_json::<Answer>()
+                    .read_json::<Schema>()
                 {
-                    Ok(a) if a.schema_type.as_deref().is_none_or(|t| t == "AVRO") => {
-                        Fetch::Found(a.schema)
-                    }
-                    Ok(_) => Fetch::NotFound,
+                    Ok(a) => Fetch::Found(a),
                     Err(e) => Fetch::Unavailable(format!("unreadable answer: {e}")),
                 }
             }

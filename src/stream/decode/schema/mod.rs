@@ -1,0 +1,178 @@
+//! Where the binary formats (Avro, Protobuf) find an event's schema, shared by both:
+//!
+//! * With `[decode.schema_registry]`: the Confluent wire format (byte 0, the writer schema's id
+//!   as 4 big-endian bytes, then the format's body). A schema is fetched by id (`GET
+//!   /schemas/ids/{id}`, the registry's REST API) the first time it is seen, compiled by the
+//!   format for the wanted fields, and kept.
+//! * With a local file (`decode.schema_file`, `decode.descriptor_file`): bare bodies, all
+//!   written with that schema.
+//!
+//! An id the registry does not know (404), or a schema the format cannot read, is
+//! `unknown_schema` (asked again after [`UNKNOWN_RETRY`]). A registry that does not answer is
+//! not bad input: the lane waits and asks again (1 s, doubling to 30 s), logging, until it
+//! answers or tally stops (then [`DecodeError::Unavailable`]: the event is left for the next
+//! start, nothing skipped).
+
+pub(super) mod registry;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::RegistryConfig;
+use crate::ops::log_limit::LogLimiter;
+
+use super::DecodeError;
+use registry::{Fetch, Registry, Schema};
+
+/// Unknown ids remembered at most (then forgotten, known schemas kept).
+const MAX_SCHEMAS: usize = 10_000;
+
+/// How long an id the registry did not know is answered `unknown_schema` without asking again.
+const UNKNOWN_RETRY: Duration = Duration::from_secs(10);
+
+/// Why a fetched schema was not compiled.
+pub(super) enum Unusable {
+    /// The format cannot read it (or it is another format's): its events are `unknown_schema`.
+    Bad(String),
+    /// Something it needs (a referenced schema) could not be fetched now: wait and ask again.
+    Unavailable(String),
+}
+
+impl From<String> for Unusable {
+    fn from(e: String) -> Unusable {
+        Unusable::Bad(e)
+    }
+}
+
+/// The schemas of the events: a registry's (by id, compiled to `P` when first seen) or a local
+/// file's (compiled once).
+pub(super) enum Source<P> {
+    Registry(Cache<P>),
+    /// The file's compiled schema (bare bodies); none if it became unusable since validation.
+    File(Option<Arc<P>>),
+}
+
+impl<P> Source<P> {
+    /// The compiled schema of `payload`, and its body (after the frame, if framed). A payload
+    /// that is not a frame is `not_framed`.
+    pub(super) fn resolve<'a>(
+        &self,
+        payload: &'a [u8],
+        not_framed: DecodeError,
+        compile: impl Fn(&Schema, &Registry) -> Result<P, Unusable>,
+    ) -> Result<(Arc<P>, &'a [u8]), DecodeError> {
+        match self {
+            Source::File(None) => Err(DecodeError::UnknownSchema),
+            Source::File(Some(p)) => Ok((p.clone(), payload)),
+            Source::Registry(cache) => {
+                let (id, body) = frame(payload).ok_or(not_framed)?;
+                Ok((cache.get(id, compile)?, body))
+            }
+        }
+    }
+
+    /// Wait out registry outages until `stop` is cancelled.
+    pub(super) fn stop_on(&mut self, stop: CancellationToken) {
+        if let Source::Registry(cache) = self {
+            cache.stop = Some(stop);
+        }
+    }
+}
+
+/// A registry's schemas, compiled, by id.
+pub(super) struct Cache<P> {
+    registry: Registry,
+    /// Compiled schemas by id; `Err(when)`: unknown since then.
+    compiled: Mutex<HashMap<u32, Result<Arc<P>, Instant>>>,
+    /// Set by the lane: a registry outage is waited out until this is cancelled.
+    stop: Option<CancellationToken>,
+    log: Mutex<LogLimiter>,
+}
+
+impl<P> Cache<P> {
+    pub(super) fn new(config: &RegistryConfig) -> Cache<P> {
+        Cache {
+            registry: Registry::new(config),
+            compiled: Mutex::new(HashMap::new()),
+            stop: None,
+            log: Mutex::new(LogLimiter::new()),
+        }
+    }
+
+    /// The compiled schema `id`: cached, else fetched and compiled (waiting out an outage, see
+    /// the module).
+    fn get(
+        &self,
+        id: u32,
+        compile: impl Fn(&Schema, &Registry) -> Result<P, Unusable>,
+    ) -> Result<Arc<P>, DecodeError> {
+        match self.compiled.lock().get(&id) {
+            Some(Ok(p)) => return Ok(p.clone()),
+            Some(Err(since)) if since.elapsed() < UNKNOWN_RETRY => {
+                return Err(DecodeError::UnknownSchema)
+            }
+            _ => {}
+        }
+        let mut wait = Duration::from_secs(1);
+        loop {
+            let answer = match self.registry.schema(id) {
+                Fetch::Found(schema) => compile(&schema, &self.registry),
+                Fetch::NotFound => Err(Unusable::Bad("the registry does not know it".into())),
+                Fetch::Unavailable(e) => Err(Unusable::Unavailable(e)),
+            };
+            let mut compiled = match answer {
+                Err(Unusable::Unavailable(e)) => {
+                    if let Some(suppressed) = self.log.lock().allow() {
+                        tracing::warn!(schema_id = id, error = %e, suppressed, "schema registry unavailable: the partition waits");
+                    }
+                    let Some(stop) = self.stop.as_ref().filter(|s| !s.is_cancelled()) else {
+                        return Err(DecodeError::Unavailable);
+                    };
+                    // Asleep in short steps: a stop is noticed within 100 ms.
+                    let until = Instant::now() + wait;
+                    while Instant::now() < until && !stop.is_cancelled() {
+                        std::thread::sleep(Duration::from_millis(100));
+                    }
+                    wait = (wait * 2).min(Duration::from_secs(30));
+                    continue;
+                }
+                Ok(p) => {
+                    let p = Arc::new(p);
+                    self.compiled.lock().insert(id, Ok(p.clone()));
+                    return Ok(p);
+                }
+                Err(Unusable::Bad(e)) => {
+                    tracing::warn!(schema_id = id, error = %e, "schema unusable: its events are unknown_schema");
+                    self.compiled.lock()
+                }
+            };
+            // Ids are 32-bit: a producer inventing them must not grow this forever.
+            if compiled.len() >= MAX_SCHEMAS {
+                compiled.retain(|_, p| p.is_ok());
+            }
+            compiled.insert(id, Err(Instant::now()));
+            return Err(DecodeError::UnknownSchema);
+        }
+    }
+}
+
+/// The Confluent wire format: magic byte 0, the schema id (4 bytes, big-endian), the body.
+pub(super) fn frame(payload: &[u8]) -> Option<(u32, &[u8])> {
+    match payload {
+        [0, a, b, c, d, body @ ..] => Some((u32::from_be_bytes([*a, *b, *c, *d]), body)),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn the_registry_frame() {
+    assert_eq!(frame(&[0, 0, 0, 1, 2, 9, 9]), Some((258, &[9u8, 9][..])));
+    assert_eq!(frame(&[1, 0, 0, 0, 1]), None, "magic byte");
+    assert_eq!(frame(&[0, 0, 0, 1]), None, "short");
+    assert_eq!(frame(b"{\"json\":1}"), None);
+}

@@ -1,0 +1,334 @@
+//! Protobuf topics end to end: events written by Google's protobuf package (the runtime
+//! confluent-kafka's ProtobufSerializer uses) in the Confluent wire format with two versions of
+//! a schema that imports a referenced one, read through a schema registry stand-in
+//! (`common/registry.rs`), counted exactly by a plain counter and a filtered one on a nested
+//! field. The registry is down when tally starts: nothing is counted or skipped until it
+//! answers. Unknown ids and corrupt frames are skipped by reason, and dead-lettered. Without a
+//! registry: bare messages of a descriptor set file.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use chrono::{TimeZone, Utc};
+use serde_json::json;
+
+use crate::common::registry::{python_writer, Registry};
+use crate::common::{counter, wait_for, Harness};
+
+/// A referenced schema (subject `shop-common`, version 1), imported by both versions.
+const COMMON: &str = r#"syntax = "proto3";
+package shop;
+enum Method { GET = 0; POST = 1; PUT = 2; }
+"#;
+
+const V1: &str = r#"syntax = "proto3";
+package shop;
+import "shop/common.proto";
+message Request {
+  string route = 1;
+  int32 status = 2;
+  Http http = 3;
+  int64 at = 4;
+  message Http { Method method = 1; }
+}
+"#;
+
+/// v2: a message declared in front (the events' type is now at index [1]), a field added,
+/// `status` widened to int64, a nested message and a repeated one added.
+const V2: &str = r#"syntax = "proto3";
+package shop;
+import "shop/common.proto";
+message Audit { string who = 1; }
+message Request {
+  string tenant = 5;
+  Http http = 3;
+  string route = 1;
+  int64 status = 2;
+  int64 at = 4;
+  Client client = 6;
+  repeated Item items = 7;
+  message Http { Method method = 1; string path = 2; }
+  message Client { string region = 1; }
+}
+message Item { string sku = 1; }
+"#;
+
+/// The descriptor set of `schema` (with its import), compiled from the same text the registry
+/// serves: the Python writer builds its message classes from it.
+fn descriptor_set(schema: &str) -> Vec<u8> {
+    let dir = std::env::temp_dir().join(format!(
+        "tally-proto-{}-{}",
+        std::process::id(),
+        schema.len()
+    ));
+    std::fs::create_dir_all(dir.join("shop")).unwrap();
+    std::fs::write(dir.join("shop/common.proto"), COMMON).unwrap();
+    std::fs::write(dir.join("event.proto"), schema).unwrap();
+    let mut c = protox::Compiler::new([&dir]).unwrap();
+    c.include_imports(true);
+    c.open_file("event.proto").unwrap();
+    let set = c.encode_file_descriptor_set();
+    let _ = std::fs::remove_dir_all(dir);
+    set
+}
+
+/// Payloads from Google's protobuf (`protobuf/write_events.py`), in input order. `schemas`:
+/// the descriptor set of each schema name the items use.
+fn write(
+    schemas: serde_json::Value,
+    descriptor_set_out: Option<(&str, &std::path::Path)>,
+    items: &[serde_json::Value],
+) -> Vec<Vec<u8>> {
+    let out = descriptor_set_out.map(|(s, p)| json!({"schema": s, "path": p}));
+    let head = json!({"schemas": schemas, "descriptor_set_out": out});
+    let mut lines = format!("{head}\n");
+    lines.extend(items.iter().map(|i| format!("{i}\n")));
+    let payloads = python_writer("protobuf/write_events.py", lines);
+    assert_eq!(payloads.len(), items.len());
+    payloads
+}
+
+/// The hour `now` falls in, as the keys write it.
+fn hour_of(now: i64) -> String {
+    Utc.timestamp_millis_opt(now)
+        .unwrap()
+        .format("%Y%m%d%H")
+        .to_string()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Event `i` in version 1 or 2 (alternately) at `now`, and the keys it adds one to.
+fn event(i: usize, now: i64, hh: &str) -> (serde_json::Value, Vec<String>) {
+    let route = format!("/r{}", i % 4);
+    let method = ["GET", "POST", "PUT"][i % 3];
+    let status = [200, 404, 500, 503][(i / 4) % 4];
+    let item = match i % 2 {
+        0 => json!({"schema": "v1", "id": 1, "message": "shop.Request", "indexes": [0],
+            "record": {"route": route, "status": status, "http": {"method": method}, "at": now}}),
+        _ => json!({"schema": "v2", "id": 2, "message": "shop.Request", "indexes": [1],
+            "record": {"tenant": "t", "http": {"method": method, "path": "/x"}, "route": route,
+                "status": status, "at": now, "client": {"region": "eu"},
+                "items": [{"sku": "a"}, {"sku": "b"}]}}),
+    };
+    let mut keys = vec![format!("pr:{route}:{hh}")];
+    if status >= 500 {
+        keys.push(format!("pe:{route}:{method}:{hh}"));
+    }
+    (item, keys)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_events_through_a_schema_registry_count_exactly() {
+    let mut h = Harness::new("protobuf", 3);
+    h.mock.create_topic("protobuf-dlq", 1, 1).unwrap();
+    let registry = Registry::start(Some("tally:s3cret"));
+    let common = [("shop/common.proto", "shop-common", 1)];
+    registry.add_protobuf(1, V1, &common);
+    registry.add_protobuf(2, V2, &common);
+    registry.add_subject("shop-common", 1, COMMON);
+    registry.set_up(false);
+
+    let hour = Duration::from_secs(3600);
+    let day = Duration::from_secs(86_400);
+    let routes = counter(
+        "routes",
+        &["route"],
+        "pr:{route}:{yyyyMMddHH}",
+        hour,
+        "UTC",
+        day,
+    );
+    let mut errors = counter(
+        "errors",
+        &["route", "method"],
+        "pe:{route}:{method}:{yyyyMMddHH}",
+        hour,
+        "UTC",
+        day,
+    );
+    errors.filter = Some("status >= 500".into());
+    let mut config = h.config("g-protobuf", vec![routes, errors]);
+    // One lane: each schema is then fetched exactly once (every lane keeps its own cache).
+    config.kafka.consumers = tally::config::Consumers::Count(1);
+    config.decode.format = tally::config::Format::Protobuf;
+    config.decode.schema_registry = Some(registry.config(Some(("tally", "s3cret"))));
+    config.decode.time_field = Some("at".into());
+    config.decode.dead_letter_topic = Some("protobuf-dlq".into());
+    config
+        .decode
+        .fields
+        .insert("method".into(), "http.method".into());
+    config.validate().expect("valid");
+
+    let now = Utc::now().timestamp_millis();
+    let hh = hour_of(now);
+    let mut items = Vec::new();
+    let mut want: BTreeMap<String, i64> = BTreeMap::new();
+    for i in 0..1_500usize {
+        let (item, keys) = event(i, now, &hh);
+        items.push(item);
+        for k in keys {
+            *want.entry(k).or_default() += 1;
+        }
+    }
+    let schemas = json!({"v1": hex(&descriptor_set(V1)), "v2": hex(&descriptor_set(V2))});
+    let payloads = write(schemas, None, &items);
+    // Bad input among the good: an id the registry does not know; a message cut inside a
+    // field; an index past the schema's messages; a JSON event.
+    let unknown = {
+        let mut p = payloads[0].clone();
+        p[1..5].copy_from_slice(&99u32.to_be_bytes());
+        p
+    };
+    let mut cut = payloads[1].clone();
+    cut.extend([0x0a, 0x7f]);
+    let mut no_such_message = payloads[0][..5].to_vec();
+    no_such_message.extend([2, 40]);
+    let bad: Vec<Vec<u8>> = vec![
+        unknown,
+        cut,
+        no_such_message,
+        br#"{"route":"/r0"}"#.to_vec(),
+    ];
+    for (i, p) in payloads.iter().enumerate() {
+        h.produce((i % 3) as i32, p, Some(now));
+        if i % 500 == 250 {
+            for b in &bad {
+                h.produce((i % 3) as i32, b, Some(now));
+            }
+        }
+    }
+    h.flush_producer();
+    let total = (payloads.len() + 3 * bad.len()) as u64;
+
+    let running = h.start(config);
+    let m = running.metrics.clone();
+    let errors = |reason: &str| m.decode.decode_errors.with_label_values(&[reason]).get();
+    // The registry is down: tally asks again and again, and counts nothing, skips nothing.
+    wait_for("registry asked while down", Duration::from_secs(30), || {
+        registry.refused.load(Ordering::Relaxed) >= 2
+    })
+    .await;
+    let skipped: u64 = tally::stream::decode::DecodeError::ALL
+        .iter()
+        .map(|e| errors(e.reason()))
+        .sum();
+    assert_eq!(skipped, 0, "a registry outage skips nothing");
+    let counted = m.aggregate.events_counted.with_label_values(&["routes"]);
+    assert_eq!(counted.get(), 0);
+
+    registry.set_up(true);
+    h.wait_applied("g-protobuf", Duration::from_secs(60)).await;
+    wait_for("every message consumed", Duration::from_secs(20), || {
+        m.consumer.messages_consumed.get() >= total && errors("not_protobuf") == 9
+    })
+    .await;
+    assert_eq!(errors("unknown_schema"), 3);
+    assert_eq!(errors("missing_field") + errors("wrong_type"), 0);
+    assert_eq!(
+        registry.served.load(Ordering::Relaxed),
+        4,
+        "each schema fetched once, at its first event, with its reference"
+    );
+    running.stop().await;
+
+    let mut got = h.dump("pr:*");
+    got.extend(h.dump("pe:*"));
+    assert_eq!(
+        got, want,
+        "every key equals the truth computed from what was written"
+    );
+    let letters =
+        crate::common::dead_letters::read(&h, "protobuf-dlq", 12, Duration::from_secs(20));
+    let reasons: Vec<&str> = letters
+        .iter()
+        .filter_map(|l| l.header("tally-reason"))
+        .collect();
+    let count = |r: &str| reasons.iter().filter(|x| **x == r).count();
+    assert_eq!(count("unknown_schema"), 3, "{reasons:?}");
+    assert_eq!(count("not_protobuf"), 9, "{reasons:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_bare_messages_of_a_descriptor_file_count_exactly() {
+    let mut h = Harness::new("protobuf-file", 2);
+    let dir = std::env::temp_dir().join(format!("tally-protobuf-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("events.pb");
+
+    let hour = Duration::from_secs(3600);
+    let day = Duration::from_secs(86_400);
+    let mut regions = counter(
+        "regions",
+        &["region", "sku"],
+        "pf:{region}:{sku}:{yyyyMMddHH}",
+        hour,
+        "UTC",
+        day,
+    );
+    regions.value_field = Some("status".into());
+    let mut config = h.config("g-protobuf-file", vec![regions]);
+    config.decode.format = tally::config::Format::Protobuf;
+    config.decode.time_field = Some("at".into());
+    for (name, path) in [("region", "client.region"), ("sku", "items[1].sku")] {
+        config.decode.fields.insert(name.into(), path.into());
+    }
+
+    let now = Utc::now().timestamp_millis();
+    let hh = hour_of(now);
+    let mut items = Vec::new();
+    let mut want: BTreeMap<String, i64> = BTreeMap::new();
+    for i in 0..600usize {
+        let (region, sku, status) = (["eu", "us"][i % 2], ["a", "b", "c"][i % 3], i as i64);
+        items.push(
+            json!({"schema": "v2", "id": null, "message": "shop.Request",
+            "record": {"route": "/r", "status": status, "at": now, "client": {"region": region},
+                "items": [{"sku": "x"}, {"sku": sku}]}}),
+        );
+        *want.entry(format!("pf:{region}:{sku}:{hh}")).or_default() += status;
+    }
+    let schemas = json!({"v2": hex(&descriptor_set(V2))});
+    let payloads = write(schemas, Some(("v2", &file)), &items);
+
+    // `tally check` refuses a missing file, an unknown message, a file that is no descriptor set.
+    config.decode.descriptor_file = Some(dir.join("missing.pb"));
+    config.decode.message = Some("shop.Request".into());
+    let e = config.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("decode.descriptor_file") && e.contains("missing.pb"),
+        "{e}"
+    );
+    config.decode.descriptor_file = Some(file.clone());
+    config.decode.message = Some("shop.Nope".into());
+    let e = config.validate().unwrap_err().to_string();
+    assert!(e.contains("no message `shop.Nope`"), "{e}");
+    config.decode.descriptor_file = Some(dir.join("not.pb"));
+    std::fs::write(dir.join("not.pb"), V2).unwrap();
+    assert!(
+        config.validate().is_err(),
+        ".proto text is not a descriptor set"
+    );
+    config.decode.descriptor_file = Some(file.clone());
+    config.decode.message = Some("shop.Request".into());
+    config.validate().expect("valid");
+
+    for (i, p) in payloads.iter().enumerate() {
+        h.produce((i % 2) as i32, p, Some(now));
+    }
+    h.flush_producer();
+    let running = h.start(config);
+    h.wait_applied("g-protobuf-file", Duration::from_secs(60))
+        .await;
+    let m = running.metrics.clone();
+    wait_for("every message consumed", Duration::from_secs(20), || {
+        m.consumer.messages_consumed.get() >= payloads.len() as u64
+    })
+    .await;
+    running.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(h.dump("pf:*"), want);
+}
