@@ -156,6 +156,18 @@ shutdown_grace = "20s"
         // The primary dies; the replica, without those flushes, goes on.
         servers.get_mut(&primary).unwrap().stop();
         signal(servers[&replica].pid().unwrap(), "-CONT");
+        // What the promotion will expose, read before any sentinel names the replica (so
+        // before tally can write to it): tally applies the lost flushes again within
+        // milliseconds of learning of it, and read after that, this would hide them and
+        // measure the next regular flush instead.
+        // Anything the replica still had in its socket from before the cut is applied by the
+        // time it sees the link closed.
+        wait_until(
+            &format!("round {round}: the replica never saw its link down"),
+            Duration::from_secs(10),
+            || cli(replica, &["INFO", "replication"]).contains("master_link_status:down"),
+        );
+        let rolled_back = applied(replica, group, topic);
         if round % 2 == 1 && !measuring() {
             tally.kill9();
             kills += 1;
@@ -169,27 +181,11 @@ shutdown_grace = "20s"
         );
         let promoted = Instant::now();
         let produced = high();
-        let rolled_back = applied(replica, group, topic);
         lost += acknowledged
             .iter()
             .zip(&rolled_back)
             .map(|(a, b)| (a - b).max(0))
             .sum::<i64>();
-        wait_until(
-            &format!("round {round}: the sentinels never agreed on the new primary"),
-            Duration::from_secs(30),
-            || sentinels.switched(replica),
-        );
-        // The old primary comes back empty, as a replica of the new one (the configuration the
-        // sentinels rewrite on failover says so).
-        let follower = [
-            "--replicaof",
-            "127.0.0.1",
-            &replica.to_string(),
-            fast[0],
-            fast[1],
-        ];
-        servers.insert(primary, LocalRedis::start_on(primary, &follower).unwrap());
         // tally's own share: its first flush on the new primary (an applied offset moves past
         // where the failover left it).
         wait_until(
@@ -225,6 +221,23 @@ shutdown_grace = "20s"
                 eprintln!("  {line}");
             }
         }
+        // Only now (measured above without them, while they happen in a real failover too): the
+        // sentinels finish the failover, and the old primary comes back.
+        wait_until(
+            &format!("round {round}: the sentinels never agreed on the new primary"),
+            Duration::from_secs(30),
+            || sentinels.switched(replica),
+        );
+        // The old primary comes back empty, as a replica of the new one (the configuration the
+        // sentinels rewrite on failover says so).
+        let follower = [
+            "--replicaof",
+            "127.0.0.1",
+            &replica.to_string(),
+            fast[0],
+            fast[1],
+        ];
+        servers.insert(primary, LocalRedis::start_on(primary, &follower).unwrap());
         wait_until(
             &format!(
                 "round {round}: the old primary never replicated the new one: {} / new primary: {}",
