@@ -93,7 +93,7 @@ fi
 
 # Google's protobuf runtime writes the Protobuf events of tests/it/protobuf.rs (the one
 # confluent-kafka's ProtobufSerializer uses); message classes are built at runtime, no protoc.
-if ! python3 -c "import google.protobuf" 2>/dev/null; then
+if ! python3 -c "import google.protobuf as p, sys; sys.exit(p.__version__ != '7.36.2')" 2>/dev/null; then
   echo "setup: installing protobuf (pip)" >&2
   python3 -m pip install --quiet --disable-pip-version-check protobuf==7.36.2 \
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages protobuf==7.36.2
