@@ -133,10 +133,7 @@ impl Sink {
 
     /// On a new connection: send again the kept calls whose ranges Redis no longer has (see the
     /// module). Nothing is sent when every fence is where the last flush left it.
-    pub(super) async fn reapply_lost(
-        &mut self,
-        conn: &conn::Conn,
-    ) -> Result<Option<Reapplied>, AttemptError> {
+    async fn reapply_lost(&self, conn: &conn::Conn) -> Result<Option<Reapplied>, AttemptError> {
         let last = self.kept.last_ends();
         if last.is_empty() {
             return Ok(None);
@@ -186,7 +183,7 @@ impl Sink {
         partitions.sort_unstable();
         partitions.dedup();
         Ok(Some(Reapplied {
-            ranges: sent - outcome.already_applied - refused,
+            ranges: sent.saturating_sub(outcome.already_applied + refused),
             refused,
             partitions,
         }))

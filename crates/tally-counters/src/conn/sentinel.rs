@@ -25,7 +25,8 @@ pub struct Sentinel {
     /// The primary's user and password.
     settings: redis::RedisConnectionInfo,
     config: AsyncConnectionConfig,
-    /// `redis.connect_timeout`: bounds each sentinel's answer and each connection.
+    /// `redis.connect_timeout`: bounds the primary's connection; half of it each sentinel's
+    /// answer.
     timeout: Duration,
 }
 
@@ -94,7 +95,9 @@ impl Sentinel {
             let (host, port): (String, String) = redis::from_redis_value(reply).ok()?;
             Some((host, port.parse().ok()?))
         };
-        tokio::time::timeout(self.timeout * 2, ask).await.ok()?
+        // Every sentinel is waited for: a frozen one gets half the connect timeout, leaving the
+        // other half (of the two `connect` is given) for the primary's connection.
+        tokio::time::timeout(self.timeout / 2, ask).await.ok()?
     }
 
     /// A connection to `host:port` if it is a primary.
