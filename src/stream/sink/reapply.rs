@@ -165,11 +165,10 @@ impl Sink {
                 groups.entry(call.shard()).or_default().push(call);
             }
         }
-        let this = &*self;
         let results = futures::future::join_all(
             groups
                 .into_values()
-                .map(|calls| this.send_group(conn.clone(), calls, false)),
+                .map(|calls| self.send_group(conn.clone(), calls, false)),
         )
         .await;
         let mut outcome = FlushOutcome::default();
