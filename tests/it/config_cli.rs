@@ -91,6 +91,34 @@ fn the_shipped_example_config_is_valid() {
     );
 }
 
+/// The README's stream example (one topic per format) is a configuration `tally check` accepts,
+/// and it shows every format.
+#[test]
+fn the_readmes_example_of_each_format_is_valid() {
+    let readme = include_str!("../../README.md");
+    let start = readme
+        .find("```toml\n[[kafka.topics]]")
+        .expect("README: the [[kafka.topics]] example")
+        + "```toml\n".len();
+    let block = &readme[start..start + readme[start..].find("```").unwrap()];
+    for format in ["json", "avro", "protobuf"] {
+        assert!(
+            block.contains(&format!("format = \"{format}\"")),
+            "the README's example shows no {format} topic"
+        );
+    }
+    let out = with_file(block, &[], &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for topic in ["http", "orders", "carts"] {
+        assert!(stdout.contains(&format!("name = \"{topic}\"")), "{stdout}");
+    }
+}
+
 #[test]
 fn unknown_key_is_rejected() {
     assert_usage_error(

@@ -5,6 +5,7 @@
 //! each failover takes are admitted again within a few seconds, from the new primary; with
 //! `durability = { replicas = 1 }` no admission is lost: the quota's count in Redis is at least
 //! the admissions, and at most the admissions plus the takes that failed (which may have run).
+//! A frozen sentinel (SIGSTOP) does not slow finding the primary while the others agree.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -161,5 +162,85 @@ size = 1000000
         "admitted <= taken <= admitted + 503s",
         0,
         0,
+    );
+}
+
+/// One of three sentinels is frozen (SIGSTOP: its port accepts, nothing answers). tally finds
+/// the primary as soon as the two others name it, without waiting for the frozen one: after its
+/// connections are cut (`CLIENT KILL`) takes are admitted again well within the half of
+/// `connect_timeout` (2 s here) that a frozen sentinel could otherwise hold every connect; and a
+/// failover the two others carry out is followed.
+#[test]
+fn a_frozen_sentinel_does_not_hold_finding_the_primary() {
+    let primary = LocalRedis::start(&[]).unwrap();
+    let p: u16 = primary.url().rsplit(':').next().unwrap().parse().unwrap();
+    let r = free_port().unwrap();
+    let _replica = LocalRedis::start_on(r, &["--replicaof", "127.0.0.1", &p.to_string()]).unwrap();
+    let sentinels = Sentinels::start(p, 1);
+    sentinels.freeze(2);
+    let config = format!(
+        r#"{}connect_timeout = "4s"
+response_timeout = "1s"
+[[request.quotas]]
+name = "seats"
+size = 1000000
+"#,
+        sentinels.redis_toml()
+    );
+    let tally = TallyProcess::start_command_with_http("serve", &config, "sentinel-frozen", "");
+    let client = Client::new(Duration::from_secs(10));
+    let mut n = 0u64;
+    // Takes until one is admitted; returns how long that took.
+    let mut take_until_admitted = |what: &str| {
+        let started = Instant::now();
+        loop {
+            n += 1;
+            let body = format!(r#"{{"quota":"seats","user":"u{n}"}}"#);
+            if client
+                .post_json(tally.port, "/v1/quota", &body)
+                .is_ok_and(|a| a.status == 200)
+            {
+                return started.elapsed();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "{what}: no take admitted in 30 s; log: {}",
+                tally.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    take_until_admitted("at start");
+    let mut reconnects = Vec::new();
+    for _ in 0..3 {
+        let now = sentinels.primary().unwrap();
+        let killed = cli(now, &["CLIENT", "KILL", "TYPE", "normal"]);
+        assert!(killed.trim().parse::<u32>().unwrap_or(0) >= 1, "{killed}");
+        reconnects.push(take_until_admitted("after CLIENT KILL"));
+    }
+    let before = sentinels.primary().unwrap();
+    let out = cli(sentinels.ports[0], &["SENTINEL", "FAILOVER", "mymaster"]);
+    assert!(out.contains("OK"), "{out}");
+    wait_until(
+        "the sentinels name a new primary",
+        Duration::from_secs(30),
+        || sentinels.primary().is_some_and(|now| now != before),
+    );
+    let after_failover = take_until_admitted("after the failover");
+    eprintln!(
+        "one of three sentinels frozen: admitted again {reconnects:?} after each CLIENT KILL, {after_failover:?} after the failover"
+    );
+    for took in &reconnects {
+        assert!(
+            *took < Duration::from_secs(1),
+            "took {took:?} to find the primary with one sentinel frozen (a frozen sentinel may hold a connect 2 s); log: {}",
+            tally.log()
+        );
+    }
+    // The primary now is the replica promoted by the two sentinels that answer.
+    let promoted = sentinels.primary().unwrap();
+    assert_eq!(
+        promoted, r,
+        "the first sentinel names {promoted}, not the replica"
     );
 }

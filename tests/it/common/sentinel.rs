@@ -59,6 +59,12 @@ impl Sentinels {
         sentinels
     }
 
+    /// Stop (SIGSTOP) sentinel `i`: it keeps its port open and answers nothing, as a sentinel
+    /// on a frozen VM or a stalled host does. Killed (frozen or not) on drop.
+    pub fn freeze(&self, i: usize) {
+        super::replica::signal(self.children[i].id(), "-STOP");
+    }
+
     /// The primary's port as the first sentinel names it.
     pub fn primary(&self) -> Option<u16> {
         let out = cli(

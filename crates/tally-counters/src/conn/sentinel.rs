@@ -11,7 +11,7 @@
 
 use std::time::Duration;
 
-use futures::future::join_all;
+use futures::stream::{FuturesUnordered, StreamExt};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, ErrorKind, RedisError, RedisResult, Value};
 
@@ -47,18 +47,33 @@ impl Sentinel {
         }
     }
 
-    /// A connection to the primary the sentinels name. Every sentinel is asked at once; the
-    /// addresses named are tried most named first, and the first whose `ROLE` is `master` wins.
+    /// A connection to the primary the sentinels name. Every sentinel is asked at once, and
+    /// their answers are counted as they come: once a majority of the configured sentinels
+    /// names one address, the rest are not waited for (a frozen or unreachable sentinel costs
+    /// nothing then); otherwise every answer is waited for, each at most half the connect
+    /// timeout. The addresses named are tried most named first, and the first whose `ROLE` is
+    /// `master` wins.
     pub(super) async fn connect(&self) -> RedisResult<MultiplexedConnection> {
-        let named = join_all(self.sentinels.iter().map(|s| self.ask(s))).await;
+        let majority = self.sentinels.len() / 2 + 1;
+        let mut asks: FuturesUnordered<_> = self.sentinels.iter().map(|s| self.ask(s)).collect();
         let mut candidates: Vec<(String, u16, usize)> = Vec::new();
-        for (host, port) in named.into_iter().flatten() {
-            match candidates.iter_mut().find(|c| c.0 == host && c.1 == port) {
-                Some(c) => c.2 += 1,
-                None => candidates.push((host, port, 1)),
+        while let Some(answer) = asks.next().await {
+            let Some((host, port)) = answer else { continue };
+            let named = match candidates.iter_mut().find(|c| c.0 == host && c.1 == port) {
+                Some(c) => {
+                    c.2 += 1;
+                    c.2
+                }
+                None => {
+                    candidates.push((host, port, 1));
+                    1
+                }
+            };
+            if named >= majority {
+                break;
             }
         }
-        // Stable: among equals, the order of `redis.sentinels`.
+        // Stable: among equals, the first to answer.
         candidates.sort_by_key(|c| std::cmp::Reverse(c.2));
         let mut last = None;
         for (host, port, _) in candidates {
@@ -95,8 +110,9 @@ impl Sentinel {
             let (host, port): (String, String) = redis::from_redis_value(reply).ok()?;
             Some((host, port.parse().ok()?))
         };
-        // Every sentinel is waited for: a frozen one gets half the connect timeout, leaving the
-        // other half (of the two `connect` is given) for the primary's connection.
+        // Without a majority every sentinel is waited for: a frozen one gets half the connect
+        // timeout, leaving the other half (of the two `connect` is given) for the primary's
+        // connection.
         tokio::time::timeout(self.timeout / 2, ask).await.ok()?
     }
 
