@@ -43,7 +43,7 @@ pub(super) struct Lane {
 /// Where the lanes of a process wait for each other between their final commit and leaving the
 /// group.
 pub(super) struct CloseGate {
-    lanes: usize,
+    lanes: std::sync::atomic::AtomicUsize,
     arrived: parking_lot::Mutex<usize>,
     all: parking_lot::Condvar,
 }
@@ -51,7 +51,7 @@ pub(super) struct CloseGate {
 impl CloseGate {
     pub(super) fn new(lanes: usize) -> CloseGate {
         CloseGate {
-            lanes,
+            lanes: lanes.into(),
             arrived: parking_lot::Mutex::new(0),
             all: parking_lot::Condvar::new(),
         }
@@ -63,7 +63,7 @@ impl CloseGate {
         let mut arrived = self.arrived.lock();
         *arrived += 1;
         self.all.notify_all();
-        while *arrived < self.lanes {
+        while *arrived < self.lanes.load(std::sync::atomic::Ordering::SeqCst) {
             if self.all.wait_until(&mut arrived, deadline).timed_out() {
                 tracing::warn!(
                     "consumer lanes did not all finish their final commit in time; closing anyway"
@@ -71,6 +71,12 @@ impl CloseGate {
                 return;
             }
         }
+    }
+
+    /// One more lane will come (a pattern topic's, started after the others).
+    pub(super) fn expect_one(&self) {
+        let _arrived = self.arrived.lock();
+        self.lanes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Count in a lane that ended without reaching the gate (it will not come).
@@ -217,7 +223,8 @@ fn lane_worker(
             init_timeout: config.redis.connect_timeout + config.redis.response_timeout,
             lane: index,
             connections,
-            topic: (shared.model.topics.len() > 1).then(|| topic.name.clone()),
+            topic: (shared.model.topics.len() > 1 || !shared.model.patterns.is_empty())
+                .then(|| topic.name.clone()),
         },
     );
     if let Some(dead) = &topic.decode.dead_letter_topic {

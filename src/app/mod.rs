@@ -17,6 +17,7 @@ use crate::ops::health::Health;
 use crate::ops::metrics::Metrics;
 use crate::stream::decode::DecodeError;
 
+mod discover;
 mod lane;
 pub mod serve;
 mod supervisor;
@@ -107,7 +108,8 @@ impl Tally {
         };
         let metrics = Metrics::new(&model.counter_names()).with_status(hot_keys);
         if role == Role::Run {
-            let topics: Vec<&str> = model.topics.iter().map(|t| t.name.as_str()).collect();
+            let topics = model.config.topics();
+            let topics: Vec<&str> = topics.iter().map(|t| t.name).collect();
             let group = &model.config.kafka.group_id;
             metrics.status.set_consuming(group, &topics.join(", "));
         }
@@ -161,8 +163,14 @@ impl Tally {
             .iter()
             .flat_map(|t| std::iter::repeat_n(t, per_topic))
             .collect();
-        let lanes = plan.len();
-        let close_gate = Arc::new(lane::CloseGate::new(lanes));
+        let listed = plan.len();
+        // The process' bounds are shared by the listed topics' lanes and those the patterns may
+        // start (`kafka.max_pattern_topics` topics).
+        let lanes = match self.model.patterns.is_empty() {
+            true => listed,
+            false => listed + config.kafka.max_pattern_topics * per_topic,
+        };
+        let close_gate = Arc::new(lane::CloseGate::new(listed));
         let shared = Shared {
             model: &self.model,
             lanes,
@@ -186,13 +194,28 @@ impl Tally {
                 Err(e) => {
                     // The lanes already started flush what they have and stop; they do not wait
                     // at the close gate for lanes that never started.
-                    for _ in index..lanes {
+                    for _ in index..listed {
                         close_gate.arrive();
                     }
                     tasks.fail(e.context(format!("starting consumer lane {index}")));
                     return Ok(());
                 }
             }
+        }
+        if !self.model.patterns.is_empty() {
+            let discovery = discover::Discovery {
+                model: self.model.clone(),
+                metrics: self.metrics.clone(),
+                health: self.health.clone(),
+                close_gate: close_gate.clone(),
+                lanes,
+                next: listed,
+            };
+            let deadline = tasks.deadline().clone();
+            tasks.spawn(
+                "the lanes of topic patterns",
+                discovery.run(shutdown.clone(), deadline),
+            );
         }
         // The lag of every owned partition, asked of the broker on its own client and thread.
         let probe = crate::stream::consumer::LagProbe::new(&config.kafka, self.metrics.clone())
@@ -208,8 +231,9 @@ impl Tally {
             let _ = task_gone.await;
             Ok(())
         });
-        let topics: Vec<&str> = self.model.topics.iter().map(|t| t.name.as_str()).collect();
-        tracing::info!(topics = %topics.join(","), group = %config.kafka.group_id, lanes, "consuming");
+        let topics = config.topics();
+        let topics: Vec<&str> = topics.iter().map(|t| t.name).collect();
+        tracing::info!(topics = %topics.join(","), group = %config.kafka.group_id, lanes = listed, "consuming");
         Ok(())
     }
 }

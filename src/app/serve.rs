@@ -49,7 +49,9 @@ impl Ports<'_> {
         let mut requests = Primitives::new(model, client.clone(), metrics.clone())?;
         if self.role == Role::Run {
             // A hit Redis did not run can become an event of the topic this process consumes.
-            requests = requests.with_deferral(Deferral::new(model));
+            if let Some(deferral) = Deferral::new(model) {
+                requests = requests.with_deferral(deferral);
+            }
         }
         let requests = Arc::new(requests);
         if self.role == Role::Serve {

@@ -44,6 +44,32 @@ pub struct RegistryConfig {
     /// partition waits: nothing is skipped).
     #[serde(with = "humantime_serde", default = "default_registry_timeout")]
     pub timeout: Duration,
+    /// With an `https://` URL: a PEM file of the CA certificate(s) the registry's certificate
+    /// is checked against, instead of the built-in web roots (a private CA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<std::path::PathBuf>,
+}
+
+impl RegistryConfig {
+    /// The certificates of `ca_file` (none without one); an error names the file and why.
+    pub fn ca_certificates(&self) -> Result<Vec<ureq::tls::Certificate<'static>>, String> {
+        let Some(path) = &self.ca_file else {
+            return Ok(Vec::new());
+        };
+        let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut certs = Vec::new();
+        for item in ureq::tls::parse_pem(&pem) {
+            match item {
+                Ok(ureq::tls::PemItem::Certificate(c)) => certs.push(c),
+                Ok(_) => {}
+                Err(e) => return Err(format!("{}: {e}", path.display())),
+            }
+        }
+        match certs.is_empty() {
+            true => Err(format!("{}: no PEM certificate in it", path.display())),
+            false => Ok(certs),
+        }
+    }
 }
 
 fn default_registry_timeout() -> Duration {
@@ -215,7 +241,17 @@ impl DecodeConfig {
                     !r.timeout.is_zero(),
                     "decode.schema_registry.timeout",
                     "must be positive",
-                )
+                )?;
+                if r.ca_file.is_some() {
+                    ensure(
+                        r.url.starts_with("https://"),
+                        "decode.schema_registry.ca_file",
+                        "is for an https:// url",
+                    )?;
+                    r.ca_certificates()
+                        .map_err(|e| invalid("decode.schema_registry.ca_file", e))?;
+                }
+                Ok(())
             }
             (None, Some(path)) => {
                 let bytes = std::fs::read(path)

@@ -41,6 +41,14 @@ pub struct KafkaConfig {
     /// `/metrics`, the status page and `tally top`, paused and halted partitions included.
     #[serde(with = "humantime_serde")]
     pub lag_interval: Duration,
+    /// With a topic pattern (`kafka.topics[].pattern`): how often the cluster's topics are
+    /// listed, so a topic created later is read within this long.
+    #[serde(with = "humantime_serde")]
+    pub topics_refresh: Duration,
+    /// With a topic pattern: the most topics the patterns read together. The process' bounds
+    /// (pending keys, prefetch) are shared by the lanes of the listed topics and this many
+    /// more; matches beyond it are not read (`tally_pattern_topics{state="over_limit"}`).
+    pub max_pattern_topics: usize,
 }
 
 /// How many consumer lanes a process runs.
@@ -125,6 +133,8 @@ impl Default for KafkaConfig {
             unreachable_after: Duration::from_secs(15),
             consumers: Consumers::Auto(AutoWord::Auto),
             lag_interval: Duration::from_secs(5),
+            topics_refresh: Duration::from_secs(30),
+            max_pattern_topics: 16,
         }
     }
 }
@@ -180,6 +190,19 @@ impl KafkaConfig {
             self.lag_interval >= Duration::from_millis(100),
             "kafka.lag_interval",
             "must be at least 100ms (e.g. \"5s\")",
+        )?;
+        ensure(
+            self.topics_refresh >= Duration::from_millis(100),
+            "kafka.topics_refresh",
+            "must be at least 100ms (e.g. \"30s\")",
+        )?;
+        ensure(
+            (1..=256).contains(&self.max_pattern_topics),
+            "kafka.max_pattern_topics",
+            format!(
+                "must be between 1 and 256 (got {})",
+                self.max_pattern_topics
+            ),
         )?;
         // Readiness hears of connected brokers from librdkafka's statistics.
         if let Some(ms) = self.properties.get("statistics.interval.ms") {

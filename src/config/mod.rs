@@ -25,6 +25,7 @@ mod kafka;
 pub mod limits;
 mod log;
 mod model;
+mod patterns;
 mod proto;
 mod redact;
 mod request;
@@ -44,6 +45,7 @@ pub use kafka::{statistics_interval_ms, AutoWord, Consumers, KafkaConfig, StartF
 pub use limits::{Limits, LimitsError};
 pub use log::{LogConfig, LogFormat, DEFAULT_LOG};
 pub use model::{Model, Tokens, Topic};
+pub use patterns::TopicPattern;
 pub use proto::message as descriptor_message;
 pub use request::{BatchConfig, OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use rls::RlsConfig;

@@ -49,8 +49,11 @@ pub struct Model {
     /// The names of the first topic's state keys (applied offsets, markers), also where the
     /// window publisher keeps its progress. Each topic's own are in `topics`.
     pub scope: FenceScope,
-    /// Every topic the stream reads (`kafka.topics`, or `kafka.topic`), in configuration order.
+    /// Every topic listed by name (`kafka.topics`, or `kafka.topic`), in configuration order.
     pub topics: Vec<Topic>,
+    /// The topic patterns of `kafka.topics`, in configuration order: the topics they match
+    /// are found at run time and compiled by [`Model::pattern_topic`].
+    pub patterns: Vec<super::TopicPattern>,
     /// The secrets of the request path's ports, read once (a token file is not read again).
     pub tokens: Tokens,
     /// The RLS limits file (`rls.limits_file`) as loaded at start; a reload replaces the
@@ -78,6 +81,7 @@ impl Model {
         let topics: Vec<Topic> = config
             .topics()
             .iter()
+            .filter(|t| !t.pattern)
             .map(|t| Topic {
                 name: t.name.to_string(),
                 decode: t.decode.clone(),
@@ -89,15 +93,62 @@ impl Model {
                     .collect(),
             })
             .collect();
+        let patterns = config.topic_patterns();
+        // The window publisher keeps its progress here; with patterns only (no window results,
+        // validated), the first pattern's text names it.
+        let scope = match (topics.first(), patterns.first()) {
+            (Some(t), _) => t.scope.clone(),
+            (None, p) => FenceScope::new(
+                &config.redis,
+                &config.kafka.group_id,
+                p.map_or("", |p| p.text.as_str()),
+            ),
+        };
         Ok(Arc::new(Model {
             tokens,
             rls_limits,
             layout: Layout::for_config(&config.redis),
-            scope: topics[0].scope.clone(),
+            scope,
             topics,
+            patterns,
             counters,
             config,
         }))
+    }
+
+    /// `name`, a topic a pattern matches, compiled: the pattern's decoding, its fences, the
+    /// counters that read it. None if no pattern decides how it is read, or no counter reads it.
+    pub fn pattern_topic(&self, name: &str) -> Option<Topic> {
+        let p = &self.patterns[self.config.pattern_for(&self.patterns, name)?];
+        let reads: Vec<bool> = self
+            .config
+            .counters
+            .iter()
+            .map(|c| p.read_by(c, name))
+            .collect();
+        if !reads.contains(&true) {
+            return None;
+        }
+        let entry = &self.config.kafka.topics[p.index];
+        Some(Topic {
+            name: name.to_string(),
+            decode: entry
+                .decode
+                .clone()
+                .unwrap_or_else(|| self.config.decode.clone()),
+            scope: FenceScope::new(&self.config.redis, &self.config.kafka.group_id, name),
+            reads,
+        })
+    }
+
+    /// Where deferred hits go: the first listed topic, if it is listed by name (a pattern's
+    /// topics are not known up front: nothing is deferred).
+    pub fn defer_topic(&self) -> Option<&Topic> {
+        let first = self.config.kafka.topics.first();
+        match first.is_none_or(|t| t.pattern.is_none()) {
+            true => self.topics.first(),
+            false => None,
+        }
     }
 
     /// The topic named `name`.
@@ -105,7 +156,9 @@ impl Model {
         self.topics.iter().find(|t| t.name == name)
     }
 
-    /// The first topic: the one of the single-topic form, and where deferred hits go.
+    /// The first topic listed by name: the one of the single-topic form. (Validated
+    /// configurations without one read patterns only; the stream's stages then come from
+    /// [`Model::pattern_topic`].)
     pub fn first_topic(&self) -> &Topic {
         &self.topics[0]
     }

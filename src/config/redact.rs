@@ -198,6 +198,7 @@ mod tests {
             username: Some("u".into()),
             password: Some("hunter2".into()),
             timeout: std::time::Duration::from_secs(1),
+            ca_file: None,
         });
         let shown = format!("{:?}", c.redacted());
         assert!(

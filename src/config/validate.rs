@@ -151,7 +151,7 @@ impl Config {
     /// The topics counter `c` reads.
     fn read_by(&self, c: &CounterConfig) -> Vec<super::TopicRef<'_>> {
         let mut topics = self.topics();
-        topics.retain(|t| super::counter_reads(c, t.name));
+        topics.retain(|t| t.read_by(c));
         topics
     }
 

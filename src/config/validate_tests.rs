@@ -370,6 +370,7 @@ fn each_format_names_its_own_schema_sources() {
         username: None,
         password: None,
         timeout: std::time::Duration::from_secs(5),
+        ca_file: None,
     };
     let check = |f: &dyn Fn(&mut DecodeConfig)| {
         let mut d = DecodeConfig::default();

@@ -42,14 +42,39 @@ async fn connect(config: &Config) -> anyhow::Result<Conn> {
 }
 
 /// The fences of `partitions` of every topic read, plus every partition a state marker names.
+/// The topics of `kafka.topics[].pattern` are those the cluster has now (asked of Kafka).
 pub async fn inspect(config: &Config, partitions: &[i32]) -> anyhow::Result<Vec<FenceRow>> {
+    let mut names: Vec<String> = config
+        .topics()
+        .iter()
+        .filter(|t| !t.pattern)
+        .map(|t| t.name.to_string())
+        .collect();
+    names.extend(pattern_topics(config).await?);
     let mut conn = connect(config).await?;
     let mut rows = Vec::new();
-    for topic in config.topics() {
-        let scope = FenceScope::new(&config.redis, &config.kafka.group_id, topic.name);
+    for topic in names {
+        let scope = FenceScope::new(&config.redis, &config.kafka.group_id, &topic);
         inspect_topic(&mut conn, &scope, partitions, &mut rows).await?;
     }
     Ok(rows)
+}
+
+/// The topics the patterns of `kafka.topics` read now (none without a pattern).
+async fn pattern_topics(config: &Config) -> anyhow::Result<Vec<String>> {
+    let model = crate::config::Model::compile(config.clone())?;
+    if model.patterns.is_empty() {
+        return Ok(Vec::new());
+    }
+    let kafka = config.kafka.clone();
+    let names = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
+        let lister = crate::stream::consumer::discover::TopicLister::new(&kafka)?;
+        Ok(lister.list(std::time::Duration::from_secs(10))?)
+    })
+    .await?
+    .context("cannot list kafka's topics for kafka.topics[].pattern")?;
+    let found = crate::stream::consumer::discover::matches(&model, &names);
+    Ok(found.read.into_iter().map(|(name, _)| name).collect())
 }
 
 /// [`inspect`] of the topic of `scope`, into `rows`.
@@ -105,12 +130,14 @@ pub async fn repair(
     offset: Option<i64>,
 ) -> anyhow::Result<Vec<(u32, i64)>> {
     let topics = config.topics();
+    let patterns = config.topic_patterns();
     let topic = match (topic, &topics[..]) {
-        (None, [only]) => only.name,
+        (None, [only]) if !only.pattern => only.name,
         (None, _) => bail!("several topics are read: name one with --topic"),
-        (Some(name), _) => match topics.iter().find(|t| t.name == name) {
+        (Some(name), _) => match topics.iter().find(|t| !t.pattern && t.name == name) {
             Some(t) => t.name,
-            None => bail!("--topic {name}: not a topic tally reads (kafka.topic or kafka.topics)"),
+            None if config.pattern_for(&patterns, name).is_some() => name,
+            None => bail!("--topic {name}: not a topic tally reads (kafka.topic, kafka.topics[].name, or matched by kafka.topics[].pattern)"),
         },
     };
     let scope = FenceScope::new(&config.redis, &config.kafka.group_id, topic);

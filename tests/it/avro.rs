@@ -10,37 +10,9 @@ use std::time::Duration;
 use chrono::{TimeZone, Utc};
 use serde_json::json;
 
-use crate::common::registry::{python_writer, Registry};
+use crate::common::registry::Registry;
+use crate::common::schemas::{avro_v1 as v1, avro_v2 as v2, fastavro};
 use crate::common::{counter, wait_for, Harness};
-
-fn v1() -> serde_json::Value {
-    json!({"type": "record", "name": "Request", "namespace": "shop", "fields": [
-        {"name": "route", "type": "string"},
-        {"name": "status", "type": "int"},
-        {"name": "http", "type": {"type": "record", "name": "Http", "fields": [
-            {"name": "method", "type": {"type": "enum", "name": "Method", "symbols": ["GET", "POST", "PUT"]}}]}},
-        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-millis"}}]})
-}
-
-/// v2: a field added in front, `status` now a long, a nullable region: the same fields found.
-fn v2() -> serde_json::Value {
-    json!({"type": "record", "name": "Request", "namespace": "shop", "fields": [
-        {"name": "tenant", "type": "string"},
-        {"name": "http", "type": {"type": "record", "name": "Http", "fields": [
-            {"name": "method", "type": "string"}, {"name": "path", "type": ["null", "string"], "default": null}]}},
-        {"name": "route", "type": "string"},
-        {"name": "region", "type": ["null", "string"], "default": null},
-        {"name": "at", "type": {"type": "long", "logicalType": "timestamp-micros"}},
-        {"name": "status", "type": "long"}]})
-}
-
-/// Framed payloads from fastavro (`avro/write_events.py`), in input order.
-fn fastavro(items: &[serde_json::Value]) -> Vec<Vec<u8>> {
-    let lines: String = items.iter().map(|i| format!("{i}\n")).collect();
-    let payloads = python_writer("avro/write_events.py", lines);
-    assert_eq!(payloads.len(), items.len());
-    payloads
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn avro_events_through_a_schema_registry_count_exactly() {

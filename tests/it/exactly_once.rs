@@ -7,7 +7,7 @@ use crate::common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::common::process::{BrokerProcess, TallyProcess};
+use crate::common::process::{kill_somewhere, BrokerProcess, TallyProcess};
 use crate::common::stream::{self, Stream, COUNTERS};
 use rand::{RngExt, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -114,39 +114,10 @@ fn crash_loop_with_sigkill_counts_exactly() {
         if t.wait_working() {
             consuming += 1;
         }
-        match kills % 3 {
-            0 => {
-                // Inside a flush: hold Redis writes so the flush pipeline is sent but unanswered.
-                let _: () = redis::cmd("CLIENT")
-                    .arg("PAUSE")
-                    .arg(400)
-                    .arg("WRITE")
-                    .query(&mut conn)
-                    .unwrap();
-                std::thread::sleep(Duration::from_millis(rng.random_range(100..300)));
-                if t.metric("tally_pending_keys").is_some_and(|v| v > 0.0) {
-                    mid_flush += 1;
-                }
-            }
-            1 => {
-                // Right after a flush landed: before or around its Kafka commit.
-                let flushes = t
-                    .metric("tally_flush_duration_seconds_count")
-                    .unwrap_or(0.0);
-                t.wait_metric(
-                    "tally_flush_duration_seconds_count",
-                    flushes + 1.0,
-                    Duration::from_secs(10),
-                );
-            }
-            _ => std::thread::sleep(Duration::from_millis(rng.random_range(0..1500))),
+        if kill_somewhere(&mut t, kills, &mut rng, &mut conn) {
+            mid_flush += 1;
         }
-        t.kill9();
         kills += 1;
-        let _: () = redis::cmd("CLIENT")
-            .arg("UNPAUSE")
-            .query(&mut conn)
-            .unwrap();
         let applied = stream::applied(&mut conn, "g-crash", topic, PARTITIONS);
         let commits = committed(&broker.bootstrap, "g-crash", topic);
         if applied.iter().zip(&commits).any(|(a, c)| a > c) {

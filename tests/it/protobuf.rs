@@ -13,81 +13,12 @@ use std::time::Duration;
 use chrono::{TimeZone, Utc};
 use serde_json::json;
 
-use crate::common::registry::{python_writer, Registry};
+use crate::common::registry::Registry;
+use crate::common::schemas::{
+    descriptor_set, hex, proto_versions, protobuf_writer as write, PROTO_COMMON as COMMON,
+    PROTO_V1 as V1, PROTO_V2 as V2,
+};
 use crate::common::{counter, wait_for, Harness};
-
-/// A referenced schema (subject `shop-common`, version 1), imported by both versions.
-const COMMON: &str = r#"syntax = "proto3";
-package shop;
-enum Method { GET = 0; POST = 1; PUT = 2; }
-"#;
-
-const V1: &str = r#"syntax = "proto3";
-package shop;
-import "shop/common.proto";
-message Request {
-  string route = 1;
-  int32 status = 2;
-  Http http = 3;
-  int64 at = 4;
-  message Http { Method method = 1; }
-}
-"#;
-
-/// v2: a message declared in front (the events' type is now at index [1]), a field added,
-/// `status` widened to int64, a nested message and a repeated one added.
-const V2: &str = r#"syntax = "proto3";
-package shop;
-import "shop/common.proto";
-message Audit { string who = 1; }
-message Request {
-  string tenant = 5;
-  Http http = 3;
-  string route = 1;
-  int64 status = 2;
-  int64 at = 4;
-  Client client = 6;
-  repeated Item items = 7;
-  message Http { Method method = 1; string path = 2; }
-  message Client { string region = 1; }
-}
-message Item { string sku = 1; }
-"#;
-
-/// The descriptor set of `schema` (with its import), compiled from the same text the registry
-/// serves: the Python writer builds its message classes from it.
-fn descriptor_set(schema: &str) -> Vec<u8> {
-    let dir = std::env::temp_dir().join(format!(
-        "tally-proto-{}-{}",
-        std::process::id(),
-        schema.len()
-    ));
-    std::fs::create_dir_all(dir.join("shop")).unwrap();
-    std::fs::write(dir.join("shop/common.proto"), COMMON).unwrap();
-    std::fs::write(dir.join("event.proto"), schema).unwrap();
-    let mut c = protox::Compiler::new([&dir]).unwrap();
-    c.include_imports(true);
-    c.open_file("event.proto").unwrap();
-    let set = c.encode_file_descriptor_set();
-    let _ = std::fs::remove_dir_all(dir);
-    set
-}
-
-/// Payloads from Google's protobuf (`protobuf/write_events.py`), in input order. `schemas`:
-/// the descriptor set of each schema name the items use.
-fn write(
-    schemas: serde_json::Value,
-    descriptor_set_out: Option<(&str, &std::path::Path)>,
-    items: &[serde_json::Value],
-) -> Vec<Vec<u8>> {
-    let out = descriptor_set_out.map(|(s, p)| json!({"schema": s, "path": p}));
-    let head = json!({"schemas": schemas, "descriptor_set_out": out});
-    let mut lines = format!("{head}\n");
-    lines.extend(items.iter().map(|i| format!("{i}\n")));
-    let payloads = python_writer("protobuf/write_events.py", lines);
-    assert_eq!(payloads.len(), items.len());
-    payloads
-}
 
 /// The hour `now` falls in, as the keys write it.
 fn hour_of(now: i64) -> String {
@@ -95,10 +26,6 @@ fn hour_of(now: i64) -> String {
         .unwrap()
         .format("%Y%m%d%H")
         .to_string()
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Event `i` in version 1 or 2 (alternately) at `now`, and the keys it adds one to.
@@ -175,8 +102,7 @@ async fn protobuf_events_through_a_schema_registry_count_exactly() {
             *want.entry(k).or_default() += 1;
         }
     }
-    let schemas = json!({"v1": hex(&descriptor_set(V1)), "v2": hex(&descriptor_set(V2))});
-    let payloads = write(schemas, None, &items);
+    let payloads = write(proto_versions(), None, &items);
     // Bad input among the good: an id the registry does not know; a message cut inside a
     // field; an index past the schema's messages; a JSON event.
     let unknown = {

@@ -5,18 +5,17 @@
 //! `tally check` refuses a counter naming a topic that is not read.
 
 use std::collections::BTreeMap;
-use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use chrono::{TimeZone, Utc};
 use rand::{RngExt, SeedableRng};
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::ClientConfig;
 use tally_testkit::local_redis::LocalRedis;
 
 use crate::common::process::{BrokerProcess, TallyProcess};
+use crate::common::topics::{self, dump, mismatches, no_skips, tally_cli, Record};
 
 const FLAT: &str = "tp-flat";
 const FLAT_PARTITIONS: i32 = 3;
@@ -177,131 +176,6 @@ fn produced(n: u64, now_ms: i64) -> BTreeMap<(&'static str, i32), i64> {
     ends
 }
 
-/// Produce `n` events at `rate` per second on a thread; `sent` counts them.
-fn produce(
-    bootstrap: &str,
-    n: u64,
-    now_ms: i64,
-    rate: u64,
-) -> (std::thread::JoinHandle<()>, Arc<AtomicU64>) {
-    let producer: ThreadedProducer<DefaultProducerContext> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("linger.ms", "5")
-        .create()
-        .expect("producer");
-    let sent = Arc::new(AtomicU64::new(0));
-    let progress = sent.clone();
-    let handle = std::thread::spawn(move || {
-        let start = Instant::now();
-        for i in 0..n {
-            while (start.elapsed().as_secs_f64() * rate as f64) < i as f64 {
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            let e = event(i, now_ms);
-            let mut rec = BaseRecord::<(), str>::to(e.topic)
-                .partition(e.partition)
-                .payload(&e.payload);
-            while let Err((_, r)) = producer.send(rec) {
-                std::thread::sleep(Duration::from_millis(5));
-                rec = r;
-            }
-            progress.store(i + 1, Ordering::Relaxed);
-        }
-        producer
-            .flush(Duration::from_secs(60))
-            .expect("all produced");
-    });
-    (handle, sent)
-}
-
-fn redis_conn(url: &str) -> redis::Connection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_connection_with_timeout(Duration::from_secs(2))
-        .unwrap()
-}
-
-/// Redis' applied offset of every (topic, partition) (shard 0; -1: none).
-fn applied(conn: &mut redis::Connection, group: &str) -> BTreeMap<(&'static str, i32), i64> {
-    let parts = (0..FLAT_PARTITIONS)
-        .map(|p| (FLAT, p))
-        .chain((0..NESTED_PARTITIONS).map(|p| (NESTED, p)));
-    parts
-        .map(|(t, p)| {
-            let v: Option<i64> = redis::cmd("GET")
-                .arg(format!("tally:applied:{group}:{t}:{p}:0"))
-                .query(conn)
-                .unwrap();
-            ((t, p), v.unwrap_or(-1))
-        })
-        .collect()
-}
-
-/// Every `tp:*` key and its value.
-fn dump(conn: &mut redis::Connection) -> BTreeMap<String, i64> {
-    let keys: Vec<String> = redis::cmd("KEYS").arg("tp:*").query(conn).unwrap();
-    let mut got = BTreeMap::new();
-    for chunk in keys.chunks(500) {
-        let values: Vec<i64> = redis::cmd("MGET").arg(chunk).query(conn).unwrap();
-        got.extend(chunk.iter().cloned().zip(values));
-    }
-    got
-}
-
-/// Keys that differ from the truth (printing the first few).
-fn mismatches(got: &BTreeMap<String, i64>, want: &BTreeMap<String, i64>) -> usize {
-    let mut wrong = 0;
-    let keys: std::collections::BTreeSet<&String> = got.keys().chain(want.keys()).collect();
-    for k in keys {
-        if got.get(k) != want.get(k) {
-            if wrong < 10 {
-                eprintln!("mismatch {k}: want {:?}, got {:?}", want.get(k), got.get(k));
-            }
-            wrong += 1;
-        }
-    }
-    wrong
-}
-
-/// `tally <command> --config <file> <args…>` (the file holding `config`): its stdout, stderr
-/// and status.
-fn tally_cli(config: &str, args: &[&str]) -> (String, String, std::process::ExitStatus) {
-    let path = std::env::temp_dir().join(format!(
-        "tally-topics-cli-{}-{}.toml",
-        std::process::id(),
-        rand::random::<u32>()
-    ));
-    std::fs::write(&path, config).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tally"))
-        .arg(args[0])
-        .arg("--config")
-        .arg(&path)
-        .args(&args[1..])
-        .env("TALLY_LOG", "warn")
-        .output()
-        .expect("run tally");
-    let _ = std::fs::remove_file(&path);
-    (
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-        out.status,
-    )
-}
-
-/// A counter not reading a topic is not a skip: no skip metric moves, no event is bad input.
-fn no_skips(t: &TallyProcess) {
-    let Some(scrape) = tally_testkit::scrape::Scrape::get(t.port, Duration::from_secs(5)) else {
-        return;
-    };
-    let counted = |s: &&tally_testkit::scrape::Sample| {
-        let family = ["tally_events_skipped_total", "tally_decode_errors_total"];
-        family.contains(&s.name.as_str()) && s.value > 0.0
-    };
-    let skipped: Vec<_> = scrape.samples.iter().filter(counted).collect();
-    assert!(skipped.is_empty(), "{skipped:?}");
-    assert!(scrape.value("tally_messages_consumed_total").unwrap_or(0.0) > 0.0);
-}
-
 #[test]
 fn two_topics_count_exactly_through_a_sigkill_crash_loop() {
     const N: u64 = 30_000;
@@ -310,7 +184,14 @@ fn two_topics_count_exactly_through_a_sigkill_crash_loop() {
     let group = "g-topics";
     let cfg = config(&broker.bootstrap, &redis.url(), group);
     let now_ms = chrono::Utc::now().timestamp_millis();
-    let (producer, sent) = produce(&broker.bootstrap, N, now_ms, 3_000);
+    let (producer, sent) = topics::produce(&broker.bootstrap, 0..N, 3_000, move |i| {
+        let e = event(i, now_ms);
+        Record {
+            topic: e.topic.into(),
+            partition: e.partition,
+            payload: e.payload.into_bytes(),
+        }
+    });
 
     let seed: u64 = rand::random();
     eprintln!("topics crash loop seed {seed}");
@@ -321,7 +202,7 @@ fn two_topics_count_exactly_through_a_sigkill_crash_loop() {
         let consuming = t.wait_working();
         std::thread::sleep(Duration::from_millis(rng.random_range(100..1200)));
         if consuming {
-            no_skips(&t);
+            no_skips(&t, &[]);
         }
         t.kill9();
         kills += 1;
@@ -331,23 +212,13 @@ fn two_topics_count_exactly_through_a_sigkill_crash_loop() {
 
     // A last replica catches up, then drains on SIGTERM.
     let mut last = TallyProcess::start(&cfg, "topics-final");
-    let mut conn = redis_conn(&redis.url());
+    let mut conn = topics::redis_conn(&redis.url());
     let want_ends = produced(N, now_ms);
-    let deadline = Instant::now() + Duration::from_secs(90);
-    while applied(&mut conn, group) != want_ends {
-        assert!(
-            Instant::now() < deadline,
-            "did not catch up: applied {:?}, produced {want_ends:?}\n{}",
-            applied(&mut conn, group),
-            last.log()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    assert!(last.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
-    assert!(last.terminate(Duration::from_secs(30)).success());
+    topics::catch_up(&last, &mut conn, group, &want_ends);
+    last.drain();
 
     let want = truth(N, now_ms);
-    let got = dump(&mut conn);
+    let got = dump(&mut conn, "tp:*");
     let wrong = mismatches(&got, &want);
     eprintln!(
         "topics crash loop: {kills} SIGKILLs, {N} events over 2 topics, {} keys, {wrong} wrong",
@@ -453,6 +324,7 @@ async fn the_reconciler_recounts_every_topic() {
     config.kafka.topics = ["rt-a", "rt-b"]
         .map(|name| tally::config::TopicConfig {
             name: name.into(),
+            pattern: None,
             decode: None,
         })
         .to_vec();

@@ -94,8 +94,9 @@ pub enum HitOutcome {
 
 impl Deferral {
     /// A producer to the stream's first topic (`kafka.topic`, or the first of `kafka.topics`)
-    /// with the configured brokers and security properties.
-    pub fn new(model: &Model) -> Deferral {
+    /// with the configured brokers and security properties; None if that entry is a pattern.
+    pub fn new(model: &Model) -> Option<Deferral> {
+        let topic = model.defer_topic()?;
         let config = &model.config;
         let mut c = ClientConfig::new();
         for (k, v) in &config.kafka.properties {
@@ -111,15 +112,15 @@ impl Deferral {
             .set("acks", "all")
             .set("enable.idempotence", "true")
             .set("message.timeout.ms", "10000");
-        Deferral {
+        Some(Deferral {
             producer: std::sync::OnceLock::new(),
             settings: c,
             // With several topics, deferred hits go to the first: its decoding writes them.
-            topic: model.first_topic().name.clone(),
-            decoder: Decoder::for_topic(model.first_topic(), &model.counters),
-            decode: model.first_topic().decode.clone(),
+            topic: topic.name.clone(),
+            decoder: Decoder::for_topic(topic, &model.counters),
+            decode: topic.decode.clone(),
             counters: model.counters.iter().map(|c| c.name.clone()).collect(),
-        }
+        })
     }
 
     fn producer(&self) -> Result<&FutureProducer, RequestError> {
@@ -323,7 +324,7 @@ retention = "1d"
         extra: serde_json::Value,
         delta: i64,
     ) -> Result<serde_json::Value, String> {
-        let deferral = Deferral::new(model);
+        let deferral = Deferral::new(model).unwrap();
         let spec = model.counters.iter().find(|c| c.name == name).unwrap();
         let values = values
             .iter()

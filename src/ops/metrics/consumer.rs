@@ -38,6 +38,9 @@ pub struct ConsumerMetrics {
     pub backpressure_paused: IntGauge,
     /// Consumer lanes paused right now (behind `backpressure_paused`).
     pub lanes_paused: Arc<AtomicI64>,
+    /// Topics each `kafka.topics[].pattern` matches, by pattern and state (`reading`,
+    /// `unread`: no counter reads it, `over_limit`: past `kafka.max_pattern_topics`).
+    pub patterns: IntGaugeVec,
 }
 
 impl ConsumerMetrics {
@@ -83,11 +86,25 @@ impl ConsumerMetrics {
                 "1 while consumption (of any consumer lane) is paused because too many keys are pending.",
             ),
             lanes_paused: Default::default(),
+            patterns: gauge_vec(
+                registry,
+                "tally_pattern_topics",
+                "Topics a kafka.topics[].pattern matches, by pattern and state: reading, unread (no counter reads it), over_limit (not read: past kafka.max_pattern_topics).",
+                &["pattern", "state"],
+            ),
         };
         for k in RebalanceKind::ALL {
             m.rebalances.with_label_values(&[k.label()]);
         }
         m
+    }
+
+    /// The topics `pattern` matches: `[reading, unread, over_limit]`.
+    pub fn pattern_topics(&self, pattern: &str, counts: [usize; 3]) {
+        for (state, n) in ["reading", "unread", "over_limit"].into_iter().zip(counts) {
+            let n = i64::try_from(n).unwrap_or(i64::MAX);
+            self.patterns.with_label_values(&[pattern, state]).set(n);
+        }
     }
 
     /// Count a rebalance.

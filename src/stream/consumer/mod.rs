@@ -17,6 +17,7 @@
 mod commit;
 mod dead_letter;
 mod decode_tally;
+pub mod discover;
 mod flush;
 mod lag;
 mod partitions;

@@ -9,8 +9,10 @@ pub mod lock_process;
 pub mod process;
 pub mod registry;
 pub mod replica;
+pub mod schemas;
 pub mod sentinel;
 pub mod stream;
+pub mod topics;
 pub mod truth;
 
 use std::collections::BTreeMap;

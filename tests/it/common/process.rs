@@ -179,6 +179,12 @@ impl TallyProcess {
         timeout: Duration,
         applied: impl FnMut() -> Vec<i64>,
     ) {
+        self.catch_up(produced, timeout, applied);
+        self.drain();
+    }
+
+    /// Wait until `applied()` equals `produced`; panics with the log after `timeout`.
+    pub fn catch_up(&self, produced: &[i64], timeout: Duration, applied: impl FnMut() -> Vec<i64>) {
         if let Err(applied) = wait_for_value(timeout, Duration::from_millis(100), applied, |a| {
             a == produced
         }) {
@@ -187,6 +193,10 @@ impl TallyProcess {
                 self.log()
             );
         }
+    }
+
+    /// SIGTERM once it owns partitions (so SIGTERM means "drain"); it must exit 0.
+    pub fn drain(&mut self) {
         // It must be up (signal handlers installed, partitions owned) before SIGTERM.
         assert!(self.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
         let status = self.terminate(Duration::from_secs(30));
@@ -222,4 +232,44 @@ impl Drop for TallyProcess {
             let _ = std::fs::remove_file(self.config_path.with_extension("log"));
         }
     }
+}
+
+/// Kill `t` with SIGKILL at one of three moments, in turn by `round`: inside a flush (Redis
+/// writes held by `CLIENT PAUSE`, so the flush pipeline is sent but unanswered), right after a
+/// flush landed (before or around its Kafka commit), or at a random moment. Returns whether
+/// keys were pending in a held flush when it died.
+pub fn kill_somewhere(
+    t: &mut TallyProcess,
+    round: usize,
+    rng: &mut impl rand::Rng,
+    conn: &mut redis::Connection,
+) -> bool {
+    use rand::RngExt;
+    let mut mid_flush = false;
+    match round % 3 {
+        0 => {
+            let _: () = redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(400)
+                .arg("WRITE")
+                .query(conn)
+                .unwrap();
+            std::thread::sleep(Duration::from_millis(rng.random_range(100..300)));
+            mid_flush = t.metric("tally_pending_keys").is_some_and(|v| v > 0.0);
+        }
+        1 => {
+            let flushes = t
+                .metric("tally_flush_duration_seconds_count")
+                .unwrap_or(0.0);
+            t.wait_metric(
+                "tally_flush_duration_seconds_count",
+                flushes + 1.0,
+                Duration::from_secs(10),
+            );
+        }
+        _ => std::thread::sleep(Duration::from_millis(rng.random_range(0..1500))),
+    }
+    t.kill9();
+    let _: () = redis::cmd("CLIENT").arg("UNPAUSE").query(conn).unwrap();
+    mid_flush
 }

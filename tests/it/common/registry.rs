@@ -6,9 +6,8 @@
 //! be taken down (503).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -21,32 +20,72 @@ pub struct Registry {
     pub refused: Arc<AtomicUsize>,
     /// Requests answered with a schema.
     pub served: Arc<AtomicUsize>,
+    /// Connections closed before a request was read (a TLS handshake the client refused).
+    pub failed: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
+}
+
+/// What the serving thread shares with the [`Registry`] handle.
+#[derive(Clone)]
+struct State {
+    schemas: Arc<Mutex<HashMap<String, String>>>,
+    up: Arc<AtomicBool>,
+    refused: Arc<AtomicUsize>,
+    served: Arc<AtomicUsize>,
+    failed: Arc<AtomicUsize>,
+    /// The `authorization: basic …` header line expected (lowercase), if any.
+    expected: Option<String>,
 }
 
 impl Registry {
     /// `auth`: the expected `user:password`, if any.
     pub fn start(auth: Option<&str>) -> Registry {
+        Registry::serve(auth, None)
+    }
+
+    /// As [`Registry::start`], over TLS with `pki`'s server certificate (for 127.0.0.1).
+    pub fn start_tls(auth: Option<&str>, pki: &tally_testkit::certs::Pki) -> Registry {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&pki.server.cert)
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(&pki.server.key).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        Registry::serve(auth, Some(Arc::new(config)))
+    }
+
+    fn serve(auth: Option<&str>, tls: Option<Arc<rustls::ServerConfig>>) -> Registry {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let r = Registry {
-            url,
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
+        let state = State {
             schemas: Arc::default(),
             up: Arc::new(AtomicBool::new(true)),
             refused: Arc::default(),
             served: Arc::default(),
+            failed: Arc::default(),
+            expected: auth
+                .map(|a| format!("authorization: basic {}", base64(a.as_bytes())).to_lowercase()),
+        };
+        let r = Registry {
+            url,
+            schemas: state.schemas.clone(),
+            up: state.up.clone(),
+            refused: state.refused.clone(),
+            served: state.served.clone(),
+            failed: state.failed.clone(),
             stop: Arc::default(),
         };
-        let (schemas, up, refused, served, stop) = (
-            r.schemas.clone(),
-            r.up.clone(),
-            r.refused.clone(),
-            r.served.clone(),
-            r.stop.clone(),
-        );
-        let expected =
-            auth.map(|a| format!("authorization: basic {}", base64(a.as_bytes())).to_lowercase());
+        let stop = r.stop.clone();
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let Ok((stream, _)) = listener.accept() else {
@@ -54,52 +93,13 @@ impl Registry {
                     continue;
                 };
                 stream.set_nonblocking(false).unwrap();
-                let mut reader = BufReader::new(stream.try_clone().unwrap());
-                let mut head = Vec::new();
-                loop {
-                    let mut line = String::new();
-                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-                        break;
+                match &tls {
+                    None => state.answer(stream),
+                    Some(config) => {
+                        let conn = rustls::ServerConnection::new(config.clone()).unwrap();
+                        state.answer(rustls::StreamOwned::new(conn, stream));
                     }
-                    head.push(line.trim_end().to_string());
                 }
-                let path = head
-                    .first()
-                    .and_then(|l| l.split(' ').nth(1))
-                    .unwrap_or("")
-                    .to_string();
-                let authorized = expected
-                    .as_ref()
-                    .is_none_or(|e| head.iter().any(|h| h.to_lowercase() == *e));
-                let (status, body) = if !up.load(Ordering::Relaxed) {
-                    refused.fetch_add(1, Ordering::Relaxed);
-                    (
-                        "503 Service Unavailable",
-                        r#"{"error_code":50301,"message":"down"}"#.to_string(),
-                    )
-                } else if !authorized {
-                    (
-                        "401 Unauthorized",
-                        r#"{"error_code":40101,"message":"unauthorized"}"#.to_string(),
-                    )
-                } else {
-                    match schemas.lock().unwrap().get(&path).cloned() {
-                        Some(answer) => {
-                            served.fetch_add(1, Ordering::Relaxed);
-                            ("200 OK", answer)
-                        }
-                        None => (
-                            "404 Not Found",
-                            r#"{"error_code":40403,"message":"Schema not found"}"#.to_string(),
-                        ),
-                    }
-                };
-                let mut stream = reader.into_inner();
-                let _ = write!(
-                    stream,
-                    "HTTP/1.1 {status}\r\ncontent-type: application/vnd.schemaregistry.v1+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
             }
         });
         r
@@ -143,6 +143,65 @@ impl Registry {
     }
 }
 
+impl State {
+    /// Read one request from `stream` and answer it (a handshake or read that fails: nothing).
+    fn answer(&self, mut stream: impl Read + Write) {
+        let mut head = Vec::new();
+        {
+            let mut reader = BufReader::new(&mut stream);
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                head.push(line.trim_end().to_string());
+            }
+        }
+        if head.is_empty() {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let path = head
+            .first()
+            .and_then(|l| l.split(' ').nth(1))
+            .unwrap_or("")
+            .to_string();
+        let authorized = self
+            .expected
+            .as_ref()
+            .is_none_or(|e| head.iter().any(|h| h.to_lowercase() == *e));
+        let (status, body) = if !self.up.load(Ordering::Relaxed) {
+            self.refused.fetch_add(1, Ordering::Relaxed);
+            (
+                "503 Service Unavailable",
+                r#"{"error_code":50301,"message":"down"}"#.to_string(),
+            )
+        } else if !authorized {
+            (
+                "401 Unauthorized",
+                r#"{"error_code":40101,"message":"unauthorized"}"#.to_string(),
+            )
+        } else {
+            match self.schemas.lock().unwrap().get(&path).cloned() {
+                Some(answer) => {
+                    self.served.fetch_add(1, Ordering::Relaxed);
+                    ("200 OK", answer)
+                }
+                None => (
+                    "404 Not Found",
+                    r#"{"error_code":40403,"message":"Schema not found"}"#.to_string(),
+                ),
+            }
+        };
+        let _ = write!(
+            stream,
+            "HTTP/1.1 {status}\r\ncontent-type: application/vnd.schemaregistry.v1+json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = stream.flush();
+    }
+}
+
 impl Registry {
     /// tally's `[decode.schema_registry]` for this stand-in, with `user:password` if any.
     pub fn config(&self, auth: Option<(&str, &str)>) -> tally::config::RegistryConfig {
@@ -151,32 +210,9 @@ impl Registry {
             username: auth.map(|(u, _)| u.to_string()),
             password: auth.map(|(_, p)| p.to_string()),
             timeout: std::time::Duration::from_secs(2),
+            ca_file: None,
         }
     }
-}
-
-/// Runs the Python event writer `script` (under `tests/it/`) on the JSON `lines`; its output
-/// is each payload as a 4-byte big-endian length and the bytes, returned in order.
-pub fn python_writer(script: &str, lines: String) -> Vec<Vec<u8>> {
-    let path = format!("{}/tests/it/{script}", env!("CARGO_MANIFEST_DIR"));
-    let mut child = Command::new("python3")
-        .arg(path)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("python3 (scripts/setup.sh installs fastavro and protobuf)");
-    let mut stdin = child.stdin.take().unwrap();
-    let writer = std::thread::spawn(move || stdin.write_all(lines.as_bytes()));
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap().unwrap();
-    assert!(out.status.success(), "{script} failed");
-    let (mut payloads, mut rest) = (Vec::new(), &out.stdout[..]);
-    while rest.len() >= 4 {
-        let n = u32::from_be_bytes(rest[..4].try_into().unwrap()) as usize;
-        payloads.push(rest[4..4 + n].to_vec());
-        rest = &rest[4 + n..];
-    }
-    payloads
 }
 
 impl Drop for Registry {
