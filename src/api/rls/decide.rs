@@ -128,8 +128,8 @@ fn dynamic_metadata(
 ) -> envoy_types::pb::google::protobuf::Struct {
     let passed = resolved.iter().zip(statuses).filter_map(|(r, s)| {
         let rule = match r {
-            Resolved::Blocked(rule) => &**rule,
-            Resolved::Limited(rule, _, _) => &**rule,
+            Resolved::Blocked(rule) => *rule,
+            Resolved::Limited(rule, _, _) => rule.as_ref(),
             _ => return None,
         };
         (s.code == Code::Ok as i32).then_some(rule.metadata.as_deref()?)
