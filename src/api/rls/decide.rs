@@ -21,6 +21,7 @@ use crate::config::limits::{Limits, Rule, Unit};
 use crate::ops::metrics::Metrics;
 
 /// What a descriptor resolved to before Redis is asked.
+#[allow(clippy::large_enum_variant)] // one per descriptor of a call, on the stack; boxing would allocate per override
 enum Resolved<'a> {
     /// No configured limit (or replaced): OK, no `current_limit`.
     Nothing,
