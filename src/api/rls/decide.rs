@@ -15,10 +15,13 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use tally_counters::request::{decide, Ask, Client, Decision, PolicyVerdict};
 use tonic::Status;
 
+use super::sizes::check_sizes;
+pub use super::sizes::{MAX_DESCRIPTORS, MAX_ENTRIES, MAX_VALUE_BYTES};
 use crate::config::limits::{Limits, Rule, Unit};
 use crate::ops::metrics::Metrics;
 
 /// What a descriptor resolved to before Redis is asked.
+#[allow(clippy::large_enum_variant)] // one per descriptor of a call, on the stack; boxing would allocate per override
 enum Resolved<'a> {
     /// No configured limit (or replaced): OK, no `current_limit`.
     Nothing,
@@ -78,11 +81,13 @@ async fn answer(
                 subject,
                 cost: *cost,
                 usage: rule.usage,
+                quota: rule.quota,
             }),
             _ => None,
         })
         .collect();
-    // A block list entry denies the request: the others are read, not charged.
+    // A block list entry denies the request: the others are read, not charged. (A quota is
+    // never a block list entry: the loader refuses `quota_mode` with 0.)
     let blocked = resolved
         .iter()
         .any(|r| matches!(r, Resolved::Blocked(rule) if !rule.policy.shadow));
@@ -108,61 +113,29 @@ async fn answer(
             return Err(Status::unavailable("redis is unavailable"));
         }
     }
-    Ok(respond(
-        limits,
-        metrics,
-        &req.domain,
-        &resolved,
-        decision,
-        blocked,
-    ))
+    let mut response = respond(limits, metrics, &req.domain, &resolved, decision, blocked);
+    if limits.returns_metadata(&req.domain) {
+        response.dynamic_metadata = Some(dynamic_metadata(req, &resolved, &response.statuses));
+    }
+    Ok(response)
 }
 
-/// Most descriptors in one call (Envoy sends one per matching rate limit action).
-pub const MAX_DESCRIPTORS: usize = 64;
-/// Most entries in one descriptor.
-pub const MAX_ENTRIES: usize = 32;
-/// Longest domain, descriptor key or value, in bytes: values become parts of Redis keys, and a
-/// caller must not make tally hold (or Redis store) megabytes per call.
-pub const MAX_VALUE_BYTES: usize = 512;
-
-/// Refuse a call whose sizes exceed the caps above (INVALID_ARGUMENT, naming what is too big).
-#[allow(clippy::result_large_err)] // answered as it is
-fn check_sizes(req: &RateLimitRequest) -> Result<(), Status> {
-    let too_long = |what: &str, n: usize| {
-        Status::invalid_argument(format!(
-            "{what} is {n} bytes; at most {MAX_VALUE_BYTES} are accepted"
-        ))
-    };
-    if req.domain.len() > MAX_VALUE_BYTES {
-        return Err(too_long("the domain", req.domain.len()));
-    }
-    if req.descriptors.len() > MAX_DESCRIPTORS {
-        return Err(Status::invalid_argument(format!(
-            "{} descriptors; at most {MAX_DESCRIPTORS} are accepted",
-            req.descriptors.len()
-        )));
-    }
-    for (i, d) in req.descriptors.iter().enumerate() {
-        if d.entries.len() > MAX_ENTRIES {
-            return Err(Status::invalid_argument(format!(
-                "descriptor {i} has {} entries; at most {MAX_ENTRIES} are accepted",
-                d.entries.len()
-            )));
-        }
-        for e in &d.entries {
-            if e.key.len() > MAX_VALUE_BYTES {
-                return Err(too_long(&format!("descriptor {i}'s key"), e.key.len()));
-            }
-            if e.value.len() > MAX_VALUE_BYTES {
-                return Err(too_long(
-                    &format!("descriptor {i}'s value of `{}`", e.key),
-                    e.value.len(),
-                ));
-            }
-        }
-    }
-    Ok(())
+/// envoyproxy/ratelimit's dynamic metadata ([`super::metadata`]): the configured metadata of
+/// every descriptor whose status is OK, in order.
+fn dynamic_metadata(
+    req: &RateLimitRequest,
+    resolved: &[Resolved],
+    statuses: &[DescriptorStatus],
+) -> envoy_types::pb::google::protobuf::Struct {
+    let passed = resolved.iter().zip(statuses).filter_map(|(r, s)| {
+        let rule = match r {
+            Resolved::Blocked(rule) => *rule,
+            Resolved::Limited(rule, _, _) => rule.as_ref(),
+            _ => return None,
+        };
+        (s.code == Code::Ok as i32).then_some(rule.metadata.as_deref()?)
+    });
+    super::metadata::build(req, passed)
 }
 
 /// Without Redis, a limit with no `on_redis_error` has no answer (Envoy's `failure_mode_deny`
@@ -286,9 +259,10 @@ fn respond(
             .inc();
     };
     let without_redis = decision.as_ref().is_some_and(|d| d.without_redis);
+    // The limiter decided the whole set (quotas deny only all together).
+    let over = blocked || decision.as_ref().is_some_and(|d| !d.admitted);
     let mut verdicts = decision.map(|d| d.policies).unwrap_or_default().into_iter();
     let mut shown: Vec<PolicyVerdict> = Vec::new();
-    let mut over = blocked;
     let mut statuses = Vec::with_capacity(resolved.len());
     for r in resolved {
         let status = match r {
@@ -335,6 +309,8 @@ fn respond(
                 let code = match (v.allowed, v.shadow, without_redis) {
                     (true, _, false) => "ok",
                     (false, true, _) => "shadow_over_limit",
+                    // Out of room, but another quota of the request had some.
+                    (false, false, false) if rule.quota && !over => "quota_over_limit",
                     (false, false, false) => "over_limit",
                     (true, _, true) => "without_redis_ok",
                     (false, _, true) => "without_redis_over_limit",
@@ -348,7 +324,6 @@ fn respond(
                         .with_label_values(&[&rule.label, decided])
                         .inc();
                 }
-                over |= !v.allowed && !v.shadow;
                 let status = DescriptorStatus {
                     code: if v.allowed || v.shadow {
                         Code::Ok
@@ -417,64 +392,3 @@ fn header(key: &str, value: String) -> HeaderValue {
 
 /// Unix seconds on this host (a block list entry's reset; nothing is counted by it).
 use tally_counters::clock::unix_secs as now_secs;
-
-#[cfg(test)]
-mod tests {
-    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-
-    use super::*;
-
-    fn request(
-        domain: &str,
-        entries: Vec<(String, String)>,
-        descriptors: usize,
-    ) -> RateLimitRequest {
-        let d = RateLimitDescriptor {
-            entries: entries
-                .into_iter()
-                .map(|(key, value)| Entry { key, value })
-                .collect(),
-            ..Default::default()
-        };
-        RateLimitRequest {
-            domain: domain.into(),
-            descriptors: vec![d; descriptors],
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn calls_beyond_the_caps_are_invalid_arguments() {
-        let long = "x".repeat(MAX_VALUE_BYTES + 1);
-        let at_cap = "x".repeat(MAX_VALUE_BYTES);
-        let ok = request(
-            &at_cap,
-            vec![(at_cap.clone(), at_cap.clone())],
-            MAX_DESCRIPTORS,
-        );
-        assert!(check_sizes(&ok).is_ok());
-        for (req, says) in [
-            (request(&long, vec![], 1), "the domain"),
-            (
-                request("d", vec![(long.clone(), "v".into())], 1),
-                "descriptor 0's key",
-            ),
-            (
-                request("d", vec![("k".into(), long.clone())], 1),
-                "descriptor 0's value of `k`",
-            ),
-            (
-                request("d", vec![], MAX_DESCRIPTORS + 1),
-                "descriptors; at most",
-            ),
-            (
-                request("d", vec![("k".into(), "v".into()); MAX_ENTRIES + 1], 1),
-                "entries; at most",
-            ),
-        ] {
-            let status = check_sizes(&req).unwrap_err();
-            assert_eq!(status.code(), tonic::Code::InvalidArgument);
-            assert!(status.message().contains(says), "{}", status.message());
-        }
-    }
-}

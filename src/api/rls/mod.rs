@@ -28,7 +28,9 @@ use tally_counters::request::Client;
 use tokio_util::sync::CancellationToken;
 
 pub mod decide;
+mod metadata;
 mod server;
+mod sizes;
 
 pub use crate::config::limits::{Limits, LimitsError, Rule, Unit};
 

@@ -1,20 +1,10 @@
 //! The limits file as its authors write it: envoyproxy/ratelimit's YAML (one domain per file),
-//! plus tally's extensions in `rate_limit` (`algorithm`, `burst`, `on_redis_error`, `usage`).
+//! (`quota_mode` and `metadata` included), plus tally's extensions in `rate_limit` (`algorithm`,
+//! `burst`, `on_redis_error`, `usage`).
 //! Inert serde data; [`super`] compiles it.
 
 use serde::Deserialize;
 use tally_counters::request::{Algorithm, FailureMode};
-
-/// envoyproxy/ratelimit keys that tally does not implement: a file that sets one (to anything
-/// but `false`) is refused with its path, rather than loaded with a behaviour its author did
-/// not get; set to `false`, it is taken out before the schema reads the file.
-pub const UNSUPPORTED: &[(&str, &str)] = &[
-    (
-        "quota_mode",
-        "tally has no quota mode for Envoy (its quotas are `/v1/quota`)",
-    ),
-    ("metadata", "tally sends no dynamic metadata"),
-];
 
 /// One file: a domain and its descriptor tree.
 #[derive(Debug, Clone, Deserialize)]
@@ -51,6 +41,14 @@ pub struct DescriptorYaml {
     /// Decide and count, but never deny.
     #[serde(default)]
     pub shadow_mode: bool,
+    /// envoyproxy/ratelimit's quota mode: this descriptor's limit is a quota; a request is
+    /// denied by its quotas only when none of them has room (ordinary limits still deny alone).
+    #[serde(default)]
+    pub quota_mode: bool,
+    /// Returned to Envoy as dynamic metadata (under `metadata`) when this descriptor's limit
+    /// passes, for quota-aware routing: a mapping of string keys; checked by [`super::metadata`].
+    #[serde(default)]
+    pub metadata: Option<serde_yaml_ng::Value>,
     /// envoyproxy/ratelimit: metric names per value. Accepted and ignored: tally's metrics are
     /// per domain and configured descriptor, never per value (bounded labels).
     #[serde(default)]
@@ -107,54 +105,8 @@ pub struct Replaces {
     pub name: String,
 }
 
-/// Read one file's text: first take out the keys tally does not implement (set to `false`)
-/// or refuse them (set to anything else, naming where), then parse into the schema (unknown
-/// keys refused by serde, with the list of known ones).
+/// Read one file's text into the schema (unknown keys refused by serde, with the list of known
+/// ones).
 pub fn parse(text: &str) -> Result<DomainFile, String> {
-    let mut value: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(text).map_err(|e| e.to_string())?;
-    strip_unsupported(&mut value, "")?;
-    serde_yaml_ng::from_value(value).map_err(|e| e.to_string())
-}
-
-/// Remove every [`UNSUPPORTED`] key set to `false` from `value` (depth first); the first one
-/// set to anything else is the error, with its path.
-fn strip_unsupported(value: &mut serde_yaml_ng::Value, at: &str) -> Result<(), String> {
-    match value {
-        serde_yaml_ng::Value::Mapping(map) => {
-            let mut result = Ok(());
-            map.retain(|k, v| {
-                let name = k.as_str().unwrap_or_default();
-                let Some((key, why)) = UNSUPPORTED.iter().find(|(key, _)| *key == name) else {
-                    return true;
-                };
-                if !matches!(v, serde_yaml_ng::Value::Bool(false)) && result.is_ok() {
-                    result = Err(format!(
-                        "`{}`: `{key}` is an envoyproxy/ratelimit key that tally does not support ({why})",
-                        join(at, name)
-                    ));
-                }
-                false
-            });
-            result?;
-            for (k, v) in map.iter_mut() {
-                strip_unsupported(v, &join(at, k.as_str().unwrap_or_default()))?;
-            }
-            Ok(())
-        }
-        serde_yaml_ng::Value::Sequence(items) => items
-            .iter_mut()
-            .enumerate()
-            .try_for_each(|(i, v)| strip_unsupported(v, &format!("{at}[{i}]"))),
-        _ => Ok(()),
-    }
-}
-
-/// `at.name`, or `name` at the top.
-fn join(at: &str, name: &str) -> String {
-    if at.is_empty() {
-        name.to_string()
-    } else {
-        format!("{at}.{name}")
-    }
+    serde_yaml_ng::from_str(text).map_err(|e| e.to_string())
 }

@@ -12,104 +12,21 @@
 //!
 //! Pure (no I/O beyond reading the files); unit-tested in `tests.rs`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::time::Duration;
+use std::sync::Arc;
 
 use tally_counters::request::{Algorithm, LimitPolicy};
 
 pub mod file;
+pub mod metadata;
+mod unit;
+mod wildcard;
+
+pub use unit::Unit;
+pub use wildcard::wildcard_match;
 
 use file::{DescriptorYaml, DomainFile, RateLimitYaml};
-
-/// A window unit of Envoy's protocol (`RateLimitResponse.RateLimit.Unit`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Unit {
-    /// One second.
-    Second,
-    /// One minute.
-    Minute,
-    /// One hour.
-    Hour,
-    /// One day.
-    Day,
-    /// Seven days.
-    Week,
-    /// Thirty days (as envoyproxy/ratelimit counts a month).
-    Month,
-    /// 365 days.
-    Year,
-}
-
-impl Unit {
-    /// `second` … `year`, any case (envoyproxy/ratelimit's spelling).
-    pub fn parse(text: &str) -> Option<Unit> {
-        Some(match text.to_ascii_lowercase().as_str() {
-            "second" => Unit::Second,
-            "minute" => Unit::Minute,
-            "hour" => Unit::Hour,
-            "day" => Unit::Day,
-            "week" => Unit::Week,
-            "month" => Unit::Month,
-            "year" => Unit::Year,
-            _ => return None,
-        })
-    }
-
-    /// Its name in envoyproxy/ratelimit's files (`second` … `year`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Unit::Second => "second",
-            Unit::Minute => "minute",
-            Unit::Hour => "hour",
-            Unit::Day => "day",
-            Unit::Week => "week",
-            Unit::Month => "month",
-            Unit::Year => "year",
-        }
-    }
-
-    /// The unit of the protocol's enum value (0, unknown, is none).
-    pub fn from_code(code: i32) -> Option<Unit> {
-        Some(match code {
-            1 => Unit::Second,
-            2 => Unit::Minute,
-            3 => Unit::Hour,
-            4 => Unit::Day,
-            5 => Unit::Month,
-            6 => Unit::Year,
-            7 => Unit::Week,
-            _ => return None,
-        })
-    }
-
-    /// The protocol's enum value.
-    pub fn code(self) -> i32 {
-        match self {
-            Unit::Second => 1,
-            Unit::Minute => 2,
-            Unit::Hour => 3,
-            Unit::Day => 4,
-            Unit::Month => 5,
-            Unit::Year => 6,
-            Unit::Week => 7,
-        }
-    }
-
-    /// The window: windows are aligned to the epoch, as envoyproxy/ratelimit's are.
-    pub fn window(self) -> Duration {
-        let secs = match self {
-            Unit::Second => 1,
-            Unit::Minute => 60,
-            Unit::Hour => 3600,
-            Unit::Day => 86_400,
-            Unit::Week => 7 * 86_400,
-            Unit::Month => 30 * 86_400,
-            Unit::Year => 365 * 86_400,
-        };
-        Duration::from_secs(secs)
-    }
-}
 
 /// A configured limit, ready for the limiter.
 #[derive(Debug, Clone)]
@@ -135,6 +52,10 @@ pub struct Rule {
     pub usage: bool,
     /// `on_redis_error` was configured: without Redis the policy answers, not gRPC UNAVAILABLE.
     pub answers_without_redis: bool,
+    /// `quota_mode`: out of room, it denies only when every quota of the request is.
+    pub quota: bool,
+    /// The descriptor's `metadata`, returned to Envoy while this limit passes.
+    pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
 }
 
 impl Rule {
@@ -165,6 +86,8 @@ impl Rule {
             blocked: false,
             usage: false,
             answers_without_redis: false,
+            quota: false,
+            metadata: None,
         })
     }
 }
@@ -195,6 +118,8 @@ pub struct Found<'a> {
 #[derive(Debug, Default)]
 pub struct Limits {
     domains: HashMap<String, Node>,
+    /// Domains with a `metadata` somewhere: their answers carry Envoy dynamic metadata.
+    with_metadata: HashSet<String>,
 }
 
 /// Why a limits file was refused: the file, and where in it.
@@ -257,6 +182,11 @@ impl Limits {
         }
         let mut root = Node::default();
         build(&mut root, &domain, &descriptors)?;
+        let mut rules = Vec::new();
+        collect(&root, &domain, &mut rules);
+        if rules.iter().any(|(_, r)| r.metadata.is_some()) {
+            self.with_metadata.insert(domain.clone());
+        }
         self.domains.insert(domain, root);
         Ok(())
     }
@@ -274,6 +204,12 @@ impl Limits {
     /// Whether `domain` is configured.
     pub fn has_domain(&self, domain: &str) -> bool {
         self.domains.contains_key(domain)
+    }
+
+    /// Whether `domain` configures a `metadata`: then every answer for it carries Envoy dynamic
+    /// metadata (as envoyproxy/ratelimit's with `RESPONSE_DYNAMIC_METADATA`).
+    pub fn returns_metadata(&self, domain: &str) -> bool {
+        self.with_metadata.contains(domain)
     }
 
     /// The limit of one descriptor, by envoyproxy/ratelimit's rules (see the module's header).
@@ -355,8 +291,23 @@ fn build(node: &mut Node, path: &str, descriptors: &[DescriptorYaml]) -> Result<
                 }
             }
         }
-        if let Some(r) = &d.rate_limit {
-            child.rule = Some(rule(&here, r, d.shadow_mode).map_err(|e| format!("`{here}`: {e}"))?);
+        let metadata = match &d.metadata {
+            Some(m) => metadata::compile(&here, m)?,
+            None => None,
+        };
+        match &d.rate_limit {
+            Some(r) => {
+                let mut compiled =
+                    rule(&here, r, d.shadow_mode).map_err(|e| format!("`{here}`: {e}"))?;
+                quota_and_metadata(&here, &mut compiled, d.quota_mode, metadata)?;
+                child.rule = Some(compiled);
+            }
+            None if d.quota_mode || metadata.is_some() => {
+                return Err(format!(
+                    "`{here}`: quota_mode and metadata apply to the descriptor's rate_limit, and it has none"
+                ))
+            }
+            None => {}
         }
         build(&mut child, &here, &d.descriptors)?;
         let duplicate = format!("`{here}`: the descriptor is defined twice");
@@ -390,6 +341,28 @@ fn build(node: &mut Node, path: &str, descriptors: &[DescriptorYaml]) -> Result<
             }
         }
     }
+    Ok(())
+}
+
+/// Mark `rule` a quota and give it `metadata`, refusing what would never take effect.
+fn quota_and_metadata(
+    path: &str,
+    rule: &mut Rule,
+    quota: bool,
+    metadata: Option<serde_json::Map<String, serde_json::Value>>,
+) -> Result<(), String> {
+    if rule.unlimited && (quota || metadata.is_some()) {
+        return Err(format!(
+            "`{path}`: an unlimited rate_limit is never counted, so quota_mode and metadata would never apply"
+        ));
+    }
+    if quota && rule.blocked {
+        return Err(format!(
+            "`{path}`: a quota_mode limit of 0 never has room; drop the descriptor or its quota_mode"
+        ));
+    }
+    rule.quota = quota;
+    rule.metadata = metadata.map(Arc::new);
     Ok(())
 }
 
@@ -452,32 +425,9 @@ fn rule(path: &str, r: &RateLimitYaml, shadow: bool) -> Result<Rule, String> {
         blocked: limit == 0,
         usage: r.usage,
         answers_without_redis: r.on_redis_error.is_some(),
+        quota: false,
+        metadata: None,
     })
-}
-
-/// Whether `value` matches a pattern split on `*` (each `*` any run of characters, empty too).
-pub fn wildcard_match(parts: &[String], value: &str) -> bool {
-    let (first, rest) = match parts.split_first() {
-        Some(x) => x,
-        None => return value.is_empty(),
-    };
-    let Some((last, middle)) = rest.split_last() else {
-        return value == first;
-    };
-    if value.len() < first.len() + last.len()
-        || !value.starts_with(first.as_str())
-        || !value.ends_with(last.as_str())
-    {
-        return false;
-    }
-    let mut inner = &value[first.len()..value.len() - last.len()];
-    for part in middle {
-        match inner.find(part.as_str()) {
-            Some(i) => inner = &inner[i + part.len()..],
-            None => return false,
-        }
-    }
-    true
 }
 
 #[cfg(test)]

@@ -1,6 +1,8 @@
 //! The limits file and the lookup, on envoyproxy/ratelimit's README examples (its "Examples"
 //! section, quoted) and on the files it refuses.
 
+use std::time::Duration;
+
 use super::*;
 
 /// An example of envoyproxy/ratelimit's README, as quoted in `tests/data/envoy-ratelimit-examples`
@@ -205,10 +207,7 @@ fn refused(text: &str) -> String {
 #[test]
 fn refusals_say_what_and_where() {
     let e = refused("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n");
-    assert!(
-        e.contains("descriptors[0].quota_mode") && e.contains("does not support"),
-        "{e}"
-    );
+    assert!(e.contains("`d.a`: quota_mode and metadata apply"), "{e}");
     let e = refused("domain: d\ndescriptors:\n  - key: a\n    colour: red\n");
     assert!(e.contains("unknown field `colour`"), "{e}");
     let e = refused("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n");
@@ -228,17 +227,89 @@ fn refusals_say_what_and_where() {
     assert!(e.contains("replace itself"), "{e}");
     let e = refused("domain: ''\n");
     assert!(e.contains("domain"), "{e}");
-    assert!(Limits::parse("domain: d\ndescriptors:\n  - key: a\n    metadata: false\n").is_ok());
-    // `false` is taken out at any depth; anything else is refused where it is.
-    let nested = |set: &str| {
-        format!("domain: d\ndescriptors:\n  - key: a\n    quota_mode: false\n    descriptors:\n      - key: b\n        metadata: {set}\n")
-    };
-    assert!(Limits::parse(&nested("false")).is_ok());
-    let e = refused(&nested("true"));
+}
+
+const QUOTAS: &str = "domain: rl
+descriptors:
+  - key: service
+    value: service_1
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 1}
+    metadata:
+      service_with_quota:
+        name: \"service_1\"
+  - key: service
+    value: service_2
+    quota_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+    metadata: {service_with_quota: {name: service_2}, weight: 0.5, tags: [a, 1, true, null]}
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5}
+";
+
+#[test]
+fn quota_mode_and_metadata_load_as_envoyproxy_ratelimit_writes_them() {
+    let l = Limits::parse(QUOTAS).unwrap();
+    let s1 = find(&l, "rl", &[("service", "service_1")]).unwrap();
+    assert!(s1.quota);
+    let m = s1.metadata.as_deref().unwrap();
+    assert_eq!(m["service_with_quota"]["name"], "service_1");
+    let s2 = find(&l, "rl", &[("service", "service_2")]).unwrap();
+    let m = s2.metadata.as_deref().unwrap();
+    assert_eq!(m["weight"], 0.5);
+    assert_eq!(m["tags"], serde_json::json!(["a", 1, true, null]));
+    let user = find(&l, "rl", &[("user", "u")]).unwrap();
+    assert!(!user.quota && user.metadata.is_none());
+    assert!(l.returns_metadata("rl"));
+    let plain = Limits::parse("domain: d\ndescriptors:\n  - key: a\n    quota_mode: false\n    metadata: {}\n    rate_limit: {unit: second, requests_per_unit: 1}\n").unwrap();
     assert!(
-        e.contains("`descriptors[0].descriptors[0].metadata`"),
+        !plain.returns_metadata("d"),
+        "an empty mapping returns nothing"
+    );
+}
+
+#[test]
+fn metadata_and_quota_mode_refusals_name_the_place() {
+    let limited = |extra: &str| {
+        format!("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n{extra}")
+    };
+    for (extra, says) in [
+        ("    metadata: false\n", "`d.a.metadata`: must be a mapping"),
+        ("    metadata: [x]\n", "`d.a.metadata`: must be a mapping"),
+        (
+            "    metadata: {1: x}\n",
+            "`d.a.metadata`: key 1 is not a string",
+        ),
+        (
+            "    metadata: {s: {n: 9007199254740993}}\n",
+            "`d.a.metadata.s.n`: 9007199254740993 is beyond",
+        ),
+        (
+            "    metadata: {s: [1, !tag x]}\n",
+            "`d.a.metadata.s[1]`: the tagged value",
+        ),
+        ("    metadata: {n: .nan}\n", "is not a finite number"),
+    ] {
+        let e = refused(&limited(extra));
+        assert!(e.contains(says), "{extra}: {e}");
+    }
+    assert!(Limits::parse(&limited("    metadata: {s: {n: 9007199254740992}}\n")).is_ok());
+    let e = refused("domain: d\ndescriptors:\n  - key: a\n    metadata: {x: 1}\n    descriptors: [{key: b, rate_limit: {unit: second, requests_per_unit: 1}}]\n");
+    assert!(
+        e.contains("`d.a`: quota_mode and metadata apply to the descriptor's rate_limit"),
         "{e}"
     );
+    let e = refused("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: {unlimited: true}\n");
+    assert!(e.contains("`d.a`: an unlimited rate_limit"), "{e}");
+    let e = refused("domain: d\ndescriptors:\n  - key: a\n    metadata: {x: 1}\n    rate_limit: {unlimited: true}\n");
+    assert!(e.contains("`d.a`: an unlimited rate_limit"), "{e}");
+    let e = refused("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n    rate_limit: {unit: second, requests_per_unit: 0}\n");
+    assert!(
+        e.contains("`d.a`: a quota_mode limit of 0 never has room"),
+        "{e}"
+    );
+    let e = refused("domain: d\ndescriptors:\n  - key: a\n    quota_mode: yes please\n");
+    assert!(e.contains("quota_mode"), "{e}");
 }
 
 #[test]

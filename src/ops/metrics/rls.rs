@@ -8,7 +8,8 @@ use prometheus::{Histogram, IntCounterVec, IntGaugeVec, Registry};
 pub struct RlsMetrics {
     /// Descriptor decisions, by domain (`unknown` when not configured), configured descriptor
     /// (its `name`, else its path; `none` when nothing matched) and code (`ok`, `over_limit`,
-    /// `shadow_over_limit`, `unlimited`, `without_redis_ok`, `without_redis_over_limit`).
+    /// `shadow_over_limit`, `quota_over_limit` (a quota out of room while another had some),
+    /// `unlimited`, `without_redis_ok`, `without_redis_over_limit`).
     pub descriptors: IntCounterVec,
     /// Calls answered with a gRPC error, by kind (`unavailable`, `invalid`, `internal`).
     pub errors: IntCounterVec,

@@ -217,6 +217,7 @@ impl RateLimiter {
                 subject,
                 cost,
                 usage: false,
+                quota: false,
             })
             .collect();
         decide(&self.client, &asks, subject, mode == "peek").await
@@ -235,10 +236,14 @@ pub struct Ask<'a> {
     /// Usage-priced: a cost above 0 is a charge for what was already used, recorded whatever
     /// is left and never denied (check-then-charge); a cost of 0 is decided as usual.
     pub usage: bool,
+    /// A quota (envoyproxy/ratelimit's `quota_mode`): out of room, it does not deny the call by
+    /// itself; the call is denied when every quota ask of it is out of room. An admitted call
+    /// charges only the quotas that had room, so a quota is never counted past its limit.
+    pub quota: bool,
 }
 
 /// Decide `asks` in one atomic script call: admitted only if every enforcing policy admits its
-/// cost, and recorded only then. Every key is tagged by `tag` (in a cluster, one slot holds
+/// cost (and, when some asks are quotas, at least one quota does), and recorded only then. Every key is tagged by `tag` (in a cluster, one slot holds
 /// every key a call can touch). Two asks on one key (one policy, one subject) are decided as
 /// one, with their costs summed, so a key is never counted twice against one reading. Without
 /// Redis, each policy answers by its `on_redis_error`.
@@ -296,10 +301,13 @@ pub async fn decide(
         .arg(if peek { "peek" } else { "apply" });
     for a in &merged {
         let p = a.policy;
-        let kind = match (p.shadow, a.usage) {
-            (true, _) => "1",
-            (false, true) => "2",
-            (false, false) => "0",
+        let kind = match (a.quota, p.shadow, a.usage) {
+            (false, true, _) => "1",
+            (false, false, true) => "2",
+            (false, false, false) => "0",
+            (true, false, false) => "3",
+            (true, false, true) => "4",
+            (true, true, _) => "5",
         };
         cmd.arg(p.algorithm.code())
             .arg(p.limit)
@@ -324,10 +332,7 @@ pub async fn decide(
     };
     let reply: redis::Value = match client.run_batched(&LIMIT, keys, cmd).await {
         Ok(v) => v,
-        Err(e) if e.is_unavailable() => {
-            let chosen: Vec<&LimitPolicy> = asks.iter().map(|a| a.policy).collect();
-            return Ok(without_redis(&chosen));
-        }
+        Err(e) if e.is_unavailable() => return Ok(without_redis(asks)),
         Err(e) => return Err(e),
     };
     let r = LimitReply::parse(&reply, merged.len())?;
@@ -417,10 +422,11 @@ impl PolicyReply {
     }
 }
 
-fn without_redis(chosen: &[&LimitPolicy]) -> Decision {
-    let policies: Vec<PolicyVerdict> = chosen
+fn without_redis(asks: &[Ask]) -> Decision {
+    let policies: Vec<PolicyVerdict> = asks
         .iter()
-        .map(|p| {
+        .map(|a| {
+            let p = a.policy;
             let allowed = p.on_redis_error == FailureMode::Open;
             PolicyVerdict {
                 policy: p.name.clone(),
@@ -434,8 +440,12 @@ fn without_redis(chosen: &[&LimitPolicy]) -> Decision {
             }
         })
         .collect();
+    // As the script decides: quotas deny only all together.
+    let passes = |(_, v): (&Ask, &PolicyVerdict)| v.allowed || v.shadow;
+    let both = || asks.iter().zip(&policies);
+    let quota_open = both().filter(|(a, _)| a.quota).any(passes) || !asks.iter().any(|a| a.quota);
     Decision {
-        admitted: policies.iter().all(|v| v.allowed || v.shadow),
+        admitted: quota_open && both().filter(|(a, _)| !a.quota).all(passes),
         policies,
         without_redis: true,
         // The host's time: Redis', which every other answer carries, is not to be had.

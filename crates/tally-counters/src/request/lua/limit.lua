@@ -5,7 +5,12 @@
 -- ('apply' or 'peek'), then per policy 6 values: algorithm (1 fixed window, 2 sliding log,
 -- 3 sliding window counter, 4 GCRA), limit, window ms, burst (GCRA), kind ('0' enforces, '1'
 -- shadow: never denies, '2' usage: a cost above 0 is a charge for what was used, always
--- recorded, never denied), cost (units; 0 = check only: decided as a cost of 1, recorded never).
+-- recorded, never denied; '3' quota, '4' quota and usage, '5' quota in shadow: see below),
+-- cost (units; 0 = check only: decided as a cost of 1, recorded never).
+-- Quotas (envoyproxy/ratelimit's quota_mode): a quota that cannot take its cost does not deny
+-- by itself; the call is denied when it has quotas and none of them can take its cost (a quota
+-- in shadow always can). An admitted call charges the quotas that could take their cost and
+-- never one that could not, so no quota is counted past its limit; a denied call charges none.
 -- Last, per policy, the ms its state's expiry lies past the window boundary (a per-key spread,
 -- so the keys of every subject do not all expire at the same boundary).
 -- Reply: {admitted, now_ms, then per policy: allowed, remaining, reset_ms, retry_after_ms}
@@ -31,6 +36,8 @@ local function decide(kb, ab, n, now_us)
   -- Per policy, what is left if this call is not charged (reported when another denies it).
   local free = {}
   local admitted = 1
+  -- Quotas asked, and those that can take their cost.
+  local quotas, open = 0, 0
   local peek = ARGV[ab + 2] == 'peek'
   for i = 1, n do
     local b = ab + 2 + (i - 1) * 6
@@ -38,7 +45,7 @@ local function decide(kb, ab, n, now_us)
     local kind, given = ARGV[b + 5], tonumber(ARGV[b + 6])
     -- A check (0) is decided as one unit; a usage charge is recorded whatever is left.
     local cost = given == 0 and 1 or given
-    local force = kind == '2' and given > 0
+    local force = (kind == '2' or kind == '4') and given > 0
     local key = KEYS[kb + i]
     local allowed, remaining, reset, retry = 0, 0, 0, 0
     if algo == 1 then
@@ -114,12 +121,18 @@ local function decide(kb, ab, n, now_us)
         retry = cost > burst and -1 or math.ceil(-diff / 1000)
       end
     end
-    if allowed == 0 and kind ~= '1' then admitted = 0 end
+    if kind == '3' or kind == '4' or kind == '5' then
+      quotas = quotas + 1
+      if allowed == 1 or kind == '5' then open = open + 1 end
+    elseif allowed == 0 and kind ~= '1' then
+      admitted = 0
+    end
     if given == 0 then wa[i] = nil end
     if (peek or given == 0) and allowed == 1 then remaining = remaining + cost end
     local r = #reply
     reply[r + 1], reply[r + 2], reply[r + 3], reply[r + 4] = allowed, remaining, reset, retry
   end
+  if quotas > 0 and open == 0 then admitted = 0 end
   reply[1] = admitted
   if admitted == 0 and not peek then
     -- Nothing is charged: every policy reports what it has left as it is.
