@@ -5,16 +5,19 @@ use std::borrow::Cow;
 use std::time::Instant;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use tally_counters::request::{decide, Ask, Client, Decision, PolicyVerdict};
+use tally_counters::request::{decide_settling, Ask, Client, Decision, PolicyVerdict, Reservation};
 use tonic::Status;
 
+use super::reserve;
 use super::sizes::check_sizes;
 pub use super::sizes::{MAX_DESCRIPTORS, MAX_ENTRIES, MAX_VALUE_BYTES};
 use crate::config::limits::{Limits, Rule, Unit};
@@ -72,16 +75,18 @@ async fn answer(
         ));
     }
     check_sizes(req)?;
-    let resolved = resolve(limits, req)?;
+    let (resolved, reservations) = resolve(limits, req)?;
     let asks: Vec<Ask> = resolved
         .iter()
-        .filter_map(|r| match r {
+        .zip(&reservations)
+        .filter_map(|(r, reservation)| match r {
             Resolved::Limited(rule, subject, cost) => Some(Ask {
                 policy: &rule.policy,
                 subject,
                 cost: *cost,
                 usage: rule.usage,
                 quota: rule.quota,
+                reservation: *reservation,
             }),
             _ => None,
         })
@@ -94,7 +99,7 @@ async fn answer(
     let decision = if asks.is_empty() {
         None
     } else {
-        let d = decide(client, &asks, &req.domain, blocked)
+        let (d, settled) = decide_settling(client, &asks, &req.domain, blocked)
             .await
             .map_err(|e| match e {
                 tally_counters::request::RequestError::Invalid(m) => Status::invalid_argument(m),
@@ -106,6 +111,7 @@ async fn answer(
                 }
                 other => Status::internal(other.to_string()),
             })?;
+        count_settles(limits, metrics, &req.domain, &resolved, &settled);
         Some(d)
     };
     if let Some(d) = &decision {
@@ -144,16 +150,47 @@ fn redis_must_answer(r: &Resolved) -> bool {
     matches!(r, Resolved::Limited(rule, _, _) if !rule.answers_without_redis)
 }
 
+/// Count each settle by what it did (`reserve::count`).
+fn count_settles(
+    limits: &Limits,
+    metrics: &Metrics,
+    domain: &str,
+    resolved: &[Resolved],
+    settled: &[Option<tally_counters::request::Settled>],
+) {
+    let domain = if limits.has_domain(domain) {
+        domain
+    } else {
+        "unknown"
+    };
+    let limited = resolved.iter().filter_map(|r| match r {
+        Resolved::Limited(rule, _, cost) => Some((rule, *cost)),
+        _ => None,
+    });
+    for ((rule, cost), s) in limited.zip(settled) {
+        if let Some(s) = s {
+            reserve::count(metrics, domain, rule, cost, *s);
+        }
+    }
+}
+
 /// Each descriptor's limit, after `replaces` (one vector: a descriptor's entry becomes
-/// [`Resolved::Nothing`] once every limit is known and one of them replaces it).
-fn resolve<'a>(limits: &'a Limits, req: &RateLimitRequest) -> Result<Vec<Resolved<'a>>, Status> {
+/// [`Resolved::Nothing`] once every limit is known and one of them replaces it), and beside it
+/// each descriptor's reservation (a limit with `reserve`: see `reserve.rs`).
+#[allow(clippy::type_complexity)]
+fn resolve<'a>(
+    limits: &'a Limits,
+    req: &'a RateLimitRequest,
+) -> Result<(Vec<Resolved<'a>>, Vec<Option<Reservation<'a>>>), Status> {
     let mut out = Vec::with_capacity(req.descriptors.len());
+    let mut reservations = Vec::with_capacity(req.descriptors.len());
     for d in &req.descriptors {
         if d.is_negative_hits {
             return Err(Status::invalid_argument(
                 "is_negative_hits is not supported: tally never gives units back to a limit",
             ));
         }
+        let mut phase = None;
         let (rule, shared) = match &d.limit {
             Some(o) => (Some(Cow::Owned(overridden(o)?)), Default::default()),
             None => match limits.lookup(
@@ -161,14 +198,28 @@ fn resolve<'a>(limits: &'a Limits, req: &RateLimitRequest) -> Result<Vec<Resolve
                 d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())),
             ) {
                 Some(found) => (Some(Cow::Borrowed(found.rule)), found.shared),
-                None => (None, Default::default()),
+                None => match reserve::lookup(limits, &req.domain, d) {
+                    Some((found, p)) => {
+                        phase = Some(p);
+                        (Some(Cow::Borrowed(found.rule)), found.shared)
+                    }
+                    None => (None, Default::default()),
+                },
             },
         };
+        reservations.push(match &rule {
+            Some(Cow::Borrowed(r)) => reserve::reservation(r, d, phase),
+            _ => None,
+        });
         out.push(match rule {
             None => Resolved::Nothing,
             Some(Cow::Borrowed(r)) if r.unlimited => Resolved::Unlimited(r),
             Some(Cow::Borrowed(r)) if r.blocked => Resolved::Blocked(r),
-            Some(r) => Resolved::Limited(r, subject(&req.domain, d, &shared), addend(req, d)),
+            Some(r) => {
+                let entries = reserve::subject_entries(d, phase);
+                let cost = reserve::cost(&r, req, d, addend(req, d));
+                Resolved::Limited(r, subject(&req.domain, entries, &shared), cost)
+            }
         });
     }
     // Only configured limits replace others (an override has no `replaces`).
@@ -193,7 +244,7 @@ fn resolve<'a>(limits: &'a Limits, req: &RateLimitRequest) -> Result<Vec<Resolve
             }
         }
     }
-    Ok(out)
+    Ok((out, reservations))
 }
 
 /// The rule of a descriptor's own `limit` (Envoy's override).
@@ -221,10 +272,10 @@ fn addend(req: &RateLimitRequest, d: &RateLimitDescriptor) -> u64 {
 /// Whose counter: the domain and every entry (key and value), escaped so that two descriptors
 /// never share one; an entry a shared wildcard matched (`shared`, by index) counts under the
 /// wildcard's pattern, so all its values share the count.
-fn subject(domain: &str, d: &RateLimitDescriptor, shared: &[(usize, &str)]) -> String {
+fn subject(domain: &str, entries: &[Entry], shared: &[(usize, &str)]) -> String {
     let mut buf = Vec::with_capacity(64);
     tally_counters::key::escape_into(&mut buf, domain);
-    for (i, e) in d.entries.iter().enumerate() {
+    for (i, e) in entries.iter().enumerate() {
         buf.push(b':');
         tally_counters::key::escape_into(&mut buf, &e.key);
         buf.push(b':');

@@ -29,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 pub mod decide;
 mod metadata;
+mod reserve;
 mod server;
 mod sizes;
 

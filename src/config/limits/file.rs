@@ -95,6 +95,9 @@ pub struct RateLimitYaml {
     /// left; above 0 it charges what was used, recorded whatever is left and never denied.
     #[serde(default)]
     pub usage: bool,
+    /// tally: reserve → settle (fixed windows only): see [`super::reserve`].
+    #[serde(default)]
+    pub reserve: Option<super::reserve::ReserveYaml>,
 }
 
 /// One entry of `replaces`.

@@ -25,6 +25,7 @@ mod wildcard;
 
 pub use unit::Unit;
 pub use wildcard::wildcard_match;
+pub mod reserve;
 
 use file::{DescriptorYaml, DomainFile, RateLimitYaml};
 
@@ -56,6 +57,8 @@ pub struct Rule {
     pub quota: bool,
     /// The descriptor's `metadata`, returned to Envoy while this limit passes.
     pub metadata: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
+    /// Reserve → settle (see [`reserve`]).
+    pub reserve: Option<reserve::Reserve>,
 }
 
 impl Rule {
@@ -88,6 +91,7 @@ impl Rule {
             answers_without_redis: false,
             quota: false,
             metadata: None,
+            reserve: None,
         })
     }
 }
@@ -415,6 +419,13 @@ fn rule(path: &str, r: &RateLimitYaml, shadow: bool) -> Result<Rule, String> {
         durability: None,
     };
     policy.validate()?;
+    let reserve = match &r.reserve {
+        Some(_) if r.unlimited || limit == 0 => {
+            return Err("reserve: an unlimited or blocking limit reserves nothing".into())
+        }
+        Some(y) => Some(reserve::Reserve::compile(y, &policy, r.usage, shadow)?),
+        None => None,
+    };
     Ok(Rule {
         label: name.clone().unwrap_or_else(|| path.to_string()),
         policy,
@@ -427,6 +438,7 @@ fn rule(path: &str, r: &RateLimitYaml, shadow: bool) -> Result<Rule, String> {
         answers_without_redis: r.on_redis_error.is_some(),
         quota: false,
         metadata: None,
+        reserve,
     })
 }
 

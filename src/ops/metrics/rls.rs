@@ -22,6 +22,11 @@ pub struct RlsMetrics {
     /// window in seconds (replaced whole at every load; unlimited descriptors are absent).
     pub limit: IntGaugeVec,
     pub limit_window: IntGaugeVec,
+    /// Settles of reserving limits (`reserve` in the limits file), by domain, configured
+    /// descriptor and result (`settled`, `capped`: the true cost was cut at the reservation +
+    /// `max_extra`, `already_settled`: a retried settle, nothing changed, `unreserved`: no live
+    /// reservation, the true cost was charged as it is).
+    pub settles: IntCounterVec,
 }
 
 impl RlsMetrics {
@@ -62,6 +67,12 @@ impl RlsMetrics {
                 "tally_rls_limit_window_seconds",
                 "The limits file in force: each limit's window in seconds, by domain and configured descriptor.",
                 &["domain", "descriptor"],
+            ),
+            settles: super::counter_vec(
+                registry,
+                "tally_rls_settles_total",
+                "Settles of reserving limits, by domain, configured descriptor and result.",
+                &["domain", "descriptor", "result"],
             ),
         };
         for kind in ["unavailable", "invalid", "internal"] {

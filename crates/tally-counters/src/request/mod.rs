@@ -39,8 +39,9 @@ pub use confirm::Durability;
 pub use expiry::Expiry;
 pub use hit::{Counters, Hit, HitReply};
 pub use limit::{
-    decide, Algorithm, Ask, Decision, FailureMode, LimitPolicy, PolicyVerdict, RateLimiter,
-    LIMIT_BATCH_LUA, LIMIT_LUA, MAX_LOG_COST,
+    decide, decide_settling, unsupported_for_reservations, Algorithm, Ask, Decision, FailureMode,
+    LimitPolicy, Phase, PolicyVerdict, RateLimiter, Reservation, Settled, LIMIT_BATCH_LUA,
+    LIMIT_LUA, MAX_LOG_COST, MAX_RESERVATION,
 };
 pub use once::Once;
 pub use pool::{Claim, Pool};

@@ -18,6 +18,12 @@ use std::sync::LazyLock;
 
 use serde::Serialize;
 
+mod reserve;
+
+pub use reserve::{
+    unsupported as unsupported_for_reservations, Phase, Reservation, Settled, MAX_RESERVATION,
+};
+
 use super::batch::ScriptPair;
 pub use super::policy::{Algorithm, FailureMode, LimitPolicy, MAX_LOG_COST};
 use super::{Client, RequestError};
@@ -25,11 +31,13 @@ use crate::script::Script;
 
 /// The limit script; see its header for the contract.
 pub const LIMIT_LUA: &str = concat!(
+    include_str!("../lua/reserve.lua"),
     include_str!("../lua/limit.lua"),
     include_str!("../lua/single.lua")
 );
 /// Several callers' limit decisions in one call (group commit: `batch.rs`, `lua/batch.lua`).
 pub const LIMIT_BATCH_LUA: &str = concat!(
+    include_str!("../lua/reserve.lua"),
     include_str!("../lua/limit.lua"),
     include_str!("../lua/batch.lua")
 );
@@ -218,6 +226,7 @@ impl RateLimiter {
                 cost,
                 usage: false,
                 quota: false,
+                reservation: None,
             })
             .collect();
         decide(&self.client, &asks, subject, mode == "peek").await
@@ -240,6 +249,8 @@ pub struct Ask<'a> {
     /// itself; the call is denied when every quota ask of it is out of room. An admitted call
     /// charges only the quotas that had room, so a quota is never counted past its limit.
     pub quota: bool,
+    /// Reserve → settle (fixed windows only): see [`Reservation`]. Not a quota.
+    pub reservation: Option<Reservation<'a>>,
 }
 
 /// Decide `asks` in one atomic script call: admitted only if every enforcing policy admits its
@@ -253,6 +264,19 @@ pub async fn decide(
     tag: &str,
     peek: bool,
 ) -> Result<Decision, RequestError> {
+    decide_settling(client, asks, tag, peek)
+        .await
+        .map(|(d, _)| d)
+}
+
+/// [`decide`], with what each ask's settle did (`None` for an ask that is not a settle, and
+/// for every ask when Redis could not be asked or on a peek).
+pub async fn decide_settling(
+    client: &Client,
+    asks: &[Ask<'_>],
+    tag: &str,
+    peek: bool,
+) -> Result<(Decision, Vec<Option<Settled>>), RequestError> {
     if asks.is_empty() {
         return Err(RequestError::Invalid("name at least one limit".into()));
     }
@@ -261,14 +285,21 @@ pub async fn decide(
     let mut merged: Vec<Ask> = Vec::with_capacity(asks.len());
     let mut slot_of = Vec::with_capacity(asks.len());
     for a in asks {
-        let key = super::key(
-            client.prefix(),
-            a.policy.algorithm.key_kind(),
-            &a.policy.name,
-            a.subject,
-            tag,
-        );
+        if let Some(r) = &a.reservation {
+            r.validate(a.policy).map_err(RequestError::Invalid)?;
+        }
+        let kind = match a.reservation {
+            Some(_) => Reservation::KINDS.0,
+            None => a.policy.algorithm.key_kind(),
+        };
+        let key = super::key(client.prefix(), kind, &a.policy.name, a.subject, tag);
         let slot = match keys.iter().position(|k| *k == key) {
+            Some(j) if merged[j].reservation != a.reservation => {
+                return Err(RequestError::Invalid(format!(
+                    "limit `{}`: two descriptors of one call reserve or settle one count apart",
+                    a.policy.name
+                )));
+            }
             Some(j) => {
                 merged[j].cost = merged[j].cost.saturating_add(a.cost);
                 j
@@ -299,15 +330,21 @@ pub async fn decide(
     let mut cmd = redis::Cmd::new();
     cmd.arg(request_id())
         .arg(if peek { "peek" } else { "apply" });
-    for a in &merged {
+    // A reserving policy is followed by its index entry (`lua/reserve.lua`): its reply is at
+    // `at[j] + 1`.
+    let mut script_keys = Vec::with_capacity(keys.len());
+    let mut at = Vec::with_capacity(merged.len());
+    let mut offsets = Vec::with_capacity(merged.len());
+    for (a, key) in merged.iter().zip(keys) {
         let p = a.policy;
-        let kind = match (a.quota, p.shadow, a.usage) {
-            (false, true, _) => "1",
-            (false, false, true) => "2",
-            (false, false, false) => "0",
-            (true, false, false) => "3",
-            (true, false, true) => "4",
-            (true, true, _) => "5",
+        let kind = match (&a.reservation, a.quota, p.shadow, a.usage) {
+            (Some(r), _, _, _) => r.kind(),
+            (None, false, true, _) => "1",
+            (None, false, false, true) => "2",
+            (None, false, false, false) => "0",
+            (None, true, false, false) => "3",
+            (None, true, false, true) => "4",
+            (None, true, true, _) => "5",
         };
         cmd.arg(p.algorithm.code())
             .arg(p.limit)
@@ -315,10 +352,30 @@ pub async fn decide(
             .arg(p.burst.unwrap_or(p.limit))
             .arg(kind)
             .arg(a.cost);
+        at.push(script_keys.len());
+        // The offset its window-aligned state key's expiry is spread by.
+        offsets.push(p.expiry_offset_ms(&key));
+        script_keys.push(key);
+        if let Some(r) = &a.reservation {
+            cmd.arg(5)
+                .arg(r.expiry.as_millis() as u64)
+                .arg(r.max_extra)
+                .arg(r.id)
+                .arg(kind)
+                .arg(0);
+            offsets.push(0);
+            script_keys.push(super::key(
+                client.prefix(),
+                Reservation::KINDS.1,
+                &p.name,
+                a.subject,
+                tag,
+            ));
+        }
     }
-    // Then per policy the offset its window-aligned state key's expiry is spread by.
-    for (a, key) in merged.iter().zip(&keys) {
-        cmd.arg(a.policy.expiry_offset_ms(key));
+    // Then per entry the offset its window-aligned state key's expiry is spread by.
+    for off in offsets {
+        cmd.arg(off);
     }
     // The strictest durability of the policies (each its own, else the client's).
     let durable = merged
@@ -330,23 +387,40 @@ pub async fn decide(
         true => std::borrow::Cow::Borrowed(client),
         false => std::borrow::Cow::Owned(client.durable(durable)),
     };
-    let reply: redis::Value = match client.run_batched(&LIMIT, keys, cmd).await {
+    let entries = script_keys.len();
+    let reply: redis::Value = match client.run_batched(&LIMIT, script_keys, cmd).await {
         Ok(v) => v,
-        Err(e) if e.is_unavailable() => return Ok(without_redis(asks)),
+        Err(e) if e.is_unavailable() => return Ok((without_redis(asks), vec![None; asks.len()])),
         Err(e) => return Err(e),
     };
-    let r = LimitReply::parse(&reply, merged.len())?;
+    let r = LimitReply::parse(&reply, entries)?;
     let policies = asks
         .iter()
         .zip(&slot_of)
-        .map(|(a, &slot)| r.policies[slot].verdict(a.policy))
+        .map(|(a, &slot)| r.policies[at[slot]].verdict(a.policy))
         .collect();
-    Ok(Decision {
+    // A settle's answer is its index entry's; merged asks share it, so only the first tells.
+    let mut told = vec![false; merged.len()];
+    let mut settled = Vec::with_capacity(asks.len());
+    for (a, &slot) in asks.iter().zip(&slot_of) {
+        let is_settle = a.reservation.is_some_and(|r| r.phase == Phase::Settle);
+        if !is_settle || peek || std::mem::replace(&mut told[slot], true) {
+            settled.push(None);
+            continue;
+        }
+        let s = Settled::from_reply(&reply, at[slot] + 1).ok_or_else(|| RequestError::Reply {
+            script: "limit",
+            detail: format!("{reply:?}"),
+        })?;
+        settled.push(Some(s));
+    }
+    let decision = Decision {
         admitted: r.admitted,
         policies,
         without_redis: false,
         now_ms: r.now_ms,
-    })
+    };
+    Ok((decision, settled))
 }
 
 /// What `limit.lua` answers: `{admitted, now, then per policy: allowed, remaining, reset,

@@ -5,8 +5,9 @@
 -- ('apply' or 'peek'), then per policy 6 values: algorithm (1 fixed window, 2 sliding log,
 -- 3 sliding window counter, 4 GCRA), limit, window ms, burst (GCRA), kind ('0' enforces, '1'
 -- shadow: never denies, '2' usage: a cost above 0 is a charge for what was used, always
--- recorded, never denied; '3' quota, '4' quota and usage, '5' quota in shadow: see below),
--- cost (units; 0 = check only: decided as a cost of 1, recorded never).
+-- recorded, never denied; '3' quota, '4' quota and usage, '5' quota in shadow: see below;
+-- '6' reserve and '7' settle: see reserve.lua, whose index entry, algorithm 5, follows such a
+-- policy), cost (units; 0 = check only: decided as a cost of 1, recorded never).
 -- Quotas (envoyproxy/ratelimit's quota_mode): a quota that cannot take its cost does not deny
 -- by itself; the call is denied when it has quotas and none of them can take its cost (a quota
 -- in shadow always can). An admitted call charges the quotas that could take their cost and
@@ -14,7 +15,8 @@
 -- Last, per policy, the ms its state's expiry lies past the window boundary (a per-key spread,
 -- so the keys of every subject do not all expire at the same boundary).
 -- Reply: {admitted, now_ms, then per policy: allowed, remaining, reset_ms, retry_after_ms}
--- (retry_after_ms -1: this cost can never pass this policy). `remaining` is what is left after
+-- (retry_after_ms -1: this cost can never pass this policy; an index entry's four values are a
+-- settle's answer, see `settle` in reserve.lua). `remaining` is what is left after
 -- this request when it is applied; a peek, a check or a denied request changes nothing, so it
 -- reports what is left now.
 -- Written as one loop without per-call closures or tables per policy: the script runs on every
@@ -45,7 +47,7 @@ local function decide(kb, ab, n, now_us)
     local kind, given = ARGV[b + 5], tonumber(ARGV[b + 6])
     -- A check (0) is decided as one unit; a usage charge is recorded whatever is left.
     local cost = given == 0 and 1 or given
-    local force = (kind == '2' or kind == '4') and given > 0
+    local force = ((kind == '2' or kind == '4') and given > 0) or kind == '7'
     local key = KEYS[kb + i]
     local allowed, remaining, reset, retry = 0, 0, 0, 0
     if algo == 1 then
@@ -56,14 +58,22 @@ local function decide(kb, ab, n, now_us)
       local used = 0
       local same = tonumber(h[1]) == cur
       if same then used = tonumber(h[2]) or 0 end
+      local hold, taken = 0, false
+      if kind == '6' or kind == '7' then
+        hold, taken = held(key, KEYS[kb + i + 1], now, kind == '6' and given > 0 and ARGV[b + 10] or '')
+      end
+      used = used + hold
       free[i] = math.max(0, limit - used)
-      if used + cost <= limit or force then
+      if (used + cost <= limit and not taken) or force then
         allowed, remaining = 1, math.max(0, limit - used - cost)
         wa[i] = same and 1 or 0
       else
         remaining = limit - used
-        retry = cost > limit and -1 or reset
+        retry = (cost > limit or taken) and -1 or reset
       end
+    elseif algo == 5 then
+      -- A reservation index: decided with its policy, just before.
+      allowed, free[i] = 1, 0
     elseif algo == 2 then
       -- Sliding log: sorted set of admitted units scored by time.
       local from = now - window
@@ -138,14 +148,32 @@ local function decide(kb, ab, n, now_us)
     -- Nothing is charged: every policy reports what it has left as it is.
     for i = 1, n do reply[2 + (i - 1) * 4 + 2] = free[i] end
   end
-  if admitted == 0 or peek then return reply end
+  if peek then return reply end
+  -- A settle records what was used: applied whatever the other policies decide.
+  for i = 1, n do
+    local b = ab + 2 + (i - 1) * 6
+    if ARGV[b + 5] == '7' and ARGV[b + 1] == '1' then
+      local r, c, x = settle(KEYS[kb + i], KEYS[kb + i + 1], now, tonumber(ARGV[b + 3]),
+        tonumber(ARGV[ab + 2 + 6 * n + i]) or 0, ARGV[b + 10], tonumber(ARGV[b + 6]),
+        tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9]))
+      local at = 2 + i * 4
+      reply[at + 1], reply[at + 2], reply[at + 3], reply[at + 4] = r, c, x, 0
+    end
+  end
+  if admitted == 0 then return reply end
   for i = 1, n do
     local w = wa[i]
     if w then
       local b = ab + 2 + (i - 1) * 6
       local algo, window, cost = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 6])
       local key = KEYS[kb + i]
-      if algo == 1 then
+      local kind = ARGV[b + 5]
+      if algo == 1 and (kind == '6' or kind == '7') then
+        if kind == '6' then
+          reserve(key, KEYS[kb + i + 1], now, window, tonumber(ARGV[ab + 2 + 6 * n + i]) or 0,
+            ARGV[b + 10], cost, tonumber(ARGV[b + 8]))
+        end
+      elseif algo == 1 then
         if w == 1 then
           call('HINCRBY', key, 'n', cost)
         else
