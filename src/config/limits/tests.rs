@@ -384,3 +384,93 @@ descriptors:
     .to_string();
     assert!(e.contains("share_threshold needs a wildcard"), "{e}");
 }
+
+/// `reserve` (tally's extension): compiled with its defaults; refused with the reason on any
+/// algorithm but `fixed`, with `usage` or `shadow_mode`, and for out-of-range values.
+#[test]
+fn reserve_keys_compile_and_bad_ones_are_refused_with_the_reason() {
+    let file = |rate_limit: &str, extra: &str| {
+        format!("domain: ai\ndescriptors:\n  - key: tokens\n{extra}    rate_limit: {{unit: day, requests_per_unit: 100, {rate_limit}}}\n")
+    };
+    let l = Limits::parse(&file("reserve: {}", "")).unwrap();
+    let r = find(&l, "ai", &[("tokens", "u")]).unwrap();
+    assert_eq!(
+        r.reserve,
+        Some(reserve::Reserve {
+            default: None,
+            expiry: Duration::from_secs(600),
+            max_extra: 0,
+            reserve_key: "reserve".into(),
+            settle_key: "settle".into(),
+        })
+    );
+    let l = Limits::parse(&file(
+        "reserve: {default: 40, expiry: 30s, max_extra: 5, reserve_key: r, settle_key: s}",
+        "",
+    ))
+    .unwrap();
+    let r = find(&l, "ai", &[("tokens", "u")]).unwrap().reserve.clone();
+    let r = r.unwrap();
+    assert_eq!(
+        (r.default, r.expiry, r.max_extra),
+        (Some(40), Duration::from_secs(30), 5)
+    );
+    assert_eq!(
+        r.phase_of("r"),
+        Some(tally_counters::request::Phase::Reserve)
+    );
+    assert_eq!(
+        r.phase_of("s"),
+        Some(tally_counters::request::Phase::Settle)
+    );
+    assert_eq!(r.phase_of("tokens"), None);
+    for (rate_limit, extra, says) in [
+        (
+            "algorithm: gcra, reserve: {}",
+            "",
+            "reservations need the fixed algorithm (`gcra`",
+        ),
+        ("algorithm: sliding_log, reserve: {}", "", "(`sliding_log`"),
+        (
+            "algorithm: sliding_counter, reserve: {}",
+            "",
+            "(`sliding_counter`",
+        ),
+        ("usage: true, reserve: {}", "", "drop `usage`"),
+        ("reserve: {}", "    shadow_mode: true\n", "shadow_mode"),
+        (
+            "reserve: {expiry: 2d}",
+            "",
+            "reserve.expiry: must be between 1ms and 1 day",
+        ),
+        (
+            "reserve: {default: 0}",
+            "",
+            "reserve.default: must be at least 1",
+        ),
+        (
+            "reserve: {default: 101}",
+            "",
+            "above requests_per_unit (100)",
+        ),
+        (
+            "reserve: {reserve_key: x, settle_key: x}",
+            "",
+            "must differ",
+        ),
+        (
+            "reserve: {settle_key: ''}",
+            "",
+            "reserve.settle_key: must not be empty",
+        ),
+        (
+            "reserve: {expiry: 1m, refund: true}",
+            "",
+            "unknown field `refund`",
+        ),
+    ] {
+        let e = Limits::parse(&file(rate_limit, extra)).unwrap_err();
+        assert!(e.contains(says), "{rate_limit}: {e}");
+        assert!(e.contains("`ai.tokens`") || says.contains("unknown"), "{e}");
+    }
+}
