@@ -18,6 +18,7 @@ use std::sync::LazyLock;
 
 use serde::Serialize;
 
+mod reply;
 mod reserve;
 
 pub use reserve::{
@@ -28,6 +29,9 @@ use super::batch::ScriptPair;
 pub use super::policy::{Algorithm, FailureMode, LimitPolicy, MAX_LOG_COST};
 use super::{Client, RequestError};
 use crate::script::Script;
+use reply::LimitReply;
+#[cfg(test)]
+use reply::PolicyReply;
 
 /// The limit script; see its header for the contract.
 pub const LIMIT_LUA: &str = concat!(
@@ -421,79 +425,6 @@ pub async fn decide_settling(
         now_ms: r.now_ms,
     };
     Ok((decision, settled))
-}
-
-/// What `limit.lua` answers: `{admitted, now, then per policy: allowed, remaining, reset,
-/// retry}` (see `decide` in the script).
-#[derive(Debug, PartialEq, Eq)]
-struct LimitReply {
-    /// 1 when every policy (but shadow ones) allowed the call, which was then charged.
-    admitted: bool,
-    /// Redis' clock (ms) at the decision.
-    now_ms: i64,
-    /// One per distinct policy, in call order.
-    policies: Vec<PolicyReply>,
-}
-
-/// One policy's part of a [`LimitReply`].
-#[derive(Debug, PartialEq, Eq)]
-struct PolicyReply {
-    allowed: bool,
-    /// Calls (or cost) left in the window; negative values mean none.
-    remaining: i64,
-    /// Until the window (or the bucket) resets, ms.
-    reset_ms: i64,
-    /// When denied: how long until a retry can succeed, ms; negative: never within the window.
-    retry_ms: i64,
-}
-
-impl LimitReply {
-    /// Parse a reply for `policies` distinct policies; any other shape is an error.
-    fn parse(reply: &redis::Value, policies: usize) -> Result<LimitReply, RequestError> {
-        let bad = || RequestError::Reply {
-            script: "limit",
-            detail: format!("{reply:?}"),
-        };
-        // Read in place (one allocation, the verdicts: this is on every decision's path).
-        let redis::Value::Array(items) = reply else {
-            return Err(bad());
-        };
-        if items.len() != 2 + 4 * policies {
-            return Err(bad());
-        }
-        let int = |i: usize| crate::script::int(&items[i]).map_err(|_| bad());
-        let mut verdicts = Vec::with_capacity(policies);
-        for p in 0..policies {
-            let at = 2 + 4 * p;
-            verdicts.push(PolicyReply {
-                allowed: int(at)? == 1,
-                remaining: int(at + 1)?,
-                reset_ms: int(at + 2)?,
-                retry_ms: int(at + 3)?,
-            });
-        }
-        Ok(LimitReply {
-            admitted: int(0)? == 1,
-            now_ms: int(1)?,
-            policies: verdicts,
-        })
-    }
-}
-
-impl PolicyReply {
-    /// The verdict of policy `p`.
-    fn verdict(&self, p: &LimitPolicy) -> PolicyVerdict {
-        PolicyVerdict {
-            policy: p.name.clone(),
-            allowed: self.allowed,
-            remaining: self.remaining.max(0) as u64,
-            reset_ms: self.reset_ms.max(0) as u64,
-            retry_after_ms: (!self.allowed && self.retry_ms >= 0).then_some(self.retry_ms as u64),
-            shadow: p.shadow,
-            limit: p.limit,
-            window_ms: p.window_ms(),
-        }
-    }
 }
 
 fn without_redis(asks: &[Ask]) -> Decision {
