@@ -120,4 +120,17 @@ async fn settles_count_once_refunds_leave_the_true_usage_and_reservations_expire
     let check = descriptor(&[("out", &user)], Some(0));
     let r = ask(&mut c, "ai", vec![check]).await;
     assert_eq!(r.overall_code, Code::OverLimit as i32, "30 + 100 held");
+
+    // Every settle above is counted by what it did.
+    for (result, want) in [
+        ("settled", 2.0),
+        ("already_settled", 2.0),
+        ("capped", 1.0),
+        ("unreserved", 1.0),
+    ] {
+        let name = format!(
+            "tally_rls_settles_total{{domain=\"ai\",descriptor=\"ai.out\",result=\"{result}\"}}"
+        );
+        assert_eq!(rls.tally.metric(&name), Some(want), "{name}");
+    }
 }

@@ -365,6 +365,11 @@ fn quota_and_metadata(
             "`{path}`: a quota_mode limit of 0 never has room; drop the descriptor or its quota_mode"
         ));
     }
+    if quota && rule.reserve.is_some() {
+        return Err(format!(
+            "`{path}`: quota_mode and reserve cannot be combined (a quota charges only while it has room; a reservation holds budget until it settles)"
+        ));
+    }
     rule.quota = quota;
     rule.metadata = metadata.map(Arc::new);
     Ok(())

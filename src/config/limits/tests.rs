@@ -439,6 +439,11 @@ fn reserve_keys_compile_and_bad_ones_are_refused_with_the_reason() {
         ("usage: true, reserve: {}", "", "drop `usage`"),
         ("reserve: {}", "    shadow_mode: true\n", "shadow_mode"),
         (
+            "reserve: {}",
+            "    quota_mode: true\n",
+            "quota_mode and reserve cannot be combined",
+        ),
+        (
             "reserve: {expiry: 2d}",
             "",
             "reserve.expiry: must be between 1ms and 1 day",

@@ -68,10 +68,16 @@ pub(crate) fn substitute(expr: &str, variables: &[String]) -> String {
 
 /// Metrics that have series only with a configuration `tally demo` does not run, and the test
 /// that reads them instead: a query of one of them is checked as valid, not for series.
-const CONFIGURED_ONLY: &[(&str, &str)] = &[(
-    "tally_pattern_topics",
-    "only with kafka.topics[].pattern; tests/it/topic_patterns.rs reads it",
-)];
+const CONFIGURED_ONLY: &[(&str, &str)] = &[
+    (
+        "tally_pattern_topics",
+        "only with kafka.topics[].pattern; tests/it/topic_patterns.rs reads it",
+    ),
+    (
+        "tally_rls_settles_total",
+        "only with a limit that has `reserve`; tests/it/rls_reserve.rs reads it",
+    ),
+];
 
 /// Whether `expr` reads a metric of [`CONFIGURED_ONLY`].
 fn configured_only(expr: &str) -> bool {
