@@ -48,7 +48,7 @@ pub use model::{Model, Tokens, Topic};
 pub use patterns::TopicPattern;
 pub use proto::message as descriptor_message;
 pub use request::{BatchConfig, OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
-pub use rls::RlsConfig;
+pub use rls::{RlsConfig, Spread};
 pub use status::StatusConfig;
 pub use tally_counters::config::{
     CounterConfig, CounterKind, DistinctMode, OutputConfig, OutputLate, OutputWhen, RedisConfig,

@@ -46,6 +46,23 @@ pub struct RlsConfig {
     pub max_connections_per_peer: usize,
     /// TLS on the port (`[rls.tls]`, ALPN `h2`); unset, plain HTTP/2 (h2c).
     pub tls: super::TlsFiles,
+    /// Where a call's keys live in Redis Cluster: `domain` (every key of a domain in one slot:
+    /// each call decided in one atomic script) or `subject` (each descriptor's keys in the slot
+    /// of its own values, quotas in the domain's: a cluster shares the work; a call whose
+    /// descriptors fall in several slots is decided slot by slot, see guide 09). Changing it
+    /// starts every count afresh (new keys).
+    pub spread: Spread,
+}
+
+/// `rls.spread`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Spread {
+    /// One hash tag per domain.
+    #[default]
+    Domain,
+    /// One hash tag per descriptor subject (domain and values).
+    Subject,
 }
 
 impl Default for RlsConfig {
@@ -60,6 +77,7 @@ impl Default for RlsConfig {
             first_call_timeout: Duration::from_secs(10),
             max_connections_per_peer: 128,
             tls: Default::default(),
+            spread: Spread::Domain,
         }
     }
 }

@@ -51,6 +51,7 @@ mod redis_security;
 mod replication;
 mod request_path;
 mod rls;
+mod rls_cluster;
 mod rls_envoy;
 mod rls_envoy_charge;
 mod rls_envoy_quota;

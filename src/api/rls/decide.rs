@@ -14,13 +14,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use tally_counters::request::{decide_settling, Ask, Client, Decision, PolicyVerdict, Reservation};
+use tally_counters::request::{Ask, Client, Decision, PolicyVerdict, Reservation};
 use tonic::Status;
 
 use super::reserve;
 use super::sizes::check_sizes;
 pub use super::sizes::{MAX_DESCRIPTORS, MAX_ENTRIES, MAX_VALUE_BYTES};
 use crate::config::limits::{Limits, Rule, Unit};
+use crate::config::Spread;
 use crate::ops::metrics::Metrics;
 
 /// What a descriptor resolved to before Redis is asked.
@@ -41,10 +42,11 @@ pub async fn should_rate_limit(
     limits: &Limits,
     client: &Client,
     metrics: &Metrics,
+    spread: Spread,
     req: &RateLimitRequest,
 ) -> Result<RateLimitResponse, Status> {
     let started = Instant::now();
-    let result = answer(limits, client, metrics, req).await;
+    let result = answer(limits, client, metrics, spread, req).await;
     let m = &metrics.rls;
     m.duration.observe(started.elapsed().as_secs_f64());
     if let Err(status) = &result {
@@ -62,6 +64,7 @@ async fn answer(
     limits: &Limits,
     client: &Client,
     metrics: &Metrics,
+    spread: Spread,
     req: &RateLimitRequest,
 ) -> Result<RateLimitResponse, Status> {
     if req.domain.is_empty() {
@@ -99,7 +102,7 @@ async fn answer(
     let decision = if asks.is_empty() {
         None
     } else {
-        let (d, settled) = decide_settling(client, &asks, &req.domain, blocked)
+        let (d, settled) = super::spread::decide(client, &asks, &req.domain, blocked, spread)
             .await
             .map_err(|e| match e {
                 tally_counters::request::RequestError::Invalid(m) => Status::invalid_argument(m),

@@ -32,11 +32,12 @@ mod metadata;
 mod reserve;
 mod server;
 mod sizes;
+mod spread;
 
 pub use crate::config::limits::{Limits, LimitsError, Rule, Unit};
 
 use crate::api::edge::tls::Tls;
-use crate::config::{RlsConfig, Tokens};
+use crate::config::{RlsConfig, Spread, Tokens};
 use crate::ops::metrics::Metrics;
 
 /// The largest `ShouldRateLimit` message decoded: [`decide::MAX_DESCRIPTORS`] descriptors of
@@ -50,16 +51,19 @@ pub struct Rls {
     limits: RwLock<Arc<Limits>>,
     client: Client,
     metrics: Metrics,
+    /// `rls.spread`.
+    spread: Spread,
 }
 
 impl Rls {
     /// A service answering from `limits`.
-    pub fn new(limits: Arc<Limits>, client: Client, metrics: Metrics) -> Rls {
+    pub fn new(limits: Arc<Limits>, client: Client, metrics: Metrics, spread: Spread) -> Rls {
         publish_limits(&metrics, &limits);
         Rls {
             limits: RwLock::new(limits),
             client,
             metrics,
+            spread,
         }
     }
 
@@ -111,7 +115,7 @@ impl RateLimitService for Rls {
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let limits = self.limits();
         let req = request.into_inner();
-        decide::should_rate_limit(&limits, &self.client, &self.metrics, &req)
+        decide::should_rate_limit(&limits, &self.client, &self.metrics, self.spread, &req)
             .await
             .map(tonic::Response::new)
     }
@@ -166,7 +170,7 @@ pub async fn serve(
         .limits_file
         .clone()
         .context("rls.limits_file is required")?;
-    let rls = Arc::new(Rls::new(limits, client, metrics.clone()));
+    let rls = Arc::new(Rls::new(limits, client, metrics.clone(), config.spread));
     metrics.rls.reloads.with_label_values(&["ok"]).inc();
     // The certificate files are read before the port is bound: a bad file fails start-up.
     let tls = Tls::load("rls", &config.tls, &[b"h2"], &metrics.request)?;
