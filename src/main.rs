@@ -81,7 +81,7 @@ enum Prepared {
     #[cfg(feature = "dev")]
     Demo(Box<Config>, demo::DemoOptions),
     #[cfg(feature = "dev")]
-    MockBroker(Vec<String>),
+    MockBroker(Vec<String>, std::time::Duration),
     #[cfg(feature = "dev")]
     Produce(tally_testkit::produce::ProduceArgs),
     Key(Arc<Model>, KeyArgs),
@@ -130,7 +130,10 @@ impl Prepared {
                 Prepared::Demo(Box::new(config), opts)
             }
             #[cfg(feature = "dev")]
-            Command::MockBroker { topics } => Prepared::MockBroker(topics),
+            Command::MockBroker {
+                topics,
+                initial_rebalance_delay,
+            } => Prepared::MockBroker(topics, initial_rebalance_delay),
             #[cfg(feature = "dev")]
             Command::Produce(args) => Prepared::Produce(args),
             Command::Key(args) => Prepared::Key(args.common.model()?, args),
@@ -176,8 +179,8 @@ impl Prepared {
             #[cfg(feature = "dev")]
             Prepared::Demo(config, opts) => demo::run(*config, opts, shutdown).await,
             #[cfg(feature = "dev")]
-            Prepared::MockBroker(topics) => {
-                tally_testkit::produce::mock_broker(&topics, shutdown).await
+            Prepared::MockBroker(topics, delay) => {
+                tally_testkit::produce::mock_broker(&topics, delay, shutdown).await
             }
             #[cfg(feature = "dev")]
             Prepared::Produce(args) => tally_testkit::produce::run(args, shutdown).await,

@@ -54,6 +54,11 @@ pub(crate) enum Command {
         /// Topics to create, as name:partitions.
         #[arg(long = "topic", default_value = "events:8")]
         topics: Vec<String>,
+        /// How long a new consumer group waits for more members before its first rebalance
+        /// (Kafka's group.initial.rebalance.delay.ms). The mock drops a member whose join waits
+        /// longer than its session.timeout.ms: keep it below the consumers' session timeout.
+        #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+        initial_rebalance_delay: Duration,
     },
     /// Produce synthetic JSON events to a topic at a target rate (load generator).
     #[cfg(feature = "dev")]

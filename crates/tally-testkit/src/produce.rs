@@ -5,8 +5,9 @@ use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{BaseRecord, DefaultProducerContext, Producer, ThreadedProducer};
+use rdkafka::producer::{
+    BaseProducer, BaseRecord, DefaultProducerContext, Producer, ThreadedProducer,
+};
 use rdkafka::ClientConfig;
 use tokio_util::sync::CancellationToken;
 
@@ -113,8 +114,36 @@ fn produce_blocking(args: &ProduceArgs, shutdown: &CancellationToken) -> anyhow:
 
 /// Run a mock Kafka cluster with `topics` ("name:partitions") until `shutdown`.
 /// Prints `bootstrap=<host:port>` on stdout once it is ready.
-pub async fn mock_broker(topics: &[String], shutdown: CancellationToken) -> anyhow::Result<()> {
-    let mock = MockCluster::new(1).context("starting the mock cluster")?;
+///
+/// `initial_rebalance_delay` is how long a new (empty) consumer group waits for more members
+/// before its first rebalance (Kafka's `group.initial.rebalance.delay.ms`, 3 s by default).
+/// The mock expires a member whose `JoinGroup` waits longer than its `session.timeout.ms`
+/// and never answers it (that client then waits for `max.poll.interval.ms`): consumers with a
+/// session timeout shorter than this delay need a shorter delay.
+pub async fn mock_broker(
+    topics: &[String],
+    initial_rebalance_delay: Duration,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    // The client owns the cluster (`test.mock.num.brokers`), so its handle reaches the
+    // cluster's settings that `MockCluster` does not wrap.
+    let client: BaseProducer = ClientConfig::new()
+        .set("test.mock.num.brokers", "1")
+        .create()
+        .context("starting the mock cluster")?;
+    let mock = client
+        .client()
+        .mock_cluster()
+        .context("starting the mock cluster")?;
+    let delay_ms = i32::try_from(initial_rebalance_delay.as_millis())
+        .context("--initial-rebalance-delay is too long")?;
+    // SAFETY: the handle is the live client's own; the cluster lives as long as the client,
+    // which outlives this call.
+    unsafe {
+        let cluster = rdkafka::bindings::rd_kafka_handle_mock_cluster(client.client().native_ptr());
+        anyhow::ensure!(!cluster.is_null(), "the client has no mock cluster");
+        rdkafka::bindings::rd_kafka_mock_group_initial_rebalance_delay_ms(cluster, delay_ms);
+    }
     for t in topics {
         let (name, parts) = t.split_once(':').unwrap_or((t.as_str(), "1"));
         let parts: i32 = parts

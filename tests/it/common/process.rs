@@ -31,8 +31,13 @@ pub struct BrokerProcess {
 
 impl BrokerProcess {
     pub fn start(topics: &[(&str, i32)]) -> BrokerProcess {
+        Self::start_with(topics, &[])
+    }
+
+    /// As [`BrokerProcess::start`], with more `tally mock-broker` arguments.
+    pub fn start_with(topics: &[(&str, i32)], args: &[&str]) -> BrokerProcess {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tally"));
-        cmd.arg("mock-broker");
+        cmd.arg("mock-broker").args(args);
         for (t, n) in topics {
             cmd.arg("--topic").arg(format!("{t}:{n}"));
         }
