@@ -44,6 +44,10 @@ const EXCLUDED: &[(&str, &str)] = &[
     ),
     ("-p tally-bench", "the benchmark: minutes of load"),
     (
+        "cargo nextest run",
+        "a test of the suite (a figure's command): the suite runs it",
+    ),
+    (
         "kubectl",
         "needs a Kubernetes cluster; tests/it/kubernetes.rs validates the manifests",
     ),
