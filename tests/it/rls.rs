@@ -79,6 +79,44 @@ impl Rls {
     }
 }
 
+/// The first ```yaml block of guide 09 after `after` whose text starts with `starts`, without its
+/// fences: the tests run the guide's snippets as written.
+pub(crate) fn guide_yaml(after: &str, starts: &str) -> String {
+    let page = include_str!("../../docs/guide/09-envoy-istio-and-gateways.md");
+    let from = page
+        .find(after)
+        .unwrap_or_else(|| panic!("guide 09: {after}"));
+    let fence = format!("```yaml\n{starts}");
+    let start = from
+        + page[from..]
+            .find(&fence)
+            .unwrap_or_else(|| panic!("guide 09: a block `{starts}` after {after}"))
+        + "```yaml\n".len();
+    let len = page[start..].find("```").unwrap();
+    page[start..start + len].to_string()
+}
+
+/// The count (`n`) of the one fixed-window key whose name holds `value`; 0 when there is none.
+pub(crate) fn fixed_count(redis: &LocalRedis, value: &str) -> u64 {
+    let mut con = redis::Client::open(redis.url())
+        .unwrap()
+        .get_connection()
+        .unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("*{value}*"))
+        .query(&mut con)
+        .unwrap();
+    match keys.as_slice() {
+        [] => 0,
+        [key] => redis::cmd("HGET")
+            .arg(key)
+            .arg("n")
+            .query(&mut con)
+            .unwrap(),
+        more => panic!("{more:?}"),
+    }
+}
+
 /// A fresh directory for limits files.
 pub fn limits_dir(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tally-rls-{name}-{}", std::process::id()));

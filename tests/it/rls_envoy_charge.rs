@@ -14,27 +14,16 @@ use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitFilter};
 use tally_testkit::http::Client;
 use tally_testkit::local_redis::LocalRedis;
 
-use super::rls::{descriptor, limits_dir, Rls};
+use super::rls::{descriptor, guide_yaml, limits_dir, Rls};
 
 const TOKEN: &str = "charge-s3cret";
 const LIMIT: u64 = 100;
 const CHARGE: u64 = 30;
 
-/// The README's per-route config (the YAML block that starts with `typed_per_filter_config:`).
-fn readme_snippet() -> String {
-    let readme = include_str!("../../docs/guide/09-envoy-istio-and-gateways.md");
-    let start = readme
-        .find("```yaml\ntyped_per_filter_config:")
-        .expect("README: the check-then-charge snippet")
-        + "```yaml\n".len();
-    let len = readme[start..].find("```").unwrap();
-    readme[start..start + len].to_string()
-}
-
 /// Envoy in front of `app`: the README's per-route config on the route, the filter sending the
 /// token as gRPC metadata.
 fn bootstrap_yaml(port: u16, admin: u16, app: u16, rls: u16) -> String {
-    let snippet = readme_snippet();
+    let snippet = guide_yaml("## Check, then charge", "typed_per_filter_config:");
     let route = ["route: {cluster: app, timeout: 30s}", snippet.as_str()];
     Bootstrap {
         app,

@@ -14,7 +14,7 @@ use tally_testkit::envoy::Envoy;
 use tally_testkit::http::Client;
 use tally_testkit::local_redis::LocalRedis;
 
-use super::rls::{limits_dir, Rls};
+use super::rls::{fixed_count, limits_dir, Rls};
 
 /// example.yaml's two quotas (a day: no window boundary inside the test), for the routing
 /// domain `ms` and the burst domain `burst`.
@@ -177,35 +177,14 @@ static_resources:
     )
 }
 
-/// The count in Redis of the one fixed-window key whose name holds `value` (0 when none).
-fn count(redis: &LocalRedis, value: &str) -> u64 {
-    let mut con = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("*{value}*"))
-        .query(&mut con)
-        .unwrap();
-    match keys.as_slice() {
-        [] => 0,
-        [key] => redis::cmd("HGET")
-            .arg(key)
-            .arg("n")
-            .query(&mut con)
-            .unwrap(),
-        more => panic!("{more:?}"),
-    }
-}
-
 /// Until Redis holds `want` for `value` (the charge is sent once the stream is done).
 fn wait_count(redis: &LocalRedis, value: &str, want: u64) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while count(redis, value) != want {
+    while fixed_count(redis, value) != want {
         assert!(
             Instant::now() < deadline,
             "{value}: {} charged, want {want}",
-            count(redis, value)
+            fixed_count(redis, value)
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -249,7 +228,10 @@ fn metadata_routes_to_the_service_with_quota_and_quotas_never_over_count() {
     let a = client.get(envoy.port, path, &[]).unwrap();
     assert_eq!(a.status, 429, "every quota is out");
     assert_eq!(
-        (count(&redis, "service_1"), count(&redis, "service_2")),
+        (
+            fixed_count(&redis, "service_1"),
+            fixed_count(&redis, "service_2")
+        ),
         (1, 2)
     );
 
@@ -272,6 +254,9 @@ fn metadata_routes_to_the_service_with_quota_and_quotas_never_over_count() {
     let passed = statuses.iter().filter(|s| **s == 200).count();
     assert_eq!(passed, 20, "{statuses:?}");
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 44);
-    assert_eq!((count(&redis, "small"), count(&redis, "large")), (5, 20));
+    assert_eq!(
+        (fixed_count(&redis, "small"), fixed_count(&redis, "large")),
+        (5, 20)
+    );
     assert_eq!(envoy.stat("cluster.multiservice.ratelimit.error"), 0);
 }

@@ -14,40 +14,22 @@ use std::time::{Duration, Instant};
 use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitFilter};
 use tally_testkit::local_redis::LocalRedis;
 
-use super::rls::{limits_dir, Rls};
+use super::rls::{guide_yaml, limits_dir, Rls};
 
 const OUT_LIMIT: i64 = 1000;
 const MAX_TOKENS: u64 = 100;
 const PROMPT: u64 = 50;
 const STREAMS: usize = 64;
 
-/// The guide's reserve → settle snippet (the YAML block that starts with
-/// `typed_per_filter_config:` after "Reserve, then settle").
+/// The guide's reserve → settle route snippet.
 fn guide_snippet() -> String {
-    let page = include_str!("../../docs/guide/09-envoy-istio-and-gateways.md");
-    let from = page
-        .find("## Reserve, then settle")
-        .expect("the guide's section");
-    let start = from
-        + page[from..]
-            .find("```yaml\ntyped_per_filter_config:")
-            .expect("the guide's snippet")
-        + "```yaml\n".len();
-    let len = page[start..].find("```").unwrap();
-    page[start..start + len].to_string()
+    guide_yaml("## Reserve, then settle", "typed_per_filter_config:")
 }
 
-/// The guide's Lua filter that copies the token counts from the trailers into dynamic metadata
-/// (the YAML block that starts with `- name: envoy.filters.http.lua`), indented as an entry of
-/// `http_filters`.
+/// The guide's Lua filter that copies the token counts from the trailers into dynamic metadata,
+/// indented as an entry of `http_filters`.
 fn guide_lua_filter() -> String {
-    let page = include_str!("../../docs/guide/09-envoy-istio-and-gateways.md");
-    let start = page
-        .find("```yaml\n- name: envoy.filters.http.lua")
-        .expect("the guide's Lua filter")
-        + "```yaml\n".len();
-    let len = page[start..].find("```").unwrap();
-    page[start..start + len]
+    guide_yaml("## Reserve, then settle", "- name: envoy.filters.http.lua")
         .lines()
         .map(|l| format!("          {l}\n"))
         .collect()

@@ -9,7 +9,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::value::Kind;
 use tally_testkit::local_redis::LocalRedis;
 
-use super::rls::{ask, descriptor, limits_dir, unique, Rls};
+use super::rls::{ask, descriptor, fixed_count, limits_dir, unique, Rls};
 
 /// example.yaml's quotas (a day, not a minute, so that no window boundary falls inside a test:
 /// the answers do not depend on the window's length), and two quotas and a limit by value.
@@ -58,27 +58,6 @@ fn codes(r: &RateLimitResponse) -> (i32, Vec<i32>) {
     (r.overall_code, r.statuses.iter().map(|s| s.code).collect())
 }
 
-/// The count in Redis of the one fixed-window key whose name holds `value`.
-fn count(redis: &LocalRedis, value: &str) -> u64 {
-    let mut con = redis::Client::open(redis.url())
-        .unwrap()
-        .get_connection()
-        .unwrap();
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("*{value}*"))
-        .query(&mut con)
-        .unwrap();
-    match keys.as_slice() {
-        [] => 0,
-        [key] => redis::cmd("HGET")
-            .arg(key)
-            .arg("n")
-            .query(&mut con)
-            .unwrap(),
-        more => panic!("{more:?}"),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_scenarios_answer_as_ratelimit_documents_without_over_counting() {
     let redis = LocalRedis::start(&[]).unwrap();
@@ -110,11 +89,11 @@ async fn quota_scenarios_answer_as_ratelimit_documents_without_over_counting() {
     assert_eq!(routed_to(&r), None, "nothing passed: no `metadata`");
     // envoyproxy/ratelimit counts 3 and 3 here: every call, denied or not, on every bucket.
     assert_eq!(
-        count(&redis, "service_1"),
+        fixed_count(&redis, "service_1"),
         1,
         "a quota is never counted past its limit"
     );
-    assert_eq!(count(&redis, "service_2"), 2);
+    assert_eq!(fixed_count(&redis, "service_2"), 2);
 
     // token-quota.sh on service_2 (a fresh domain file would do; here its own value): checked
     // with addend 0 on the request, charged 1 when the response is done. ratelimit answers OK
@@ -137,7 +116,7 @@ async fn quota_scenarios_answer_as_ratelimit_documents_without_over_counting() {
         assert_eq!(ask(&mut c, "tq", charge()).await.overall_code, ok);
     }
     assert_eq!(ask(&mut c, "tq", check()).await.overall_code, over);
-    assert_eq!(count(&redis, &service), 2);
+    assert_eq!(fixed_count(&redis, &service), 2);
 
     // 64 concurrent calls on two quotas (5 and 20): exactly 20 pass (the larger lasts), each
     // quota charged only while it had room; then with a limit of 12 beside fresh quotas, that
@@ -169,16 +148,16 @@ async fn quota_scenarios_answer_as_ratelimit_documents_without_over_counting() {
         };
         let want = if with_user { 12 } else { 20 };
         assert_eq!(admitted, want, "with a limit beside: {with_user}");
-        assert_eq!(count(&redis, &small), 5);
+        assert_eq!(fixed_count(&redis, &small), 5);
         assert_eq!(
             passed(0),
             5,
             "the admitted calls that small's status shows charged"
         );
-        assert_eq!(count(&redis, &large), want);
+        assert_eq!(fixed_count(&redis, &large), want);
         assert_eq!(passed(1), want);
         if with_user {
-            assert_eq!(count(&redis, &user), 12);
+            assert_eq!(fixed_count(&redis, &user), 12);
         }
     }
 }
