@@ -61,6 +61,7 @@ mod rls_limits_file;
 mod rls_pause;
 mod rls_port;
 mod rls_quota;
+mod rls_refund;
 mod rls_reserve;
 mod rollback;
 mod schema_registry;

@@ -2,8 +2,8 @@
 //! the slot of its own values (every primary holds some, and decides them); with `domain`, the
 //! whole domain sits on one primary. Exactness across slots: 240 concurrent calls of 40 users,
 //! each with a shared route limit and a per-user limit in different slots, against Redis: no
-//! limit admits past its count, the route's count equals the calls whose route descriptor was
-//! OK, each user's count equals its admitted calls (a call denied by the route charges no user).
+//! limit admits past its count, and once every call is answered the route's and each user's
+//! count equal the admitted calls (a denied call's units on other slots were given back).
 
 use std::collections::HashMap;
 
@@ -99,11 +99,11 @@ descriptors:
             total += 1;
         }
     }
-    // Both limits denied some calls: the route (decided first: exactly 220 of 240 pass it) and
-    // the users (6 calls each, 5 allowed).
-    assert_eq!(route_ok, ROUTE_LIMIT);
+    // Both limits denied calls: the users (6 calls each, 5 allowed) and the route; a call a user
+    // denied gave its route unit back, so more than 220 calls passed the route.
     assert!(admitted.values().all(|&n| n <= USER_LIMIT), "{admitted:?}");
-    assert!(total < route_ok, "some user denied a call the route passed");
+    assert!(total <= ROUTE_LIMIT, "{total}");
+    assert!(route_ok > total, "some user denied a call the route passed");
 
     // Redis against what the calls were told.
     let by_primary = keys_by_primary(&cluster, &format!("*{run}*"));
@@ -113,7 +113,8 @@ descriptors:
         .filter(|(k, _)| k.contains(&route))
         .map(|(_, n)| *n)
         .collect();
-    assert_eq!(route_count, vec![route_ok as i64], "the route's one key");
+    // Every call is answered: a denied call holds nothing, so the route counts the admitted.
+    assert_eq!(route_count, vec![total as i64], "the route's one key");
     for u in 0..USERS {
         let user = format!("u{u}-{run}");
         let counted: i64 = all

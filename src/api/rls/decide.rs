@@ -82,7 +82,8 @@ async fn answer(
     let asks: Vec<Ask> = resolved
         .iter()
         .zip(&reservations)
-        .filter_map(|(r, reservation)| match r {
+        .zip(&req.descriptors)
+        .filter_map(|((r, reservation), d)| match r {
             Resolved::Limited(rule, subject, cost) => Some(Ask {
                 policy: &rule.policy,
                 subject,
@@ -90,6 +91,8 @@ async fn answer(
                 usage: rule.usage,
                 quota: rule.quota,
                 reservation: *reservation,
+                // Envoy's `is_negative_hits`: the addend is given back.
+                refund: d.is_negative_hits,
             }),
             _ => None,
         })
@@ -188,11 +191,6 @@ fn resolve<'a>(
     let mut out = Vec::with_capacity(req.descriptors.len());
     let mut reservations = Vec::with_capacity(req.descriptors.len());
     for d in &req.descriptors {
-        if d.is_negative_hits {
-            return Err(Status::invalid_argument(
-                "is_negative_hits is not supported: tally never gives units back to a limit",
-            ));
-        }
         let mut phase = None;
         let (rule, shared) = match &d.limit {
             Some(o) => (Some(Cow::Owned(overridden(o)?)), Default::default()),

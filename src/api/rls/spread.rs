@@ -12,12 +12,17 @@
 //!   concurrency (each key is checked and charged in one step on its own slot);
 //! - once a group denies, the groups after it are only read (a peek: nothing charged), except
 //!   groups made only of settles, which settle as they would in one script;
-//! - the groups decided before the denial stay charged: a denied call can have used units of
-//!   the descriptors before the one that denied it (envoyproxy/ratelimit charges every
-//!   descriptor of every call, denied or not). Put the descriptor most likely to deny first.
+//! - the groups decided before the denial are then given back what they recorded, one refund
+//!   call per slot (`lua/refund.lua`; a reservation is released by a settle of 0). Between the
+//!   two calls those units are held by a call that was denied, which can deny a concurrent call
+//!   (never admit one too many). A sliding log gives back its newest entries, a GCRA its
+//!   arrival time, never before now; a window that ended meanwhile keeps its count. If the
+//!   refund cannot reach Redis, the units stay charged (logged), as envoyproxy/ratelimit
+//!   charges every descriptor of every call.
 
 use tally_counters::request::{
-    decide_settling, Ask, Client, Decision, Phase, PolicyVerdict, RequestError, Settled,
+    decide_settling, Ask, Client, Decision, Phase, PolicyVerdict, RequestError, Reservation,
+    Settled,
 };
 
 use crate::config::Spread;
@@ -37,6 +42,8 @@ pub(super) async fn decide(
     let mut policies: Vec<Option<PolicyVerdict>> = vec![None; asks.len()];
     let mut settled = vec![None; asks.len()];
     let (mut admitted, mut without_redis, mut now_ms) = (true, false, 0);
+    // What each admitted group recorded, to give back if a later group denies.
+    let mut recorded: Vec<(&str, Vec<Ask>)> = Vec::new();
     for (tag, members) in &groups {
         let part: Vec<Ask> = members.iter().map(|&i| asks[i]).collect();
         let settles_only = part
@@ -44,6 +51,20 @@ pub(super) async fn decide(
             .all(|a| a.reservation.is_some_and(|r| r.phase == Phase::Settle));
         let read_only = peek || (!admitted && !settles_only);
         let (d, s) = decide_settling(client, &part, tag, read_only).await?;
+        if !read_only && d.admitted {
+            let back: Vec<Ask> = part
+                .iter()
+                .zip(&d.policies)
+                .filter(|(a, v)| v.allowed && a.cost > 0)
+                .filter_map(|(a, _)| refund_of(a))
+                .collect();
+            if !back.is_empty() {
+                recorded.push((tag, back));
+            }
+        }
+        if admitted && !d.admitted && !peek {
+            give_back(client, &recorded).await;
+        }
         admitted &= d.admitted;
         without_redis |= d.without_redis;
         now_ms = now_ms.max(d.now_ms);
@@ -59,6 +80,34 @@ pub(super) async fn decide(
         now_ms,
     };
     Ok((decision, settled))
+}
+
+/// The ask that gives back what `a` recorded: a refund of its cost, or for a reservation a
+/// settle of 0 (which releases it); `None` for what is final (a settle, a charge without a
+/// request id on a reserving limit).
+fn refund_of<'a>(a: &Ask<'a>) -> Option<Ask<'a>> {
+    match a.reservation {
+        Some(r) if r.phase == Phase::Reserve && !r.id.is_empty() => Some(Ask {
+            cost: 0,
+            reservation: Some(Reservation {
+                phase: Phase::Settle,
+                ..r
+            }),
+            ..*a
+        }),
+        Some(_) => None,
+        None if a.refund => None,
+        None => Some(Ask { refund: true, ..*a }),
+    }
+}
+
+/// Refund what the groups before a denial recorded (each slot one call).
+async fn give_back(client: &Client, recorded: &[(&str, Vec<Ask<'_>>)]) {
+    for (tag, asks) in recorded {
+        if let Err(e) = decide_settling(client, asks, tag, false).await {
+            tracing::warn!(error = %e, "rls: a denied call's units on another slot could not be given back");
+        }
+    }
 }
 
 /// The call's asks grouped by hash tag, groups in the order of their first ask.
@@ -102,6 +151,7 @@ mod tests {
             usage: false,
             quota,
             reservation: None,
+            refund: false,
         };
         let asks = [
             ask("d:user:a", false),

@@ -35,12 +35,14 @@ use reply::PolicyReply;
 
 /// The limit script; see its header for the contract.
 pub const LIMIT_LUA: &str = concat!(
+    include_str!("../lua/refund.lua"),
     include_str!("../lua/reserve.lua"),
     include_str!("../lua/limit.lua"),
     include_str!("../lua/single.lua")
 );
 /// Several callers' limit decisions in one call (group commit: `batch.rs`, `lua/batch.lua`).
 pub const LIMIT_BATCH_LUA: &str = concat!(
+    include_str!("../lua/refund.lua"),
     include_str!("../lua/reserve.lua"),
     include_str!("../lua/limit.lua"),
     include_str!("../lua/batch.lua")
@@ -231,6 +233,7 @@ impl RateLimiter {
                 usage: false,
                 quota: false,
                 reservation: None,
+                refund: false,
             })
             .collect();
         decide(&self.client, &asks, subject, mode == "peek").await
@@ -255,6 +258,10 @@ pub struct Ask<'a> {
     pub quota: bool,
     /// Reserve → settle (fixed windows only): see [`Reservation`]. Not a quota.
     pub reservation: Option<Reservation<'a>>,
+    /// A refund (Envoy's `is_negative_hits`): `cost` units given back to the policy's current
+    /// state (never below empty), never denied, applied whatever the other asks decide
+    /// (`lua/refund.lua`). Not with a reservation (a settle refunds there).
+    pub refund: bool,
 }
 
 /// Decide `asks` in one atomic script call: admitted only if every enforcing policy admits its
@@ -291,6 +298,12 @@ pub async fn decide_settling(
     for a in asks {
         if let Some(r) = &a.reservation {
             r.validate(a.policy).map_err(RequestError::Invalid)?;
+            if a.refund {
+                return Err(RequestError::Invalid(format!(
+                    "limit `{}`: a reserving limit refunds by its settle, not by a refund",
+                    a.policy.name
+                )));
+            }
         }
         let kind = match a.reservation {
             Some(_) => Reservation::KINDS.0,
@@ -298,6 +311,12 @@ pub async fn decide_settling(
         };
         let key = super::key(client.prefix(), kind, &a.policy.name, a.subject, tag);
         let slot = match keys.iter().position(|k| *k == key) {
+            Some(j) if merged[j].refund != a.refund => {
+                return Err(RequestError::Invalid(format!(
+                    "limit `{}`: one call both charges and refunds one count",
+                    a.policy.name
+                )));
+            }
             Some(j) if merged[j].reservation != a.reservation => {
                 return Err(RequestError::Invalid(format!(
                     "limit `{}`: two descriptors of one call reserve or settle one count apart",
@@ -342,6 +361,7 @@ pub async fn decide_settling(
     for (a, key) in merged.iter().zip(keys) {
         let p = a.policy;
         let kind = match (&a.reservation, a.quota, p.shadow, a.usage) {
+            _ if a.refund => "8",
             (Some(r), _, _, _) => r.kind(),
             (None, false, true, _) => "1",
             (None, false, false, true) => "2",

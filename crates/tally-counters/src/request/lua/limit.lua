@@ -7,7 +7,8 @@
 -- shadow: never denies, '2' usage: a cost above 0 is a charge for what was used, always
 -- recorded, never denied; '3' quota, '4' quota and usage, '5' quota in shadow: see below;
 -- '6' reserve and '7' settle: see reserve.lua, whose index entry, algorithm 5, follows such a
--- policy), cost (units; 0 = check only: decided as a cost of 1, recorded never).
+-- policy; '8' refund: see refund.lua), cost (units; 0 = check only: decided as a cost of 1,
+-- recorded never).
 -- Quotas (envoyproxy/ratelimit's quota_mode): a quota that cannot take its cost does not deny
 -- by itself; the call is denied when it has quotas and none of them can take its cost (a quota
 -- in shadow always can). An admitted call charges the quotas that could take their cost and
@@ -50,7 +51,10 @@ local function decide(kb, ab, n, now_us)
     local force = ((kind == '2' or kind == '4') and given > 0) or kind == '7'
     local key = KEYS[kb + i]
     local allowed, remaining, reset, retry = 0, 0, 0, 0
-    if algo == 1 then
+    if kind == '8' then
+      -- A refund: never denies; applied after the decision (see refund.lua).
+      allowed, free[i] = 1, 0
+    elseif algo == 1 then
       -- Fixed window: hash {w = window index, n = units}.
       local cur = floor(now / window)
       reset = (cur + 1) * window - now
@@ -149,10 +153,14 @@ local function decide(kb, ab, n, now_us)
     for i = 1, n do reply[2 + (i - 1) * 4 + 2] = free[i] end
   end
   if peek then return reply end
-  -- A settle records what was used: applied whatever the other policies decide.
+  -- A settle records what was used, a refund gives units back: applied whatever the other
+  -- policies decide.
   for i = 1, n do
     local b = ab + 2 + (i - 1) * 6
-    if ARGV[b + 5] == '7' and ARGV[b + 1] == '1' then
+    if ARGV[b + 5] == '8' and tonumber(ARGV[b + 6]) > 0 then
+      reply[2 + (i - 1) * 4 + 2] = refund(KEYS[kb + i], tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]),
+        tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 6]), now, now_us)
+    elseif ARGV[b + 5] == '7' and ARGV[b + 1] == '1' then
       local r, c, x = settle(KEYS[kb + i], KEYS[kb + i + 1], now, tonumber(ARGV[b + 3]),
         tonumber(ARGV[ab + 2 + 6 * n + i]) or 0, ARGV[b + 10], tonumber(ARGV[b + 6]),
         tonumber(ARGV[b + 8]), tonumber(ARGV[b + 9]))
