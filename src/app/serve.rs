@@ -83,9 +83,18 @@ impl Ports<'_> {
         }
         let mut rls_health = None;
         if let Some(limits) = &model.rls_limits {
+            // Envoy's quota service rides on the same port when limits are configured.
+            let rlqs = (!config.rlqs.buckets.is_empty()).then(|| {
+                crate::api::rlqs::Rlqs::new(
+                    &config.rlqs,
+                    client.durable(config.request.durability),
+                    metrics.clone(),
+                )
+            });
             let rls = crate::api::rls::serve(
                 &config.rls,
                 limits.clone(),
+                rlqs,
                 model.tokens.clone(),
                 client.durable(config.request.durability),
                 metrics.clone(),

@@ -29,6 +29,7 @@ mod patterns;
 mod proto;
 mod redact;
 mod request;
+mod rlqs;
 mod rls;
 mod status;
 mod tls;
@@ -48,6 +49,7 @@ pub use model::{Model, Tokens, Topic};
 pub use patterns::TopicPattern;
 pub use proto::message as descriptor_message;
 pub use request::{BatchConfig, OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
+pub use rlqs::{RlqsBucket, RlqsConfig};
 pub use rls::{RlsConfig, Spread};
 pub use status::StatusConfig;
 pub use tally_counters::config::{
@@ -88,6 +90,8 @@ pub struct Config {
     pub status: StatusConfig,
     /// Envoy's rate limit service (`tally serve`).
     pub rls: RlsConfig,
+    /// Envoy's rate limit quota service, on the RLS port (`tally serve`).
+    pub rlqs: RlqsConfig,
     /// What is logged.
     pub log: LogConfig,
 }
@@ -158,6 +162,7 @@ impl Default for Config {
             jobs: JobsConfig::default(),
             status: StatusConfig::default(),
             rls: RlsConfig::default(),
+            rlqs: RlqsConfig::default(),
             log: LogConfig::default(),
         }
     }

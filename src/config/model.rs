@@ -72,6 +72,12 @@ impl Model {
         if tokens.admin.is_some() && tokens.admin == tokens.token {
             return Err(invalid("http.admin_token", "must differ from http.token"));
         }
+        if !config.rlqs.buckets.is_empty() && config.rls.listen.is_empty() {
+            return Err(invalid(
+                "rlqs.buckets",
+                "the quota service is served on rls.listen, which is not set",
+            ));
+        }
         let rls_limits = match (&config.rls.listen[..], &config.rls.limits_file) {
             ("", _) | (_, None) => None,
             (_, Some(path)) => Some(Arc::new(

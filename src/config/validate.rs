@@ -57,6 +57,7 @@ impl Config {
         self.jobs.validate()?;
         self.status.validate()?;
         self.rls.validate()?;
+        self.rlqs.validate()?;
         self.log.validate()?;
         self.validate_counters()
     }

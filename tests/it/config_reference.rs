@@ -47,6 +47,9 @@ fn config_with_every_list() -> Config {
         .unique
         .push(entry(json!({"name": "u", "window": "1h"})));
     request.pools.push(entry(json!({"name": "p"})));
+    config.rlqs.buckets.push(entry(
+        json!({"domain": "d", "name": "b", "limit": 1, "window": "1s"}),
+    ));
     config
 }
 

@@ -50,6 +50,8 @@ mod reconcile;
 mod redis_security;
 mod replication;
 mod request_path;
+mod rlqs;
+mod rlqs_envoy;
 mod rls;
 mod rls_cluster;
 mod rls_envoy;

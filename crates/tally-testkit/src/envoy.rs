@@ -67,9 +67,70 @@ impl RlsTls<'_> {
     }
 }
 
+/// Envoy's rate limit quota filter (`envoy.filters.http.rate_limit_quota`), asking tally's
+/// quota service on the `rls` cluster: every request goes into one bucket, `bucket_id`.
+pub struct RateLimitQuotaFilter<'a> {
+    /// The filter's `domain`.
+    pub domain: &'a str,
+    /// The bucket id's `(key, value)` pairs (static values).
+    pub bucket_id: &'a [(&'a str, &'a str)],
+    /// `reporting_interval`, whole seconds.
+    pub reporting_interval_s: u64,
+    /// `no_assignment_behavior` and `expired_assignment_behavior` as YAML lines of the
+    /// bucket settings (e.g. `no_assignment_behavior: {fallback_rate_limit: {blanket_rule: DENY_ALL}}`).
+    pub behaviors: &'a [&'a str],
+    /// Sent as `authorization: Bearer …` gRPC metadata on the stream.
+    pub token: Option<&'a str>,
+}
+
+impl RateLimitQuotaFilter<'_> {
+    /// The filter's entry in `http_filters`, indented for it (goes before the router).
+    pub fn yaml(&self) -> String {
+        let metadata = self.token.map_or(String::new(), |t| {
+            format!("\n                initial_metadata: [{{key: authorization, value: \"Bearer {t}\"}}]")
+        });
+        let id: String = self
+            .bucket_id
+            .iter()
+            .map(|(k, v)| format!("                          {k}: {{string_value: \"{v}\"}}\n"))
+            .collect();
+        let behaviors: String = self
+            .behaviors
+            .iter()
+            .map(|l| format!("                      {l}\n"))
+            .collect();
+        format!(
+            r#"          - name: envoy.filters.http.rate_limit_quota
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
+              domain: {domain}
+              rlqs_server:
+                envoy_grpc: {{cluster_name: rls}}{metadata}
+              bucket_matchers:
+                on_no_match:
+                  action:
+                    name: bucket
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings
+                      bucket_id_builder:
+                        bucket_id_builder:
+{id}                      reporting_interval: {interval}s
+{behaviors}"#,
+            domain = self.domain,
+            interval = self.reporting_interval_s,
+        )
+    }
+}
+
 impl Bootstrap<'_> {
     /// The YAML with the listener on `port` and the admin interface on `admin`.
     pub fn yaml(&self, port: u16, admin: u16) -> String {
+        self.yaml_with(port, admin, "")
+    }
+
+    /// [`Bootstrap::yaml`] with `filters` (YAML entries of `http_filters`, e.g.
+    /// [`RateLimitQuotaFilter::yaml`]) before the router.
+    pub fn yaml_with(&self, port: u16, admin: u16, filters: &str) -> String {
         let endpoint = |p: u16| {
             format!(
                 "endpoints: [{{lb_endpoints: [{{endpoint: {{address: {{socket_address: \
@@ -124,7 +185,7 @@ static_resources:
               routes:
               - match: {{prefix: "/"}}
 {route}          http_filters:
-{filter}          - name: envoy.filters.http.router
+{filter}{filters}          - name: envoy.filters.http.router
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
   clusters:

@@ -158,9 +158,11 @@ pub struct Serving {
 
 /// Bind `config.listen` and answer from `limits` (the file as the configuration loaded it) until
 /// a reload replaces them.
+#[allow(clippy::too_many_arguments)]
 pub async fn serve(
     config: &RlsConfig,
     limits: Arc<Limits>,
+    rlqs: Option<crate::api::rlqs::Rlqs>,
     tokens: Tokens,
     client: Client,
     metrics: Metrics,
@@ -189,6 +191,7 @@ pub async fn serve(
         // it is decoded (tonic's default lets 4 MiB in).
         rls: RateLimitServiceServer::from_arc(rls.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES),
+        rlqs: rlqs.map(crate::api::rlqs::Rlqs::into_service),
         health,
         admitted: Default::default(),
         tokens,

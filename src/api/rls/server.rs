@@ -28,8 +28,10 @@ use super::Rls;
 use crate::api::edge::auth::{self, Access};
 use crate::api::edge::listener::{accept, PeerSlots, Slots};
 use crate::api::edge::tls::{secure, Tls};
+use crate::api::rlqs::Rlqs;
 use crate::config::Tokens;
 use crate::ops::log_limit::LogLimiter;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_server::RateLimitQuotaServiceServer;
 
 /// Time a call in flight gets to finish on shutdown.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -39,6 +41,9 @@ const DRAIN: Duration = Duration::from_secs(5);
 pub(super) struct Routes<H> {
     /// `envoy.service.ratelimit.v3.RateLimitService`.
     pub rls: RateLimitServiceServer<Rls>,
+    /// `envoy.service.rate_limit_quota.v3.RateLimitQuotaService` when `[[rlqs.buckets]]` are
+    /// configured (the same token check).
+    pub rlqs: Option<RateLimitQuotaServiceServer<Rlqs>>,
     /// `grpc.health.v1.Health` (open, as `/health/*` is).
     pub health: H,
     /// Set once the connection made a call that passed the token check (with no token set:
@@ -102,6 +107,26 @@ impl<H: GrpcService> hyper::service::Service<http::Request<Incoming>> for Routes
                 // The generated services are always ready (no `poll_ready` to wait for).
                 let mut rls = self.rls.clone();
                 Box::pin(async move { rls.call(req).await })
+            }
+            Some(RateLimitQuotaServiceServer::<Rlqs>::NAME) if self.rlqs.is_some() => {
+                if auth::check(&self.tokens, req.headers()) == Access::Denied {
+                    let status = tonic::Status::unauthenticated(
+                        "missing or wrong bearer token (authorization metadata)",
+                    );
+                    return Box::pin(async move { Ok(status.into_http()) });
+                }
+                if !self.admitted.load(Ordering::Relaxed) {
+                    self.admitted.store(true, Ordering::Relaxed);
+                }
+                let mut rlqs = self.rlqs.clone();
+                Box::pin(async move {
+                    match rlqs.as_mut() {
+                        Some(rlqs) => rlqs.call(req).await,
+                        None => {
+                            Ok(tonic::Status::unimplemented("no such grpc service").into_http())
+                        }
+                    }
+                })
             }
             Some(name) if name == H::NAME => {
                 // Open to all; it admits the connection only with the token (Envoy's gRPC health

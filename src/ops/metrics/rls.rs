@@ -27,11 +27,14 @@ pub struct RlsMetrics {
     /// `max_extra`, `already_settled`: a retried settle, nothing changed, `unreserved`: no live
     /// reservation, the true cost was charged as it is).
     pub settles: IntCounterVec,
+    /// Envoy's rate limit quota service, on the same port.
+    pub quota: super::RlqsMetrics,
 }
 
 impl RlsMetrics {
     pub(super) fn new(registry: &Registry) -> RlsMetrics {
         let m = RlsMetrics {
+            quota: super::RlqsMetrics::new(registry),
             descriptors: super::counter_vec(
                 registry,
                 "tally_rls_descriptors_total",

@@ -1,10 +1,11 @@
 //! Part 3: `wrk` → Envoy → a trivial upstream, with and without Envoy's rate-limit filter
-//! calling tally's RLS: requests/s, p50/p99 and the filter's cost as ratios.
+//! calling tally's RLS, and with the rate limit quota filter (tally's RLQS: decided in Envoy,
+//! usage reported every second): requests/s, p50/p99 and each filter's cost as ratios.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitFilter};
+use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitFilter, RateLimitQuotaFilter};
 use tally_testkit::wrk;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -37,8 +38,12 @@ pub async fn run(s: &Setup) -> anyhow::Result<()> {
     println!("|---|---|---|---|---|");
     let mut rows = Vec::new();
     for (label, filter) in [
-        ("without the rate-limit filter", false),
-        ("with the rate-limit filter (tally RLS)", true),
+        ("without the rate-limit filter", Filter::None),
+        ("with the rate-limit filter (tally RLS)", Filter::Rls),
+        (
+            "with the rate limit quota filter (tally RLQS)",
+            Filter::Rlqs,
+        ),
     ] {
         let envoy = start_envoy(s, app, filter)?;
         let url = format!("http://127.0.0.1:{}/", envoy.port);
@@ -56,6 +61,12 @@ pub async fn run(s: &Setup) -> anyhow::Result<()> {
         rows[1].rps / rows[0].rps.max(1e-9),
         rows[1].p50_ms / rows[0].p50_ms.max(1e-9),
         rows[1].p99_ms / rows[0].p99_ms.max(1e-9)
+    );
+    println!(
+        "The quota filter's cost: requests/s {:.2}× (with ÷ without), p50 {:.2}×, p99 {:.2}×",
+        rows[2].rps / rows[0].rps.max(1e-9),
+        rows[2].p50_ms / rows[0].p50_ms.max(1e-9),
+        rows[2].p99_ms / rows[0].p99_ms.max(1e-9)
     );
     serving.abort();
     Ok(())
@@ -88,9 +99,20 @@ async fn trivial_upstream(listener: tokio::net::TcpListener) {
     }
 }
 
-/// Envoy on `app`, with (`filter`) the rate-limit filter: domain `bench`, one descriptor from
-/// `x-user`, tally's RLS as its gRPC cluster, Envoy's default 20 ms timeout.
-fn start_envoy(s: &Setup, app: u16, filter: bool) -> anyhow::Result<Envoy> {
+/// Which filter Envoy runs before the router.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Filter {
+    None,
+    /// The rate-limit filter: a call to tally's RLS per request.
+    Rls,
+    /// The rate limit quota filter: decided locally, usage reported to tally every second.
+    Rlqs,
+}
+
+/// Envoy on `app` with `filter`: the rate-limit filter (domain `bench`, one descriptor from
+/// `x-user`, tally's RLS as its gRPC cluster, Envoy's default 20 ms timeout), or the quota
+/// filter (domain `bench`, one bucket whose limit nothing reaches).
+fn start_envoy(s: &Setup, app: u16, filter: Filter) -> anyhow::Result<Envoy> {
     let route = [
         "route:",
         "  cluster: app",
@@ -101,7 +123,7 @@ fn start_envoy(s: &Setup, app: u16, filter: bool) -> anyhow::Result<Envoy> {
         app,
         rls: s.rls,
         route: &route,
-        rate_limit: filter.then_some(RateLimitFilter {
+        rate_limit: (filter == Filter::Rls).then_some(RateLimitFilter {
             domain: "bench",
             failure_mode_deny: true,
             settings: &[],
@@ -109,8 +131,23 @@ fn start_envoy(s: &Setup, app: u16, filter: bool) -> anyhow::Result<Envoy> {
         }),
         rls_tls: None,
     };
-    let name = if filter { "with" } else { "without" };
+    let quota = match filter {
+        Filter::Rlqs => RateLimitQuotaFilter {
+            domain: "bench",
+            bucket_id: &[("name", "bench")],
+            reporting_interval_s: 1,
+            behaviors: &[],
+            token: None,
+        }
+        .yaml(),
+        _ => String::new(),
+    };
+    let name = match filter {
+        Filter::None => "without",
+        Filter::Rls => "with",
+        Filter::Rlqs => "with-quota",
+    };
     Envoy::start(&s.dir, name, s.concurrency, |port, admin| {
-        bootstrap.yaml(port, admin)
+        bootstrap.yaml_with(port, admin, &quota)
     })
 }

@@ -442,6 +442,14 @@ fn serve(
             on_redis_error: tally_counters::request::FailureMode::Closed,
             durability: None,
         });
+    // Envoy's quota service on the same port, for part 3's third row: a limit nothing reaches.
+    config.rlqs.buckets.push(tally::config::RlqsBucket {
+        domain: "bench".into(),
+        name: "bench".into(),
+        matches: Default::default(),
+        limit: u64::from(u32::MAX),
+        window: Duration::from_secs(3600),
+    });
     let model = tally::config::Model::compile(config)?;
     allocs::enable();
     let stop = tokio_util::sync::CancellationToken::new();

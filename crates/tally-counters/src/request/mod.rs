@@ -11,6 +11,8 @@
 //! * [`Once`]: the first call per subject and window.
 //! * [`Pool`]: distinct items handed out, at most one per user.
 //! * [`Unique`]: distinct items seen in a sliding window.
+//! * [`Ledger`]: Envoy's rate limit quota service: reported usage per window and each Envoy's
+//!   reservation, capped so that their sum stays within the limit.
 //!
 //! Concurrent rate-limit decisions share script calls when every in-flight slot of the
 //! [`Client`] is taken (group commit, [`Batching`]): each decision still runs as if alone and
@@ -31,6 +33,7 @@ mod once;
 mod policy;
 mod pool;
 mod quota;
+mod rlqs;
 mod unique;
 
 pub use batch::Batching;
@@ -46,6 +49,7 @@ pub use limit::{
 pub use once::Once;
 pub use pool::{Claim, Pool};
 pub use quota::{Quota, QuotaReply, MAX_QUOTA_SIZE};
+pub use rlqs::{Ask as LedgerAsk, BucketKeys, Granted, Ledger, Need, Standing};
 pub use unique::{Unique, DEFAULT_MAX_ITEMS, MAX_ITEM_BYTES};
 
 /// Why a request-path call has no answer.

@@ -1,0 +1,123 @@
+//! The assignment: how many requests of one bucket's global budget an Envoy may admit until its
+//! next report. Pure: the numbers come from the ledger in Redis (`rlqs_report.lua`) and the
+//! grant is stored by `rlqs_grant.lua`, which applies [`cap`] atomically.
+//!
+//! # The ledger and its invariant
+//!
+//! Per bucket and window, Redis holds `used` (the requests every Envoy reported allowed in the
+//! window) and, per Envoy, the *reservation* it holds: the grant it was last sent plus a
+//! reserve for what it may still admit from its previous assignment while its report travels
+//! (until its answer is applied). A grant is an Envoy token bucket that starts full with the
+//! grant and refills by less than one token in its lifetime: it admits at most the grant.
+//! [`cap`] keeps, at every report,
+//!
+//! ```text
+//! used + Σ reservations ≤ limit
+//! ```
+//!
+//! and every request an Envoy admits is inside a reservation until its next report moves it
+//! into `used`. Hence the only requests outside are those it admits from a replaced assignment
+//! beyond the reserve (`gap`): the **global overshoot in one window** is at most
+//!
+//! ```text
+//! Σ over reports in the window of max(0, r'·t − r·a)
+//! ```
+//!
+//! with `r` the demand it reported (requests/s), `r'` its request rate between sending a report
+//! and applying the answer, `t` that time (the round trip) and `a` the reserve's allowance
+//! (`GAP_ALLOWANCE`): **zero** while round trips stay under the allowance and demand does not
+//! rise more than `a/t`-fold within one round trip. A demand change never overshoots beyond
+//! that: a rising demand is denied until the next report (at most `(r' − r·headroom)·period`
+//! requests denied that the budget had room for), a falling one leaves its grant unused until
+//! then. Outside the server's control, and so outside the bound: what Envoy admits before its
+//! first assignment (`no_assignment_behavior`) and after an assignment expires
+//! (`expired_assignment_behavior`) — configure both to deny, or to a small bucket.
+
+use std::time::Duration;
+
+/// What one Envoy asks of a bucket: its measured demand and when it reports again.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Demand {
+    /// Requests matched into the bucket per second (allowed + denied) over its last report
+    /// interval: what it would admit with no limit.
+    pub rate: f64,
+    /// Time between its reports (its `reporting_interval`, as measured).
+    pub period: Duration,
+}
+
+/// The window's budget as the ledger holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Requests the window admits across every Envoy.
+    pub limit: u64,
+    /// Requests reported allowed in the window so far.
+    pub used: u64,
+}
+
+/// How generous an assignment is.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tuning {
+    /// The demand is multiplied by this, so that a rising demand is met until the next report.
+    pub headroom: f64,
+    /// Added to every need, so that an idle Envoy can start a burst.
+    pub floor: u64,
+}
+
+/// Time an answer may take to reach the Envoy that reported; what it admits from its previous
+/// assignment meanwhile (at its reported rate) is reserved.
+pub const GAP_ALLOWANCE: Duration = Duration::from_millis(100);
+
+impl Demand {
+    /// Requests it needs until its next report: `rate × period × headroom + floor`.
+    pub fn need(&self, t: Tuning) -> u64 {
+        let n = (self.rate.max(0.0) * self.period.as_secs_f64() * t.headroom).ceil();
+        (n.min(f64::from(u32::MAX)) as u64).saturating_add(t.floor)
+    }
+
+    /// What it may admit from its previous assignment while its report travels: its rate over
+    /// [`GAP_ALLOWANCE`], rounded up.
+    pub fn gap(&self) -> u64 {
+        let n = (self.rate.max(0.0) * GAP_ALLOWANCE.as_secs_f64()).ceil();
+        n.min(f64::from(u32::MAX)) as u64
+    }
+}
+
+/// The grant to ask for: its need while the budget left covers every Envoy's need, else the
+/// budget left split in proportion to the needs (rounded up; [`cap`] keeps the sum within).
+pub fn desired(budget: Budget, me: Demand, others: &[Demand], t: Tuning) -> u64 {
+    let left = u128::from(budget.limit.saturating_sub(budget.used));
+    let mine = u128::from(me.need(t));
+    let total = mine + others.iter().map(|d| u128::from(d.need(t))).sum::<u128>();
+    if total <= left {
+        return mine as u64;
+    }
+    (left * mine).div_ceil(total.max(1)) as u64
+}
+
+/// What the ledger stores and sends after a report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capped {
+    /// Sent to the Envoy: what it may admit from the new assignment.
+    pub grant: u64,
+    /// Held in the ledger for it: `grant` plus the reserve for its gap.
+    pub reserved: u64,
+}
+
+/// The grant within what is left once `used` and the other Envoys' reservations
+/// (`others_reserved`) are counted: the gap reserve first (it is spent already), then as much
+/// of `desired` as fits. `rlqs_grant.lua` is this, run atomically.
+pub fn cap(desired: u64, gap: u64, budget: Budget, others_reserved: u64) -> Capped {
+    let left = budget
+        .limit
+        .saturating_sub(budget.used.saturating_add(others_reserved));
+    let gap = gap.min(left);
+    let grant = desired.min(left - gap);
+    Capped {
+        grant,
+        reserved: grant + gap,
+    }
+}
+
+#[cfg(test)]
+#[path = "assign_tests.rs"]
+mod tests;

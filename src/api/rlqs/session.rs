@@ -1,0 +1,365 @@
+//! One stream: one Envoy's reports in, its assignments out. The stream's domain is the first
+//! report's; each bucket it reports is matched once to a limit, then every report of it is
+//! recorded in the ledger and answered with a new grant (or `AbandonAction` once idle).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
+    self, AbandonAction, QuotaAssignmentAction,
+};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
+use futures::stream::{BoxStream, StreamExt as _};
+use tally_counters::request::{Ledger, LedgerAsk, Need};
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::assign::{self, Budget, Demand};
+use super::{Rules, MAX_BUCKET_BYTES, MAX_BUCKET_KEYS};
+use crate::ops::metrics::Metrics;
+
+/// A grant's token bucket refills `tokens_per_fill` (1 or 2) tokens per this interval: with an
+/// assignment's time to live at most 10 minutes, less than one token in its lifetime, so it
+/// admits at most its `max_tokens`. (Envoy keeps whole seconds of it and needs it positive.)
+const FILL_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// A bucket id as a sorted list of its pairs.
+type Id = Vec<(String, String)>;
+
+/// What the stream knows of one of its buckets.
+struct Tracked {
+    /// Index of its limit in [`Rules::buckets`].
+    limit: usize,
+    /// When it last reported, to measure its demand.
+    last_report: Instant,
+    /// When it last reported a request, for `abandon_after`.
+    last_active: Instant,
+    /// Allowed requests reported while Redis could not take them: added to the next report.
+    unrecorded: u64,
+    /// Alternates the grant's `tokens_per_fill`, so that Envoy always replaces its token bucket
+    /// (a fresh bucket of the grant) rather than extend an equal one with what is left in it.
+    flip: bool,
+}
+
+/// One Envoy's stream.
+pub(super) struct Session {
+    rules: Arc<Rules>,
+    ledger: Ledger,
+    metrics: Metrics,
+    /// This stream's name in the ledger (random, so replicas never share one).
+    holder: String,
+    /// From the first report.
+    domain: Option<String>,
+    buckets: HashMap<Id, Tracked>,
+}
+
+/// Counts the stream open until dropped, holding its slot.
+struct Open {
+    metrics: Metrics,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.metrics.rls.quota.streams.dec();
+    }
+}
+
+impl Session {
+    pub(super) fn new(rules: Arc<Rules>, ledger: Ledger, metrics: Metrics) -> Session {
+        Session {
+            rules,
+            ledger,
+            metrics,
+            holder: format!("{:032x}", rand::random::<u128>()),
+            domain: None,
+            buckets: HashMap::new(),
+        }
+    }
+
+    /// The answers to `inbound`, one message per report that changed something, until the
+    /// Envoy closes its side (or breaks the stream).
+    pub(super) fn run(
+        self,
+        inbound: tonic::Streaming<RateLimitQuotaUsageReports>,
+        permit: OwnedSemaphorePermit,
+    ) -> BoxStream<'static, Result<RateLimitQuotaResponse, tonic::Status>> {
+        self.metrics.rls.quota.streams.inc();
+        let open = Open {
+            metrics: self.metrics.clone(),
+            _permit: permit,
+        };
+        futures::stream::unfold(Some((self, inbound, open)), |state| async move {
+            let (mut session, mut inbound, open) = state?;
+            loop {
+                match inbound.message().await {
+                    Ok(Some(reports)) => match session.on_reports(reports).await {
+                        Ok(Some(answer)) => {
+                            return Some((Ok(answer), Some((session, inbound, open))))
+                        }
+                        Ok(None) => continue,
+                        Err(status) => return Some((Err(status), None)),
+                    },
+                    Ok(None) => return None,
+                    Err(status) => {
+                        tracing::debug!(%status, "rlqs stream ended");
+                        return None;
+                    }
+                }
+            }
+        })
+        .boxed()
+    }
+
+    async fn on_reports(
+        &mut self,
+        reports: RateLimitQuotaUsageReports,
+    ) -> Result<Option<RateLimitQuotaResponse>, tonic::Status> {
+        if self.domain.is_none() {
+            if reports.domain.is_empty() {
+                self.skip("no_domain");
+                return Err(tonic::Status::invalid_argument(
+                    "the stream's first report names no domain",
+                ));
+            }
+            self.domain = Some(reports.domain);
+        }
+        let mut actions = Vec::new();
+        for usage in reports.bucket_quota_usages {
+            if let Some(action) = self.on_usage(usage).await {
+                actions.push(action);
+            }
+        }
+        Ok((!actions.is_empty()).then_some(RateLimitQuotaResponse {
+            bucket_action: actions,
+        }))
+    }
+
+    fn skip(&self, reason: &str) {
+        self.metrics
+            .rls
+            .quota
+            .skipped
+            .with_label_values(&[reason])
+            .inc();
+    }
+
+    /// One bucket's report: recorded, then answered with a grant (`None`: skipped, counted).
+    async fn on_usage(&mut self, usage: BucketQuotaUsage) -> Option<BucketAction> {
+        let Some((bucket_id, id)) = usage.bucket_id.and_then(checked) else {
+            self.skip("invalid_bucket");
+            return None;
+        };
+        let rules = self.rules.clone();
+        let domain = self.domain.clone().unwrap_or_default();
+        let now = Instant::now();
+        let limit = match self.buckets.get(&id) {
+            Some(t) => t.limit,
+            None if self.buckets.len() >= rules.max_buckets => {
+                self.skip("too_many_buckets");
+                return None;
+            }
+            None => match rules.find(&domain, &id) {
+                Some(i) => i,
+                None => {
+                    self.skip("no_limit");
+                    return None;
+                }
+            },
+        };
+        let rule = &rules.buckets[limit];
+        let labels = [domain.as_str(), rule.name.as_str()];
+        let m = &self.metrics.rls.quota;
+        let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
+        m.reported
+            .with_label_values(&[labels[0], labels[1], "allowed"])
+            .inc_by(allowed);
+        m.reported
+            .with_label_values(&[labels[0], labels[1], "denied"])
+            .inc_by(denied);
+        let tracked = self.buckets.entry(id.clone()).or_insert(Tracked {
+            limit,
+            last_report: now.checked_sub(rules.report_interval).unwrap_or(now),
+            last_active: now,
+            unrecorded: 0,
+            flip: false,
+        });
+        let offered = allowed.saturating_add(denied);
+        if offered > 0 {
+            tracked.last_active = now;
+        } else if now.duration_since(tracked.last_active) >= rules.abandon_after {
+            let (keys, _) = window_keys(&self.ledger, &domain, &id, rule.window);
+            if self.ledger.release(&keys, &self.holder).await.is_err() {
+                // The reservation lapses at its expiry anyway.
+                self.skip("redis");
+            }
+            self.buckets.remove(&id);
+            m.actions
+                .with_label_values(&[labels[0], labels[1], "abandon"])
+                .inc();
+            return Some(BucketAction {
+                bucket_id: Some(bucket_id),
+                bucket_action: Some(bucket_action::BucketAction::AbandonAction(AbandonAction {})),
+            });
+        }
+        // Measured here, or as Envoy says (whole seconds) when longer: a report delayed on its
+        // way must not look like a burst.
+        let said = usage.time_elapsed.map_or(Duration::ZERO, |d| {
+            Duration::from_secs(d.seconds.max(0) as u64)
+        });
+        let elapsed = now.duration_since(tracked.last_report).max(said);
+        let period = elapsed.max(rules.report_interval).min(rules.ttl);
+        let me = Demand {
+            rate: offered as f64 / elapsed.as_secs_f64().max(0.001),
+            period,
+        };
+        tracked.last_report = now;
+        let recorded = allowed.saturating_add(tracked.unrecorded);
+        let (keys, now_ms) = window_keys(&self.ledger, &domain, &id, rule.window);
+        let standing = match self
+            .ledger
+            .report(&keys, &self.holder, recorded, now_ms)
+            .await
+        {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, "rlqs report not recorded");
+                tracked.unrecorded = recorded;
+                self.metrics
+                    .rls
+                    .quota
+                    .skipped
+                    .with_label_values(&["redis"])
+                    .inc();
+                return None;
+            }
+        };
+        tracked.unrecorded = 0;
+        let others: Vec<Demand> = standing
+            .others
+            .iter()
+            .map(|n| Demand {
+                rate: n.rate_milli as f64 / 1000.0,
+                period: Duration::from_millis(n.period_ms),
+            })
+            .collect();
+        let budget = Budget {
+            limit: rule.limit,
+            used: standing.used,
+        };
+        let ask = LedgerAsk {
+            desired: assign::desired(budget, me, &others, rules.tuning),
+            gap: me.gap(),
+            limit: rule.limit,
+            // Envoy applies it a round trip from now and keeps it `ttl`: reserved a second more.
+            expires_at_ms: now_ms + rules.ttl.as_millis() as i64 + 1000,
+            need: Need {
+                rate_milli: (me.rate * 1000.0).min(1e15) as u64,
+                period_ms: period.as_millis() as u64,
+            },
+        };
+        let granted = match self.ledger.grant(&keys, &self.holder, ask, now_ms).await {
+            Ok(g) => g,
+            Err(e) => {
+                // Its allowed requests are in the window; the Envoy keeps its assignment.
+                tracing::debug!(error = %e, "rlqs grant not stored");
+                self.metrics
+                    .rls
+                    .quota
+                    .skipped
+                    .with_label_values(&["redis"])
+                    .inc();
+                return None;
+            }
+        };
+        tracked.flip = !tracked.flip;
+        let action = if granted.grant == 0 {
+            "deny_all"
+        } else {
+            "grant"
+        };
+        m.actions
+            .with_label_values(&[labels[0], labels[1], action])
+            .inc();
+        m.granted.with_label_values(&labels).inc_by(granted.grant);
+        m.used
+            .with_label_values(&labels)
+            .set(granted.used.min(i64::MAX as u64) as i64);
+        Some(assignment(
+            bucket_id,
+            granted.grant,
+            tracked.flip,
+            rules.ttl,
+        ))
+    }
+}
+
+/// The bucket id, and its pairs sorted, if within the caps and not empty.
+fn checked(id: BucketId) -> Option<(BucketId, Id)> {
+    let n = id.bucket.len();
+    let fits = |s: &String| s.len() <= MAX_BUCKET_BYTES;
+    if n == 0 || n > MAX_BUCKET_KEYS || !id.bucket.iter().all(|(k, v)| fits(k) && fits(v)) {
+        return None;
+    }
+    let mut pairs: Id = id
+        .bucket
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    pairs.sort_unstable();
+    Some((id, pairs))
+}
+
+/// The bucket's ledger keys in the window (of length `window`) holding now, and now (Unix ms).
+fn window_keys(
+    ledger: &Ledger,
+    domain: &str,
+    id: &Id,
+    window: Duration,
+) -> (tally_counters::request::BucketKeys, i64) {
+    let now_ms = tally_counters::clock::unix_ms();
+    let len = window.as_millis().max(1) as i64;
+    let start = now_ms - now_ms.rem_euclid(len);
+    let pairs: Vec<(&str, &str)> = id.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    (ledger.keys(domain, &pairs, start, start + len), now_ms)
+}
+
+/// The assignment of `grant` requests: a token bucket that starts full with them and refills
+/// by less than one token in its lifetime; `DENY_ALL` for none.
+fn assignment(bucket_id: BucketId, grant: u64, flip: bool, ttl: Duration) -> BucketAction {
+    let strategy = if grant == 0 {
+        Strategy::BlanketRule(BlanketRule::DenyAll as i32)
+    } else {
+        Strategy::TokenBucket(TokenBucket {
+            max_tokens: grant.min(u64::from(u32::MAX)) as u32,
+            tokens_per_fill: Some(UInt32Value {
+                value: if flip { 2 } else { 1 },
+            }),
+            fill_interval: Some(PbDuration {
+                seconds: FILL_INTERVAL.as_secs() as i64,
+                nanos: 0,
+            }),
+        })
+    };
+    BucketAction {
+        bucket_id: Some(bucket_id),
+        bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
+            QuotaAssignmentAction {
+                assignment_time_to_live: Some(PbDuration {
+                    seconds: ttl.as_secs() as i64,
+                    nanos: 0,
+                }),
+                rate_limit_strategy: Some(RateLimitStrategy {
+                    strategy: Some(strategy),
+                }),
+            },
+        )),
+    }
+}

@@ -1,0 +1,209 @@
+//! Envoy's rate limit quota service called directly with the generated stubs (the protocol
+//! Envoy's filter speaks): `tally serve` with `[rlqs]` on the RLS port, on a real redis-server.
+//! Two streams (two Envoys) share one limit: what they are granted plus what they reported
+//! never passes it; a bucket idle for `abandon_after` is abandoned; a stream's buckets, its
+//! domain and its token are checked.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
+    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+};
+use tally_testkit::local_redis::LocalRedis;
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+use super::rls::{limits_dir, Rls};
+
+/// One Envoy's stream: reports in, answers out.
+struct Stream {
+    tx: mpsc::Sender<RateLimitQuotaUsageReports>,
+    rx: tonic::Streaming<RateLimitQuotaResponse>,
+}
+
+fn bucket(pairs: &[(&str, &str)]) -> BucketId {
+    BucketId {
+        bucket: pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<HashMap<_, _>>(),
+    }
+}
+
+fn usage(id: &BucketId, allowed: u64, denied: u64) -> BucketQuotaUsage {
+    BucketQuotaUsage {
+        bucket_id: Some(id.clone()),
+        // As Envoy says it (whole seconds): the reports here come faster than a real Envoy's.
+        time_elapsed: Some(envoy_types::pb::google::protobuf::Duration {
+            seconds: 1,
+            nanos: 0,
+        }),
+        num_requests_allowed: allowed,
+        num_requests_denied: denied,
+    }
+}
+
+impl Stream {
+    async fn open(port: u16, token: Option<&str>) -> Result<Stream, tonic::Status> {
+        let channel = Channel::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut client = RateLimitQuotaServiceClient::new(channel);
+        let (tx, rx) = mpsc::channel(4);
+        let reports =
+            futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+        let mut request = tonic::Request::new(reports);
+        if let Some(t) = token {
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        let rx = client.stream_rate_limit_quotas(request).await?.into_inner();
+        Ok(Stream { tx, rx })
+    }
+
+    /// Send a report and wait for its answer.
+    async fn report(
+        &mut self,
+        domain: &str,
+        usages: Vec<BucketQuotaUsage>,
+    ) -> Result<RateLimitQuotaResponse, tonic::Status> {
+        let reports = RateLimitQuotaUsageReports {
+            domain: domain.into(),
+            bucket_quota_usages: usages,
+        };
+        self.tx.send(reports).await.expect("stream open");
+        let answer = tokio::time::timeout(Duration::from_secs(10), self.rx.message())
+            .await
+            .expect("an answer within 10 s")?;
+        Ok(answer.expect("an answer, not the end"))
+    }
+}
+
+/// The grant of the answer's only action: a token bucket's `max_tokens`, 0 for `DENY_ALL`;
+/// `None` for an abandon.
+fn granted(answer: &RateLimitQuotaResponse) -> Option<u64> {
+    assert_eq!(answer.bucket_action.len(), 1, "{answer:?}");
+    match answer.bucket_action[0].bucket_action.as_ref().unwrap() {
+        Action::AbandonAction(_) => None,
+        Action::QuotaAssignmentAction(a) => {
+            assert_eq!(a.assignment_time_to_live.unwrap().seconds, 2);
+            match a.rate_limit_strategy.unwrap().strategy.unwrap() {
+                Strategy::TokenBucket(t) => Some(u64::from(t.max_tokens)),
+                Strategy::BlanketRule(r) if r == BlanketRule::DenyAll as i32 => Some(0),
+                other => panic!("unexpected strategy {other:?}"),
+            }
+        }
+    }
+}
+
+fn start(redis: &LocalRedis, name: &str, token: Option<&str>) -> Rls {
+    let dir = limits_dir(name);
+    std::fs::write(dir.join("edge.yaml"), "domain: other\ndescriptors: []\n").unwrap();
+    let rlqs = "\n[rlqs]\nreport_interval = \"1s\"\nassignment_ttl = \"2s\"\nabandon_after = \"2s\"\n\
+                max_buckets_per_stream = 2\n\
+                [[rlqs.buckets]]\ndomain = \"edge\"\nname = \"per_tenant\"\nlimit = 100\nwindow = \"1h\"\n\
+                match = { name = \"per_tenant\" }\n";
+    Rls::start_with(redis, &dir, name, token, rlqs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_streams_share_one_limit_and_idle_buckets_are_abandoned() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let rls = start(&redis, "rlqs-share", None);
+    let _ = rls.client().await;
+    let run = std::process::id().to_string();
+    let id = bucket(&[("name", "per_tenant"), ("tenant", &run)]);
+    let mut a = Stream::open(rls.port, None).await.unwrap();
+    let mut b = Stream::open(rls.port, None).await.unwrap();
+
+    // Each stream subscribes, then reports heavy use: what was reported allowed plus what is
+    // granted at any time stays within the limit of 100, whatever the order.
+    let mut used = 0;
+    let mut held: HashMap<&str, u64> = HashMap::new();
+    for round in 0..8 {
+        for (name, s) in [("a", &mut a), ("b", &mut b)] {
+            // Each spends its whole grant (the first report: one request).
+            let spent = held.get(name).copied().unwrap_or(1);
+            used += spent;
+            let g = granted(&s.report("edge", vec![usage(&id, spent, 40)]).await.unwrap())
+                .expect("a grant");
+            held.insert(name, g);
+            let outstanding: u64 = held.values().sum();
+            assert!(
+                used + outstanding <= 100,
+                "round {round}: used {used} + granted {outstanding} > 100"
+            );
+        }
+    }
+    assert!(used >= 85, "the budget was handed out: {used}");
+    // Spent: both are denied.
+    assert_eq!(
+        granted(
+            &a.report("edge", vec![usage(&id, held["a"], 40)])
+                .await
+                .unwrap()
+        ),
+        Some(0)
+    );
+
+    // A bucket idle for abandon_after (2 s) is abandoned at its next report.
+    let idle = bucket(&[("name", "per_tenant"), ("tenant", &format!("{run}-idle"))]);
+    assert!(granted(&b.report("edge", vec![usage(&idle, 1, 0)]).await.unwrap()).is_some());
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    assert_eq!(
+        granted(&b.report("edge", vec![usage(&idle, 0, 0)]).await.unwrap()),
+        None
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_are_bounded_and_checked() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let rls = start(&redis, "rlqs-bounds", Some("sesame"));
+    let _ = rls.client().await;
+
+    // Without the token: refused.
+    let refused = Stream::open(rls.port, None).await;
+    assert_eq!(
+        refused.err().map(|s| s.code()),
+        Some(tonic::Code::Unauthenticated)
+    );
+
+    let mut s = Stream::open(rls.port, Some("sesame")).await.unwrap();
+    // Two buckets per stream: a third is skipped; one without a limit is skipped; both counted.
+    let ids: Vec<BucketId> = (0..3)
+        .map(|i| bucket(&[("name", "per_tenant"), ("tenant", &i.to_string())]))
+        .collect();
+    let unknown = bucket(&[("name", "elsewhere")]);
+    let reports: Vec<_> = [&unknown]
+        .into_iter()
+        .chain(&ids)
+        .map(|id| usage(id, 1, 0))
+        .collect();
+    let answer = s.report("edge", reports).await.unwrap();
+    assert_eq!(answer.bucket_action.len(), 2, "{answer:?}");
+    let metrics = tally_testkit::http::request(
+        rls.tally.port,
+        "/metrics",
+        &[("Authorization", "Bearer sesame")],
+    )
+    .unwrap()
+    .body;
+    for reason in ["too_many_buckets", "no_limit"] {
+        let line = format!("tally_rlqs_skipped_total{{reason=\"{reason}\"}} 1");
+        assert!(metrics.contains(&line), "{line} in\n{metrics}");
+    }
+
+    // A first report without a domain ends the stream.
+    let mut s = Stream::open(rls.port, Some("sesame")).await.unwrap();
+    let err = s.report("", vec![usage(&ids[0], 1, 0)]).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+}
