@@ -160,7 +160,7 @@ fn simulate(
             let phase = i as u64 * period_ms / n as u64;
             let e = &envoys[i];
             let first = e.demand.is_none() && e.allowed + e.denied > 0;
-            let due = e.demand.is_some() && ms >= phase && (ms - phase) % period_ms == 0;
+            let due = e.demand.is_some() && ms >= phase && (ms - phase).is_multiple_of(period_ms);
             if !(first || due) || e.pending.is_some() {
                 continue;
             }
