@@ -16,9 +16,10 @@ pub struct RlqsConfig {
     /// The limits, first match wins; none disables the service. Served on `rls.listen`
     /// (same TLS, token and connection caps), which must then be set.
     pub buckets: Vec<RlqsBucket>,
-    /// The `reporting_interval` the Envoys are configured with: the length of the first
-    /// assignment, before the interval between two reports is measured. Whole seconds are
-    /// what Envoy's timers keep.
+    /// The interval between two reports of one Envoy: the length of the first assignment,
+    /// before the interval is measured. Envoy 1.40 reports every 5 s whatever its buckets'
+    /// `reporting_interval` says (its filter keeps a fixed interval), hence the default. Whole
+    /// seconds are what Envoy's timers keep.
     #[serde(with = "humantime_serde")]
     pub report_interval: Duration,
     /// `assignment_time_to_live` of every assignment (whole seconds, as Envoy keeps it): longer
@@ -69,8 +70,8 @@ impl Default for RlqsConfig {
     fn default() -> Self {
         RlqsConfig {
             buckets: Vec::new(),
-            report_interval: Duration::from_secs(1),
-            assignment_ttl: Duration::from_secs(5),
+            report_interval: Duration::from_secs(5),
+            assignment_ttl: Duration::from_secs(10),
             abandon_after: Duration::from_secs(300),
             floor: 1,
             headroom: 2.0,

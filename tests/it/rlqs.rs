@@ -87,21 +87,36 @@ impl Stream {
     }
 }
 
-/// The grant of the answer's only action: a token bucket's `max_tokens`, 0 for `DENY_ALL`;
-/// `None` for an abandon.
+/// The grant of the answer's one bucket: what its token bucket admits within the assignment's
+/// time to live (2 s: `max_tokens` and its refill), 0 for `DENY_ALL`; `None` for an abandon. A
+/// grant comes after a `DENY_ALL` of the same bucket (so that Envoy starts it full).
 fn granted(answer: &RateLimitQuotaResponse) -> Option<u64> {
-    assert_eq!(answer.bucket_action.len(), 1, "{answer:?}");
-    match answer.bucket_action[0].bucket_action.as_ref().unwrap() {
-        Action::AbandonAction(_) => None,
-        Action::QuotaAssignmentAction(a) => {
-            assert_eq!(a.assignment_time_to_live.unwrap().seconds, 2);
-            match a.rate_limit_strategy.unwrap().strategy.unwrap() {
-                Strategy::TokenBucket(t) => Some(u64::from(t.max_tokens)),
-                Strategy::BlanketRule(r) if r == BlanketRule::DenyAll as i32 => Some(0),
-                other => panic!("unexpected strategy {other:?}"),
+    let actions = &answer.bucket_action;
+    assert!(matches!(actions.len(), 1 | 2), "{answer:?}");
+    assert!(actions.iter().all(|a| a.bucket_id == actions[0].bucket_id));
+    let grants: Vec<Option<u64>> = actions
+        .iter()
+        .map(|a| match a.bucket_action.as_ref().unwrap() {
+            Action::AbandonAction(_) => None,
+            Action::QuotaAssignmentAction(a) => {
+                assert_eq!(a.assignment_time_to_live.unwrap().seconds, 2);
+                match a.rate_limit_strategy.unwrap().strategy.unwrap() {
+                    Strategy::TokenBucket(t) => {
+                        let every = t.fill_interval.unwrap().seconds as u64;
+                        let refill = u64::from(t.tokens_per_fill.unwrap().value) * 2 / every;
+                        Some(u64::from(t.max_tokens) + refill)
+                    }
+                    Strategy::BlanketRule(r) if r == BlanketRule::DenyAll as i32 => Some(0),
+                    other => panic!("unexpected strategy {other:?}"),
+                }
             }
-        }
+        })
+        .collect();
+    if grants.len() == 2 {
+        assert_eq!(grants[0], Some(0), "a DENY_ALL first: {answer:?}");
+        assert!(grants[1].is_some_and(|g| g > 0), "then a grant: {answer:?}");
     }
+    grants[grants.len() - 1]
 }
 
 fn start(redis: &LocalRedis, name: &str, token: Option<&str>) -> Rls {
@@ -189,7 +204,15 @@ async fn streams_are_bounded_and_checked() {
         .map(|id| usage(id, 1, 0))
         .collect();
     let answer = s.report("edge", reports).await.unwrap();
-    assert_eq!(answer.bucket_action.len(), 2, "{answer:?}");
+    let answered: std::collections::BTreeSet<_> = answer
+        .bucket_action
+        .iter()
+        .map(|a| {
+            let id = &a.bucket_id.as_ref().unwrap().bucket;
+            id.iter().collect::<std::collections::BTreeMap<_, _>>()
+        })
+        .collect();
+    assert_eq!(answered.len(), 2, "{answer:?}");
     let metrics = tally_testkit::http::request(
         rls.tally.port,
         "/metrics",

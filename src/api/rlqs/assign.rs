@@ -7,8 +7,8 @@
 //! Per bucket and window, Redis holds `used` (the requests every Envoy reported allowed in the
 //! window) and, per Envoy, the *reservation* it holds: the grant it was last sent plus a
 //! reserve for what it may still admit from its previous assignment while its report travels
-//! (until its answer is applied). A grant is an Envoy token bucket that starts full with the
-//! grant and refills by less than one token in its lifetime: it admits at most the grant.
+//! (until its answer is applied). A grant is an Envoy token bucket that admits at most the
+//! grant in its lifetime ([`Shape`]).
 //! [`cap`] keeps, at every report,
 //!
 //! ```text
@@ -115,6 +115,60 @@ pub fn cap(desired: u64, gap: u64, budget: Budget, others_reserved: u64) -> Capp
     Capped {
         grant,
         reserved: grant + gap,
+    }
+}
+
+/// The token bucket Envoy is sent for a grant: it starts full with `max_tokens` and gains
+/// `tokens_per_fill` per `fill_interval_s`, so that in an assignment's life (at most its time to
+/// live) it admits `max_tokens + tokens_per_fill × ttl / fill_interval_s` (rounded down) = the
+/// grant, never more.
+///
+/// Why not one full bucket that never refills (`fill_interval` of an hour): Envoy's atomic token
+/// bucket starts full by back-dating its last fill by the time the bucket takes to fill
+/// (`max_tokens / fill rate`), and in some versions starts it empty when that is longer than the
+/// monotonic clock (the host's uptime). Keeping an eighth of the grant for the refill keeps that
+/// time under 14 × ttl (140 s with the default ttl); a host up for less could get empty buckets,
+/// which admit less, never more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    pub max_tokens: u32,
+    pub tokens_per_fill: u32,
+    pub fill_interval_s: u64,
+}
+
+impl Shape {
+    /// The bucket for `grant` requests over an assignment that lives `ttl` (whole seconds, at
+    /// least one); `None` for no request (`DENY_ALL`).
+    pub fn of(grant: u64, ttl: Duration) -> Option<Shape> {
+        let grant = u32::try_from(grant).unwrap_or(u32::MAX);
+        let ttl_s = ttl.as_secs().max(1);
+        match (grant, grant / 8) {
+            (0, _) => None,
+            // Half a token in the ttl: it never completes one.
+            (g, 0) => Some(Shape {
+                max_tokens: g,
+                tokens_per_fill: 1,
+                fill_interval_s: 2 * ttl_s,
+            }),
+            (g, refill) => Some(Shape {
+                max_tokens: g - refill,
+                tokens_per_fill: refill,
+                fill_interval_s: ttl_s,
+            }),
+        }
+    }
+
+    /// Requests it admits within `life` at most (what the grant is).
+    pub fn admits(&self, life: Duration) -> u64 {
+        let refill = u128::from(self.tokens_per_fill) * life.as_millis()
+            / (u128::from(self.fill_interval_s) * 1000);
+        u64::from(self.max_tokens) + refill as u64
+    }
+
+    /// Seconds the bucket takes to fill from empty (Envoy starts it full only past this uptime).
+    pub fn fill_time_s(&self) -> u64 {
+        (u64::from(self.max_tokens) * self.fill_interval_s)
+            .div_ceil(u64::from(self.tokens_per_fill))
     }
 }
 

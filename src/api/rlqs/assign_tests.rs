@@ -273,3 +273,30 @@ fn an_idle_envoy_keeps_a_floor_for_a_new_burst() {
     assert!(out.per_envoy[1] >= 200, "{:?}", out.per_envoy);
     assert!(out.admitted[0] <= 10_000);
 }
+
+#[test]
+fn a_grant_bucket_admits_the_grant_in_its_life_and_fills_in_under_14_ttls() {
+    for ttl_s in [2, 10, 600] {
+        let ttl = Duration::from_secs(ttl_s);
+        for grant in (1..200).chain([1_000, 123_457, u64::from(u32::MAX)]) {
+            let shape = Shape::of(grant, ttl).unwrap();
+            assert_eq!(
+                shape.admits(ttl),
+                grant,
+                "{grant} over {ttl_s} s: {shape:?}"
+            );
+            assert!(shape.max_tokens >= 1 && shape.tokens_per_fill >= 1);
+            assert!(
+                shape.fill_time_s() <= 14 * ttl_s,
+                "{grant} over {ttl_s} s fills in {} s",
+                shape.fill_time_s()
+            );
+            // Most of it at once: what a report interval of half the ttl admits.
+            assert!(
+                shape.admits(ttl / 2) * 16 >= grant * 14,
+                "{grant}: {shape:?}"
+            );
+        }
+    }
+    assert_eq!(Shape::of(0, Duration::from_secs(10)), None);
+}

@@ -25,11 +25,6 @@ use super::assign::{self, Budget, Demand};
 use super::{Rules, MAX_BUCKET_BYTES, MAX_BUCKET_KEYS};
 use crate::ops::metrics::Metrics;
 
-/// A grant's token bucket refills `tokens_per_fill` (1 or 2) tokens per this interval: with an
-/// assignment's time to live at most 10 minutes, less than one token in its lifetime, so it
-/// admits at most its `max_tokens`. (Envoy keeps whole seconds of it and needs it positive.)
-const FILL_INTERVAL: Duration = Duration::from_secs(3600);
-
 /// A bucket id as a sorted list of its pairs.
 type Id = Vec<(String, String)>;
 
@@ -43,9 +38,6 @@ struct Tracked {
     last_active: Instant,
     /// Allowed requests reported while Redis could not take them: added to the next report.
     unrecorded: u64,
-    /// Alternates the grant's `tokens_per_fill`, so that Envoy always replaces its token bucket
-    /// (a fresh bucket of the grant) rather than extend an equal one with what is left in it.
-    flip: bool,
 }
 
 /// One Envoy's stream.
@@ -133,9 +125,7 @@ impl Session {
         }
         let mut actions = Vec::new();
         for usage in reports.bucket_quota_usages {
-            if let Some(action) = self.on_usage(usage).await {
-                actions.push(action);
-            }
+            actions.extend(self.on_usage(usage).await);
         }
         Ok((!actions.is_empty()).then_some(RateLimitQuotaResponse {
             bucket_action: actions,
@@ -151,11 +141,11 @@ impl Session {
             .inc();
     }
 
-    /// One bucket's report: recorded, then answered with a grant (`None`: skipped, counted).
-    async fn on_usage(&mut self, usage: BucketQuotaUsage) -> Option<BucketAction> {
+    /// One bucket's report: recorded, then answered with a grant (none: skipped, counted).
+    async fn on_usage(&mut self, usage: BucketQuotaUsage) -> Vec<BucketAction> {
         let Some((bucket_id, id)) = usage.bucket_id.and_then(checked) else {
             self.skip("invalid_bucket");
-            return None;
+            return Vec::new();
         };
         let rules = self.rules.clone();
         let domain = self.domain.clone().unwrap_or_default();
@@ -164,13 +154,13 @@ impl Session {
             Some(t) => t.limit,
             None if self.buckets.len() >= rules.max_buckets => {
                 self.skip("too_many_buckets");
-                return None;
+                return Vec::new();
             }
             None => match rules.find(&domain, &id) {
                 Some(i) => i,
                 None => {
                     self.skip("no_limit");
-                    return None;
+                    return Vec::new();
                 }
             },
         };
@@ -189,7 +179,6 @@ impl Session {
             last_report: now.checked_sub(rules.report_interval).unwrap_or(now),
             last_active: now,
             unrecorded: 0,
-            flip: false,
         });
         let offered = allowed.saturating_add(denied);
         if offered > 0 {
@@ -204,10 +193,10 @@ impl Session {
             m.actions
                 .with_label_values(&[labels[0], labels[1], "abandon"])
                 .inc();
-            return Some(BucketAction {
+            return vec![BucketAction {
                 bucket_id: Some(bucket_id),
                 bucket_action: Some(bucket_action::BucketAction::AbandonAction(AbandonAction {})),
-            });
+            }];
         }
         // Measured here, or as Envoy says (whole seconds) when longer: a report delayed on its
         // way must not look like a burst.
@@ -238,7 +227,7 @@ impl Session {
                     .skipped
                     .with_label_values(&["redis"])
                     .inc();
-                return None;
+                return Vec::new();
             }
         };
         tracked.unrecorded = 0;
@@ -276,10 +265,9 @@ impl Session {
                     .skipped
                     .with_label_values(&["redis"])
                     .inc();
-                return None;
+                return Vec::new();
             }
         };
-        tracked.flip = !tracked.flip;
         let action = if granted.grant == 0 {
             "deny_all"
         } else {
@@ -292,12 +280,7 @@ impl Session {
         m.used
             .with_label_values(&labels)
             .set(granted.used.min(i64::MAX as u64) as i64);
-        Some(assignment(
-            bucket_id,
-            granted.grant,
-            tracked.flip,
-            rules.ttl,
-        ))
+        assignment(bucket_id, granted.grant, rules.ttl)
     }
 }
 
@@ -331,25 +314,17 @@ fn window_keys(
     (ledger.keys(domain, &pairs, start, start + len), now_ms)
 }
 
-/// The assignment of `grant` requests: a token bucket that starts full with them and refills
-/// by less than one token in its lifetime; `DENY_ALL` for none.
-fn assignment(bucket_id: BucketId, grant: u64, flip: bool, ttl: Duration) -> BucketAction {
-    let strategy = if grant == 0 {
-        Strategy::BlanketRule(BlanketRule::DenyAll as i32)
-    } else {
-        Strategy::TokenBucket(TokenBucket {
-            max_tokens: grant.min(u64::from(u32::MAX)) as u32,
-            tokens_per_fill: Some(UInt32Value {
-                value: if flip { 2 } else { 1 },
-            }),
-            fill_interval: Some(PbDuration {
-                seconds: FILL_INTERVAL.as_secs() as i64,
-                nanos: 0,
-            }),
-        })
-    };
-    BucketAction {
-        bucket_id: Some(bucket_id),
+/// The assignment of `grant` requests: a token bucket that admits at most them within
+/// `ttl` ([`assign::Shape`]); `DENY_ALL` for none.
+///
+/// A grant goes after a `DENY_ALL` of the same bucket in the same answer. Envoy applies an
+/// answer's actions in order and publishes the result once, so no request sees the `DENY_ALL`;
+/// but Envoy starts a token bucket that replaces another with the other's remaining share
+/// (1.40), which would turn a fresh grant after a spent one into an empty bucket. After a
+/// blanket rule, it starts full.
+fn assignment(bucket_id: BucketId, grant: u64, ttl: Duration) -> Vec<BucketAction> {
+    let action = |strategy: Strategy| BucketAction {
+        bucket_id: Some(bucket_id.clone()),
         bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
             QuotaAssignmentAction {
                 assignment_time_to_live: Some(PbDuration {
@@ -361,5 +336,22 @@ fn assignment(bucket_id: BucketId, grant: u64, flip: bool, ttl: Duration) -> Buc
                 }),
             },
         )),
+    };
+    let deny = action(Strategy::BlanketRule(BlanketRule::DenyAll as i32));
+    match assign::Shape::of(grant, ttl) {
+        None => vec![deny],
+        Some(shape) => vec![
+            deny,
+            action(Strategy::TokenBucket(TokenBucket {
+                max_tokens: shape.max_tokens,
+                tokens_per_fill: Some(UInt32Value {
+                    value: shape.tokens_per_fill,
+                }),
+                fill_interval: Some(PbDuration {
+                    seconds: shape.fill_interval_s as i64,
+                    nanos: 0,
+                }),
+            })),
+        ],
     }
 }
