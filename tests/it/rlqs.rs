@@ -177,6 +177,23 @@ async fn two_streams_share_one_limit_and_idle_buckets_are_abandoned() {
         granted(&b.report("edge", vec![usage(&idle, 0, 0)]).await.unwrap()),
         None
     );
+
+    // The per-limit series (CONFIGURED_ONLY in the observability test: the demo has no [rlqs]).
+    let metrics = tally_testkit::http::request(rls.tally.port, "/metrics", &[])
+        .unwrap()
+        .body;
+    let labels = "domain=\"edge\",limit=\"per_tenant\"";
+    for series in [
+        format!("tally_rlqs_actions_total{{action=\"grant\",{labels}}}"),
+        format!("tally_rlqs_actions_total{{action=\"deny_all\",{labels}}}"),
+        format!("tally_rlqs_actions_total{{action=\"abandon\",{labels}}} 1"),
+        format!("tally_rlqs_granted_requests_total{{{labels}}}"),
+        format!("tally_rlqs_reported_requests_total{{{labels},outcome=\"denied\"}}"),
+        format!("tally_rlqs_window_used{{{labels}}}"),
+        "tally_rlqs_streams 2".to_string(),
+    ] {
+        assert!(metrics.contains(&series), "{series} in\n{metrics}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

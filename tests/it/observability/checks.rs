@@ -77,6 +77,22 @@ const CONFIGURED_ONLY: &[(&str, &str)] = &[
         "tally_rls_settles_total",
         "only with a limit that has `reserve`; tests/it/rls_reserve.rs reads it",
     ),
+    (
+        "tally_rlqs_reported_requests_total",
+        "per domain and limit, once an Envoy reports to [rlqs]; tests/it/rlqs.rs",
+    ),
+    (
+        "tally_rlqs_granted_requests_total",
+        "per domain and limit, once an Envoy reports to [rlqs]; tests/it/rlqs.rs",
+    ),
+    (
+        "tally_rlqs_window_used",
+        "per domain and limit, once an Envoy reports to [rlqs]; tests/it/rlqs.rs",
+    ),
+    (
+        "tally_rlqs_actions_total",
+        "per domain, limit and action, once an Envoy reports to [rlqs]; tests/it/rlqs.rs",
+    ),
 ];
 
 /// Whether `expr` reads a metric of [`CONFIGURED_ONLY`].
