@@ -41,7 +41,7 @@ pub struct Demand {
     /// Requests matched into the bucket per second (allowed + denied) over its last report
     /// interval: what it would admit with no limit.
     pub rate: f64,
-    /// Time between its reports (its `reporting_interval`, as measured).
+    /// Time between its reports, as measured.
     pub period: Duration,
 }
 

@@ -2,8 +2,8 @@
 //! `envoy.service.rate_limit_quota.v3.RateLimitQuotaService/StreamRateLimitQuotas`, served on
 //! the RLS port (same TLS, token check and connection caps), for Envoy's
 //! `envoy.filters.http.rate_limit_quota` filter. Envoy decides every request locally from the
-//! assignment of its bucket and reports its usage every `reporting_interval` on one stream; no
-//! request waits for tally.
+//! assignment of its bucket and reports its usage periodically on one stream (every 5 s in Envoy
+//! 1.40, whatever the bucket's `reporting_interval` says); no request waits for tally.
 //!
 //! One limit per bucket is shared by every Envoy and every tally replica: each report moves
 //! the Envoy's allowed requests into the window's total in Redis and gives it a new grant, cut
