@@ -85,6 +85,27 @@ impl<S> GrpcService for S where
 {
 }
 
+impl<H> Routes<H> {
+    /// A call of a token-guarded service: UNAUTHENTICATED without the token; else the connection
+    /// is admitted (it made an admitted call) and `None` lets the call through.
+    fn authorize(
+        &self,
+        req: &http::Request<Incoming>,
+    ) -> Option<BoxFuture<'static, Result<http::Response<Body>, Infallible>>> {
+        if auth::check(&self.tokens, req.headers()) == Access::Denied {
+            let status = tonic::Status::unauthenticated(
+                "missing or wrong bearer token (authorization metadata)",
+            );
+            return Some(Box::pin(async move { Ok(status.into_http()) }));
+        }
+        // Read first: a store on every call would bounce the line between workers.
+        if !self.admitted.load(Ordering::Relaxed) {
+            self.admitted.store(true, Ordering::Relaxed);
+        }
+        None
+    }
+}
+
 impl<H: GrpcService> hyper::service::Service<http::Request<Incoming>> for Routes<H> {
     type Response = http::Response<Body>;
     type Error = Infallible;
@@ -94,29 +115,16 @@ impl<H: GrpcService> hyper::service::Service<http::Request<Incoming>> for Routes
         let service = req.uri().path().get(1..).and_then(|p| p.split_once('/'));
         match service.map(|(s, _)| s) {
             Some(RateLimitServiceServer::<Rls>::NAME) => {
-                if auth::check(&self.tokens, req.headers()) == Access::Denied {
-                    let status = tonic::Status::unauthenticated(
-                        "missing or wrong bearer token (authorization metadata)",
-                    );
-                    return Box::pin(async move { Ok(status.into_http()) });
-                }
-                // Read first: a store on every call would bounce the line between workers.
-                if !self.admitted.load(Ordering::Relaxed) {
-                    self.admitted.store(true, Ordering::Relaxed);
+                if let Some(refused) = self.authorize(&req) {
+                    return refused;
                 }
                 // The generated services are always ready (no `poll_ready` to wait for).
                 let mut rls = self.rls.clone();
                 Box::pin(async move { rls.call(req).await })
             }
             Some(RateLimitQuotaServiceServer::<Rlqs>::NAME) if self.rlqs.is_some() => {
-                if auth::check(&self.tokens, req.headers()) == Access::Denied {
-                    let status = tonic::Status::unauthenticated(
-                        "missing or wrong bearer token (authorization metadata)",
-                    );
-                    return Box::pin(async move { Ok(status.into_http()) });
-                }
-                if !self.admitted.load(Ordering::Relaxed) {
-                    self.admitted.store(true, Ordering::Relaxed);
+                if let Some(refused) = self.authorize(&req) {
+                    return refused;
                 }
                 let mut rlqs = self.rlqs.clone();
                 Box::pin(async move {
