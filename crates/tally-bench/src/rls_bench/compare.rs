@@ -1,4 +1,6 @@
-//! Two `tally serve` children on one redis-server, side by side: `--tls` (one plain h2c, one with
+//! Two `tally serve` children side by side: `--cluster` (one on a redis-server, one on a
+//! 3-primary Redis Cluster with `rls.spread = "subject"`: Redis CPU is counted for the first
+//! only), `--tls` (one plain h2c, one with
 //! `[rls.tls]`: a private CA's EC P-256 certificate) and `--durability` (one answering once the
 //! primary has a write, one waiting for a replica: `[request.durability] replicas = 1`). Both are
 //! called at the same fixed offered rate by the lean client over `channels` shared connections
@@ -110,7 +112,29 @@ pub(crate) fn only(
     let workers = cli.server_workers;
     // --durability: a replica of the redis-server, kept for the run.
     let mut _replica = None;
-    let (title, a, b, ca) = if cli.durability {
+    // --cluster: three primaries, kept for the run.
+    let mut _cluster = None;
+    let (title, a, b, ca) = if cli.cluster {
+        let cluster = tally_testkit::local_redis::LocalCluster::start(3, 0)?;
+        let nodes = format!("cluster:{}", cluster.urls().join(","));
+        let a = Server::start(redis, limits, dir, workers, (cli.batch, None, 0))?;
+        let b = Server::start_on(
+            &nodes,
+            None,
+            limits,
+            dir,
+            workers,
+            (cli.batch, None, 0),
+            true,
+        )?;
+        _cluster = Some(cluster);
+        (
+            "Redis Cluster, keys spread by subject (rls.spread)",
+            (a, "one redis-server"),
+            (b, "3 primaries, spread = subject"),
+            None,
+        )
+    } else if cli.durability {
         let port = free_port()?;
         let primary = redis.url();
         let primary_port = primary.rsplit(':').next().unwrap_or_default();

@@ -96,6 +96,10 @@ struct Cli {
     /// replica has it (`WAIT 1`), at `--rate`, alternating rounds.
     #[arg(long)]
     durability: bool,
+    /// Only the cluster comparison: one redis-server vs a 3-primary Redis Cluster with
+    /// `rls.spread = "subject"`, at `--rate` (set it above what one primary answers), alternating.
+    #[arg(long)]
+    cluster: bool,
     /// Rounds of the TLS comparison (each: a phase plain, a phase TLS).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -136,6 +140,9 @@ enum Role {
         /// `[request.durability] replicas`.
         #[arg(long, default_value_t = 0)]
         wait_replicas: u32,
+        /// `rls.spread`: `subject` (else `domain`).
+        #[arg(long)]
+        spread_subject: bool,
     },
 }
 
@@ -155,9 +162,17 @@ fn main() -> anyhow::Result<()> {
         batch,
         tls,
         wait_replicas,
+        spread_subject,
     }) = cli.role
     {
-        return serve(redis, http, rls, &limits, (batch, tls, wait_replicas));
+        return serve(
+            redis,
+            http,
+            rls,
+            &limits,
+            (batch, tls, wait_replicas),
+            spread_subject,
+        );
     }
     let phase = Duration::from_secs(if cli.quick { 1 } else { 5 });
     let redis = LocalRedis::start(&[])?;
@@ -170,7 +185,7 @@ fn main() -> anyhow::Result<()> {
             "domain: bench\ndescriptors:\n  - key: user\n    rate_limit: {{name: per_user, unit: hour, requests_per_unit: {LIMIT}}}\n"
         ),
     )?;
-    if cli.tls || cli.durability {
+    if cli.tls || cli.durability || cli.cluster {
         return compare::only(&cli, &redis, &limits, &dir, phase);
     }
     let server = Server::start(
@@ -263,7 +278,29 @@ impl Server {
         limits: &Path,
         dir: &Path,
         workers: Option<usize>,
+        options: Options<'_>,
+    ) -> anyhow::Result<Server> {
+        Server::start_on(
+            &redis.url(),
+            redis.pid(),
+            limits,
+            dir,
+            workers,
+            options,
+            false,
+        )
+    }
+
+    /// [`Server::start`] on `redis` (a URL, or `cluster:<url>,<url>,…`), counting the CPU of
+    /// the redis-server `redis_pid`; `spread_subject`: `rls.spread = "subject"`.
+    pub(crate) fn start_on(
+        redis: &str,
+        redis_pid: Option<u32>,
+        limits: &Path,
+        dir: &Path,
+        workers: Option<usize>,
         (batch, tls, wait_replicas): Options<'_>,
+        spread_subject: bool,
     ) -> anyhow::Result<Server> {
         let (http, rls) = (free_port()?, free_port()?);
         let mut command = Command::new(std::env::current_exe()?);
@@ -271,7 +308,7 @@ impl Server {
             command.env("TOKIO_WORKER_THREADS", n.to_string());
         }
         command
-            .args(["serve", "--redis", &redis.url()])
+            .args(["serve", "--redis", redis])
             .args(["--http", &http.to_string(), "--rls", &rls.to_string()])
             .arg("--limits")
             .arg(limits);
@@ -282,6 +319,9 @@ impl Server {
             command.arg("--tls").arg(cert).arg(key);
         }
         command.args(["--wait-replicas", &wait_replicas.to_string()]);
+        if spread_subject {
+            command.arg("--spread-subject");
+        }
         let log = dir.join(format!("serve-{rls}.log"));
         let child = command
             .env("TALLY_LOG", "warn")
@@ -300,7 +340,7 @@ impl Server {
             ask: Mutex::new(ask),
             rls,
             http,
-            redis_pid: redis.pid(),
+            redis_pid,
         };
         for port in [http, rls] {
             let deadline = Instant::now() + Duration::from_secs(60);
@@ -409,13 +449,23 @@ fn serve(
     rls: u16,
     limits: &Path,
     (batch, tls, wait_replicas): ServeOptions,
+    spread_subject: bool,
 ) -> anyhow::Result<()> {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
         .with_writer(std::io::stderr)
         .try_init();
     let mut config = tally::config::Config::default();
-    config.redis.url = redis;
+    match redis.strip_prefix("cluster:") {
+        Some(nodes) => {
+            config.redis.mode = tally_counters::config::RedisMode::Cluster;
+            config.redis.nodes = nodes.split(',').map(str::to_string).collect();
+        }
+        None => config.redis.url = redis,
+    }
+    if spread_subject {
+        config.rls.spread = tally::config::Spread::Subject;
+    }
     config.http.listen = format!("127.0.0.1:{http}");
     config.http.max_connections = 4096;
     config.rls.listen = format!("127.0.0.1:{rls}");
