@@ -221,12 +221,7 @@ impl Session {
             Err(e) => {
                 tracing::debug!(error = %e, "rlqs report not recorded");
                 tracked.unrecorded = recorded;
-                self.metrics
-                    .rls
-                    .quota
-                    .skipped
-                    .with_label_values(&["redis"])
-                    .inc();
+                self.skip("redis");
                 return Vec::new();
             }
         };
@@ -259,12 +254,7 @@ impl Session {
             Err(e) => {
                 // Its allowed requests are in the window; the Envoy keeps its assignment.
                 tracing::debug!(error = %e, "rlqs grant not stored");
-                self.metrics
-                    .rls
-                    .quota
-                    .skipped
-                    .with_label_values(&["redis"])
-                    .inc();
+                self.skip("redis");
                 return Vec::new();
             }
         };

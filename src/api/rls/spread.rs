@@ -35,6 +35,10 @@ pub(super) async fn decide(
     peek: bool,
     spread: Spread,
 ) -> Result<(Decision, Vec<Option<Settled>>), RequestError> {
+    if spread == Spread::Domain {
+        // Every key in the domain's slot: one script, nothing to group (no allocation per call).
+        return decide_settling(client, asks, domain, peek).await;
+    }
     let groups = groups(asks, domain, spread);
     if groups.len() == 1 {
         return decide_settling(client, asks, groups[0].0, peek).await;
