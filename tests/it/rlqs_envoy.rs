@@ -1,6 +1,6 @@
 //! Envoy's rate limit quota service (RLQS) through four real Envoys (1.40, filter
 //! `envoy.filters.http.rate_limit_quota`) sharing one tally: the limit of 1,000 per
-//! minute scaled to 333 per 20 s (so that the test takes about a minute), uneven traffic (one
+//! minute scaled to 333 per 20 s (so that the test takes about 80 s), uneven traffic (one
 //! Envoy takes 60 %), demand six times the limit. Envoy 1.40 reports every 5 s (its filter keeps
 //! a fixed interval, whatever `reporting_interval` says). The ground truth is every answer the
 //! clients got, by the window its request was sent in: admitted ≤ limit + 5 % in the window
@@ -144,10 +144,12 @@ fn four_envoys_share_one_limit_and_keep_their_assignment_when_tally_stops() {
             std::thread::spawn(move || paced(port, i, RATES[i], stop))
         })
         .collect();
-    // One whole window after a warm-up of one report interval and more (the first periodic
-    // reports measure the demand), then tally is killed 10 s into the next window (two reports
-    // of every Envoy in it: its budget spent by then).
-    let first = (now_ms() + INTERVAL_MS + 2000).div_euclid(WINDOW_MS) * WINDOW_MS + WINDOW_MS;
+    // The measured window is the second whole window after the first reports: a report charges
+    // the allowed requests it carries to the window it lands in, so the window after the
+    // warm-up's (whose grants, sized from the first reports' stale demands, outlive it) is
+    // charged with what they admitted before it began. Then tally is killed 10 s into the next
+    // window (two reports of every Envoy in it: its budget spent by then).
+    let first = (now_ms() + INTERVAL_MS + 2000).div_euclid(WINDOW_MS) * WINDOW_MS + 2 * WINDOW_MS;
     let killed_at = first + WINDOW_MS + 2 * INTERVAL_MS;
     sleep_until(killed_at);
     rls.tally.kill9();

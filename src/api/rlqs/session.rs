@@ -249,6 +249,7 @@ impl Session {
                 period_ms: period.as_millis() as u64,
             },
         };
+        let desired = ask.desired;
         let granted = match self.ledger.grant(&keys, &self.holder, ask, now_ms).await {
             Ok(g) => g,
             Err(e) => {
@@ -258,6 +259,16 @@ impl Session {
                 return Vec::new();
             }
         };
+        tracing::debug!(
+            domain,
+            limit = %rule.name,
+            allowed,
+            denied,
+            used = granted.used,
+            desired,
+            grant = granted.grant,
+            "rlqs grant"
+        );
         let action = if granted.grant == 0 {
             "deny_all"
         } else {
