@@ -196,6 +196,26 @@ async fn two_streams_share_one_limit_and_idle_buckets_are_abandoned() {
     }
 }
 
+/// A new Envoy (a scale-up, a rolling deploy) reports a bucket first with the one request it
+/// denied: it is granted what its peers need, not one request per report interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_envoys_first_grant_is_its_peers_need() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let rls = start(&redis, "rlqs-first", None);
+    let _ = rls.client().await;
+    let id = bucket(&[("name", "per_tenant"), ("tenant", "new-envoy")]);
+    let mut a = Stream::open(rls.port, None).await.unwrap();
+    // 5 requests/s over 1 s reports: a need of 5 × 1 s × headroom 2 + floor 1 = 11.
+    for _ in 0..2 {
+        let g = granted(&a.report("edge", vec![usage(&id, 5, 0)]).await.unwrap());
+        assert_eq!(g, Some(11));
+    }
+    let mut b = Stream::open(rls.port, None).await.unwrap();
+    let first = granted(&b.report("edge", vec![usage(&id, 0, 1)]).await.unwrap());
+    // Measured alone, 1 request in 1 s would be a need of 3.
+    assert_eq!(first, Some(11), "the new Envoy's first grant");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_are_bounded_and_checked() {
     let redis = LocalRedis::start(&[]).unwrap();

@@ -82,6 +82,25 @@ impl Demand {
     }
 }
 
+/// The demand assumed at a bucket's first report in a stream, where none is measured yet (Envoy
+/// sends it at the bucket's first request, under `no_assignment_behavior`): the mean of the
+/// other Envoys' demands, since a new Envoy behind the same balancer (a scale-up, a rolling
+/// deploy) takes about as much; and at least the window's budget at an even pace, shared with
+/// them. Never below what it measured. Without it a new Envoy is granted one request per report
+/// interval until its second report, and denies nearly all its traffic meanwhile however far
+/// the window is from its limit.
+pub fn first_rate(measured: f64, others: &[Demand], limit: u64, window: Duration) -> f64 {
+    let holders = others.len() as f64 + 1.0;
+    let pace = limit as f64 / window.as_secs_f64().max(0.001) / holders;
+    let sum: f64 = others.iter().map(|d| d.rate.max(0.0)).sum();
+    let mean = if others.is_empty() {
+        0.0
+    } else {
+        sum / others.len() as f64
+    };
+    measured.max(pace).max(mean)
+}
+
 /// The grant to ask for: its need while the budget left covers every Envoy's need, else the
 /// budget left split in proportion to the needs (rounded up; [`cap`] keeps the sum within).
 pub fn desired(budget: Budget, me: Demand, others: &[Demand], t: Tuning) -> u64 {

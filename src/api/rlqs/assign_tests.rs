@@ -20,6 +20,19 @@ fn demand(rate: f64) -> Demand {
 }
 
 #[test]
+fn a_first_report_is_assumed_to_need_its_peers_mean_or_an_even_pace() {
+    let minute = Duration::from_secs(60);
+    // Alone: 1,200 per minute at an even pace, 20/s.
+    assert_eq!(first_rate(0.2, &[], 1200, minute), 20.0);
+    // Beside peers: their mean (30/s), above the even pace shared with them (20/3).
+    let peers = [demand(40.0), demand(20.0)];
+    assert_eq!(first_rate(0.2, &peers, 1200, minute), 30.0);
+    // Idle peers: the pace shared with them; what it measured when that is more.
+    assert_eq!(first_rate(0.2, &[demand(0.0)], 1200, minute), 10.0);
+    assert_eq!(first_rate(50.0, &peers, 1200, minute), 50.0);
+}
+
+#[test]
 fn a_budget_that_covers_every_need_gives_each_its_need() {
     let b = Budget {
         limit: 1000,

@@ -174,6 +174,7 @@ impl Session {
         m.reported
             .with_label_values(&[labels[0], labels[1], "denied"])
             .inc_by(denied);
+        let first = !self.buckets.contains_key(&id);
         let tracked = self.buckets.entry(id.clone()).or_insert(Tracked {
             limit,
             last_report: now.checked_sub(rules.report_interval).unwrap_or(now),
@@ -205,7 +206,7 @@ impl Session {
         });
         let elapsed = now.duration_since(tracked.last_report).max(said);
         let period = elapsed.max(rules.report_interval).min(rules.ttl);
-        let me = Demand {
+        let mut me = Demand {
             rate: offered as f64 / elapsed.as_secs_f64().max(0.001),
             period,
         };
@@ -234,6 +235,9 @@ impl Session {
                 period: Duration::from_millis(n.period_ms),
             })
             .collect();
+        if first {
+            me.rate = assign::first_rate(me.rate, &others, rule.limit, rule.window);
+        }
         let budget = Budget {
             limit: rule.limit,
             used: standing.used,
