@@ -1,7 +1,7 @@
 //! Envoy's rate limit quota service called directly with the generated stubs (the protocol
 //! Envoy's filter speaks): `tally serve` with `[rlqs]` on the RLS port, on a real redis-server.
-//! Two streams (two Envoys) share one limit: what they are granted plus what they reported
-//! never passes it; a bucket idle for `abandon_after` is abandoned; a stream's buckets, its
+//! Two streams (two Envoys) on two tally replicas share one limit through Redis: what they are
+//! granted plus what they reported never passes it; a bucket idle for `abandon_after` is abandoned; a stream's buckets, its
 //! domain and its token are checked.
 
 use std::collections::HashMap;
@@ -133,11 +133,13 @@ fn start(redis: &LocalRedis, name: &str, token: Option<&str>) -> Rls {
 async fn two_streams_share_one_limit_and_idle_buckets_are_abandoned() {
     let redis = LocalRedis::start(&[]).unwrap();
     let rls = start(&redis, "rlqs-share", None);
-    let _ = rls.client().await;
+    // A second replica on the same Redis: the ledger, not a process, holds the budget.
+    let replica = start(&redis, "rlqs-share-replica", None);
+    let _ = (rls.client().await, replica.client().await);
     let run = std::process::id().to_string();
     let id = bucket(&[("name", "per_tenant"), ("tenant", &run)]);
     let mut a = Stream::open(rls.port, None).await.unwrap();
-    let mut b = Stream::open(rls.port, None).await.unwrap();
+    let mut b = Stream::open(replica.port, None).await.unwrap();
 
     // Each stream subscribes, then reports heavy use: what was reported allowed plus what is
     // granted at any time stays within the limit of 100, whatever the order.
@@ -171,10 +173,10 @@ async fn two_streams_share_one_limit_and_idle_buckets_are_abandoned() {
 
     // A bucket idle for abandon_after (2 s) is abandoned at its next report.
     let idle = bucket(&[("name", "per_tenant"), ("tenant", &format!("{run}-idle"))]);
-    assert!(granted(&b.report("edge", vec![usage(&idle, 1, 0)]).await.unwrap()).is_some());
+    assert!(granted(&a.report("edge", vec![usage(&idle, 1, 0)]).await.unwrap()).is_some());
     tokio::time::sleep(Duration::from_millis(2100)).await;
     assert_eq!(
-        granted(&b.report("edge", vec![usage(&idle, 0, 0)]).await.unwrap()),
+        granted(&a.report("edge", vec![usage(&idle, 0, 0)]).await.unwrap()),
         None
     );
 
@@ -190,7 +192,7 @@ async fn two_streams_share_one_limit_and_idle_buckets_are_abandoned() {
         format!("tally_rlqs_granted_requests_total{{{labels}}}"),
         format!("tally_rlqs_reported_requests_total{{{labels},outcome=\"denied\"}}"),
         format!("tally_rlqs_window_used{{{labels}}}"),
-        "tally_rlqs_streams 2".to_string(),
+        "tally_rlqs_streams 1".to_string(),
     ] {
         assert!(metrics.contains(&series), "{series} in\n{metrics}");
     }
