@@ -14,7 +14,7 @@ use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitFilter};
 use tally_testkit::http::Client;
 use tally_testkit::local_redis::LocalRedis;
 
-use super::rls::{descriptor, guide_yaml, limits_dir, Rls};
+use super::rls::{descriptor, guide_yaml, limits_dir, read_head, Rls};
 
 const TOKEN: &str = "charge-s3cret";
 const LIMIT: u64 = 100;
@@ -59,21 +59,11 @@ fn serve_conn(conn: std::net::TcpStream, held: &(Mutex<usize>, Condvar)) {
     let mut out = conn.try_clone().unwrap();
     let mut lines = BufReader::new(conn).lines();
     loop {
-        let (mut charge, mut hold) = (String::from("0"), 0usize);
-        loop {
-            let Some(Ok(line)) = lines.next() else { return };
-            if line.is_empty() {
-                break;
-            }
-            let Some((k, v)) = line.split_once(':') else {
-                continue;
-            };
-            match k.trim().to_ascii_lowercase().as_str() {
-                "x-charge" => charge = v.trim().to_string(),
-                "x-hold" => hold = v.trim().parse().unwrap_or(0),
-                _ => {}
-            }
-        }
+        let Some(head) = read_head(&mut lines) else {
+            return;
+        };
+        let charge = head.get("x-charge").cloned().unwrap_or_else(|| "0".into());
+        let hold: usize = head.get("x-hold").and_then(|h| h.parse().ok()).unwrap_or(0);
         if hold > 0 {
             let (count, arrived) = held;
             let mut n = count.lock().unwrap();

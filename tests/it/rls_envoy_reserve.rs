@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitFilter};
 use tally_testkit::local_redis::LocalRedis;
 
-use super::rls::{guide_yaml, limits_dir, Rls};
+use super::rls::{guide_yaml, limits_dir, read_head, Rls};
 
 const OUT_LIMIT: i64 = 1000;
 const MAX_TOKENS: u64 = 100;
@@ -82,21 +82,14 @@ fn serve(conn: TcpStream, up: &Upstream) {
     let mut out = conn.try_clone().unwrap();
     let mut lines = BufReader::new(conn).lines();
     loop {
-        let (mut user, mut cost) = (String::new(), 0u64);
-        loop {
-            let Some(Ok(line)) = lines.next() else { return };
-            if line.is_empty() {
-                break;
-            }
-            let Some((k, v)) = line.split_once(':') else {
-                continue;
-            };
-            match k.trim().to_ascii_lowercase().as_str() {
-                "x-user" | "x-ctc-user" | "x-rf-user" => user = v.trim().to_string(),
-                "x-cost" => cost = v.trim().parse().unwrap_or(0),
-                _ => {}
-            }
-        }
+        let Some(head) = read_head(&mut lines) else {
+            return;
+        };
+        let user = ["x-user", "x-ctc-user", "x-rf-user"]
+            .iter()
+            .find_map(|h| head.get(*h).cloned())
+            .unwrap_or_default();
+        let cost: u64 = head.get("x-cost").and_then(|c| c.parse().ok()).unwrap_or(0);
         let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\ntrailer: x-input-tokens, x-output-tokens\r\n\r\n";
         let event = |text: &str| format!("{:x}\r\n{text}\r\n", text.len());
         if out
