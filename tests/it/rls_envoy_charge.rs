@@ -14,7 +14,8 @@ use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitFilter};
 use tally_testkit::http::Client;
 use tally_testkit::local_redis::LocalRedis;
 
-use super::rls::{descriptor, guide_yaml, limits_dir, read_head, Rls};
+use super::rls::{descriptor, limits_dir, Rls};
+use crate::common::envoy_side::{guide_yaml, read_head};
 
 const TOKEN: &str = "charge-s3cret";
 const LIMIT: u64 = 100;

@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitFilter};
 use tally_testkit::local_redis::LocalRedis;
 
-use super::rls::{guide_yaml, limits_dir, read_head, Rls};
+use super::rls::{limits_dir, Rls};
+use crate::common::envoy_side::{guide_yaml, read_head};
 
 const OUT_LIMIT: i64 = 1000;
 const MAX_TOKENS: u64 = 100;

@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod dead_letters;
+pub mod envoy_side;
 pub mod kinds;
 pub mod ledger;
 pub mod lock_process;
