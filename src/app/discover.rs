@@ -19,7 +19,7 @@ use crate::ops::log_limit::LogLimiter;
 use crate::ops::metrics::Metrics;
 use crate::stream::consumer::discover::{self, TopicLister};
 
-use super::lane::{CloseGate, Lane, Shared};
+use super::lane::{CloseGate, Lane, Shared, StartGate};
 
 /// The pattern topics' lanes of one process.
 pub(super) struct Discovery {
@@ -108,6 +108,9 @@ impl Discovery {
         let Some(topic) = self.model.pattern_topic(name) else {
             return Ok(());
         };
+        // The topic's lanes join the group together, once all are built.
+        let start_gate = Arc::new(StartGate::new());
+        let _open = OpenOnDrop(&start_gate);
         let shared = Shared {
             model: &self.model,
             lanes: self.lanes,
@@ -116,6 +119,7 @@ impl Discovery {
             shutdown,
             deadline,
             close_gate: &self.close_gate,
+            start_gate: &start_gate,
         };
         let grace = self.model.config.flush.shutdown_grace;
         for _ in 0..self.model.config.kafka.consumers.resolve() {
@@ -173,5 +177,14 @@ fn lane_end(ended: Result<anyhow::Result<()>, tokio::task::JoinError>) -> anyhow
         Ok(Err(e)) => e,
         Ok(Ok(())) => anyhow::anyhow!("a pattern topic's consumer lane stopped on its own"),
         Err(e) => anyhow::anyhow!("a pattern topic's consumer lane panicked: {e}"),
+    }
+}
+
+/// Opens a start gate when dropped: on success and on every early return alike.
+struct OpenOnDrop<'a>(&'a StartGate);
+
+impl Drop for OpenOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.open();
     }
 }

@@ -29,6 +29,9 @@ use super::kafka_client_config;
 /// librdkafka's prefetch per process (`kafka_client_config`'s `queued.max.messages.kbytes`).
 pub(super) const QUEUED_KBYTES: usize = 4096;
 
+/// The longest a lane waits for the lanes starting with it before it joins the group alone.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
 type ThreadEnd = std::thread::Result<Result<(), KafkaError>>;
 
 /// A running lane.
@@ -86,6 +89,49 @@ impl CloseGate {
     }
 }
 
+/// Where the lanes of a process wait for each other before they join the group: built one
+/// after another (each reads its fences' configuration, connects a sink), they would otherwise
+/// join one by one, and a lane that joins after the group's first generation formed makes the
+/// running lanes give up partitions they had just opened (a rebalance of the process against
+/// itself). Opened once every lane of the start is built; each waits at most `timeout`.
+pub(super) struct StartGate {
+    open: parking_lot::Mutex<bool>,
+    opened: parking_lot::Condvar,
+}
+
+impl StartGate {
+    pub(super) fn new() -> StartGate {
+        StartGate {
+            open: parking_lot::Mutex::new(false),
+            opened: parking_lot::Condvar::new(),
+        }
+    }
+
+    /// Let every lane waiting here (and every lane that comes later) join the group.
+    pub(super) fn open(&self) {
+        *self.open.lock() = true;
+        self.opened.notify_all();
+    }
+
+    /// Wait until the gate opens, `shutdown` is cancelled, or `timeout` passes.
+    fn wait(&self, shutdown: &CancellationToken, timeout: Duration) {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut open = self.open.lock();
+        while !*open && !shutdown.is_cancelled() {
+            // Short waits: a cancelled shutdown does not notify this condition variable.
+            let step = (std::time::Instant::now() + Duration::from_millis(50)).min(deadline);
+            if self.opened.wait_until(&mut open, step).timed_out()
+                && std::time::Instant::now() >= deadline
+            {
+                tracing::warn!(
+                    "the other consumer lanes did not start in time; joining the group alone"
+                );
+                return;
+            }
+        }
+    }
+}
+
 /// What a lane needs from the process.
 pub(super) struct Shared<'a> {
     pub(super) model: &'a Model,
@@ -96,6 +142,8 @@ pub(super) struct Shared<'a> {
     /// Stops every sink's retries when the process gives up waiting (the supervisor's deadline).
     pub(super) deadline: &'a CancellationToken,
     pub(super) close_gate: &'a Arc<CloseGate>,
+    /// Opened once every lane starting with this one is built: they join the group together.
+    pub(super) start_gate: &'a Arc<StartGate>,
 }
 
 impl Lane {
@@ -139,7 +187,8 @@ impl Lane {
                 .context("kafka configuration")?;
         let sink = tokio::spawn(sink.run(sink_rx, shared.deadline.clone()));
         let grace = config.flush.shutdown_grace;
-        let done = spawn_consumer(consumer, index, grace, shared.close_gate.clone())?;
+        let gates = (shared.start_gate.clone(), shared.close_gate.clone());
+        let done = spawn_consumer(consumer, index, grace, gates, shared.shutdown.clone())?;
         Ok(Lane { index, done, sink })
     }
 
@@ -243,6 +292,12 @@ fn lane_worker(
 /// The Kafka client settings of lane `index` of `lanes`.
 fn lane_client_config(kafka: &KafkaConfig, lanes: usize, index: usize) -> ClientConfig {
     let mut client = kafka_client_config(kafka);
+    if !kafka.instance_id.is_empty() {
+        client.set(
+            "group.instance.id",
+            format!("{}-{index}", kafka.instance_id),
+        );
+    }
     if lanes > 1 {
         // Each lane is its own group member: distinct client ids in broker logs, and
         // distinct static member ids if the user configured one.
@@ -264,12 +319,14 @@ fn lane_client_config(kafka: &KafkaConfig, lanes: usize, index: usize) -> Client
 }
 
 /// Run `consumer` on thread `tally-consumer{index}`; its result arrives on the returned
-/// channel. After its final commit the lane waits (at most `grace`) at `gate` for the others.
+/// channel. Before it joins the group the lane waits at `start` for the lanes starting with it;
+/// after its final commit it waits (at most `grace`) at `close` for the others.
 fn spawn_consumer(
     consumer: BaseConsumer<TallyContext>,
     index: usize,
     grace: Duration,
-    gate: Arc<CloseGate>,
+    (start, gate): (Arc<StartGate>, Arc<CloseGate>),
+    shutdown: CancellationToken,
 ) -> std::io::Result<oneshot::Receiver<ThreadEnd>> {
     let (done_tx, done) = oneshot::channel();
     // Thread names are cut at 15 bytes: `tally-consumer`, `tally-consumer1`, ...
@@ -280,7 +337,8 @@ fn spawn_consumer(
     std::thread::Builder::new().name(name).spawn(move || {
         let mut waited = false;
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            consumer::run(consumer, grace, || {
+            let ready = || start.wait(&shutdown, START_TIMEOUT);
+            consumer::run(consumer, grace, ready, || {
                 waited = true;
                 gate.arrive_and_wait(grace);
             })

@@ -52,7 +52,14 @@ pub fn kafka_client_config(kafka: &KafkaConfig) -> ClientConfig {
             "statistics.interval.ms",
             crate::config::statistics_interval_ms(kafka.unreachable_after).to_string(),
         )
-        .set("session.timeout.ms", "10000");
+        .set("session.timeout.ms", "10000")
+        // Incremental rebalances: a member joining or leaving (a lane, a replica, a rolling
+        // deploy) moves only the partitions that must move; every other partition keeps
+        // counting through the rebalance. (The eager protocol revokes every partition of every
+        // member first.) A group whose members still use the eager assignors needs
+        // `partition.assignment.strategy` set to them in `[kafka.properties]` until all are
+        // upgraded: the two protocols cannot share a group.
+        .set("partition.assignment.strategy", "cooperative-sticky");
     for (k, v) in &kafka.properties {
         cc.set(k, v);
     }
@@ -171,6 +178,7 @@ impl Tally {
             false => listed + config.kafka.max_pattern_topics * per_topic,
         };
         let close_gate = Arc::new(lane::CloseGate::new(listed));
+        let start_gate = Arc::new(lane::StartGate::new());
         let shared = Shared {
             model: &self.model,
             lanes,
@@ -179,6 +187,7 @@ impl Tally {
             shutdown: &shutdown,
             deadline: &tasks.deadline().clone(),
             close_gate: &close_gate,
+            start_gate: &start_gate,
         };
         let grace = config.flush.shutdown_grace;
         for (index, topic) in plan.into_iter().enumerate() {
@@ -197,11 +206,14 @@ impl Tally {
                     for _ in index..listed {
                         close_gate.arrive();
                     }
+                    start_gate.open();
                     tasks.fail(e.context(format!("starting consumer lane {index}")));
                     return Ok(());
                 }
             }
         }
+        // Every listed lane is built: they join the group together, in one generation.
+        start_gate.open();
         if !self.model.patterns.is_empty() {
             let discovery = discover::Discovery {
                 model: self.model.clone(),

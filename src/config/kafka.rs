@@ -49,6 +49,13 @@ pub struct KafkaConfig {
     /// (pending keys, prefetch) are shared by the lanes of the listed topics and this many
     /// more; matches beyond it are not read (`tally_pattern_topics{state="over_limit"}`).
     pub max_pattern_topics: usize,
+    /// Static membership: a name for this process that stays the same across its restarts (a
+    /// StatefulSet pod's name, `TALLY_KAFKA__INSTANCE_ID` from `metadata.name`). Each lane
+    /// joins as `group.instance.id` `<instance_id>-<lane>`; a lane restarted within
+    /// `session.timeout.ms` gets its partitions back without a rebalance, so set that timeout
+    /// (in `properties`) longer than a restart. Empty: dynamic membership (each start is a new
+    /// member; with the default cooperative-sticky assignment only moved partitions pause).
+    pub instance_id: String,
 }
 
 /// How many consumer lanes a process runs.
@@ -135,6 +142,7 @@ impl Default for KafkaConfig {
             lag_interval: Duration::from_secs(5),
             topics_refresh: Duration::from_secs(30),
             max_pattern_topics: 16,
+            instance_id: String::new(),
         }
     }
 }

@@ -36,6 +36,7 @@ mod broker;
 mod child;
 mod e2e;
 mod events_bench;
+mod gate;
 mod latency;
 mod memprobe;
 mod orchestrate;
@@ -116,6 +117,9 @@ pub enum Role {
         expect: u64,
         #[arg(long)]
         parse: bool,
+        /// Join this consumer group (`subscribe`) instead of assigning every partition.
+        #[arg(long)]
+        group: Option<String>,
         /// `key=value` librdkafka properties over tally's client settings.
         #[arg(long = "property")]
         properties: Vec<String>,
@@ -134,6 +138,9 @@ pub enum Role {
     /// What reading events as users write them costs the consumer loop: nested JSON through
     /// `[decode.fields]`, and CEL counter filters (`docs/benchmarks.md`).
     Events(Rounds),
+    /// The benchmark gate of CI: tally end to end against a bare consumer, from process start,
+    /// alternating rounds; fails below the given floors (`gate.rs`).
+    Gate(gate::GateArgs),
     /// The stream-side cost of window results: decode → aggregate → flush with the
     /// counter's `output` off and on, alternating rounds (issue 21; `docs/benchmarks.md`).
     Outputs(Rounds),
@@ -286,8 +293,17 @@ fn main() -> anyhow::Result<()> {
             partitions,
             expect,
             parse,
+            group,
             properties,
-        }) => raw::role_raw(&brokers, &topic, partitions, expect, parse, &properties),
+        }) => raw::role_raw(
+            &brokers,
+            &topic,
+            partitions,
+            expect,
+            parse,
+            group.as_deref(),
+            &properties,
+        ),
         Some(Role::Tally { config, partitions }) => tally::role_tally(&config, partitions),
         Some(Role::Pipeline(args)) => pipeline::role_pipeline(&args),
         Some(Role::Memprobe {
@@ -297,6 +313,7 @@ fn main() -> anyhow::Result<()> {
             whole,
         }) => memprobe::role_memprobe(keys, partitions, capped, whole),
         Some(Role::Outputs(r)) => outputs::role_outputs(r.messages, r.keys, r.partitions, r.rounds),
+        Some(Role::Gate(args)) => gate::role_gate(&args),
         Some(Role::Events(r)) => {
             events_bench::role_events(r.messages, r.keys, r.partitions, r.rounds)
         }

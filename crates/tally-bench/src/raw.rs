@@ -40,6 +40,9 @@ pub struct RawResult {
     /// CPU of the broker process meanwhile (filled in by the parent).
     #[serde(default)]
     pub broker_cpu: f64,
+    /// This process' CPU from its start (client creation and group join included).
+    #[serde(default)]
+    pub process_cpu: f64,
 }
 
 pub fn role_raw(
@@ -48,12 +51,13 @@ pub fn role_raw(
     partitions: i32,
     expect: u64,
     parse: bool,
+    group: Option<&str>,
     properties: &[String],
 ) -> anyhow::Result<()> {
     let mut kafka = Config::default().kafka;
     kafka.brokers = brokers.to_string();
     kafka.topic = topic.to_string();
-    kafka.group_id = format!("raw-{}", std::process::id());
+    kafka.group_id = group.map_or_else(|| format!("raw-{}", std::process::id()), str::to_string);
     for p in properties {
         let (k, v) = p
             .split_once('=')
@@ -69,7 +73,11 @@ pub fn role_raw(
     }
     let cpu0 = cpu_self();
     let t0 = Instant::now();
-    consumer.assign(&tpl)?;
+    match group {
+        // A group member, as a consumer service is: it reads from the start (a new group).
+        Some(_) => consumer.subscribe(&[topic])?,
+        None => consumer.assign(&tpl)?,
+    }
     let (mut n, mut errors, mut checksum) = (0u64, 0u64, 0i64);
     let mut first = None;
     while n < expect {
@@ -104,6 +112,7 @@ pub fn role_raw(
         checksum,
         peak_rss_mb: proc_status_mb(None, "VmHWM"),
         broker_cpu: 0.0,
+        process_cpu: cpu_self(),
     };
     println!("{}", serde_json::to_string(&result)?);
     Ok(())

@@ -32,6 +32,9 @@ pub struct ConsumerMetrics {
     pub lag_seconds: GaugeVec,
     /// Partition assignments and revocations.
     pub rebalances: IntCounterVec,
+    /// Partitions each rebalance assigned or revoked (with incremental rebalances, only those
+    /// that moved; with the eager protocol, every partition of the member).
+    pub rebalanced_partitions: IntCounterVec,
     /// Partitions currently assigned to this process.
     pub assigned_partitions: IntGauge,
     /// 1 while consumption is paused for backpressure.
@@ -75,6 +78,12 @@ impl ConsumerMetrics {
                 "Consumer group rebalances seen, by kind (assign, revoke).",
                 &["kind"],
             ),
+            rebalanced_partitions: counter_vec(
+                registry,
+                "tally_rebalanced_partitions_total",
+                "Partitions assigned to or revoked from this process by rebalances, by kind (assign, revoke).",
+                &["kind"],
+            ),
             assigned_partitions: gauge(
                 registry,
                 "tally_assigned_partitions",
@@ -95,6 +104,7 @@ impl ConsumerMetrics {
         };
         for k in RebalanceKind::ALL {
             m.rebalances.with_label_values(&[k.label()]);
+            m.rebalanced_partitions.with_label_values(&[k.label()]);
         }
         m
     }
@@ -108,7 +118,11 @@ impl ConsumerMetrics {
     }
 
     /// Count a rebalance.
-    pub fn rebalanced(&self, kind: RebalanceKind) {
+    /// A rebalance of `kind` that moved `partitions` partitions.
+    pub fn rebalanced(&self, kind: RebalanceKind, partitions: usize) {
         self.rebalances.with_label_values(&[kind.label()]).inc();
+        self.rebalanced_partitions
+            .with_label_values(&[kind.label()])
+            .inc_by(partitions as u64);
     }
 }

@@ -63,7 +63,7 @@ impl Committer {
         if tpl.count() > 0 {
             if let Err(e) = consumer.commit(&tpl, mode) {
                 // Harmless for exactness (Redis holds the applied offsets); lag may read high.
-                tracing::warn!(error = %e, "kafka offset commit failed");
+                commit_failed(&e);
             }
         }
     }
@@ -81,7 +81,7 @@ impl Committer {
         self.landed.remove(&partition);
         let _ = self
             .committed_offset
-            .remove_label_values(&[&partition.to_string()]);
+            .remove_label_values(&[&self.topic, &partition.to_string()]);
     }
 
     /// Commit the starts of partitions assigned since the last tick.
@@ -106,8 +106,20 @@ impl Committer {
         }
         if tpl.count() > 0 {
             if let Err(e) = consumer.commit(&tpl, mode) {
-                tracing::warn!(error = %e, "kafka offset commit failed");
+                commit_failed(&e);
             }
         }
+    }
+}
+
+/// Log a failed commit: a warning, unless the group is rebalancing (the commit of a generation
+/// that is ending is refused; the next owner commits where Redis says, so nothing is lost).
+fn commit_failed(e: &rdkafka::error::KafkaError) {
+    use rdkafka::error::RDKafkaErrorCode as C;
+    match e.rdkafka_error_code() {
+        Some(C::RebalanceInProgress | C::IllegalGeneration | C::UnknownMemberId) => {
+            tracing::debug!(error = %e, "kafka offset commit refused during a rebalance");
+        }
+        _ => tracing::warn!(error = %e, "kafka offset commit failed"),
     }
 }

@@ -117,7 +117,10 @@ impl ClientContext for TallyContext {
             level,
             L::Emerg | L::Alert | L::Critical | L::Error | L::Warning
         );
-        if !serious {
+        // A commit refused because the group is rebalancing is expected (Redis, not Kafka's
+        // offset, says where a partition resumes): librdkafka reports it as a warning.
+        let rebalancing = fac == "COMMITFAIL" && message.contains("rebalance in progress");
+        if !serious || rebalancing {
             tracing::debug!(fac, message, "librdkafka");
         } else if let Some(suppressed) = self.kafka_log.allow() {
             tracing::warn!(fac, message, suppressed, "librdkafka");
@@ -126,15 +129,18 @@ impl ClientContext for TallyContext {
 }
 
 /// The consumer thread: poll, decode, aggregate, flush; until `shutdown`, then a final flush.
+/// `ready` returns when the consumer may join the group (the lanes of a process join together);
 /// `before_close` runs after the final flush and commit, before the consumer leaves the group:
 /// lanes of one process wait there for each other, so that one lane leaving (a rebalance) does
 /// not make another lane's final commit fail.
 pub fn run(
     consumer: BaseConsumer<TallyContext>,
     grace: Duration,
+    ready: impl FnOnce(),
     before_close: impl FnOnce(),
 ) -> Result<(), KafkaError> {
     let ctx = consumer.context().clone();
+    ready();
     consumer.subscribe(&[&ctx.topic])?;
     let mut now_ms = unix_ms();
     let mut polls: u32 = 0;

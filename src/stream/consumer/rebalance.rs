@@ -25,7 +25,9 @@ impl ConsumerContext for TallyContext {
         let mut worker = guard.borrow_mut();
         let result = match err {
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                self.metrics.consumer.rebalanced(RebalanceKind::Assign);
+                self.metrics
+                    .consumer
+                    .rebalanced(RebalanceKind::Assign, tpl.count());
                 if !self.shutdown.is_cancelled() {
                     worker.on_assign(consumer, tpl);
                 }
@@ -38,7 +40,9 @@ impl ConsumerContext for TallyContext {
                 r
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                self.metrics.consumer.rebalanced(RebalanceKind::Revoke);
+                self.metrics
+                    .consumer
+                    .rebalanced(RebalanceKind::Revoke, tpl.count());
                 worker.on_revoke(consumer, tpl);
                 if cooperative {
                     consumer.incremental_unassign(tpl)
