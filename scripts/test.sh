@@ -21,6 +21,12 @@ fi
 # The product's dependencies: licenses allowed, crates.io only, no new duplicate versions
 # (deny.toml says why each remaining one is there). Advisories need GitHub: not run here.
 cargo deny --no-default-features --exclude-dev --locked --log-level error check bans licenses sources
+# The benchmark gate: tally end to end against a bare consumer of the same topic, both from
+# process start, alternating rounds (crates/tally-bench/src/gate.rs; about 10 minutes to build
+# in release on 2 cores, 1-2 to run). It fails when the medians cross the floors below, set
+# from the spread measured on this 2-core machine (docs/guide/17-benchmark.md says how).
+cargo build --release --quiet -p tally-bench --bin tally-bench
+target/release/tally-bench gate --rounds 3 --min-rate-ratio 0.3 --max-cpu-ratio 3.0
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --no-fail-fast
 else

@@ -22,10 +22,13 @@ use tally_testkit::local_redis::LocalRedis;
 
 use crate::broker::produce;
 use crate::child::ChildRole;
-use crate::proc_stats::{median, proc_cpu, proc_status_mb};
+use std::collections::HashMap;
+
+use crate::proc_stats::{median, proc_cpu, proc_status_mb, thread_breakdown, thread_cpus};
 use crate::raw::RawResult;
 use crate::redis_stats::flushall;
 use crate::store::{AppliedOffsets, Store};
+use crate::tally::Scrape;
 use crate::Variant;
 
 const TOPIC: &str = "gate";
@@ -54,13 +57,18 @@ pub struct GateArgs {
 }
 
 /// One side of one round.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Run {
     /// From spawn until done.
     secs: f64,
+    /// From spawn until every event was read (tally: `tally_messages_consumed_total`, scraped
+    /// every 50 ms); the rest of `secs` is the last flushes landing in Redis.
+    read_secs: f64,
     /// The process' CPU seconds from its start until done.
     cpu: f64,
     peak_rss_mb: f64,
+    /// tally's CPU by thread name, largest first (empty for the bare consumer).
+    threads: Vec<(String, f64)>,
 }
 
 pub fn role_gate(args: &GateArgs) -> anyhow::Result<()> {
@@ -101,9 +109,10 @@ pub fn role_gate(args: &GateArgs) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     println!(
-        "round  first   bare s  bare CPU   tally s  tally CPU  tally RSS  rate ×  CPU/event ×"
+        "round  first   bare s  bare CPU   tally s (read)  tally CPU  tally RSS  rate ×  CPU/event ×"
     );
     let (mut rate, mut cpu) = (Vec::new(), Vec::new());
+    let mut threads = Vec::new();
     for round in 0..args.rounds {
         let tally_first = round % 2 == 1;
         let group = format!("gate-{round}");
@@ -118,14 +127,16 @@ pub fn role_gate(args: &GateArgs) -> anyhow::Result<()> {
             )
         };
         // Rates over the same events: the ratio of the times. CPU per event: of the CPU.
+        threads = tally.threads.clone();
         rate.push(bare.secs / tally.secs);
         cpu.push(tally.cpu / bare.cpu);
         println!(
-            "{round:>5}  {:<6} {:>7.2} {:>9.2} {:>9.2} {:>10.2} {:>8.0} MB {:>7.2} {:>12.2}",
+            "{round:>5}  {:<6} {:>7.2} {:>9.2} {:>9.2} ({:>4.1}) {:>10.2} {:>8.0} MB {:>7.2} {:>12.2}",
             if tally_first { "tally" } else { "bare" },
             bare.secs,
             bare.cpu,
             tally.secs,
+            tally.read_secs,
             tally.cpu,
             tally.peak_rss_mb,
             rate[round],
@@ -133,6 +144,12 @@ pub fn role_gate(args: &GateArgs) -> anyhow::Result<()> {
         );
     }
     let (rate, cpu) = (median(rate), median(cpu));
+    let shown: Vec<String> = threads
+        .iter()
+        .take(6)
+        .map(|(name, secs)| format!("{name} {secs:.2}"))
+        .collect();
+    println!("tally's CPU by thread, last round (s): {}", shown.join(", "));
     println!(
         "gate: median tally/bare rate {rate:.2}× (floor {:.2}), CPU per event {cpu:.2}× (ceiling {:.2}); {:.0} s in all",
         args.min_rate_ratio,
@@ -186,8 +203,10 @@ fn run_bare(bootstrap: &str, group: &str, partitions: i32, events: i64) -> anyho
     }
     Ok(Run {
         secs,
+        read_secs: secs,
         cpu: r.process_cpu,
         peak_rss_mb: r.peak_rss_mb,
+        threads: Vec::new(),
     })
 }
 
@@ -224,6 +243,8 @@ fn run_tally(
     let mut applied = AppliedOffsets::new(store, group, TOPIC, partitions);
     let mut peak_rss_mb = 0.0_f64;
     let mut polls = 0u32;
+    let mut read_secs = None;
+    let events = (per_partition * i64::from(partitions)) as f64;
     while !applied.all_at(&mut conns, per_partition)? {
         if t0.elapsed() > Duration::from_secs(300) {
             bail!(
@@ -238,6 +259,12 @@ fn run_tally(
             );
         }
         polls += 1;
+        if polls.is_multiple_of(10) && read_secs.is_none() {
+            let consumed = Scrape::get(port).map_or(0.0, |s| s.value("tally_messages_consumed_total"));
+            if consumed >= events {
+                read_secs = Some(t0.elapsed().as_secs_f64());
+            }
+        }
         if polls.is_multiple_of(20) {
             peak_rss_mb = peak_rss_mb.max(proc_status_mb(Some(pid), "VmHWM"));
         }
@@ -245,13 +272,16 @@ fn run_tally(
     }
     let secs = t0.elapsed().as_secs_f64();
     let cpu = proc_cpu(pid);
+    let threads = thread_breakdown(&HashMap::new(), &thread_cpus(pid));
     peak_rss_mb = peak_rss_mb.max(proc_status_mb(Some(pid), "VmHWM"));
     child.finish(Duration::from_secs(60));
     let _ = std::fs::remove_file(config);
     Ok(Run {
         secs,
+        read_secs: read_secs.unwrap_or(secs),
         cpu,
         peak_rss_mb,
+        threads,
     })
 }
 
