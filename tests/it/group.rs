@@ -169,3 +169,152 @@ async fn a_replica_joining_moves_only_its_share() {
     assert_eq!(keys.len(), 10);
     assert!(keys.values().all(|&v| v == 400), "{keys:?}");
 }
+
+/// Produce to every partition of `h`'s topic, about `per_sec` events a second, until `stop`;
+/// returns the events produced per partition.
+fn produce_steadily(
+    h: &Harness,
+    per_sec: u64,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<Vec<i64>> {
+    use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+    let producer: BaseProducer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", h.mock.bootstrap_servers())
+        .set("linger.ms", "1")
+        .create()
+        .expect("producer");
+    let (topic, partitions) = (h.topic.clone(), h.partitions);
+    std::thread::spawn(move || {
+        let mut sent = vec![0i64; partitions as usize];
+        let started = std::time::Instant::now();
+        let mut i: u64 = 0;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let due = started.elapsed().as_secs_f64() * per_sec as f64;
+            while (i as f64) < due {
+                let p = (i % partitions as u64) as i32;
+                let payload = format!(r#"{{"app_id":"a{}"}}"#, i % 10);
+                let rec = BaseRecord::<(), str>::to(&topic)
+                    .partition(p)
+                    .payload(&payload)
+                    .timestamp(Utc::now().timestamp_millis());
+                if producer.send(rec).is_ok() {
+                    sent[p as usize] += 1;
+                    i += 1;
+                } else {
+                    producer.poll(Duration::from_millis(1));
+                }
+            }
+            producer.poll(Duration::from_millis(2));
+        }
+        producer.flush(Duration::from_secs(10)).expect("flush");
+        sent
+    })
+}
+
+/// The longest time (s) any of `others` went without consuming, sampled every 10 ms until
+/// `stop`.
+fn longest_pause(
+    others: Vec<tally::ops::metrics::Metrics>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> tokio::task::JoinHandle<f64> {
+    tokio::spawn(async move {
+        let now = std::time::Instant::now();
+        let mut last: Vec<(u64, std::time::Instant)> = others
+            .iter()
+            .map(|m| (m.consumer.messages_consumed.get(), now))
+            .collect();
+        let mut longest = 0.0_f64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let now = std::time::Instant::now();
+            for (m, (seen, at)) in others.iter().zip(last.iter_mut()) {
+                let n = m.consumer.messages_consumed.get();
+                longest = longest.max(now.duration_since(*at).as_secs_f64());
+                if n > *seen {
+                    (*seen, *at) = (n, now);
+                }
+            }
+        }
+        longest
+    })
+}
+
+/// A rolling restart of three replicas (each stopped, then started again, one at a time) under
+/// steady load: the two replicas not restarting keep consuming the partitions they keep; they
+/// stop only while they hand a partition over (flush and commit it, in the rebalance callback).
+/// The longest pause of either is measured for each restart (`messages_consumed` moves every
+/// 200 ms at most, so 0.2 s is no pause) and bounded; with the eager protocol every member stops
+/// at every change of membership (`TALLY_TEST_ASSIGNMENT=range` measures it: see
+/// docs/guide/17-benchmark.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_restart_of_three_pauses_the_others_briefly() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let mut h = Harness::new("rolling", 12);
+    let mut config = h.config("g-rolling", flow("rol"));
+    config.kafka.consumers = tally::config::Consumers::Count(1);
+    if let Ok(strategy) = std::env::var("TALLY_TEST_ASSIGNMENT") {
+        // To measure the eager protocol beside the default (`range`).
+        config
+            .kafka
+            .properties
+            .insert("partition.assignment.strategy".into(), strategy);
+    }
+    let mut replicas: Vec<_> = (0..3).map(|_| h.start(config.clone())).collect();
+    let all = |rs: &[crate::common::Running]| {
+        let counts: Vec<i64> = rs
+            .iter()
+            .map(|r| r.metrics.consumer.assigned_partitions.get())
+            .collect();
+        counts.iter().sum::<i64>() == 12 && counts.iter().all(|&c| c > 0)
+    };
+    wait_for(
+        "three replicas share the partitions",
+        Duration::from_secs(60),
+        || all(&replicas),
+    )
+    .await;
+    let stop_producing = Arc::new(AtomicBool::new(false));
+    let producer = produce_steadily(&h, 3_000, stop_producing.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut pauses = Vec::new();
+    for i in 0..3 {
+        let others: Vec<_> = (0..3)
+            .filter(|&j| j != i)
+            .map(|j| replicas[j].metrics.clone())
+            .collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let watch = longest_pause(others, stop.clone());
+        let old = replicas.remove(i);
+        old.stop().await;
+        replicas.insert(i, h.start(config.clone()));
+        wait_for(
+            "the restarted replica has its share",
+            Duration::from_secs(60),
+            || all(&replicas),
+        )
+        .await;
+        // Past the rebalances: the restarted replica counts again.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        stop.store(true, Ordering::Relaxed);
+        pauses.push(watch.await.expect("watch"));
+    }
+    stop_producing.store(true, Ordering::Relaxed);
+    h.produced = producer.join().expect("producer");
+    h.wait_applied("g-rolling", Duration::from_secs(60)).await;
+    for r in replicas {
+        r.stop().await;
+    }
+    eprintln!("rolling restart of three: longest pause of the other replicas per restart (s): {pauses:.2?}");
+    let total: i64 = h.dump("rol:*").values().sum();
+    assert_eq!(
+        total,
+        h.produced.iter().sum::<i64>(),
+        "every event counted once"
+    );
+    let worst = pauses.iter().copied().fold(0.0, f64::max);
+    assert!(
+        worst < 1.0,
+        "a replica that kept its partitions paused {worst:.2} s: {pauses:.2?}"
+    );
+}

@@ -149,7 +149,10 @@ pub fn role_gate(args: &GateArgs) -> anyhow::Result<()> {
         .take(6)
         .map(|(name, secs)| format!("{name} {secs:.2}"))
         .collect();
-    println!("tally's CPU by thread, last round (s): {}", shown.join(", "));
+    println!(
+        "tally's CPU by thread, last round (s): {}",
+        shown.join(", ")
+    );
     println!(
         "gate: median tally/bare rate {rate:.2}× (floor {:.2}), CPU per event {cpu:.2}× (ceiling {:.2}); {:.0} s in all",
         args.min_rate_ratio,
@@ -260,7 +263,8 @@ fn run_tally(
         }
         polls += 1;
         if polls.is_multiple_of(10) && read_secs.is_none() {
-            let consumed = Scrape::get(port).map_or(0.0, |s| s.value("tally_messages_consumed_total"));
+            let consumed =
+                Scrape::get(port).map_or(0.0, |s| s.value("tally_messages_consumed_total"));
             if consumed >= events {
                 read_secs = Some(t0.elapsed().as_secs_f64());
             }

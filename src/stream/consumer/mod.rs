@@ -119,7 +119,14 @@ impl ClientContext for TallyContext {
         );
         // A commit refused because the group is rebalancing is expected (Redis, not Kafka's
         // offset, says where a partition resumes): librdkafka reports it as a warning.
-        let rebalancing = fac == "COMMITFAIL" && message.contains("rebalance in progress");
+        let rebalancing = fac == "COMMITFAIL"
+            && [
+                "rebalance in progress",
+                "generation id is not valid",
+                "member id",
+            ]
+            .iter()
+            .any(|m| message.contains(m));
         if !serious || rebalancing {
             tracing::debug!(fac, message, "librdkafka");
         } else if let Some(suppressed) = self.kafka_log.allow() {
