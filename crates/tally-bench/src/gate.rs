@@ -67,6 +67,8 @@ struct Run {
     /// The process' CPU seconds from its start until done.
     cpu: f64,
     peak_rss_mb: f64,
+    /// Partitions tally's lanes gave up to a rebalance (0: the lanes joined in one generation).
+    revoked: f64,
     /// tally's CPU by thread name, largest first (empty for the bare consumer).
     threads: Vec<(String, f64)>,
 }
@@ -109,7 +111,7 @@ pub fn role_gate(args: &GateArgs) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     println!(
-        "round  first   bare s  bare CPU   tally s (read)  tally CPU  tally RSS  rate ×  CPU/event ×"
+        "round  first   bare s  bare CPU   tally s (read)  tally CPU  tally RSS  revoked  rate ×  CPU/event ×"
     );
     let (mut rate, mut cpu) = (Vec::new(), Vec::new());
     let mut threads = Vec::new();
@@ -131,7 +133,7 @@ pub fn role_gate(args: &GateArgs) -> anyhow::Result<()> {
         rate.push(bare.secs / tally.secs);
         cpu.push(tally.cpu / bare.cpu);
         println!(
-            "{round:>5}  {:<6} {:>7.2} {:>9.2} {:>9.2} ({:>4.1}) {:>10.2} {:>8.0} MB {:>7.2} {:>12.2}",
+            "{round:>5}  {:<6} {:>7.2} {:>9.2} {:>9.2} ({:>4.1}) {:>10.2} {:>8.0} MB {:>8} {:>7.2} {:>12.2}",
             if tally_first { "tally" } else { "bare" },
             bare.secs,
             bare.cpu,
@@ -139,6 +141,7 @@ pub fn role_gate(args: &GateArgs) -> anyhow::Result<()> {
             tally.read_secs,
             tally.cpu,
             tally.peak_rss_mb,
+            tally.revoked,
             rate[round],
             cpu[round],
         );
@@ -209,6 +212,7 @@ fn run_bare(bootstrap: &str, group: &str, partitions: i32, events: i64) -> anyho
         read_secs: secs,
         cpu: r.process_cpu,
         peak_rss_mb: r.peak_rss_mb,
+        revoked: 0.0,
         threads: Vec::new(),
     })
 }
@@ -277,6 +281,9 @@ fn run_tally(
     let secs = t0.elapsed().as_secs_f64();
     let cpu = proc_cpu(pid);
     let threads = thread_breakdown(&HashMap::new(), &thread_cpus(pid));
+    let revoked = Scrape::get(port).map_or(f64::NAN, |s| {
+        s.value("tally_rebalanced_partitions_total{kind=\"revoke\"}")
+    });
     peak_rss_mb = peak_rss_mb.max(proc_status_mb(Some(pid), "VmHWM"));
     child.finish(Duration::from_secs(60));
     let _ = std::fs::remove_file(config);
@@ -285,6 +292,7 @@ fn run_tally(
         read_secs: read_secs.unwrap_or(secs),
         cpu,
         peak_rss_mb,
+        revoked,
         threads,
     })
 }
