@@ -325,6 +325,16 @@ fn cluster_failovers_counted_within_a_second_of_the_kill() {
             crate::common::cluster::applied(cluster, SHARDS, "g-five", topic, PARTITIONS)
         }),
     };
+    // Every partition counted (its fences on every shard): a lane that joins late gets its
+    // partitions only then, and a round measured before would wait for offsets no primary has.
+    assert!(
+        when(Duration::from_secs(60), || (end_to_end.applied)(&cluster)
+            .iter()
+            .all(|a| *a >= 0))
+        .is_some(),
+        "not every partition was counted within 60 s\n{}",
+        t.log()
+    );
     let mut rounds = Vec::new();
     for round in 0..rounds_wanted {
         assert!(

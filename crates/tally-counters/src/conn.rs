@@ -34,7 +34,7 @@ pub enum Connector {
 mod sentinel;
 pub use sentinel::Sentinel;
 mod stuck;
-pub use stuck::{stuck_error, Cluster};
+pub use stuck::Cluster;
 
 /// A live connection.
 #[derive(Clone)]
@@ -42,7 +42,7 @@ pub enum Conn {
     /// To a single server.
     Single(MultiplexedConnection),
     /// To a cluster (a request on a client that stopped answering fails at once: see
-    /// [`stuck`]).
+    /// [`Cluster`]).
     Cluster(Cluster),
 }
 
@@ -265,7 +265,7 @@ impl Connector {
 
 impl Conn {
     /// Run a pipeline. On a cluster, every command of `pipe` must map to one slot. A cluster
-    /// client that stops answering fails it at once with [`stuck_error`] (see [`stuck`]).
+    /// client that stops answering fails it at once (see [`Cluster`]).
     pub async fn pipe(&mut self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
         match self {
             Conn::Single(c) => pipe.query_async(c).await,
