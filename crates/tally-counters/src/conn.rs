@@ -5,7 +5,6 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::{
     AsyncConnectionConfig, Client, Cmd, FromRedisValue, Pipeline, RedisError, RedisResult, Value,
 };
@@ -34,14 +33,17 @@ pub enum Connector {
 
 mod sentinel;
 pub use sentinel::Sentinel;
+mod stuck;
+pub use stuck::Cluster;
 
 /// A live connection.
 #[derive(Clone)]
 pub enum Conn {
     /// To a single server.
     Single(MultiplexedConnection),
-    /// To a cluster.
-    Cluster(ClusterConnection),
+    /// To a cluster (a request on a client that stopped answering fails at once: see
+    /// [`Cluster`]).
+    Cluster(Cluster),
 }
 
 /// The cluster client's own retries on the stream path (whose flushes are idempotent).
@@ -228,9 +230,9 @@ impl Connector {
                     ))),
                 }
             }
-            Connector::Cluster { client, .. } => {
-                Ok(Conn::Cluster(client.get_async_connection().await?))
-            }
+            Connector::Cluster { client, .. } => Ok(Conn::Cluster(Cluster::new(
+                client.get_async_connection().await?,
+            ))),
         }
     }
 
@@ -255,24 +257,32 @@ impl Connector {
             return self.connect().await;
         }
         let client = cluster_client(some, *timeouts, *retries)?;
-        Ok(Conn::Cluster(client.get_async_connection().await?))
+        Ok(Conn::Cluster(Cluster::new(
+            client.get_async_connection().await?,
+        )))
     }
 }
 
 impl Conn {
-    /// Run a pipeline. On a cluster, every command of `pipe` must map to one slot.
+    /// Run a pipeline. On a cluster, every command of `pipe` must map to one slot. A cluster
+    /// client that stops answering fails it at once (see [`Cluster`]).
     pub async fn pipe(&mut self, pipe: &Pipeline) -> RedisResult<Vec<Value>> {
         match self {
             Conn::Single(c) => pipe.query_async(c).await,
-            Conn::Cluster(c) => pipe.query_async(c).await,
+            Conn::Cluster(c) => {
+                c.clone()
+                    .unless_stuck(pipe.query_async(&mut c.client))
+                    .await
+            }
         }
     }
 
-    /// Run one command (on a cluster, routed by key, or to all primaries for SCRIPT LOAD).
+    /// Run one command (on a cluster, routed by key, or to all primaries for SCRIPT LOAD), as
+    /// [`Conn::pipe`].
     pub async fn query<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<T> {
         match self {
             Conn::Single(c) => cmd.query_async(c).await,
-            Conn::Cluster(c) => cmd.query_async(c).await,
+            Conn::Cluster(c) => c.clone().unless_stuck(cmd.query_async(&mut c.client)).await,
         }
     }
 }
@@ -367,7 +377,12 @@ impl Conn {
         let Conn::Cluster(c) = self else {
             return Ok(vec![None]);
         };
-        let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(c).await?;
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("SLOTS");
+        let slots: Value = c
+            .clone()
+            .unless_stuck(cmd.query_async(&mut c.client))
+            .await?;
         Ok(slot_primaries(&slots).into_iter().map(Some).collect())
     }
 
@@ -380,7 +395,10 @@ impl Conn {
                     host: host.clone(),
                     port: *port,
                 });
-                let v = c.route_command(cmd.clone(), routing).await?;
+                let guard = c.clone();
+                let v = guard
+                    .unless_stuck(c.client.route_command(cmd.clone(), routing))
+                    .await?;
                 redis::from_redis_value(v).map_err(Into::into)
             }
             (conn, _) => conn.query(cmd).await,
@@ -398,11 +416,9 @@ impl Conn {
             Conn::Single(c) => cmd.query_async(c).await?,
             Conn::Cluster(c) => {
                 use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
-                c.route_command(
-                    cmd,
-                    RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
-                )
-                .await?
+                let all = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let guard = c.clone();
+                guard.unless_stuck(c.client.route_command(cmd, all)).await?
             }
         };
         let mut policies = Vec::new();
