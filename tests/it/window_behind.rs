@@ -51,7 +51,7 @@ fn an_output_topic_that_cannot_be_created_is_an_error_and_its_windows_fall_behin
         tally.metric(r#"tally_publish_behind_seconds{counter="views"}"#),
         tally.log()
     );
-    let errored = wait_until(Duration::from_secs(15), || topic_errors(&tally.log()) >= 1);
+    let errored = wait_until(Duration::from_secs(30), || topic_errors(&tally.log()) >= 1);
     assert!(
         errored,
         "an ERROR names the topic and the reason\n{}",
@@ -61,9 +61,11 @@ fn an_output_topic_that_cannot_be_created_is_an_error_and_its_windows_fall_behin
         "behind: ERROR and behind >= 60 s within {:?} of the start",
         started.elapsed()
     );
+    // One unanswered creation (10 s) after tally's start, not librdkafka's default timeouts of
+    // a minute and more.
     assert!(
-        started.elapsed() < Duration::from_secs(30),
-        "at once, not after the timeouts of a minute: {:?}",
+        started.elapsed() < Duration::from_secs(45),
+        "at once: {:?}",
         started.elapsed()
     );
 
