@@ -39,8 +39,10 @@ pub struct PublishConfig {
     #[serde(with = "humantime_serde")]
     pub corrections_every: Duration,
     /// Create the output topics (and late topics) that do not exist, with the settings below,
-    /// through Kafka's admin API, before the first window is published. Off: a missing topic
-    /// is the broker's business (auto-creation, or the sends time out and the pass is retried).
+    /// through Kafka's admin API, before the first window is published. A topic that cannot be
+    /// created (no CreateTopics, no permission) is an ERROR, and nothing is published until it
+    /// can be. Off: a missing topic is the broker's business (auto-creation, or the sends time
+    /// out and the pass is retried).
     pub create_topics: bool,
     /// Partitions of a created topic; unset: the broker's `num.partitions` (Kafka 2.4+).
     pub topic_partitions: Option<u32>,

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use std::sync::Arc;
 
 use crate::config::Model;
+use crate::ops::log_limit::LogLimiter;
 use crate::ops::metrics::Metrics;
 
 /// Run every enabled job's leadership loop until `stop`.
@@ -113,6 +114,9 @@ async fn lead<F, Fut>(
     Fut: Future<Output = anyhow::Result<()>>,
 {
     let name = format!("job:{job}");
+    // A pass that fails fails again at every interval until its cause is gone: one line per
+    // 10 s says so (the status page has the last error).
+    let failed = LogLimiter::new();
     let leader = metrics.jobs.leader.with_label_values(&[job]);
     let runs = metrics.jobs.runs.with_label_values(&[job]);
     // Listed on the status page from the start, as a follower until it leads.
@@ -146,7 +150,9 @@ async fn lead<F, Fut>(
                             metrics.status.job_ran(job, at, None);
                         }
                         Err(e) => {
-                            tracing::warn!(job, error = %e, "pass failed; retrying next interval");
+                            if let Some(repeated) = failed.allow() {
+                                tracing::warn!(job, error = %e, repeated, "pass failed; retrying next interval");
+                            }
                             metrics.status.job_ran(job, at, Some(e.to_string()));
                         }
                     }

@@ -77,6 +77,7 @@ mod tansu;
 mod tls;
 mod topic_patterns;
 mod topics;
+mod window_behind;
 mod window_cluster;
 mod window_late;
 mod window_partitioner;

@@ -25,7 +25,8 @@ pub struct PublishMetrics {
     pub late_dropped: IntCounterVec,
     /// Final attempts that produced a window's stored snapshot again, by counter.
     pub republished: IntCounterVec,
-    /// How far publishing is behind the windows that closed (seconds of event time), by counter.
+    /// How far publishing is behind: event time from the end of the oldest closed window not
+    /// published to the counter's watermark (0: every closed window is out), by counter.
     pub behind_seconds: IntGaugeVec,
 }
 
@@ -83,7 +84,7 @@ impl PublishMetrics {
             behind_seconds: gauge_vec(
                 registry,
                 "tally_publish_behind_seconds",
-                "Event time between the end of the last closed window and the publisher's progress, by counter.",
+                "Event time between the end of the oldest closed window not yet published and the counter's watermark (0: every closed window is published; it grows from the first closable window while nothing is published), by counter.",
                 &["counter"],
             ),
         };

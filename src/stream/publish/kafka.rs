@@ -13,6 +13,7 @@ use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 
+use super::topics::TopicError;
 use crate::config::Model;
 
 /// One record to produce.
@@ -92,7 +93,7 @@ impl Kafka {
 
     /// With `create_topics`, create the topics of `model`'s outputs that do not exist (once per
     /// process); without, nothing.
-    pub async fn ensure_topics(&self, model: &Model) -> anyhow::Result<()> {
+    pub async fn ensure_topics(&self, model: &Model) -> Result<(), TopicError> {
         let Some(admin) = &self.admin else {
             return Ok(());
         };
@@ -105,7 +106,7 @@ impl Kafka {
     }
 
     /// Produce `records` to `topic` and wait for Kafka's acknowledgement of every one.
-    pub async fn send(&self, topic: &str, records: Vec<Out<'_>>) -> anyhow::Result<()> {
+    pub async fn send(&self, topic: &str, records: Vec<Out<'_>>) -> Result<(), TopicError> {
         let sends = records.into_iter().map(|r| {
             let mut rec = FutureRecord::<str, str>::to(topic)
                 .key(r.key)
@@ -120,7 +121,9 @@ impl Kafka {
         });
         for result in join_all(sends).await {
             if let Err((e, _)) = result {
-                anyhow::bail!("kafka refused a record for {topic}: {e}");
+                let topic = topic.to_string();
+                let reason = e.to_string();
+                return Err(TopicError::Send { topic, reason });
             }
         }
         Ok(())

@@ -12,6 +12,7 @@
 //! * [`late`]: `late = "drop"`, the late changes of published windows counted, not corrected.
 //! * [`tombstones`]: null records for the keys of windows whose keys expired.
 //! * [`kafka`]: the producer, metadata and admin clients; [`topics`]: missing topics created.
+//! * [`progress`]: per counter, the end of the last window published, and how far behind it is.
 //!
 //! One replica at a time publishes (the jobs' leadership, [`crate::jobs`]). Per counter it keeps
 //! its progress in Redis (the end of the last window published), and per window the answers it
@@ -24,10 +25,17 @@
 //! changed a key in between. A key whose answer differs from the one published (a late event
 //! within retention) is produced again with `"correction": true`, or with `late = "drop"`
 //! counted and left out ([`late`]).
+//!
+//! A topic that cannot be created or written is logged at ERROR at once (then at most every
+//! 10 s), and the windows it holds back show in `tally_publish_behind_seconds`: measured from
+//! the oldest closed window not published, it grows from the first one, even when nothing was
+//! ever published. Each counter is published on its own: one counter's broken topic does not
+//! hold back another's.
 
 pub mod cells;
 pub mod kafka;
 pub mod late;
+pub mod progress;
 pub mod record;
 pub mod snapshot;
 pub mod tombstones;
@@ -50,6 +58,7 @@ use crate::ops::metrics::Metrics;
 use cells::Cell;
 use kafka::{Kafka, Out};
 use record::Emit;
+use topics::{TopicAlarm, TopicError};
 use watermark::{Mark, TopicPartition};
 
 /// The publisher, built once per process; [`Publisher::pass`] runs under the leadership.
@@ -60,6 +69,8 @@ pub struct Publisher {
     metrics: Metrics,
     /// Per counter index: when its published windows were last read for corrections.
     last_scan: Mutex<BTreeMap<usize, Instant>>,
+    /// Topic errors, logged at ERROR at once and then rate limited.
+    alarm: TopicAlarm,
     /// What the last pass saw, for status pages: per partition, and per counter its watermark.
     pub state: Arc<Mutex<Snapshot>>,
 }
@@ -83,14 +94,18 @@ impl Publisher {
             kafka,
             metrics: metrics.clone(),
             last_scan: Mutex::new(BTreeMap::new()),
+            alarm: TopicAlarm::default(),
             state: Arc::default(),
         })
     }
 
     /// One pass: read the watermarks, then for every counter with an output publish the windows
-    /// that closed and the corrections found.
+    /// that closed and the corrections found. A counter that fails does not stop the others;
+    /// the pass returns the first error. Topic errors are logged here, at ERROR (rate limited).
     pub async fn pass(&self) -> anyhow::Result<()> {
-        self.kafka.ensure_topics(&self.model).await?;
+        let mut first_error: Option<anyhow::Error> = None;
+        // Whether the topics exist, checked when the first counter has something to produce.
+        let mut ready = None;
         let mut conn = self.client.conn().await?;
         let marks = watermark::read(&self.model, &mut conn, &self.kafka.consumer).await?;
         let now = redis_now_ms(&mut conn).await?;
@@ -110,25 +125,63 @@ impl Publisher {
             let wm = raw.map(|t| t.saturating_sub(lateness));
             self.state.lock().counters.insert(spec.name.clone(), wm);
             self.metrics.status.counter_watermark(&spec.name, wm);
-            if output.tombstones {
-                let hash_of = |start| self.model.scope.published_values(&spec.name, start);
-                let tombstoner = tombstones::Tombstoner {
-                    kafka: &self.kafka,
-                    metrics: &self.metrics,
-                    hash_of: &hash_of,
-                };
-                let progress_key = self.model.scope.publish_progress(&spec.name);
-                tombstoner.pass(&mut conn, spec, &progress_key, now).await?;
+            let result = self.counter(&mut conn, i, spec, wm, now, &mut ready).await;
+            if let Err(e) = result {
+                if let Some(topic) = e.downcast_ref::<TopicError>() {
+                    self.alarm.report(topic);
+                }
+                first_error.get_or_insert(e);
             }
-            let Some(wm) = wm else { continue };
+        }
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Counter `index`'s part of a pass, `wm` its watermark: its windows, then its tombstones
+    /// (none is due before the window is published, and no correction is produced once it is
+    /// due). `topics`: see [`Publisher::topics_ready`].
+    async fn counter(
+        &self,
+        conn: &mut Conn,
+        index: usize,
+        spec: &CounterSpec,
+        wm: Option<i64>,
+        now: i64,
+        topics: &mut Option<bool>,
+    ) -> anyhow::Result<()> {
+        if let Some(wm) = wm {
             self.metrics
                 .publish
                 .counter_watermark_seconds
                 .with_label_values(&[&spec.name])
                 .set(wm as f64 / 1000.0);
-            self.counter_pass(&mut conn, i, spec, wm, now).await?;
+            self.counter_pass(conn, index, spec, wm, now, topics)
+                .await?;
+        }
+        let tombstones = spec.output.as_ref().is_some_and(|o| o.tombstones);
+        if tombstones && self.topics_ready(topics).await? {
+            let hash_of = |start| self.model.scope.published_values(&spec.name, start);
+            let tombstoner = tombstones::Tombstoner {
+                kafka: &self.kafka,
+                metrics: &self.metrics,
+                hash_of: &hash_of,
+            };
+            let progress_key = self.model.scope.publish_progress(&spec.name);
+            tombstoner.pass(conn, spec, &progress_key, now).await?;
         }
         Ok(())
+    }
+
+    /// Whether the topics the publisher writes exist (created if missing, with
+    /// `create_topics`), checked once per pass (`checked`), only when a counter is about to
+    /// produce: a creation that hangs does not delay how far behind each counter is measured.
+    /// The pass's first check fails with the reason; later ones say false.
+    async fn topics_ready(&self, checked: &mut Option<bool>) -> Result<bool, TopicError> {
+        if let Some(ready) = *checked {
+            return Ok(ready);
+        }
+        let result = self.kafka.ensure_topics(&self.model).await;
+        *checked = Some(result.is_ok());
+        result.map(|()| true)
     }
 
     /// The leadership ended: the gauges only the leader updates go back to 0, so that a former
@@ -178,7 +231,8 @@ impl Publisher {
     }
 
     /// One counter: publish its windows that closed (up to `wm`), look for corrections, and
-    /// in `updates` mode publish the changes of its open windows (`now`: Redis' clock).
+    /// in `updates` mode publish the changes of its open windows (`now`: Redis' clock). How
+    /// far behind it is is measured first, whether its topics can be written or not.
     async fn counter_pass(
         &self,
         conn: &mut Conn,
@@ -186,6 +240,7 @@ impl Publisher {
         spec: &CounterSpec,
         wm: i64,
         now: i64,
+        topics: &mut Option<bool>,
     ) -> anyhow::Result<()> {
         let output = spec
             .output
@@ -193,15 +248,14 @@ impl Publisher {
             .expect("called for counters with an output");
         let scope = &self.model.scope;
         let progress_key = scope.publish_progress(&spec.name);
-        let progress: Option<i64> = conn.query(redis::cmd("GET").arg(&progress_key)).await?;
+        let progress = progress::read(conn, &progress_key).await?;
         // Every window ending at or before the start of the window holding `wm` is closed.
         let closed_end = spec.window.window_of(wm).start_ms;
-        let behind = (closed_end - progress.unwrap_or(closed_end)).max(0) / 1000;
-        self.metrics
+        let behind = self
+            .metrics
             .publish
             .behind_seconds
-            .with_label_values(&[&spec.name])
-            .set(behind);
+            .with_label_values(&[&spec.name]);
         let closing = progress.is_none_or(|p| p < closed_end);
         let updates = output.when == OutputWhen::Updates;
         let rescan = self
@@ -209,11 +263,19 @@ impl Publisher {
             .lock()
             .get(&index)
             .is_none_or(|at| at.elapsed() >= self.model.config.jobs.publish.corrections_every);
+        if !closing {
+            behind.set(0);
+        }
         if !closing && !rescan && !updates {
             return Ok(());
         }
-        self.last_scan.lock().insert(index, Instant::now());
         let found = cells::scan(conn, spec).await?;
+        let ends = found.values().map(|(window, _)| window.end_ms);
+        behind.set(progress::behind_seconds(ends, progress, closed_end, wm));
+        if !self.topics_ready(topics).await? {
+            return Ok(());
+        }
+        self.last_scan.lock().insert(index, Instant::now());
         for (window, keys) in found.values() {
             let cells = cells::read(conn, spec, window, keys).await?;
             if window.end_ms > closed_end {
@@ -239,7 +301,7 @@ impl Publisher {
                     .windows
                     .with_label_values(&[&spec.name])
                     .inc();
-                advance(conn, &progress_key, window.end_ms).await?;
+                progress::advance(conn, &progress_key, window.end_ms).await?;
                 if taken.again {
                     // A re-publish: a late event since the first attempt (even one during this
                     // attempt's sends) makes a key differ from the snapshot; read the keys again
@@ -256,7 +318,8 @@ impl Publisher {
             }
         }
         if closing {
-            advance(conn, &progress_key, closed_end).await?;
+            progress::advance(conn, &progress_key, closed_end).await?;
+            behind.set(0);
         }
         Ok(())
     }
@@ -335,11 +398,9 @@ impl Publisher {
         progress_key: &str,
     ) -> anyhow::Result<Option<snapshot::Taken>> {
         let hash = self.values_hash(spec, window);
-        let closed_by = self
-            .start(conn, spec, window, &hash, wm, Emit::Final)
-            .await?;
+        let closed_by = snapshot::start(conn, spec, window, &hash, wm, Emit::Final).await?;
         let taken = snapshot::take(conn, spec, window, &hash, cells).await?;
-        let progress: Option<i64> = conn.query(redis::cmd("GET").arg(progress_key)).await?;
+        let progress = progress::read(conn, progress_key).await?;
         if progress.is_some_and(|p| p >= window.end_ms) {
             return Ok(None);
         }
@@ -383,7 +444,7 @@ impl Publisher {
                 .inc_by(cells.len() as u64);
         }
         let hash = self.values_hash(spec, window);
-        let closed_by = self.start(conn, spec, window, &hash, wm, how).await?;
+        let closed_by = snapshot::start(conn, spec, window, &hash, wm, how).await?;
         for chunk in cells.chunks(10_000) {
             self.produce(spec, window, chunk, closed_by, how).await?;
             let open = how == Emit::Update;
@@ -391,36 +452,6 @@ impl Publisher {
         }
         self.count_records(spec, how, cells.len());
         Ok(())
-    }
-
-    /// Create the window's published-values `hash` (with its expiry) and return the watermark
-    /// its records carry. A closed window's is the one of its first final attempt, so that a
-    /// re-publish is byte for byte the same. Updates of an open window carry the watermark of
-    /// their pass and leave `@watermark` to the close.
-    async fn start(
-        &self,
-        conn: &mut Conn,
-        spec: &CounterSpec,
-        window: &Window,
-        hash: &str,
-        wm: i64,
-        how: Emit,
-    ) -> anyhow::Result<i64> {
-        let mut first = redis::cmd("EVAL");
-        first
-            .arg(
-                "local closing = ARGV[3] == '1' \
-                 redis.call('HSETNX', KEYS[1], closing and '@watermark' or '@open', ARGV[1]) \
-                 redis.call('PEXPIREAT', KEYS[1], ARGV[2]) \
-                 if closing then return redis.call('HGET', KEYS[1], '@watermark') end \
-                 return ARGV[1]",
-            )
-            .arg(1)
-            .arg(hash)
-            .arg(wm)
-            .arg(snapshot::expire_at(spec, window))
-            .arg(u8::from(how != Emit::Update));
-        Ok(conn.query(&first).await?)
     }
 
     /// Produce `cells` of `window` to the counter's topic and wait for Kafka's acknowledgement
@@ -449,7 +480,7 @@ impl Publisher {
             headers: None,
             timestamp: window.end_ms,
         });
-        self.kafka.send(&output.topic, records.collect()).await
+        Ok(self.kafka.send(&output.topic, records.collect()).await?)
     }
 
     fn count_records(&self, spec: &CounterSpec, how: Emit, n: usize) {
@@ -459,22 +490,6 @@ impl Publisher {
             .with_label_values(&[&spec.name, how.label()])
             .inc_by(n as u64);
     }
-}
-
-/// Raise the progress key to `end` (never lower it: a replica that lost the leadership and
-/// still finishes a window cannot move it back).
-async fn advance(conn: &mut Conn, key: &str, end: i64) -> anyhow::Result<()> {
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(
-        "local have = tonumber(redis.call('GET', KEYS[1])) \
-         if have == nil or have < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end \
-         return 1",
-    )
-    .arg(1)
-    .arg(key)
-    .arg(end);
-    let _: i64 = conn.query(&cmd).await?;
-    Ok(())
 }
 
 /// Redis' clock (the one `seen:` times are written with), Unix ms.

@@ -17,6 +17,7 @@ use tally_counters::model::CounterSpec;
 use tally_counters::window::Window;
 
 use super::cells::Cell;
+use super::record::Emit;
 
 /// The hash's fields that are the publisher's state, not record keys (a record key has its
 /// window's time in it, so it is never one of these, even when it starts with `@`).
@@ -179,6 +180,35 @@ pub fn changed_since(snapshot: &[Cell], now: Vec<Cell>) -> Vec<Cell> {
     now.into_iter()
         .filter(|c| had.get(c.key.as_str()) != Some(&c.answer()))
         .collect()
+}
+
+/// Create the window's published-values `hash` (with its expiry) and return the watermark
+/// its records carry. A closed window's is the one of its first final attempt, so that a
+/// re-publish is byte for byte the same. Updates of an open window carry the watermark of
+/// their pass and leave `@watermark` to the close.
+pub async fn start(
+    conn: &mut Conn,
+    spec: &CounterSpec,
+    window: &Window,
+    hash: &str,
+    wm: i64,
+    how: Emit,
+) -> anyhow::Result<i64> {
+    let mut first = redis::cmd("EVAL");
+    first
+        .arg(
+            "local closing = ARGV[3] == '1' \
+             redis.call('HSETNX', KEYS[1], closing and '@watermark' or '@open', ARGV[1]) \
+             redis.call('PEXPIREAT', KEYS[1], ARGV[2]) \
+             if closing then return redis.call('HGET', KEYS[1], '@watermark') end \
+             return ARGV[1]",
+        )
+        .arg(1)
+        .arg(hash)
+        .arg(wm)
+        .arg(expire_at(spec, window))
+        .arg(u8::from(how != Emit::Update));
+    Ok(conn.query(&first).await?)
 }
 
 #[cfg(test)]
