@@ -46,7 +46,8 @@
 //!    one slot. [`model::overlap`] proves that no two counters (and no counter and tally's state)
 //!    can write one key.
 //! 4. [`stream::aggregate`]: deltas are summed in memory per key and window, grouped into
-//!    *units*: the contributions of one partition's offsets `[start, end)` to one shard.
+//!    *units*: the contributions of one partition's offsets `[start, end)` to one shard. An
+//!    event is checked before it is applied, so it counts in every counter or in none.
 //! 5. [`stream::sink`]: one task owns the Redis connection (standalone or cluster) and applies
 //!    units with pipelined Lua scripts (INCRBY + absolute expiry), retrying until they land. The
 //!    scripts live in `src/stream/sink/lua/` (one prelude holds the fence check every write
