@@ -24,8 +24,9 @@
 //! * [`ops`]: what every stage reports into: [`ops::metrics`] (one registry), [`ops::status`]
 //!   (the live view of the status page and `tally top`), [`ops::health`] (readiness).
 //! * [`config`]: inert serde sections, validated up front, compiled once into a
-//!   [`config::Model`] (counters, key layout, fence scope, the RLS limits file, the tokens),
-//!   shared behind an `Arc` by every path.
+//!   [`config::Model`] (counters and their filters, each topic's decoding with its schema file
+//!   read once, key layout, fence scope, the RLS limits file, the tokens), shared behind an
+//!   `Arc` by every path.
 //!
 //! # The stream path
 //!

@@ -52,7 +52,7 @@ pub fn stages_of(
     model: &crate::config::Model,
     topic: &crate::config::Topic,
 ) -> (Decoder, Vec<Counter>) {
-    let decoder = Decoder::for_topic(topic, &model.counters);
+    let decoder = Decoder::for_topic(model, topic);
     let counters = Counter::for_decoder(&model.counters, &decoder);
     (decoder, counters)
 }
