@@ -24,8 +24,9 @@
 //! * [`ops`]: what every stage reports into: [`ops::metrics`] (one registry), [`ops::status`]
 //!   (the live view of the status page and `tally top`), [`ops::health`] (readiness).
 //! * [`config`]: inert serde sections, validated up front, compiled once into a
-//!   [`config::Model`] (counters, key layout, fence scope, the RLS limits file, the tokens),
-//!   shared behind an `Arc` by every path.
+//!   [`config::Model`] (counters and their filters, each topic's decoding with its schema file
+//!   read once, key layout, fence scope, the RLS limits file, the tokens), shared behind an
+//!   `Arc` by every path.
 //!
 //! # The stream path
 //!
@@ -46,7 +47,8 @@
 //!    one slot. [`model::overlap`] proves that no two counters (and no counter and tally's state)
 //!    can write one key.
 //! 4. [`stream::aggregate`]: deltas are summed in memory per key and window, grouped into
-//!    *units*: the contributions of one partition's offsets `[start, end)` to one shard.
+//!    *units*: the contributions of one partition's offsets `[start, end)` to one shard. An
+//!    event is checked before it is applied, so it counts in every counter or in none.
 //! 5. [`stream::sink`]: one task owns the Redis connection (standalone or cluster) and applies
 //!    units with pipelined Lua scripts (INCRBY + absolute expiry), retrying until they land. The
 //!    scripts live in `src/stream/sink/lua/` (one prelude holds the fence check every write

@@ -276,7 +276,7 @@ fn lane_worker(
                 .then(|| topic.name.clone()),
         },
     );
-    if let Some(dead) = &topic.decode.dead_letter_topic {
+    if let Some(dead) = &topic.decode.config.dead_letter_topic {
         let dlq = crate::stream::consumer::DeadLetters::new(
             &config.kafka,
             &topic.name,

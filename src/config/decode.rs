@@ -1,6 +1,20 @@
-//! `[decode]`: how a message becomes an event.
+//! `[decode]`: how a message becomes an event, as written ([`DecodeConfig`]) and compiled once
+//! ([`DecodeConfig::compile`] into a [`CompiledDecode`], run by `Model::compile`).
+//!
+//! The compiled form is shared by every consumer lane, the deferral and the reconciler behind an
+//! `Arc`: its derived fields' CEL programs, its field sources parsed, and the schema its binary
+//! events are read with (an Avro schema or a Protobuf message type read from its file once, or
+//! the registry's settings with their CA certificates read once). Nothing reads a file again,
+//! so a file changed after `tally check`, or after the start, changes nothing in a running
+//! process. These are the configuration's compiled parts, not the decoder: the decoder
+//! (`stream/decode/`) builds its field paths and schema plans from them, in memory, as the stage
+//! that reads events must not be imported by the configuration (`scripts/check_layers.py`).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use prost_reflect::MessageDescriptor;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -52,7 +66,7 @@ pub struct RegistryConfig {
 
 impl RegistryConfig {
     /// The certificates of `ca_file` (none without one); an error names the file and why.
-    pub fn ca_certificates(&self) -> Result<Vec<ureq::tls::Certificate<'static>>, String> {
+    fn ca_certificates(&self) -> Result<Vec<ureq::tls::Certificate<'static>>, String> {
         let Some(path) = &self.ca_file else {
             return Ok(Vec::new());
         };
@@ -149,8 +163,14 @@ impl Default for DecodeConfig {
 
 impl DecodeConfig {
     /// Size limits and the future bound are positive. (How the time field relates to the
-    /// counters' fields is checked with the counters.)
+    /// counters' fields is checked with the counters.) The checks of [`DecodeConfig::compile`].
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.compile().map(drop)
+    }
+
+    /// Check the section and compile it: parse the field sources, compile the derived fields,
+    /// read the schema file (or the registry's CA file) once. Every error names its key.
+    pub fn compile(&self) -> Result<CompiledDecode, ConfigError> {
         ensure(
             self.max_message_bytes > 0 && self.max_value_bytes > 0,
             "decode.max_message_bytes",
@@ -161,12 +181,15 @@ impl DecodeConfig {
             "decode.max_future",
             "must be positive (e.g. \"1d\")",
         )?;
+        let mut sources = BTreeMap::new();
         for (name, source) in &self.fields {
             let key = || format!("decode.fields.{name}");
             ensure(!name.is_empty(), key(), "a field name is not empty")?;
-            FieldSource::parse(source).map_err(|e| invalid(key(), e))?;
+            let parsed = FieldSource::parse(source).map_err(|e| invalid(key(), e))?;
+            sources.insert(name.clone(), parsed);
         }
-        self.validate_format()?;
+        let schema = self.compile_format()?;
+        let mut derived = BTreeMap::new();
         for (name, text) in &self.derive {
             let key = || format!("decode.derive.{name}");
             ensure(
@@ -181,23 +204,66 @@ impl DecodeConfig {
                     format!("reads `{v}`, another derived field: derive from read fields only"),
                 ));
             }
+            derived.insert(name.clone(), program);
         }
-        Ok(())
+        Ok(CompiledDecode {
+            config: self.clone(),
+            sources,
+            derived,
+            schema,
+        })
     }
 
-    /// Avro and Protobuf name exactly one schema source, readable now; JSON names none.
-    fn validate_format(&self) -> Result<(), ConfigError> {
-        let file = match self.format {
+    /// Avro and Protobuf name exactly one schema source, read now; JSON names none.
+    fn compile_format(&self) -> Result<SchemaSource, ConfigError> {
+        let Some(file) = self.check_format_keys()? else {
+            return Ok(SchemaSource::Json);
+        };
+        let (key, sources) = match self.format {
+            Format::Protobuf => ("decode.descriptor_file", "[decode.schema_registry] (framed events) or decode.descriptor_file with decode.message (bare messages)"),
+            _ => ("decode.schema_file", "[decode.schema_registry] (framed events) or decode.schema_file (bare datums)"),
+        };
+        match (&self.schema_registry, file) {
+            (Some(_), Some(_)) | (None, None) => Err(invalid(
+                "decode.format",
+                format!("{:?} needs one schema source: {sources}", self.format).to_lowercase(),
+            )),
+            (Some(r), None) => Ok(SchemaSource::Registry(Arc::new(r.compile()?))),
+            (None, Some(path)) => {
+                let why = |e: String| invalid(key, format!("{}: {e}", path.display()));
+                let bytes = std::fs::read(path).map_err(|e| why(e.to_string()))?;
+                match self.format {
+                    Format::Protobuf => {
+                        let name = self.message.as_deref().unwrap_or_default();
+                        let message = super::proto::message(&bytes, name).map_err(why)?;
+                        Ok(SchemaSource::ProtobufFile(message))
+                    }
+                    _ => {
+                        let text = String::from_utf8(bytes).map_err(|e| why(e.to_string()))?;
+                        let schema = apache_avro::Schema::parse_str(&text)
+                            .map_err(|e| why(e.to_string()))?;
+                        Ok(SchemaSource::AvroFile(Arc::new(schema)))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Which keys go with which format; the schema file the format names (Avro, Protobuf), or
+    /// None for JSON.
+    fn check_format_keys(&self) -> Result<Option<Option<&PathBuf>>, ConfigError> {
+        match self.format {
             Format::Json => {
                 let none = self.schema_registry.is_none()
                     && self.schema_file.is_none()
                     && self.descriptor_file.is_none()
                     && self.message.is_none();
-                return ensure(
+                ensure(
                     none,
                     "decode.format",
                     "schema_registry, schema_file, descriptor_file and message are for format = \"avro\" or \"protobuf\"",
-                );
+                )?;
+                Ok(None)
             }
             Format::Avro => {
                 ensure(
@@ -205,7 +271,7 @@ impl DecodeConfig {
                     "decode.format",
                     "descriptor_file and message are for format = \"protobuf\" (avro reads schema_file)",
                 )?;
-                self.schema_file.as_ref()
+                Ok(Some(self.schema_file.as_ref()))
             }
             Format::Protobuf => {
                 ensure(
@@ -218,68 +284,102 @@ impl DecodeConfig {
                     "decode.message",
                     "descriptor_file and message go together: the file, and the events' message type in it",
                 )?;
-                self.descriptor_file.as_ref()
-            }
-        };
-        let (key, sources) = match self.format {
-            Format::Protobuf => ("decode.descriptor_file", "[decode.schema_registry] (framed events) or decode.descriptor_file with decode.message (bare messages)"),
-            _ => ("decode.schema_file", "[decode.schema_registry] (framed events) or decode.schema_file (bare datums)"),
-        };
-        match (&self.schema_registry, file) {
-            (Some(_), Some(_)) | (None, None) => Err(invalid(
-                "decode.format",
-                format!("{:?} needs one schema source: {sources}", self.format).to_lowercase(),
-            )),
-            (Some(r), None) => {
-                let ok = r.url.starts_with("http://") || r.url.starts_with("https://");
-                ensure(
-                    ok,
-                    "decode.schema_registry.url",
-                    "an http:// or https:// URL",
-                )?;
-                ensure(
-                    !r.timeout.is_zero(),
-                    "decode.schema_registry.timeout",
-                    "must be positive",
-                )?;
-                if r.ca_file.is_some() {
-                    ensure(
-                        r.url.starts_with("https://"),
-                        "decode.schema_registry.ca_file",
-                        "is for an https:// url",
-                    )?;
-                    r.ca_certificates()
-                        .map_err(|e| invalid("decode.schema_registry.ca_file", e))?;
-                }
-                Ok(())
-            }
-            (None, Some(path)) => {
-                let bytes = std::fs::read(path)
-                    .map_err(|e| invalid(key, format!("{}: {e}", path.display())))?;
-                let checked = match self.format {
-                    Format::Protobuf => {
-                        super::proto::message(&bytes, self.message.as_deref().unwrap_or_default())
-                            .map(drop)
-                    }
-                    _ => String::from_utf8(bytes)
-                        .map_err(|e| e.to_string())
-                        .and_then(|t| {
-                            apache_avro::Schema::parse_str(&t)
-                                .map(drop)
-                                .map_err(|e| e.to_string())
-                        }),
-                };
-                checked.map_err(|e| invalid(key, format!("{}: {e}", path.display())))
+                Ok(Some(self.descriptor_file.as_ref()))
             }
         }
     }
+}
 
-    /// Where the field `name` is read from (validated: an invalid source reads as the
-    /// top-level field).
+impl RegistryConfig {
+    /// The settings checked, with the CA certificates read.
+    fn compile(&self) -> Result<RegistrySettings, ConfigError> {
+        let ok = self.url.starts_with("http://") || self.url.starts_with("https://");
+        ensure(
+            ok,
+            "decode.schema_registry.url",
+            "an http:// or https:// URL",
+        )?;
+        ensure(
+            !self.timeout.is_zero(),
+            "decode.schema_registry.timeout",
+            "must be positive",
+        )?;
+        if self.ca_file.is_some() {
+            ensure(
+                self.url.starts_with("https://"),
+                "decode.schema_registry.ca_file",
+                "is for an https:// url",
+            )?;
+        }
+        let ca = self
+            .ca_certificates()
+            .map_err(|e| invalid("decode.schema_registry.ca_file", e))?;
+        Ok(RegistrySettings {
+            config: self.clone(),
+            ca,
+        })
+    }
+}
+
+/// A `[decode]` section, compiled.
+#[derive(Debug)]
+pub struct CompiledDecode {
+    /// The settings as written (time field and format, limits, dead letters).
+    pub config: DecodeConfig,
+    /// `[decode.fields]`, parsed.
+    pub(super) sources: BTreeMap<String, FieldSource>,
+    /// `[decode.derive]`, compiled, by field name.
+    pub derived: BTreeMap<String, Program>,
+    /// Where binary events' schemas come from.
+    pub schema: SchemaSource,
+}
+
+/// Where the schemas of a topic's events come from, read once.
+#[derive(Debug, Clone)]
+pub enum SchemaSource {
+    /// JSON: no schema.
+    Json,
+    /// Avro: bare datums of `decode.schema_file`, its schema parsed.
+    AvroFile(Arc<apache_avro::Schema>),
+    /// Protobuf: bare messages of `decode.message`, from `decode.descriptor_file`.
+    ProtobufFile(MessageDescriptor),
+    /// Avro or Protobuf framed with the ids of `[decode.schema_registry]`.
+    Registry(Arc<RegistrySettings>),
+}
+
+/// `[decode.schema_registry]` with its CA certificates read.
+#[derive(Debug)]
+pub struct RegistrySettings {
+    /// The settings as written.
+    pub config: RegistryConfig,
+    /// The certificates of `ca_file` (none without one: the built-in web roots).
+    pub ca: Vec<ureq::tls::Certificate<'static>>,
+}
+
+impl Default for CompiledDecode {
+    /// `DecodeConfig::default()` compiled: JSON, every field at the top level, nothing derived.
+    fn default() -> CompiledDecode {
+        CompiledDecode {
+            config: DecodeConfig::default(),
+            sources: BTreeMap::new(),
+            derived: BTreeMap::new(),
+            schema: SchemaSource::Json,
+        }
+    }
+}
+
+impl CompiledDecode {
+    /// Where the field `name` is read from: its `[decode.fields]` entry, else the payload's
+    /// top-level field of that name.
     pub fn source(&self, name: &str) -> FieldSource {
-        self.fields
+        self.sources
             .get(name)
-            .and_then(|s| FieldSource::parse(s).ok())
+            .cloned()
             .unwrap_or_else(|| FieldSource::top_level(name))
+    }
+
+    /// Whether `[decode.fields]` lists `name`.
+    pub fn lists(&self, name: &str) -> bool {
+        self.sources.contains_key(name)
     }
 }

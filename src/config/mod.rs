@@ -37,7 +37,10 @@ mod topics;
 mod validate;
 
 pub use cel::{EvalError, Program, Val};
-pub use decode::{DecodeConfig, Format, RegistryConfig, TimeFormat};
+pub use decode::{
+    CompiledDecode, DecodeConfig, Format, RegistryConfig, RegistrySettings, SchemaSource,
+    TimeFormat,
+};
 pub use fields::{FieldSource, Segment};
 pub use flush::FlushConfig;
 pub use http::HttpConfig;

@@ -1,7 +1,9 @@
 //! The configuration compiled once. [`Model::compile`] validates a [`Config`] and compiles every
-//! counter into a [`CounterSpec`], the Redis key layout and the fence scope; every path of the
-//! process (consumer lanes, queries, the request path, jobs, the reconciler, deferral) takes the
-//! same `Arc<Model>` instead of compiling from raw configuration again.
+//! counter into a [`CounterSpec`] (and its filter into a CEL [`Program`]), each topic's decoding
+//! into a [`CompiledDecode`] (derived fields, field sources, the schema read from its file), the
+//! Redis key layout and the fence scope; every path of the process (consumer lanes, queries, the
+//! request path, jobs, the reconciler, deferral) takes the same `Arc<Model>` instead of compiling
+//! from raw configuration again, and nothing reads a configured file a second time.
 
 use std::sync::Arc;
 
@@ -9,6 +11,8 @@ use tally_counters::model::layout::Layout;
 use tally_counters::model::state_keys::FenceScope;
 use tally_counters::model::CounterSpec;
 
+use super::cel::Program;
+use super::decode::CompiledDecode;
 use super::limits::Limits;
 use super::validate::invalid;
 use super::{Config, ConfigError};
@@ -29,12 +33,55 @@ pub struct Tokens {
 pub struct Topic {
     /// The topic's name.
     pub name: String,
-    /// How its messages become events (its own `decode`, or `[decode]`).
-    pub decode: super::DecodeConfig,
+    /// How its messages become events (its own `decode`, or `[decode]`), compiled once and
+    /// shared by every lane that reads it.
+    pub decode: Arc<CompiledDecode>,
     /// The names of its state keys: fences are per (group, topic, partition, shard).
     pub scope: FenceScope,
     /// By counter, in model order: whether the counter counts this topic's events.
     pub reads: Vec<bool>,
+}
+
+/// What validation compiles, kept by `Model::compile` so that nothing is compiled twice.
+struct Checked {
+    /// Every counter, compiled, in config order.
+    counters: Vec<CounterSpec>,
+    /// Each counter's filter, compiled (config order; None: no filter).
+    filters: Vec<Option<Program>>,
+    /// The decoding of each entry of [`Config::topics`], compiled (entries without their own
+    /// share `[decode]`'s).
+    decodes: Vec<Arc<CompiledDecode>>,
+}
+
+impl Config {
+    /// Every section's own rules, then the counters'. The counters come back compiled, in
+    /// config order: checking that no two of them can write one key needs them compiled, and
+    /// whoever runs the process should not compile them a second time.
+    pub fn validate(&self) -> Result<Vec<CounterSpec>, ConfigError> {
+        self.check().map(|checked| checked.counters)
+    }
+
+    /// [`Config::validate`], keeping everything it compiled.
+    fn check(&self) -> Result<Checked, ConfigError> {
+        self.kafka.validate()?;
+        self.redis.validate()?;
+        let decodes = self.validate_topics()?;
+        self.flush.validate()?;
+        self.recovery.validate()?;
+        self.http.validate()?;
+        self.request.validate()?;
+        self.jobs.validate()?;
+        self.status.validate()?;
+        self.rls.validate()?;
+        self.rlqs.validate()?;
+        self.log.validate()?;
+        let (counters, filters) = self.validate_counters()?;
+        Ok(Checked {
+            counters,
+            filters,
+            decodes,
+        })
+    }
 }
 
 /// A validated configuration and what is compiled from it. Immutable; shared behind an `Arc`.
@@ -44,6 +91,8 @@ pub struct Model {
     pub config: Config,
     /// Every counter, compiled, in configuration order.
     pub counters: Vec<CounterSpec>,
+    /// Each counter's filter (`counters[].filter`), compiled; None: it takes every event.
+    pub filters: Vec<Option<Program>>,
     /// Where counter keys live (plain keys standalone, hash tags per shard in a cluster).
     pub layout: Layout,
     /// The names of the first topic's state keys (applied offsets, markers), also where the
@@ -54,6 +103,8 @@ pub struct Model {
     /// The topic patterns of `kafka.topics`, in configuration order: the topics they match
     /// are found at run time and compiled by [`Model::pattern_topic`].
     pub patterns: Vec<super::TopicPattern>,
+    /// The decoding of each entry of [`Config::topics`] (a pattern's for the topics it matches).
+    decodes: Vec<Arc<CompiledDecode>>,
     /// The secrets of the request path's ports, read once (a token file is not read again).
     pub tokens: Tokens,
     /// The RLS limits file (`rls.limits_file`) as loaded at start; a reload replaces the
@@ -64,7 +115,7 @@ pub struct Model {
 impl Model {
     /// Validate `config` and compile it; the errors are those of [`Config::validate`].
     pub fn compile(config: Config) -> Result<Arc<Model>, ConfigError> {
-        let counters = config.validate()?;
+        let checked = config.check()?;
         let tokens = Tokens {
             token: config.http.bearer_token()?,
             admin: config.http.admin_token()?,
@@ -90,7 +141,7 @@ impl Model {
             .filter(|t| !t.pattern)
             .map(|t| Topic {
                 name: t.name.to_string(),
-                decode: t.decode.clone(),
+                decode: checked.decodes[t.index].clone(),
                 scope: FenceScope::new(&config.redis, &config.kafka.group_id, t.name),
                 reads: config
                     .counters
@@ -117,7 +168,9 @@ impl Model {
             scope,
             topics,
             patterns,
-            counters,
+            counters: checked.counters,
+            filters: checked.filters,
+            decodes: checked.decodes,
             config,
         }))
     }
@@ -135,13 +188,9 @@ impl Model {
         if !reads.contains(&true) {
             return None;
         }
-        let entry = &self.config.kafka.topics[p.index];
         Some(Topic {
             name: name.to_string(),
-            decode: entry
-                .decode
-                .clone()
-                .unwrap_or_else(|| self.config.decode.clone()),
+            decode: self.decodes[p.index].clone(),
             scope: FenceScope::new(&self.config.redis, &self.config.kafka.group_id, name),
             reads,
         })

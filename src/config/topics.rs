@@ -4,10 +4,11 @@
 //! every path reads.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use super::decode::DecodeConfig;
+use super::decode::{CompiledDecode, DecodeConfig};
 use super::patterns::TopicPattern;
 use super::validate::{ensure, invalid, legal_topic};
 use super::{Config, ConfigError, CounterConfig, KafkaConfig};
@@ -97,8 +98,9 @@ impl Config {
     }
 
     /// The topic list's own rules (legal, distinct names; `kafka.topic` not contradicting it),
-    /// then each topic's decoding, its errors named after where it is written.
-    pub(super) fn validate_topics(&self) -> Result<(), ConfigError> {
+    /// then each topic's decoding, its errors named after where it is written; returns the
+    /// decoding of each entry of [`Config::topics`], compiled.
+    pub(super) fn validate_topics(&self) -> Result<Vec<Arc<CompiledDecode>>, ConfigError> {
         let list = &self.kafka.topics;
         let default_topic = KafkaConfig::default().topic;
         if let Some(first) = list.first() {
@@ -128,12 +130,18 @@ impl Config {
             ensure(seen.insert(t.name.clone()), at, twice)?;
         }
         self.validate_pattern_limits()?;
-        self.decode.validate()?;
-        for topic in self.topics().iter().filter(|t| t.own_decode) {
-            let key = topic.decode_key();
-            topic.decode.validate().map_err(|e| e.within(&key))?;
+        let shared = Arc::new(self.decode.compile()?);
+        let mut decodes = Vec::new();
+        for topic in self.topics() {
+            decodes.push(match topic.own_decode {
+                true => {
+                    let key = topic.decode_key();
+                    Arc::new(topic.decode.compile().map_err(|e| e.within(&key))?)
+                }
+                false => shared.clone(),
+            });
         }
-        Ok(())
+        Ok(decodes)
     }
 
     /// `counters[i].topics` names topics that are read (listed, a pattern as written, or a name
@@ -325,7 +333,7 @@ window = "1h"
         let model = super::super::Model::compile(config).unwrap();
         assert_eq!(model.topics.len(), 1, "only `views` is listed");
         let eu = model.pattern_topic("orders-eu").expect("matched, read");
-        assert_eq!(eu.decode.time_field.as_deref(), Some("at"));
+        assert_eq!(eu.decode.config.time_field.as_deref(), Some("at"));
         assert_eq!(eu.reads, vec![true, true]);
         assert!(model.pattern_topic("views").is_none(), "listed by name");
         assert!(

@@ -1,7 +1,8 @@
 //! Validation: rules that span fields or need parsing beyond serde, checked before anything
 //! connects. Every error names the key. Each section checks itself beside its definition
 //! (`KafkaConfig::validate` in kafka.rs, …; the Redis settings in the library, so embedders get
-//! the same rules); the counters are checked here, as their rules span sections.
+//! the same rules); the counters are checked here, as their rules span sections. The whole run,
+//! [`Config::validate`], is in `model.rs`: it keeps what it compiles for the model.
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -43,28 +44,12 @@ impl From<RedisConfigError> for ConfigError {
 }
 
 impl Config {
-    /// Every section's own rules, then the counters'. The counters come back compiled, in
-    /// config order: checking that no two of them can write one key needs them compiled, and
-    /// whoever runs the process should not compile them a second time.
-    pub fn validate(&self) -> Result<Vec<CounterSpec>, ConfigError> {
-        self.kafka.validate()?;
-        self.redis.validate()?;
-        self.validate_topics()?;
-        self.flush.validate()?;
-        self.recovery.validate()?;
-        self.http.validate()?;
-        self.request.validate()?;
-        self.jobs.validate()?;
-        self.status.validate()?;
-        self.rls.validate()?;
-        self.rlqs.validate()?;
-        self.log.validate()?;
-        self.validate_counters()
-    }
-
     /// At least one counter, each with its own well-formed name, compiled, and no two that can
     /// write one key.
-    fn validate_counters(&self) -> Result<Vec<CounterSpec>, ConfigError> {
+    #[allow(clippy::type_complexity)]
+    pub(super) fn validate_counters(
+        &self,
+    ) -> Result<(Vec<CounterSpec>, Vec<Option<Program>>), ConfigError> {
         ensure(
             !self.counters.is_empty(),
             "counters",
@@ -72,6 +57,7 @@ impl Config {
         )?;
         let mut seen = HashSet::new();
         let mut specs = Vec::with_capacity(self.counters.len());
+        let mut filters = Vec::with_capacity(self.counters.len());
         for (i, c) in self.counters.iter().enumerate() {
             let key = format!("counters[{i}].name");
             let allowed = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
@@ -83,9 +69,8 @@ impl Config {
             let reason = format!("`{}` is used by two counters", c.name);
             ensure(seen.insert(c.name.as_str()), key, reason)?;
             specs.push(self.validate_counter(i, c)?);
-            if let Some(f) = &c.filter {
-                Program::filter(f).map_err(|e| invalid(format!("counters[{i}].filter"), e))?;
-            }
+            let filter = c.filter.as_deref().map(Program::filter).transpose();
+            filters.push(filter.map_err(|e| invalid(format!("counters[{i}].filter"), e))?);
         }
         self.validate_counter_topics()?;
         // The decoder keeps per-event flags in 64-bit masks: one bit per counter.
@@ -98,7 +83,7 @@ impl Config {
             "at most 64 counters with filters, derived fields or topics",
         )?;
         self.validate_key_spaces(&specs)?;
-        Ok(specs)
+        Ok((specs, filters))
     }
 
     /// One counter, `counters[i]`: its own rules, compiled, and its fields apart from the

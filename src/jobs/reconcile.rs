@@ -51,7 +51,7 @@ impl Reconciler {
             decoders: model
                 .topics
                 .iter()
-                .map(|t| Decoder::for_topic(t, &model.counters))
+                .map(|t| Decoder::for_topic(&model, t))
                 .collect(),
             model,
             client: client.clone(),

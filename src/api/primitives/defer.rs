@@ -19,6 +19,7 @@
 //! that reach Redis).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -27,7 +28,7 @@ use serde::Serialize;
 use tally_counters::request::{Hit, HitReply, RequestError};
 
 use super::{Action, Primitives};
-use crate::config::{DecodeConfig, FieldSource, Model, Segment, TimeFormat};
+use crate::config::{CompiledDecode, FieldSource, Model, Segment, TimeFormat};
 use crate::stream::decode::Decoder;
 
 /// Where deferred hits go.
@@ -39,7 +40,7 @@ pub struct Deferral {
     topic: String,
     decoder: Decoder,
     /// Where each field goes in the event (`[decode.fields]`), and the time's field and format.
-    decode: DecodeConfig,
+    decode: Arc<CompiledDecode>,
     /// The topic's counters by name, in the decoder's order (for its skip masks).
     counters: Vec<String>,
 }
@@ -117,7 +118,7 @@ impl Deferral {
             settings: c,
             // With several topics, deferred hits go to the first: its decoding writes them.
             topic: topic.name.clone(),
-            decoder: Decoder::for_topic(topic, &model.counters),
+            decoder: Decoder::for_topic(model, topic),
             decode: topic.decode.clone(),
             counters: model.counters.iter().map(|c| c.name.clone()).collect(),
         })
@@ -166,8 +167,8 @@ impl Deferral {
             }
             None => {}
         }
-        if let Some(f) = &self.decode.time_field {
-            let t = match self.decode.time_format {
+        if let Some(f) = &self.decode.config.time_field {
+            let t = match self.decode.config.time_format {
                 TimeFormat::EpochMs => at_ms.into(),
                 TimeFormat::EpochS => serde_json::json!(at_ms as f64 / 1000.0),
                 TimeFormat::Rfc3339 => chrono::DateTime::from_timestamp_millis(at_ms)

@@ -164,23 +164,6 @@ impl KeyTable {
             .insert_unique(hash, i, |&j| hasher.hash_one(keys.key(j)));
     }
 
-    /// Remove `key` (rare: taking an event back). Its bytes stay in the buffer unused.
-    pub(crate) fn remove(&mut self, key: &[u8]) -> Option<Delta> {
-        let hash = self.hasher.hash_one(key);
-        let keys = &self.keys;
-        let found = self.index.find_entry(hash, |&i| keys.key(i) == key).ok()?;
-        let (i, _) = found.remove();
-        let last = (self.keys.len() - 1) as u32;
-        if i != last {
-            // The last entry moves into the hole: repoint its index slot.
-            let moved = self.hasher.hash_one(self.keys.key(last));
-            if let Some(slot) = self.index.find_mut(moved, |&j| j == last) {
-                *slot = i;
-            }
-        }
-        Some(self.keys.entries.swap_remove(i as usize).delta)
-    }
-
     /// The keys, without the index.
     pub(crate) fn into_keys(self) -> Keys {
         self.keys
@@ -206,24 +189,19 @@ mod tests {
     }
 
     #[test]
-    fn a_table_finds_adds_removes_and_hands_over_its_keys_in_order() {
+    fn a_table_finds_adds_and_hands_over_its_keys_in_order() {
         let mut t = KeyTable::new(&RandomState::new());
         for (i, k) in ["a", "bb", "ccc", "dddd"].iter().enumerate() {
             t.insert_new(k.as_bytes(), d(i as i64));
         }
         t.get_mut(b"bb").unwrap().delta += 10;
-        assert_eq!(
-            t.remove(b"a"),
-            Some(d(0)),
-            "the last entry moves into its place"
-        );
-        assert_eq!(t.remove(b"zz"), None);
+        assert_eq!(t.get(b"zz"), None);
         assert_eq!(t.get(b"dddd"), Some(&d(3)));
         assert_eq!(t.get(b"bb"), Some(&d(11)));
-        assert_eq!(t.remove(b"dddd"), Some(d(3)), "found again after it moved");
         let keys = t.take();
         let got: Vec<(&[u8], i64)> = keys.iter().map(|(k, d)| (k, d.delta)).collect();
-        assert_eq!(got, vec![(&b"ccc"[..], 2), (&b"bb"[..], 11)]);
+        let want: Vec<(&[u8], i64)> = vec![(b"a", 0), (b"bb", 11), (b"ccc", 2), (b"dddd", 3)];
+        assert_eq!(got, want);
         assert_eq!(t.len(), 0);
         assert_eq!(t.get(b"bb"), None);
     }

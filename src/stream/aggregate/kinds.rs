@@ -84,25 +84,25 @@ pub(super) fn contribution<'a>(
     }
 }
 
-/// How to take one contribution back (an event whose later counter overflowed).
-#[derive(Debug)]
-pub(super) struct Undo {
-    pub(super) shard: u32,
-    pub(super) key: Box<[u8]>,
-    pub(super) created_key: bool,
-    pub(super) step: UndoStep,
+/// Whether `c` can be added to `map[key]`: no sum would overflow i64 (a new key or member
+/// starts from zero, which always fits).
+pub(super) fn fits(map: &OtherMap, key: &[u8], c: &Contribution<'_>) -> bool {
+    let Some(entry) = map.get(key) else {
+        return true;
+    };
+    match (&entry.op, c) {
+        (Op::HashAdd { delta, .. }, Contribution::HashAdd { delta: d, .. }) => {
+            delta.checked_add(*d).is_some()
+        }
+        (Op::Scores(scores), Contribution::Score { member, delta }) => scores
+            .get(*member)
+            .is_none_or(|s| s.checked_add(*delta).is_some()),
+        _ => true,
+    }
 }
 
-#[derive(Debug)]
-pub(super) enum UndoStep {
-    Sub(i64),
-    RemoveMember(Box<str>),
-    SubScore(Box<str>, i64),
-    Nothing,
-}
-
-/// Apply `c` to `map[key]`: `Err(())` when a sum would overflow (nothing changed). Returns the
-/// number of new items (for `pending_keys`) and how to undo it. `expire_at_ms` is the window's
+/// Apply `c` to `map[key]`, which [`fits`] (checked by the caller where a sum could overflow);
+/// returns the number of new items (for `pending_keys`). `expire_at_ms` is the window's
 /// (unspread) expiry, `stored` turns it into the key's stored one (`model::stored_expire_at`),
 /// hashed only for a new key or a later expiry.
 pub(super) fn apply(
@@ -112,7 +112,7 @@ pub(super) fn apply(
     expire_at_ms: i64,
     stored: impl Fn(i64) -> i64,
     hasher: &RandomState,
-) -> Result<(usize, bool, UndoStep), ()> {
+) -> usize {
     let created = !map.contains_key(key);
     if created {
         let expire_at_ms = stored(expire_at_ms);
@@ -133,81 +133,29 @@ pub(super) fn apply(
     if !created && expire_at_ms > entry.expire_at_ms {
         entry.expire_at_ms = stored(expire_at_ms);
     }
-    let result = match (&mut entry.op, c) {
+    match (&mut entry.op, c) {
         (Op::HashAdd { delta, .. }, Contribution::HashAdd { delta: d, .. }) => {
-            match delta.checked_add(*d) {
-                Some(sum) => {
-                    *delta = sum;
-                    Ok((usize::from(created), UndoStep::Sub(*d)))
-                }
-                None => Err(()),
-            }
+            *delta += d;
+            usize::from(created)
         }
         (Op::Distinct { members, .. }, Contribution::Member { member, .. }) => {
-            if members.insert((*member).into()) {
-                Ok((1, UndoStep::RemoveMember((*member).into())))
-            } else {
-                Ok((0, UndoStep::Nothing))
-            }
+            usize::from(members.insert((*member).into()))
         }
         (Op::Scores(scores), Contribution::Score { member, delta }) => {
             match scores.get_mut(*member) {
-                Some(s) => match s.checked_add(*delta) {
-                    Some(sum) => {
-                        *s = sum;
-                        Ok((0, UndoStep::SubScore((*member).into(), *delta)))
-                    }
-                    None => Err(()),
-                },
+                Some(s) => {
+                    *s += delta;
+                    0
+                }
                 None => {
                     scores.insert((*member).into(), *delta);
-                    Ok((1, UndoStep::RemoveMember((*member).into())))
+                    1
                 }
             }
         }
         // One key always belongs to one counter, hence one kind (the overlap check).
-        _ => Ok((0, UndoStep::Nothing)),
-    };
-    match result {
-        Ok((items, step)) => Ok((items, created, step)),
-        Err(()) => {
-            if created {
-                map.remove(key);
-            }
-            Err(())
-        }
+        _ => 0,
     }
-}
-
-/// Take back one contribution; returns how many items left `pending_keys`.
-pub(super) fn undo(map: &mut OtherMap, u: &Undo) -> usize {
-    let Some(entry) = map.get_mut(&u.key) else {
-        return 0;
-    };
-    let mut removed = 0;
-    match (&mut entry.op, &u.step) {
-        (Op::HashAdd { delta, .. }, UndoStep::Sub(d)) => *delta -= d,
-        (Op::Distinct { members, .. }, UndoStep::RemoveMember(m)) => {
-            removed += usize::from(members.remove(m));
-        }
-        (Op::Scores(scores), UndoStep::RemoveMember(m)) => {
-            removed += usize::from(scores.remove(m).is_some());
-        }
-        (Op::Scores(scores), UndoStep::SubScore(m, d)) => {
-            if let Some(s) = scores.get_mut(m) {
-                *s -= d;
-            }
-        }
-        _ => {}
-    }
-    if u.created_key {
-        map.remove(&u.key);
-        // A hash field counts one item for its key.
-        if matches!(u.step, UndoStep::Sub(_)) {
-            removed += 1;
-        }
-    }
-    removed
 }
 
 #[cfg(test)]
@@ -215,55 +163,48 @@ mod tests {
     use super::*;
 
     #[test]
-    fn contributions_merge_and_undo_exactly() {
+    fn contributions_merge_and_are_checked_before_they_apply() {
         let hasher = RandomState::new();
         let mut map = OtherMap::with_hasher(hasher.clone());
         let score = |member, delta| Contribution::Score { member, delta };
-        let (items, created, _) =
-            apply(&mut map, b"k", &score("a", 5), 10, |at| at, &hasher).unwrap();
-        assert_eq!((items, created), (1, true));
-        let (items, _, step) = apply(&mut map, b"k", &score("a", 7), 20, |at| at, &hasher).unwrap();
-        assert_eq!(items, 0, "same member: no new item");
+        assert!(fits(&map, b"k", &score("a", i64::MAX)), "a new key fits");
+        assert_eq!(
+            apply(&mut map, b"k", &score("a", 5), 10, |at| at, &hasher),
+            1
+        );
+        assert_eq!(
+            apply(&mut map, b"k", &score("a", 7), 20, |at| at, &hasher),
+            0,
+            "same member: no new item"
+        );
         assert_eq!(map[&b"k"[..]].expire_at_ms, 20, "the later expiry wins");
-        assert!(apply(&mut map, b"k", &score("a", i64::MAX), 20, |at| at, &hasher).is_err());
-        let u = Undo {
-            shard: 0,
-            key: b"k".as_slice().into(),
-            created_key: false,
-            step,
-        };
-        assert_eq!(undo(&mut map, &u), 0);
+        assert!(
+            !fits(&map, b"k", &score("a", i64::MAX)),
+            "12 + MAX overflows"
+        );
+        assert!(
+            fits(&map, b"k", &score("b", i64::MAX)),
+            "another member starts at 0"
+        );
         let Op::Scores(scores) = &map[&b"k"[..]].op else {
             panic!("scores")
         };
+        assert_eq!(scores["a"], 12);
+
+        let field = |delta| Contribution::HashAdd { split: 1, delta };
         assert_eq!(
-            scores["a"], 5,
-            "overflow left the sum alone; undo took 7 back"
+            apply(&mut map, b"hf", &field(i64::MIN), 10, |at| at, &hasher),
+            1
         );
+        assert!(!fits(&map, b"hf", &field(-1)));
+        assert!(fits(&map, b"hf", &field(i64::MAX)));
 
         let member = |m| Contribution::Member {
             exact: true,
             member: m,
         };
-        let (items, created, step) =
-            apply(&mut map, b"d", &member("x"), 10, |at| at, &hasher).unwrap();
-        assert_eq!((items, created), (1, true));
-        assert_eq!(
-            apply(&mut map, b"d", &member("x"), 10, |at| at, &hasher)
-                .unwrap()
-                .0,
-            0
-        );
-        let u = Undo {
-            shard: 0,
-            key: b"d".as_slice().into(),
-            created_key: true,
-            step,
-        };
-        assert_eq!(undo(&mut map, &u), 1);
-        assert!(
-            !map.contains_key(&b"d"[..]),
-            "a key the event created goes with it"
-        );
+        assert_eq!(apply(&mut map, b"d", &member("x"), 10, |at| at, &hasher), 1);
+        assert_eq!(apply(&mut map, b"d", &member("x"), 10, |at| at, &hasher), 0);
+        assert!(fits(&map, b"d", &member("y")), "members never overflow");
     }
 }

@@ -5,216 +5,52 @@
 //! mode a shard is a hash-tag group that lives in one slot). The flush script applies a unit
 //! atomically together with the partition's applied offset for that shard, so a unit is the
 //! unit of exactly-once: it lands whole or not at all, and never twice.
+//!
+//! [`Aggregator`] is one type with its `impl` in this file: adding events, sealing units for a
+//! flush, and the partitions' lifecycle. Its parts have their own homes: `counter.rs` (a counter
+//! compiled for the hot path), `unit.rs` (the units, open and sealed), `check.rs` (the check
+//! before an event is applied, so that nothing is ever taken back), `target.rs` (where a counter
+//! puts an event), `keys.rs` and `kinds.rs` (the pending keys, and the kinds beyond counts),
+//! `seal.rs` (the sealed [`Batch`]).
 
 use std::collections::HashMap;
 
 use ahash::RandomState;
+use smallvec::SmallVec;
 
-use crate::key::KeyTemplate;
 use crate::model::layout::Layout;
-use crate::stream::decode::Decoder;
+use crate::stream::decode::Event;
 
-mod add;
+mod check;
+mod counter;
 mod keys;
 mod kinds;
 mod seal;
 mod target;
-mod undo;
+mod unit;
 
+pub use counter::{stages, stages_of, Counter};
 pub use keys::Keys;
 pub(crate) use keys::{KeyTable, MAX_KEY_BYTES};
-pub use seal::{max_units_per_key, Batch};
-
-use kinds::OtherMap;
 pub use kinds::{Op, Other};
+pub use seal::{max_units_per_key, Batch};
+pub use unit::{Delta, Unit};
 
-use crate::model::{CounterSpec, Kind};
-use crate::window::WindowCache;
+use check::Weights;
+use counter::HotKind;
+use target::{target, Render};
+use unit::{OpenUnit, ShardState};
 
-/// One counter, compiled for the hot path.
-pub struct Counter {
-    /// Name from the config, for metrics.
-    pub name: String,
-    template: KeyTemplate,
-    windows: WindowCache,
-    /// Indexes of this counter's dimensions in `Event::dims`.
-    dims: Vec<usize>,
-    /// Index of the summed field in `Event::nums`; None counts 1 per event.
-    value: Option<usize>,
-    retention_ms: i64,
-    /// `CounterSpec::expiry_spread_ms`: a new key's stored expiry is spread by its hash.
-    expiry_spread_ms: i64,
-    /// Formatted time part of the cached window, and which window it belongs to.
-    time_text: String,
-    time_window: Option<i64>,
-    kind: HotKind,
-}
-
-/// A counter's kind, with the event field indexes it needs.
-enum HotKind {
-    Count,
-    /// Hash storage: the hash's key template and its formatted time part.
-    Hash {
-        template: KeyTemplate,
-        time_text: String,
-    },
-    Distinct {
-        member: usize,
-        exact: bool,
-    },
-    Leaderboard {
-        member: usize,
-    },
-}
-
-/// The decoder and hot-path counters of `model`, as each consumer lane builds them.
-pub fn stages(model: &crate::config::Model) -> (Decoder, Vec<Counter>) {
-    stages_of(model, model.first_topic())
-}
-
-/// [`stages`] for the events of `topic`: the counters that do not read it skip them all.
-pub fn stages_of(
-    model: &crate::config::Model,
-    topic: &crate::config::Topic,
-) -> (Decoder, Vec<Counter>) {
-    let decoder = Decoder::for_topic(topic, &model.counters);
-    let counters = Counter::for_decoder(&model.counters, &decoder);
-    (decoder, counters)
-}
-
-impl Counter {
-    /// The hot-path counters of `specs`, reading their fields from events of `decoder`
-    /// (built by [`Decoder::for_counters`] from the same specs).
-    pub fn for_decoder(specs: &[CounterSpec], decoder: &Decoder) -> Vec<Counter> {
-        specs
-            .iter()
-            .enumerate()
-            .map(|(ci, spec)| {
-                Counter::new(spec, |name| match decoder.field_index(name) {
-                    Some(slot) => slot,
-                    // A counter that does not read the decoder's topic skips every event
-                    // (`Skips::unread`): its fields are never looked at.
-                    None if !decoder.reads(ci) => 0,
-                    None => panic!("Decoder::for_counters registers every field of the specs"),
-                })
-            })
-            .collect()
-    }
-
-    /// Prepare a compiled counter for the hot path. `field_index` maps an event field name to
-    /// its decoder index.
-    pub fn new(spec: &CounterSpec, field_index: impl Fn(&str) -> usize) -> Counter {
-        Counter {
-            name: spec.name.clone(),
-            template: spec.template.clone(),
-            windows: WindowCache::new(spec.window),
-            dims: spec.dimensions.iter().map(|d| field_index(d)).collect(),
-            value: spec.value_field.as_deref().map(&field_index),
-            retention_ms: spec.retention_ms,
-            expiry_spread_ms: spec.expiry_spread_ms,
-            time_text: String::new(),
-            time_window: None,
-            kind: match &spec.kind {
-                Kind::Count => HotKind::Count,
-                Kind::HashCount { hash } => HotKind::Hash {
-                    template: hash.clone(),
-                    time_text: String::new(),
-                },
-                Kind::Distinct { member, exact } => HotKind::Distinct {
-                    member: field_index(member),
-                    exact: *exact,
-                },
-                Kind::Leaderboard { member } => HotKind::Leaderboard {
-                    member: field_index(member),
-                },
-            },
-        }
-    }
-
-    /// Whether the counter writes with INCRBY (the fast path).
-    fn is_count(&self) -> bool {
-        matches!(self.kind, HotKind::Count)
-    }
-}
-
-/// A key's pending change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Delta {
-    /// Sum to add with INCRBY.
-    pub delta: i64,
-    /// The key's stored expiry, Unix ms: window end + retention, spread by the key's hash
-    /// (`model::stored_expire_at`).
-    pub expire_at_ms: i64,
-}
-
-/// The atomic flush unit: all contributions of offsets `[start, end)` of a partition to a shard.
-#[derive(Debug)]
-pub struct Unit {
-    /// Kafka partition.
-    pub partition: i32,
-    /// Shard within the partition (0 on standalone Redis).
-    pub shard: u32,
-    /// First offset covered; Redis must have applied exactly up to here.
-    pub start: i64,
-    /// One past the last offset covered; Redis records it once the unit is applied.
-    pub end: i64,
-    /// Keys and their deltas (possibly none: the unit then only advances the applied offset).
-    pub keys: Keys,
-    /// Changes of the other kinds (hash fields, distinct members, leaderboard scores).
-    pub other: Vec<(Box<[u8]>, Other)>,
-    /// The highest event time the partition has shown up to `end`, recorded with the applied
-    /// offset (the partition's watermark before lateness); `i64::MIN` when no event was seen yet,
-    /// None when no counter has an output (the script then records nothing).
-    pub max_event_ms: Option<i64>,
-}
-
-impl Unit {
-    /// Entries the unit writes: keys, plus each hash field, member and score.
-    pub fn items(&self) -> usize {
-        self.keys.len() + self.other.iter().map(|(_, o)| o.items()).sum::<usize>()
-    }
-}
-
-struct OpenUnit {
-    start: i64,
-    keys: keys::KeyTable,
-    other: OtherMap,
-    /// Items in `other` (see [`Other::items`]).
-    other_items: usize,
-}
-
-impl OpenUnit {
-    fn new(start: i64, hasher: &RandomState) -> OpenUnit {
-        OpenUnit {
-            start,
-            keys: keys::KeyTable::new(hasher),
-            other: OtherMap::with_hasher(hasher.clone()),
-            other_items: 0,
-        }
-    }
-
-    fn items(&self) -> usize {
-        self.keys.len() + self.other_items
-    }
-
-    /// Whether the unit must be cut after this message: `max_keys` entries, or so many key
-    /// bytes that the arena's offsets would no longer fit.
-    fn full(&self, max_keys: usize) -> bool {
-        self.items() >= max_keys || self.keys.bytes_len() >= keys::MAX_KEY_BYTES
-    }
-}
-
-struct ShardState {
-    open: OpenUnit,
-    /// Units cut because they reached `max_keys_per_call`, oldest first.
-    sealed: Vec<Unit>,
-}
-
+/// One partition this process owns.
 struct PartitionState {
     /// Next offset expected: one past the last message processed.
     position: i64,
     /// Highest event time seen since the partition was assigned (i64::MIN: none yet).
     max_event_ms: i64,
+    /// Bound on the magnitude of every pending sum of its open units (see `check.rs`); zero
+    /// when they are all sealed.
+    bound: u64,
+    /// Its shards, by number.
     shards: Vec<ShardState>,
 }
 
@@ -231,15 +67,18 @@ pub struct Stats {
 
 /// All pending deltas of the partitions this process owns.
 pub struct Aggregator {
+    /// The counters, compiled, in model order (an event's skip bits follow it).
     counters: Vec<Counter>,
+    /// What each event can add to the sums (the check before applying).
+    weights: Weights,
     partitions: HashMap<i32, PartitionState>,
-    shards: u32,
+    /// Entries an open unit holds before it is cut.
     max_keys_per_call: usize,
+    /// Entries held, sealed units included.
     pending_keys: usize,
     hasher: RandomState,
-    key_buf: Vec<u8>,
-    /// Cluster key layout: appends each key's shard hash tag. None: plain keys.
-    layout: Option<Layout>,
+    /// The key buffer, the shard count and the cluster layout.
+    render: Render,
     /// Partition a capped seal starts at next.
     seal_cursor: i32,
     /// Units carry their partition's highest event time (some counter has an output).
@@ -253,14 +92,17 @@ impl Aggregator {
     pub fn new(counters: Vec<Counter>, shards: u32, max_keys_per_call: usize) -> Aggregator {
         let n = counters.len();
         Aggregator {
+            weights: Weights::of(&counters),
             counters,
             partitions: HashMap::new(),
-            shards: shards.max(1),
             max_keys_per_call,
             pending_keys: 0,
             hasher: RandomState::new(),
-            key_buf: Vec::with_capacity(256),
-            layout: None,
+            render: Render {
+                buf: Vec::with_capacity(256),
+                shards: shards.max(1),
+                layout: None,
+            },
             seal_cursor: 0,
             watermarks: false,
             stats: Stats {
@@ -273,8 +115,8 @@ impl Aggregator {
 
     /// Use `layout` for shards and key tags (Redis Cluster).
     pub fn with_layout(mut self, layout: Layout) -> Aggregator {
-        self.shards = layout.shards();
-        self.layout = Some(layout);
+        self.render.shards = layout.shards();
+        self.render.layout = Some(layout);
         self
     }
 
@@ -292,7 +134,7 @@ impl Aggregator {
 
     /// Number of shards units are split into.
     pub fn shard_count(&self) -> u32 {
-        self.shards
+        self.render.shards
     }
 
     /// Distinct keys held in memory, sealed units included.
@@ -303,7 +145,7 @@ impl Aggregator {
     /// Start tracking `partition`; `applied[s]` is the offset Redis has applied up to for shard s.
     /// Consumption must start at `min(applied)`; returns it.
     pub fn assign(&mut self, partition: i32, applied: &[i64]) -> i64 {
-        debug_assert_eq!(applied.len(), self.shards as usize);
+        debug_assert_eq!(applied.len(), self.render.shards as usize);
         self.revoke(partition);
         let position = applied.iter().copied().min().unwrap_or(0);
         let shards = applied
@@ -316,6 +158,7 @@ impl Aggregator {
         let state = PartitionState {
             position,
             max_event_ms: i64::MIN,
+            bound: 0,
             shards,
         };
         self.partitions.insert(partition, state);
@@ -382,6 +225,137 @@ impl Aggregator {
                 replay_skipped: 0,
             },
         )
+    }
+
+    /// Add one event at `offset` of `partition`. `now_ms` decides lateness.
+    ///
+    /// The event is added to every counter or to none: it is checked first (see `check.rs`),
+    /// and if one counter's pending sum would overflow i64 nothing is added and the caller treats
+    /// the message as bad input.
+    pub fn add(&mut self, partition: i32, offset: i64, event: &Event<'_>, now_ms: i64) -> Added {
+        let Some(part) = self.partitions.get_mut(&partition) else {
+            return Added::Ignored;
+        };
+        if offset < part.position {
+            return Added::Ignored;
+        }
+        part.position = offset + 1;
+        part.max_event_ms = part.max_event_ms.max(event.ts_ms);
+        let bound = part.bound.saturating_add(self.weights.of_event(event));
+        if bound > check::MAX_BOUND {
+            let (counters, render) = (&mut self.counters, &mut self.render);
+            if !check::fits(counters, render, part, offset, event, now_ms) {
+                return Added::Overflow;
+            }
+        }
+        part.bound = bound;
+        // Shards whose open unit reached `max_keys_per_call`, cut once the whole event is in.
+        let mut full: SmallVec<[u32; 4]> = SmallVec::new();
+        let skips = event.skips.all();
+        for (ci, counter) in self.counters.iter_mut().enumerate() {
+            if skips.checked_shr(ci as u32).unwrap_or(0) & 1 == 1 {
+                continue;
+            }
+            let Some(target) = target(counter, event, now_ms, &mut self.render) else {
+                self.stats.late[ci] += 1;
+                continue;
+            };
+            let state = &mut part.shards[target.shard as usize];
+            if offset < state.open.start {
+                self.stats.replay_skipped += 1;
+                continue;
+            }
+            let items = state
+                .open
+                .add(counter, &self.render.buf, &target, &self.hasher);
+            if items > 0 {
+                self.pending_keys += items;
+                if state.open.full(self.max_keys_per_call) && !full.contains(&target.shard) {
+                    full.push(target.shard);
+                }
+            }
+            self.stats.counted[ci] += 1;
+        }
+        // A unit always ends on a message boundary: full units are cut after the whole message.
+        let seen = self.watermarks.then_some(part.max_event_ms);
+        for shard in full {
+            let state = &mut part.shards[shard as usize];
+            let unit = state.seal(partition, shard, offset + 1, seen, &self.hasher);
+            state.sealed.push(unit);
+        }
+        Added::Counted
+    }
+
+    /// Seal every tracked partition (or only `only`) up to its position and return the units,
+    /// oldest first per (partition, shard), plus each partition's end offset.
+    pub fn seal(&mut self, only: Option<&[i32]>) -> Batch {
+        self.seal_up_to(only, usize::MAX)
+    }
+
+    /// Like `seal`, but stop after the partition that brings the batch to `max_keys` keys, so a
+    /// flush stays bounded in size and memory even after a backlog built up. Successive calls
+    /// start at successive partitions, so none waits for long. `Batch::complete` says whether
+    /// everything pending was sealed.
+    pub fn seal_up_to(&mut self, only: Option<&[i32]>, max_keys: usize) -> Batch {
+        let mut batch = Batch {
+            complete: true,
+            ..Batch::default()
+        };
+        let parts = self.seal_order(only);
+        for (i, &p) in parts.iter().enumerate() {
+            if batch.keys >= max_keys {
+                self.seal_cursor = p;
+                break;
+            }
+            if i + 1 == parts.len() {
+                self.seal_cursor = 0;
+            }
+            let state = self
+                .partitions
+                .get_mut(&p)
+                .expect("listed partition is tracked");
+            let end = state.position;
+            let seen = self.watermarks.then_some(state.max_event_ms);
+            let before = batch.units.len();
+            for (s, shard) in state.shards.iter_mut().enumerate() {
+                batch.units.append(&mut shard.sealed);
+                // A shard whose applied offset is ahead (replay) has nothing to write yet.
+                if end > shard.open.start {
+                    batch
+                        .units
+                        .push(shard.seal(p, s as u32, end, seen, &self.hasher));
+                }
+            }
+            // Every open unit is empty now: nothing is pending to bound.
+            state.bound = 0;
+            if batch.units.len() > before {
+                batch.keys += batch.units[before..].iter().map(Unit::items).sum::<usize>();
+                batch.ends.push((p, end));
+            }
+        }
+        self.pending_keys -= batch.keys;
+        batch.complete = self.pending_keys == 0;
+        batch
+    }
+
+    /// The partitions a seal goes through (`only`, or all), sorted, starting at the cursor so a
+    /// capped flush does not always favour low partitions.
+    fn seal_order(&self, only: Option<&[i32]>) -> Vec<i32> {
+        let mut parts: Vec<i32> = match only {
+            Some(list) => list
+                .iter()
+                .copied()
+                .filter(|p| self.partitions.contains_key(p))
+                .collect(),
+            None => self.partitions.keys().copied().collect(),
+        };
+        parts.sort_unstable();
+        let start = parts
+            .iter()
+            .position(|&p| p >= self.seal_cursor)
+            .unwrap_or(0);
+        parts.rotate_left(start);
+        parts
     }
 }
 

@@ -1,5 +1,6 @@
 //! Where one counter puts one event: its window, its rendered (and, in a cluster, tagged) key,
-//! its shard and its delta. Shared by `add` and by `undo`, which must find the same key again.
+//! its shard and its delta. Shared by `Aggregator::add` and by the check before it applies
+//! (`check.rs`), which must find the same key.
 
 use super::{Counter, HotKind};
 use crate::model::layout::{series_shard, Layout};
@@ -16,16 +17,25 @@ pub(super) struct Target<'e> {
     pub(super) member: Option<&'e str>,
 }
 
-/// Render `counter`'s key for `event` into `key_buf`; None when the window (plus retention)
+/// Where keys are rendered, and how they are spread.
+pub(super) struct Render {
+    /// The last rendered key (reused: no allocation per event).
+    pub(super) buf: Vec<u8>,
+    /// Shards keys are spread over (1 on standalone Redis).
+    pub(super) shards: u32,
+    /// Cluster key layout: appends each key's shard hash tag. None: plain keys.
+    pub(super) layout: Option<Layout>,
+}
+
+/// Render `counter`'s key for `event` into `render.buf`; None when the window (plus retention)
 /// has already expired at `now_ms`.
 pub(super) fn target<'e>(
     counter: &mut Counter,
     event: &'e Event<'_>,
     now_ms: i64,
-    key_buf: &mut Vec<u8>,
-    shards: u32,
-    layout: Option<&Layout>,
+    render: &mut Render,
 ) -> Option<Target<'e>> {
+    let (key_buf, shards, layout) = (&mut render.buf, render.shards, render.layout.as_ref());
     let window = *counter.windows.get(event.ts_ms);
     let expire_at_ms = crate::model::expire_at(window.end_ms, counter.retention_ms);
     if expire_at_ms <= now_ms {

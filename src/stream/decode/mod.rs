@@ -1,9 +1,14 @@
-//! Decode: a Kafka payload (JSON object) into the few fields the counters need.
+//! Decode: a Kafka payload (JSON, Avro or Protobuf) into the few fields the counters need.
 //!
-//! Only the configured top-level fields are extracted; everything else is skipped without
-//! allocating. String values borrow from the message buffer unless they contain escapes.
-//! A borrowed scan (`decode_scan.rs`) handles the common shape; anything else (escapes, floats
-//! in wanted fields, invalid JSON) goes to serde_json, which gives the reference answer.
+//! Only the wanted fields are extracted; everything else is skipped without allocating. JSON
+//! string values borrow from the message buffer unless they contain escapes: a borrowed scan
+//! (`scan.rs`) handles the common shape, and anything else (escapes, floats in wanted fields,
+//! invalid JSON) goes to serde_json (`full.rs`), which gives the reference answer. Avro and
+//! Protobuf payloads are read with a plan of their schema (`avro/`, `protobuf/`, `schema/`).
+//!
+//! A decoder is built from what the model compiled (`build.rs`: the topic's
+//! [`CompiledDecode`](crate::config::CompiledDecode), the counters' filter programs), in memory:
+//! building one compiles no expression and reads no file.
 
 use std::borrow::Cow;
 
@@ -11,7 +16,7 @@ use rdkafka::message::{BorrowedHeaders, Headers};
 use serde::de::DeserializeSeed;
 use smallvec::SmallVec;
 
-use crate::config::{DecodeConfig, FieldSource, Format, TimeFormat};
+use crate::config::{CompiledDecode, FieldSource, Format, TimeFormat};
 
 /// A scalar JSON value, borrowed from the payload where possible.
 #[derive(Debug, Clone, PartialEq)]
@@ -90,8 +95,10 @@ pub struct Decoder {
 }
 
 impl Decoder {
-    /// `fields` are the distinct field names the counters need, with their roles.
-    pub fn new(config: &DecodeConfig, fields: &[(String, FieldRole)]) -> Decoder {
+    /// `fields` are the distinct field names the counters need, with their roles; `decode` is
+    /// the topic's decoding, compiled with the model.
+    pub fn new(decode: &CompiledDecode, fields: &[(String, FieldRole)]) -> Decoder {
+        let config = &decode.config;
         let mut names: Vec<Box<str>> = fields.iter().map(|(n, _)| n.as_str().into()).collect();
         let mut roles: Vec<FieldRole> = fields.iter().map(|(_, r)| *r).collect();
         let time_field = config.time_field.as_ref().map(|t| {
@@ -102,15 +109,15 @@ impl Decoder {
         let mut root = paths::Node::default();
         let mut meta = Vec::new();
         for (slot, name) in names.iter().enumerate() {
-            if config.derive.contains_key(&**name) {
+            if decode.derived.contains_key(&**name) {
                 continue;
             }
             // In an expression, a dotted name not listed in [decode.fields] reads that path.
             let source = match roles[slot] {
-                FieldRole::Filter if !config.fields.contains_key(&**name) => {
+                FieldRole::Filter if !decode.lists(name) => {
                     FieldSource::parse(name).unwrap_or_else(|_| FieldSource::top_level(name))
                 }
-                _ => config.source(name),
+                _ => decode.source(name),
             };
             match source {
                 FieldSource::Payload(path) => root.insert(&path, slot),
@@ -119,9 +126,13 @@ impl Decoder {
         }
         let binary = match config.format {
             Format::Json => None,
-            Format::Avro => Some(Box::new(Binary::Avro(avro::Avro::new(config, &root)))),
+            Format::Avro => Some(Box::new(Binary::Avro(avro::Avro::new(
+                &decode.schema,
+                &root,
+            )))),
             Format::Protobuf => Some(Box::new(Binary::Protobuf(protobuf::Protobuf::new(
-                config, &root,
+                &decode.schema,
+                &root,
             )))),
         };
         Decoder {

@@ -12,7 +12,7 @@ fn decoder(time_field: Option<&str>, format: TimeFormat) -> Decoder {
         ..DecodeConfig::default()
     };
     Decoder::new(
-        &config,
+        &config.compile().unwrap(),
         &[
             ("app_id".to_string(), FieldRole::Dimension),
             ("ip".to_string(), FieldRole::Dimension),
@@ -444,7 +444,9 @@ pub(super) fn nested_decoder() -> Decoder {
         &config(
             &[("app_id", "n.a[2]"), ("ip", "/n/a/0"), ("deep", "n.b.c.d")],
             Some("ts"),
-        ),
+        )
+        .compile()
+        .unwrap(),
         &roles(&[
             ("app_id", FieldRole::Dimension),
             ("ip", FieldRole::Dimension),

@@ -18,7 +18,9 @@ fn nested_paths_read_objects_and_arrays() {
                 ("count", "stats.n"),
             ],
             Some("time"),
-        ),
+        )
+        .compile()
+        .unwrap(),
         &roles(&[
             ("method", FieldRole::Dimension),
             ("sku", FieldRole::Dimension),
@@ -101,7 +103,9 @@ fn record_sources_read_key_headers_topic_and_partition() {
                 ("part", "$partition"),
             ],
             None,
-        ),
+        )
+        .compile()
+        .unwrap(),
         &roles(&[
             ("tenant", FieldRole::Dimension),
             ("region", FieldRole::Dimension),
@@ -214,7 +218,10 @@ fn the_time_can_come_from_a_header() {
     ] {
         let mut c = config(&[("at", "$header.at")], Some("at"));
         c.time_format = format;
-        let d = Decoder::new(&c, &roles(&[("route", FieldRole::Dimension)]));
+        let d = Decoder::new(
+            &c.compile().unwrap(),
+            &roles(&[("route", FieldRole::Dimension)]),
+        );
         let headers = OwnedHeaders::new().insert(Header {
             key: "at",
             value: Some(text),

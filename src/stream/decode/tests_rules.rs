@@ -48,7 +48,7 @@ fn decode(d: &Decoder, payload: &str) -> Result<Event<'static>, DecodeError> {
 #[test]
 fn filters_pick_counters_and_derived_fields_are_dimensions() {
     let m = model("");
-    let d = Decoder::for_counters(&m.config.decode, &m.counters);
+    let d = Decoder::for_counters(&m.first_topic().decode, &m.filters, &m.counters);
     let class = d.field_index("class").unwrap();
     let latency = d.field_index("latency").unwrap();
 
@@ -109,7 +109,7 @@ key = "c:{class}:{yyyyMMddHH}"
 window = "1h"
 "#,
     );
-    let d = Decoder::for_counters(&m.config.decode, &m.counters);
+    let d = Decoder::for_counters(&m.first_topic().decode, &m.filters, &m.counters);
     let e = decode(&d, r#"{"route":"/a","status":"oops","method":"GET"}"#).unwrap();
     assert_eq!(e.skips.failed & 0b1000, 0b1000, "by_class: {:?}", e.skips);
     assert_eq!(e.skips.all() & 1, 0, "all counts it");
@@ -124,7 +124,8 @@ fn without_rules_nothing_changes() {
     let mut config = m.config.clone();
     config.decode.derive.clear();
     let counters: Vec<_> = m.counters.iter().take(1).cloned().collect();
-    let d = Decoder::for_counters(&config.decode, &counters);
+    let compiled = config.decode.compile().unwrap();
+    let d = Decoder::for_counters(&compiled, &m.filters[..1], &counters);
     assert_eq!(d.names.len(), 1, "only `route` is read");
     let e = decode(&d, r#"{"route":"/a"}"#).unwrap();
     assert_eq!(e.skips, Skips::default());
@@ -163,8 +164,8 @@ key = "u:{user}:{yyyyMMddHH}"
 window = "1h"
 "#;
     let m = Model::compile(toml::from_str(text).unwrap()).unwrap();
-    let views = Decoder::for_topic(m.topic("views").unwrap(), &m.counters);
-    let clicks = Decoder::for_topic(m.topic("clicks").unwrap(), &m.counters);
+    let views = Decoder::for_topic(&m, m.topic("views").unwrap());
+    let clicks = Decoder::for_topic(&m, m.topic("clicks").unwrap());
     assert!(views.field_index("user").is_none(), "not read on views");
     assert!(!views.reads(2) && views.reads(1) && clicks.reads(2));
 
@@ -187,6 +188,6 @@ window = "1h"
     ));
     // The single-topic form reads every counter.
     let one = model("");
-    let d = Decoder::for_topic(one.first_topic(), &one.counters);
+    let d = Decoder::for_topic(&one, one.first_topic());
     assert!((0..3).all(|ci| d.reads(ci)));
 }

@@ -1,12 +1,16 @@
 //! Encoding a flush: its units planned into script calls (merged where they can be), grouped by
-//! shard (one slot on a cluster), and encoded into pipelines one bounded chunk at a time.
+//! shard (one slot on a cluster), and encoded into pipelines one bounded chunk at a time. Free
+//! functions over a [`Plan`]: the sink sends a flush with them, and the kept flushes
+//! (`reapply.rs`) are sent again with them.
 //!
 //! A flush keeps its planned calls (compact: the aggregator's key arena) until it lands, so that
 //! a retry can send them again, and encodes only the chunk being sent. Encoding a whole flush of
 //! 100,000 keys at once held it three times more (the commands, the packed pipeline and the
 //! connection's write buffer: about 30 MB, 350 MB for a million keys on revoke or shutdown).
 
-use super::{merge, script, Sink, UnitMeta};
+use super::link::Scripts;
+use super::reply::{ReplyError, UnitMeta};
+use super::{conn, merge, script, AttemptError, FenceScope};
 use crate::stream::aggregate::Unit;
 
 /// Keys encoded into one pipeline (at least one call): large enough that the round trips
@@ -21,18 +25,14 @@ pub(super) struct Plan {
     pub(super) check_ttl: bool,
 }
 
-impl Sink {
-    /// Plan `units` into script calls grouped by shard. Units of one (partition, shard) stay in
-    /// order inside their group.
-    pub(super) fn plan(&mut self, units: Vec<Unit>) -> Plan {
-        let check_ttl = self
-            .flushes
-            .is_multiple_of(u64::from(self.flush.ttl_check_every));
-        self.flushes += 1;
+impl Plan {
+    /// Plan `units` into script calls grouped by shard (merging up to `max_merged_keys` keys
+    /// into one call). Units of one (partition, shard) stay in order inside their group.
+    pub(super) fn new(units: Vec<Unit>, max_merged_keys: usize, check_ttl: bool) -> Plan {
         let mut groups: Vec<Vec<merge::Call>> = Vec::new();
         let mut group_of_shard: std::collections::HashMap<u32, usize> =
             std::collections::HashMap::new();
-        for call in merge::plan(units, self.flush.max_keys_per_merged_call) {
+        for call in merge::plan(units, max_merged_keys) {
             let g = *group_of_shard.entry(call.shard()).or_insert_with(|| {
                 groups.push(Vec::new());
                 groups.len() - 1
@@ -41,68 +41,102 @@ impl Sink {
         }
         Plan { groups, check_ttl }
     }
+}
 
-    /// Encode `calls` (the next calls of one group) into one pipeline of about [`CHUNK_KEYS`]
-    /// keys; returns it and what is needed to read its replies (one per call it took).
-    pub(super) fn encode_chunk(
-        &self,
-        calls: &[&merge::Call],
-        check_ttl: bool,
-    ) -> (redis::Pipeline, Vec<UnitMeta>) {
-        let mut pipe = redis::pipe();
-        let mut metas = Vec::new();
-        let mut keys = 0;
-        for &call in calls {
-            if !metas.is_empty() && keys + call_keys(call) > CHUNK_KEYS {
-                break;
-            }
-            keys += call_keys(call);
-            let (cmd, meta) = self.encode_call(call, check_ttl);
-            pipe.add_command(cmd);
-            metas.push(meta);
+/// Send one shard's `calls` in order, one chunk of about [`CHUNK_KEYS`] keys per pipeline, each
+/// encoded just before it is sent; stops at the first failed chunk.
+pub(super) async fn send_calls(
+    mut conn: conn::Conn,
+    calls: Vec<&merge::Call>,
+    check_ttl: bool,
+    scripts: &Scripts,
+    scope: &FenceScope,
+) -> Result<Vec<(UnitMeta, redis::Value)>, AttemptError> {
+    let mut replies = Vec::with_capacity(calls.len());
+    let mut next = 0;
+    while next < calls.len() {
+        let (pipe, metas) = encode_chunk(&calls[next..], check_ttl, scripts, scope);
+        next += metas.len();
+        let values = conn.pipe(&pipe).await?;
+        if values.len() != metas.len() {
+            return Err(AttemptError::Reply(ReplyError(format!(
+                "{} replies for {} units",
+                values.len(),
+                metas.len()
+            ))));
         }
-        (pipe, metas)
+        replies.extend(metas.into_iter().zip(values));
     }
+    Ok(replies)
+}
 
-    fn encode_call(&self, call: &merge::Call, check_ttl: bool) -> (redis::Cmd, UnitMeta) {
-        let shard = call.shard();
-        match call {
-            merge::Call::Unit(unit) => {
-                let keys = self.scope.keys(unit.partition, unit.shard);
-                let cmd = if unit.other.is_empty() {
-                    script::apply_cmd(self.scripts.apply.sha(), &keys, unit, check_ttl)
-                } else {
-                    script::apply_kinds_cmd(self.scripts.apply_kinds.sha(), &keys, unit, check_ttl)
-                };
-                let meta = UnitMeta {
-                    partitions: smallvec::smallvec![unit.partition],
-                    merged: false,
-                    shard,
-                    keys: (unit.keys.len() + unit.other.len()) as u64,
-                };
-                (cmd, meta)
-            }
-            merge::Call::Merged(m) => {
-                let fences: Vec<String> = m
-                    .ranges
-                    .iter()
-                    .map(|r| self.scope.key(r.partition, shard))
-                    .collect();
-                let cmd = script::apply_merged_cmd(
-                    self.scripts.apply_merged.sha(),
-                    &self.scope.marker(shard),
-                    &fences,
-                    m,
-                    check_ttl,
-                );
-                let meta = UnitMeta {
-                    partitions: m.ranges.iter().map(|r| r.partition).collect(),
-                    merged: true,
-                    shard,
-                    keys: m.keys.len() as u64,
-                };
-                (cmd, meta)
-            }
+/// Encode `calls` (the next calls of one group) into one pipeline of about [`CHUNK_KEYS`] keys;
+/// returns it and what is needed to read its replies (one per call it took).
+fn encode_chunk(
+    calls: &[&merge::Call],
+    check_ttl: bool,
+    scripts: &Scripts,
+    scope: &FenceScope,
+) -> (redis::Pipeline, Vec<UnitMeta>) {
+    let mut pipe = redis::pipe();
+    let mut metas = Vec::new();
+    let mut keys = 0;
+    for &call in calls {
+        if !metas.is_empty() && keys + call_keys(call) > CHUNK_KEYS {
+            break;
+        }
+        keys += call_keys(call);
+        let (cmd, meta) = encode_call(call, check_ttl, scripts, scope);
+        pipe.add_command(cmd);
+        metas.push(meta);
+    }
+    (pipe, metas)
+}
+
+/// One call's EVALSHA command, and what reading its reply needs.
+fn encode_call(
+    call: &merge::Call,
+    check_ttl: bool,
+    scripts: &Scripts,
+    scope: &FenceScope,
+) -> (redis::Cmd, UnitMeta) {
+    let shard = call.shard();
+    match call {
+        merge::Call::Unit(unit) => {
+            let keys = scope.keys(unit.partition, unit.shard);
+            let cmd = if unit.other.is_empty() {
+                script::apply_cmd(scripts.apply.sha(), &keys, unit, check_ttl)
+            } else {
+                script::apply_kinds_cmd(scripts.apply_kinds.sha(), &keys, unit, check_ttl)
+            };
+            let meta = UnitMeta {
+                partitions: smallvec::smallvec![unit.partition],
+                merged: false,
+                shard,
+                keys: (unit.keys.len() + unit.other.len()) as u64,
+            };
+            (cmd, meta)
+        }
+        merge::Call::Merged(m) => {
+            let fences: Vec<String> = m
+                .ranges
+                .iter()
+                .map(|r| scope.key(r.partition, shard))
+                .collect();
+            let cmd = script::apply_merged_cmd(
+                scripts.apply_merged.sha(),
+                &scope.marker(shard),
+                &fences,
+                m,
+                check_ttl,
+            );
+            let meta = UnitMeta {
+                partitions: m.ranges.iter().map(|r| r.partition).collect(),
+                merged: true,
+                shard,
+                keys: m.keys.len() as u64,
+            };
+            (cmd, meta)
         }
     }
 }

@@ -1,110 +1,68 @@
-//! Reading and creating fences for partitions being opened ([`script::INIT_LUA`]), one script
-//! per shard.
-
-use std::time::Instant;
+//! The one reader of fences ([`script::INIT_LUA`], one script per shard): the fence check of
+//! partitions being opened reads (and creates) them with it, and the kept flushes (`reapply.rs`)
+//! read with it, creating nothing, where Redis is behind what landed.
 
 use redis::Value;
-use tokio_util::sync::CancellationToken;
 
 use super::reply::ReplyError;
 use super::script::{self, FenceState};
-use super::{topology, AttemptError, FenceError, PartitionFences, Sink};
+use super::{conn, AttemptError, FenceScope};
 
-impl Sink {
-    /// Read (and create) the fences of `partitions`, retrying until `deadline`: a rebalance
-    /// during a cluster failover otherwise parked its partitions for seconds after the
-    /// promotion (one attempt hung on the dead primary until its response timeout).
-    pub(super) async fn init(
-        &mut self,
-        partitions: &[(i32, i64)],
-        deadline: Instant,
-        abort: &CancellationToken,
-    ) -> Result<PartitionFences, FenceError> {
-        let mut delay = self.flush.retry_initial;
-        loop {
-            let mut watch = self.link.lend_watch();
-            // INIT runs with EVAL (rare, small): there is no NOSCRIPT to handle.
-            let attempt = topology::watched(
-                watch.as_mut(),
-                self.try_init(partitions),
-                AttemptError::TopologyChanged,
-            );
-            let result = tokio::time::timeout_at(deadline.into(), attempt).await;
-            self.link.topology = watch;
-            let error = match result {
-                Ok(Ok(fences)) => {
-                    if let Some(watch) = &mut self.link.topology {
-                        watch.reset();
-                    }
-                    return Ok(fences);
-                }
-                Ok(Err(e)) => e,
-                Err(_) => return Err(FenceError::NoAnswer),
-            };
-            let message = error.to_string();
-            let wait = self.recover(error, &mut delay, abort);
-            match tokio::time::timeout_at(deadline.into(), wait).await {
-                Ok(true) => {}
-                Ok(false) | Err(_) => return Err(FenceError::Failed(message)),
+/// The partitions whose fences are read on one shard: (partition, where to start it if Redis
+/// has no state for it; -1: do not create).
+pub(super) type ShardRead<'a> = (u32, &'a [(i32, i64)]);
+
+/// The fence state of every partition of every `reads` entry, in the same order. One script per
+/// shard, sent concurrently: in a cluster a shard's marker and fences share a slot.
+pub(super) async fn read(
+    conn: &conn::Conn,
+    scope: &FenceScope,
+    reads: &[ShardRead<'_>],
+) -> Result<Vec<Vec<FenceState>>, AttemptError> {
+    let now_ms = tally_counters::clock::unix_ms();
+    let cmds: Vec<redis::Cmd> = reads
+        .iter()
+        .map(|&(shard, partitions)| init_cmd(scope, shard, partitions, now_ms))
+        .collect();
+    let results = futures::future::join_all(cmds.iter().map(|cmd| {
+        let mut conn = conn.clone();
+        async move { conn.query::<Value>(cmd).await }
+    }))
+    .await;
+    let mut per_shard = Vec::with_capacity(reads.len());
+    for (result, &(_, partitions)) in results.into_iter().zip(reads) {
+        let items = match result? {
+            Value::Array(items) if items.len() == partitions.len() => items,
+            other => {
+                return Err(AttemptError::Reply(ReplyError(format!(
+                    "fence states: {other:?}"
+                ))))
             }
-        }
+        };
+        per_shard.push(
+            items
+                .iter()
+                .map(FenceState::parse)
+                .collect::<Result<_, _>>()
+                .map_err(AttemptError::Reply)?,
+        );
     }
+    Ok(per_shard)
+}
 
-    /// One attempt at the fences of `partitions` (partition, start if Redis has no state).
-    pub(super) async fn try_init(
-        &mut self,
-        partitions: &[(i32, i64)],
-    ) -> Result<PartitionFences, AttemptError> {
-        let conn = self.connection().await?;
-        // The fence check reads through here: what a failover took back and is still kept
-        // goes in again first, so only older losses are replayed from Kafka.
-        self.reapply_if_lost(&conn).await?;
-        let shards = self.scope.layout.shards();
-        let now_ms = tally_counters::clock::unix_ms();
-        // One script per shard: in a cluster a shard's marker and fences share a slot.
-        let cmds: Vec<redis::Cmd> = (0..shards)
-            .map(|s| {
-                let mut cmd = redis::cmd("EVAL");
-                cmd.arg(script::INIT_LUA)
-                    .arg(partitions.len() + 1)
-                    .arg(self.scope.marker(s));
-                for &(p, _) in partitions {
-                    cmd.arg(self.scope.key(p, s));
-                }
-                cmd.arg(now_ms);
-                for &(p, fresh) in partitions {
-                    cmd.arg(p).arg(fresh);
-                }
-                cmd
-            })
-            .collect();
-        let results = futures::future::join_all(cmds.iter().map(|cmd| {
-            let mut conn = conn.clone();
-            async move { conn.query::<Value>(cmd).await }
-        }))
-        .await;
-        let mut per_shard: Vec<Vec<FenceState>> = Vec::with_capacity(shards as usize);
-        for r in results {
-            let items = match r? {
-                Value::Array(items) if items.len() == partitions.len() => items,
-                other => {
-                    return Err(AttemptError::Reply(ReplyError(format!(
-                        "fence states: {other:?}"
-                    ))))
-                }
-            };
-            per_shard.push(
-                items
-                    .iter()
-                    .map(FenceState::parse)
-                    .collect::<Result<_, _>>()
-                    .map_err(AttemptError::Reply)?,
-            );
-        }
-        Ok(partitions
-            .iter()
-            .enumerate()
-            .map(|(i, &(p, _))| (p, per_shard.iter().map(|states| states[i]).collect()))
-            .collect())
+/// The [`script::INIT_LUA`] call reading `partitions` on `shard` (EVAL: rare and small, so
+/// there is no NOSCRIPT to handle).
+fn init_cmd(scope: &FenceScope, shard: u32, partitions: &[(i32, i64)], now_ms: i64) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(script::INIT_LUA)
+        .arg(partitions.len() + 1)
+        .arg(scope.marker(shard));
+    for &(p, _) in partitions {
+        cmd.arg(scope.key(p, shard));
     }
+    cmd.arg(now_ms);
+    for &(p, fresh) in partitions {
+        cmd.arg(p).arg(fresh);
+    }
+    cmd
 }

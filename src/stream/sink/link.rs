@@ -1,8 +1,8 @@
 //! The sink's connection side: the connection and how it is remade (through the seeds that
-//! answer during a cluster failover), the write scripts loaded on every connection, and the probe
-//! between requests.
+//! answer during a cluster failover), the write scripts loaded on every connection, and what the
+//! probe between requests remembers.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use tally_counters::script::Script;
@@ -59,41 +59,6 @@ impl Scripts {
         self.apply.load(conn).await?;
         self.apply_kinds.load(conn).await?;
         Ok(self.apply_merged.load(conn).await?)
-    }
-}
-
-impl super::Sink {
-    /// Connect (or PING the live connection) and report changes of reachability.
-    pub(super) async fn probe(&mut self) {
-        let was_up = self.health.redis.load(Ordering::Relaxed);
-        self.probing.count += 1;
-        // Re-check the eviction policy every other probe: someone may change it at runtime.
-        let recheck = self.probing.count.is_multiple_of(2);
-        let result = match self.connection().await {
-            Ok(mut conn) if recheck => self.check_eviction(&mut conn).await,
-            Ok(mut conn) => conn
-                .query::<String>(&redis::cmd("PING"))
-                .await
-                .map(drop)
-                .map_err(AttemptError::from),
-            Err(e) => Err(e),
-        };
-        match result {
-            Ok(_) => {
-                if !was_up {
-                    tracing::info!("redis reachable");
-                }
-                self.health.redis.store(true, Ordering::Relaxed);
-            }
-            Err(e) => {
-                self.link.conn = None;
-                if was_up || !self.probing.reported_down {
-                    tracing::warn!(error = %e, "redis unreachable or unusable; retrying");
-                    self.probing.reported_down = true;
-                }
-                self.health.redis.store(false, Ordering::Relaxed);
-            }
-        }
     }
 }
 

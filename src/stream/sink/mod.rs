@@ -4,6 +4,12 @@
 //! aborted. Retrying is always safe: every unit carries its offset range and the script refuses
 //! a range that Redis has already applied (see [`script`]), so a retry after a lost reply, a
 //! NOSCRIPT reload or a reconnect never counts twice.
+//!
+//! The sink is one type, [`Sink`], whose `impl` is all in this file; what it uses has its own
+//! home: `request.rs` (what it is asked, its errors), `encode.rs` (a flush planned and encoded, as
+//! free functions over a plan), `fences.rs` (the one fence reader), `reapply.rs` (the kept
+//! flushes, applied again by `reapply::Kept` itself), `link.rs` (the connection and its
+//! scripts), `topology.rs` (following a failover), `reply.rs` (the scripts' replies).
 
 pub use tally_counters::conn;
 mod encode;
@@ -14,11 +20,11 @@ mod link;
 pub mod merge;
 mod reapply;
 mod reply;
+mod request;
 pub mod script;
 mod topology;
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc as std_mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,79 +36,18 @@ use tokio_util::sync::CancellationToken;
 use crate::config::{FlushConfig, RedisConfig, RedisMode};
 pub use crate::model::state_keys::FenceScope;
 use crate::ops::health::Health;
-use crate::ops::metrics::{Metrics, RedisErrorKind, RejectReason};
+use crate::ops::metrics::{Metrics, RedisErrorKind};
 use crate::stream::aggregate::Unit;
+use encode::Plan;
 use link::{Link, Probing, Scripts};
-use reply::UnitMeta;
 pub use reply::{FlushOutcome, Refusal, ReplyError};
+pub use request::{AttemptError, FenceError, PartitionFences, SinkRequest};
 pub use script::{ApplyReply, FenceState};
 
 /// How often Redis is checked between requests.
 const PROBE_EVERY: Duration = Duration::from_secs(5);
 /// How often while it is unreachable.
 const PROBE_WHILE_DOWN: Duration = Duration::from_millis(500);
-
-/// Work for the sink task. Replies go over std channels so the consumer thread can wait
-/// with a timeout without a runtime.
-pub enum SinkRequest {
-    /// Apply these units, in order.
-    Flush {
-        /// Units to apply.
-        units: Vec<Unit>,
-        /// Receives the outcome; dropped without a reply if the sink was aborted.
-        reply: std_mpsc::Sender<FlushOutcome>,
-    },
-    /// Read the fences of every shard of these partitions, creating those the state has no
-    /// record of where asked to (see [`script::INIT_LUA`]). Retried until its deadline; the
-    /// caller decides what to do when Redis cannot answer by then.
-    InitFences {
-        /// (partition, where to start it if Redis has no state for it; -1: do not create).
-        partitions: Vec<(i32, i64)>,
-        /// Retry until then (the caller stops waiting); through a cluster failover, attempts
-        /// follow the topology watch like flushes do.
-        deadline: Instant,
-        /// Receives `(partition, state per shard)`, or why Redis could not answer.
-        reply: std_mpsc::Sender<Result<PartitionFences, FenceError>>,
-    },
-}
-
-/// The state of each shard's fence, per partition.
-pub type PartitionFences = Vec<(i32, Vec<FenceState>)>;
-
-/// Why the fences of a request could not be read by its deadline (the caller decides what
-/// then happens to its partitions).
-#[derive(Debug, thiserror::Error)]
-pub enum FenceError {
-    /// Redis did not answer before the deadline.
-    #[error("no answer from redis in time")]
-    NoAnswer,
-    /// The sink task has stopped (the process is shutting down).
-    #[error("redis sink stopped")]
-    SinkStopped,
-    /// The last attempt's error, when the retries stopped (deadline or shutdown).
-    #[error("{0}")]
-    Failed(String),
-}
-
-/// Why one attempt failed; every variant but `UnsafeEviction` is retried.
-#[derive(Debug, thiserror::Error)]
-pub enum AttemptError {
-    /// The connection or the command failed.
-    #[error("redis: {0}")]
-    Redis(#[from] RedisError),
-    /// The script was not loaded (after a restart or SCRIPT FLUSH); it is loaded again.
-    #[error("script not loaded (NOSCRIPT)")]
-    NoScript,
-    /// A reply outside the script's contract.
-    #[error("{0}")]
-    Reply(#[from] ReplyError),
-    /// A cluster failover during the attempt.
-    #[error("the cluster's primaries changed during the attempt (a failover)")]
-    TopologyChanged,
-    /// Redis may evict keys: refused before anything is written.
-    #[error("redis maxmemory-policy is `{0}`: it may evict counters or tally's offsets and break exactness; set it to noeviction (or redis.allow_eviction = true to accept the risk)")]
-    UnsafeEviction(String),
-}
 
 /// The task owning the Redis connection.
 pub struct Sink {
@@ -225,34 +170,9 @@ impl Sink {
             };
             match request {
                 SinkRequest::Flush { units, reply } => {
-                    let started = Instant::now();
-                    let keys: usize = units.iter().map(|u| u.items()).sum();
-                    // Planned once; each attempt encodes and sends it a chunk at a time.
-                    let plan = self.plan(units);
-                    let mut delay = self.flush.retry_initial;
-                    let outcome = loop {
-                        match self.attempt(&plan).await {
-                            Ok(outcome) => break Some(outcome),
-                            Err(e) => {
-                                if !self.recover(e, &mut delay, &abort).await {
-                                    break None;
-                                }
-                            }
-                        }
-                    };
-                    let Some(outcome) = outcome else { continue };
-                    if let Some(watch) = &mut self.link.topology {
-                        watch.reset();
+                    if let Some(outcome) = self.flush(units, &abort).await {
+                        let _ = reply.send(outcome);
                     }
-                    // A refused unit is replayed from Kafka by the worker: what is kept no
-                    // longer reaches its partitions' last landed range.
-                    if outcome.refusals.is_empty() {
-                        self.kept.keep(plan);
-                    } else {
-                        self.kept.forget();
-                    }
-                    self.observe_flush(&outcome, started, keys);
-                    let _ = reply.send(outcome);
                 }
                 SinkRequest::InitFences {
                     partitions,
@@ -264,6 +184,41 @@ impl Sink {
                 }
             }
         }
+    }
+
+    /// Apply `units`, retrying until they land; None when aborted first.
+    async fn flush(&mut self, units: Vec<Unit>, abort: &CancellationToken) -> Option<FlushOutcome> {
+        let started = Instant::now();
+        let keys: usize = units.iter().map(|u| u.items()).sum();
+        let check_ttl = self
+            .flushes
+            .is_multiple_of(u64::from(self.flush.ttl_check_every));
+        self.flushes += 1;
+        // Planned once; each attempt encodes and sends it a chunk at a time.
+        let plan = Plan::new(units, self.flush.max_keys_per_merged_call, check_ttl);
+        let mut delay = self.flush.retry_initial;
+        let outcome = loop {
+            match self.attempt(&plan).await {
+                Ok(outcome) => break outcome,
+                Err(e) => {
+                    if !self.recover(e, &mut delay, abort).await {
+                        return None;
+                    }
+                }
+            }
+        };
+        if let Some(watch) = &mut self.link.topology {
+            watch.reset();
+        }
+        // A refused unit is replayed from Kafka by the worker: what is kept no longer reaches
+        // its partitions' last landed range.
+        if outcome.refusals.is_empty() {
+            self.kept.keep(plan);
+        } else {
+            self.kept.forget();
+        }
+        outcome.observe(&self.metrics, started, keys);
+        Some(outcome)
     }
 
     /// Account for a failed attempt and wait before the next; false when aborted.
@@ -371,7 +326,7 @@ impl Sink {
     /// One flush attempt. While a cluster flush is being retried, the attempt is abandoned as
     /// soon as the primaries change: a request caught by a failover can otherwise hang
     /// until its response timeout, long after the replica took over.
-    async fn attempt(&mut self, plan: &encode::Plan) -> Result<FlushOutcome, AttemptError> {
+    async fn attempt(&mut self, plan: &Plan) -> Result<FlushOutcome, AttemptError> {
         let mut watch = self.link.lend_watch();
         let result = topology::watched(
             watch.as_mut(),
@@ -385,14 +340,14 @@ impl Sink {
 
     /// Send every shard's calls (concurrently across shards, chunk after chunk within one) and
     /// read the replies.
-    async fn try_flush(&mut self, plan: &encode::Plan) -> Result<FlushOutcome, AttemptError> {
+    async fn try_flush(&mut self, plan: &Plan) -> Result<FlushOutcome, AttemptError> {
         let conn = self.connection().await?;
-        let this = &*self;
-        let results =
-            futures::future::join_all(plan.groups.iter().map(|calls| {
-                this.send_group(conn.clone(), calls.iter().collect(), plan.check_ttl)
-            }))
-            .await;
+        let (scripts, scope) = (&self.scripts, &self.scope);
+        let results = futures::future::join_all(plan.groups.iter().map(|calls| {
+            let calls = calls.iter().collect();
+            encode::send_calls(conn.clone(), calls, plan.check_ttl, scripts, scope)
+        }))
+        .await;
         let mut outcome = FlushOutcome::default();
         let mut noscript = false;
         let mut first_error = None;
@@ -426,65 +381,105 @@ impl Sink {
         Ok(outcome)
     }
 
-    /// Send one shard's `calls` in order, one chunk of about [`encode::CHUNK_KEYS`] keys per
-    /// pipeline, each encoded just before it is sent; stops at the first failed chunk.
-    async fn send_group(
-        &self,
-        mut conn: conn::Conn,
-        calls: Vec<&merge::Call>,
-        check_ttl: bool,
-    ) -> Result<Vec<(UnitMeta, redis::Value)>, AttemptError> {
-        let mut replies = Vec::with_capacity(calls.len());
-        let mut next = 0;
-        while next < calls.len() {
-            let (pipe, metas) = self.encode_chunk(&calls[next..], check_ttl);
-            next += metas.len();
-            let values = conn.pipe(&pipe).await?;
-            if values.len() != metas.len() {
-                return Err(AttemptError::Reply(ReplyError(format!(
-                    "{} replies for {} units",
-                    values.len(),
-                    metas.len()
-                ))));
+    /// Connect (or PING the live connection) and report changes of reachability.
+    async fn probe(&mut self) {
+        let was_up = self.health.redis.load(Ordering::Relaxed);
+        self.probing.count += 1;
+        // Re-check the eviction policy every other probe: someone may change it at runtime.
+        let recheck = self.probing.count.is_multiple_of(2);
+        let result = match self.connection().await {
+            Ok(mut conn) if recheck => self.check_eviction(&mut conn).await,
+            Ok(mut conn) => conn
+                .query::<String>(&redis::cmd("PING"))
+                .await
+                .map(drop)
+                .map_err(AttemptError::from),
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(_) => {
+                if !was_up {
+                    tracing::info!("redis reachable");
+                }
+                self.health.redis.store(true, Ordering::Relaxed);
             }
-            replies.extend(metas.into_iter().zip(values));
+            Err(e) => {
+                self.link.conn = None;
+                if was_up || !self.probing.reported_down {
+                    tracing::warn!(error = %e, "redis unreachable or unusable; retrying");
+                    self.probing.reported_down = true;
+                }
+                self.health.redis.store(false, Ordering::Relaxed);
+            }
         }
-        Ok(replies)
     }
 
-    /// Count a landed flush (`keys`: entries sent, `started`: when it was received).
-    fn observe_flush(&self, outcome: &FlushOutcome, started: Instant, keys: usize) {
-        self.metrics
-            .sink
-            .flush_duration
-            .observe(started.elapsed().as_secs_f64());
-        self.metrics.sink.flush_keys.observe(keys as f64);
-        self.metrics.sink.keys_flushed.inc_by(outcome.keys_written);
-        self.metrics.sink.late_keys.inc_by(outcome.late_keys);
-        self.metrics.sink.fence_conflicts.inc_by(
-            outcome
-                .refusals
-                .iter()
-                .filter(|r| matches!(r.reply, ApplyReply::Conflict { .. }))
-                .count() as u64,
-        );
-        self.metrics
-            .sink
-            .keys_refused(RejectReason::Overflow, outcome.overflow_keys);
-        self.metrics
-            .sink
-            .keys_refused(RejectReason::NotInteger, outcome.rejected_keys);
-        self.metrics
-            .sink
-            .units_already_applied
-            .inc_by(outcome.already_applied);
-        if outcome.rejected_keys > 0 || outcome.overflow_keys > 0 {
-            tracing::error!(
-                not_integer = outcome.rejected_keys,
-                overflow = outcome.overflow_keys,
-                "redis refused increments: counter keys hold non-integer values or would overflow; left unchanged (tally_keys_rejected_total)"
+    /// Read (and create) the fences of `partitions`, retrying until `deadline`: a rebalance
+    /// during a cluster failover otherwise parked its partitions for seconds after the
+    /// promotion (one attempt hung on the dead primary until its response timeout).
+    async fn init(
+        &mut self,
+        partitions: &[(i32, i64)],
+        deadline: Instant,
+        abort: &CancellationToken,
+    ) -> Result<PartitionFences, FenceError> {
+        let mut delay = self.flush.retry_initial;
+        loop {
+            let mut watch = self.link.lend_watch();
+            let attempt = topology::watched(
+                watch.as_mut(),
+                self.try_init(partitions),
+                AttemptError::TopologyChanged,
             );
+            let result = tokio::time::timeout_at(deadline.into(), attempt).await;
+            self.link.topology = watch;
+            let error = match result {
+                Ok(Ok(fences)) => {
+                    if let Some(watch) = &mut self.link.topology {
+                        watch.reset();
+                    }
+                    return Ok(fences);
+                }
+                Ok(Err(e)) => e,
+                Err(_) => return Err(FenceError::NoAnswer),
+            };
+            let message = error.to_string();
+            let wait = self.recover(error, &mut delay, abort);
+            match tokio::time::timeout_at(deadline.into(), wait).await {
+                Ok(true) => {}
+                Ok(false) | Err(_) => return Err(FenceError::Failed(message)),
+            }
         }
+    }
+
+    /// One attempt at the fences of `partitions` (partition, start if Redis has no state), on
+    /// every shard.
+    async fn try_init(
+        &mut self,
+        partitions: &[(i32, i64)],
+    ) -> Result<PartitionFences, AttemptError> {
+        let conn = self.connection().await?;
+        // The fence check reads through here: what a failover took back and is still kept
+        // goes in again first, so only older losses are replayed from Kafka.
+        self.reapply_if_lost(&conn).await?;
+        let reads: Vec<fences::ShardRead<'_>> = (0..self.scope.layout.shards())
+            .map(|shard| (shard, partitions))
+            .collect();
+        let per_shard = fences::read(&conn, &self.scope, &reads).await?;
+        Ok(partitions
+            .iter()
+            .enumerate()
+            .map(|(i, &(p, _))| (p, per_shard.iter().map(|states| states[i]).collect()))
+            .collect())
+    }
+
+    /// [`reapply::Kept::reapply_if_lost`] on `conn`.
+    async fn reapply_if_lost(&mut self, conn: &conn::Conn) -> Result<(), AttemptError> {
+        let target = reapply::Target {
+            scripts: &self.scripts,
+            scope: &self.scope,
+        };
+        self.kept.reapply_if_lost(conn, target, &self.metrics).await
     }
 }
 

@@ -5,21 +5,23 @@
 //! (one script). tally would find out (a fence conflict on the next flush, or the fence check)
 //! and replay those partitions from Kafka: exact, but it re-reads and re-counts every lost offset,
 //! which after a Sentinel failover took most of a second on its own. The sink still holds those
-//! flushes: it keeps the planned calls of the last landed flushes (up to
+//! flushes: it keeps the planned calls of the last landed flushes ([`Kept`], up to
 //! `recovery.reapply_keys` entries), and on every new connection reads the fences of the
-//! partitions they cover. Where a fence is behind what landed, it sends the calls again, oldest
-//! first, before anything else is written. The fences make this exact: a call applies only where
-//! its partition's applied offset is exactly its start, so what Redis still has is skipped, and
-//! a gap older than what is kept is refused and left to the replay from Kafka as before. A call
-//! holds the same deltas for the same offsets whoever writes them, so a range another process
-//! wrote since is either skipped or written once.
+//! partitions they cover (with the fence check's reader, `fences.rs`, creating nothing). Where a
+//! fence is behind what landed, it sends the calls again, oldest first, before anything else is
+//! written. The fences make this exact: a call applies only where its partition's applied offset
+//! is exactly its start, so what Redis still has is skipped, and a gap older than what is kept is
+//! refused and left to the replay from Kafka as before. A call holds the same deltas for the
+//! same offsets whoever writes them, so a range another process wrote since is either skipped or
+//! written once.
 
 use std::collections::{HashMap, VecDeque};
 
-use redis::Value;
-
-use super::encode::{call_keys, Plan};
-use super::{conn, merge, AttemptError, FlushOutcome, Sink};
+use super::encode::{self, call_keys, Plan};
+use super::link::Scripts;
+use super::script::FenceState;
+use super::{conn, fences, merge, AttemptError, FenceScope, FlushOutcome};
+use crate::ops::metrics::Metrics;
 
 /// The planned calls of the last landed flushes, oldest first, up to `cap` entries.
 #[derive(Default)]
@@ -103,73 +105,54 @@ pub(super) struct Reapplied {
     pub(super) partitions: Vec<i32>,
 }
 
-impl Sink {
-    /// [`Sink::reapply_lost`], logged and counted. A reply outside the scripts' contract
-    /// forgets what is kept (the fence check replays from Kafka), so it cannot block the sink.
-    pub(super) async fn reapply_if_lost(&mut self, conn: &conn::Conn) -> Result<(), AttemptError> {
-        match self.reapply_lost(conn).await {
-            Ok(Some(done)) => self.note_reapplied(&done),
+/// What sending the kept calls needs besides the connection: the scripts' SHAs and the names
+/// of the fences.
+pub(super) struct Target<'a> {
+    pub(super) scripts: &'a Scripts,
+    pub(super) scope: &'a FenceScope,
+}
+
+impl Kept {
+    /// On a new connection (`conn`): [`Kept::reapply_lost`], logged and counted. A reply outside
+    /// the scripts' contract forgets what is kept (the fence check replays from Kafka), so it
+    /// cannot block the sink.
+    pub(super) async fn reapply_if_lost(
+        &mut self,
+        conn: &conn::Conn,
+        target: Target<'_>,
+        metrics: &Metrics,
+    ) -> Result<(), AttemptError> {
+        match self.reapply_lost(conn, &target).await {
+            Ok(Some(done)) => note_reapplied(&done, metrics),
             Ok(None) => {}
             Err(e @ AttemptError::Redis(_)) => return Err(e),
             Err(e) => {
                 tracing::warn!(error = %e, "could not apply the kept flushes again; the fence check replays from kafka");
-                self.kept.forget();
+                self.forget();
             }
         }
         Ok(())
     }
 
-    /// Log and count what [`Sink::reapply_lost`] did.
-    fn note_reapplied(&self, done: &Reapplied) {
-        self.metrics.recovery.reapplied_ranges.inc_by(done.ranges);
-        tracing::error!(
-            partitions = ?done.partitions,
-            ranges = done.ranges,
-            refused = done.refused,
-            "redis had lost flushes it acknowledged (a failover to a replica that lagged, or an older copy restored); applied them again from memory{}",
-            if done.refused > 0 { "; the rest is replayed from kafka" } else { "" }
-        );
-    }
-
-    /// On a new connection: send again the kept calls whose ranges Redis no longer has (see the
-    /// module). Nothing is sent when every fence is where the last flush left it.
-    async fn reapply_lost(&self, conn: &conn::Conn) -> Result<Option<Reapplied>, AttemptError> {
-        let last = self.kept.last_ends();
+    /// Send again the kept calls whose ranges Redis no longer has (see the module). Nothing is
+    /// sent when every fence is where the last flush left it.
+    async fn reapply_lost(
+        &self,
+        conn: &conn::Conn,
+        target: &Target<'_>,
+    ) -> Result<Option<Reapplied>, AttemptError> {
+        let last = self.last_ends();
         if last.is_empty() {
             return Ok(None);
         }
-        let fences = self.read_fences(conn, last.keys().copied()).await?;
-        let behind: HashMap<(i32, u32), i64> = fences
-            .into_iter()
-            .filter_map(|(ps, fence)| Some((ps, fence?)))
-            .filter(|(ps, fence)| last.get(ps).is_some_and(|end| fence < end))
-            .collect();
+        let behind = behind(conn, target.scope, &last).await?;
         if behind.is_empty() {
             return Ok(None);
         }
-        // Per shard, in the order they landed: every call with a range past its fence.
-        let mut groups: HashMap<u32, Vec<&merge::Call>> = HashMap::new();
-        let mut sent = 0u64;
-        for call in self
-            .kept
-            .plans
-            .iter()
-            .flat_map(|(p, _)| p.groups.iter().flatten())
-        {
-            let rs = ranges(call);
-            if rs
-                .iter()
-                .any(|(p, s, _, end)| behind.get(&(*p, *s)).is_some_and(|f| f < end))
-            {
-                sent += rs.len() as u64;
-                groups.entry(call.shard()).or_default().push(call);
-            }
-        }
-        let results = futures::future::join_all(
-            groups
-                .into_values()
-                .map(|calls| self.send_group(conn.clone(), calls, false)),
-        )
+        let (groups, sent) = self.past(&behind);
+        let results = futures::future::join_all(groups.into_values().map(|calls| {
+            encode::send_calls(conn.clone(), calls, false, target.scripts, target.scope)
+        }))
         .await;
         let mut outcome = FlushOutcome::default();
         for result in results {
@@ -188,50 +171,67 @@ impl Sink {
         }))
     }
 
-    /// The applied offset of each (partition, shard), None where the fence is missing or not a
-    /// number (the flush path reports those). One pipeline per shard: in a cluster a shard's
-    /// fences share a slot.
-    async fn read_fences(
-        &self,
-        conn: &conn::Conn,
-        wanted: impl Iterator<Item = (i32, u32)>,
-    ) -> Result<Vec<((i32, u32), Option<i64>)>, AttemptError> {
-        let mut by_shard: HashMap<u32, Vec<i32>> = HashMap::new();
-        for (p, s) in wanted {
-            by_shard.entry(s).or_default().push(p);
-        }
-        let reads = by_shard.into_iter().map(|(s, parts)| {
-            let mut conn = conn.clone();
-            let mut pipe = redis::pipe();
-            for &p in &parts {
-                pipe.cmd("GET").arg(self.scope.key(p, s));
+    /// Per shard, in the order they landed: every kept call with a range past its fence in
+    /// `behind`; and how many ranges those calls hold.
+    fn past(&self, behind: &HashMap<(i32, u32), i64>) -> (HashMap<u32, Vec<&merge::Call>>, u64) {
+        let mut groups: HashMap<u32, Vec<&merge::Call>> = HashMap::new();
+        let mut sent = 0u64;
+        for call in self
+            .plans
+            .iter()
+            .flat_map(|(p, _)| p.groups.iter().flatten())
+        {
+            let rs = ranges(call);
+            if rs
+                .iter()
+                .any(|(p, s, _, end)| behind.get(&(*p, *s)).is_some_and(|f| f < end))
+            {
+                sent += rs.len() as u64;
+                groups.entry(call.shard()).or_default().push(call);
             }
-            async move {
-                let values: Vec<Value> = conn.pipe(&pipe).await?;
-                Ok::<_, AttemptError>(
-                    parts
-                        .into_iter()
-                        .zip(values)
-                        .map(|(p, v)| ((p, s), offset(&v)))
-                        .collect::<Vec<_>>(),
-                )
-            }
-        });
-        let mut out = Vec::new();
-        for r in futures::future::join_all(reads).await {
-            out.extend(r?);
         }
-        Ok(out)
+        (groups, sent)
     }
 }
 
-/// A fence's value as an offset.
-fn offset(v: &Value) -> Option<i64> {
-    match v {
-        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
-        Value::Int(n) => Some(*n),
-        _ => None,
+/// Log and count what [`Kept::reapply_lost`] did.
+fn note_reapplied(done: &Reapplied, metrics: &Metrics) {
+    metrics.recovery.reapplied_ranges.inc_by(done.ranges);
+    tracing::error!(
+        partitions = ?done.partitions,
+        ranges = done.ranges,
+        refused = done.refused,
+        "redis had lost flushes it acknowledged (a failover to a replica that lagged, or an older copy restored); applied them again from memory{}",
+        if done.refused > 0 { "; the rest is replayed from kafka" } else { "" }
+    );
+}
+
+/// The (partition, shard) pairs of `last` whose fence is behind where the kept calls end, and
+/// that fence. Read with the fence reader ([`fences::read`]), creating nothing; a fence that is
+/// missing or not an offset is left out (the flush path reports those).
+async fn behind(
+    conn: &conn::Conn,
+    scope: &FenceScope,
+    last: &HashMap<(i32, u32), i64>,
+) -> Result<HashMap<(i32, u32), i64>, AttemptError> {
+    let mut by_shard: HashMap<u32, Vec<(i32, i64)>> = HashMap::new();
+    for &(p, s) in last.keys() {
+        by_shard.entry(s).or_default().push((p, -1));
     }
+    let reads: Vec<fences::ShardRead<'_>> = by_shard.iter().map(|(s, ps)| (*s, &ps[..])).collect();
+    let states = fences::read(conn, scope, &reads).await?;
+    let mut behind = HashMap::new();
+    for (&(shard, partitions), states) in reads.iter().zip(states) {
+        for (&(p, _), state) in partitions.iter().zip(states) {
+            let FenceState::Existing(fence) = state else {
+                continue;
+            };
+            if last.get(&(p, shard)).is_some_and(|end| fence < *end) {
+                behind.insert((p, shard), fence);
+            }
+        }
+    }
+    Ok(behind)
 }
 
 #[cfg(test)]

@@ -4,8 +4,12 @@
 //! Every script reports a fence with the codes of `fence_status` (`lua/prelude.lua`); they
 //! are read in one place, [`FenceCode::from_pair`], and every reply type maps from it.
 
+use std::time::Instant;
+
 use redis::Value;
 use tally_counters::script::int_array;
+
+use crate::ops::metrics::{Metrics, RejectReason};
 
 /// The state of one fence, as every script reports it: the one mapping from the scripts'
 /// codes to their meaning.
@@ -273,6 +277,40 @@ impl FlushOutcome {
             }
         }
         Ok(())
+    }
+
+    /// Count this landed flush (`keys`: entries sent, `started`: when it was received).
+    pub(super) fn observe(&self, metrics: &Metrics, started: Instant, keys: usize) {
+        metrics
+            .sink
+            .flush_duration
+            .observe(started.elapsed().as_secs_f64());
+        metrics.sink.flush_keys.observe(keys as f64);
+        metrics.sink.keys_flushed.inc_by(self.keys_written);
+        metrics.sink.late_keys.inc_by(self.late_keys);
+        metrics.sink.fence_conflicts.inc_by(
+            self.refusals
+                .iter()
+                .filter(|r| matches!(r.reply, ApplyReply::Conflict { .. }))
+                .count() as u64,
+        );
+        metrics
+            .sink
+            .keys_refused(RejectReason::Overflow, self.overflow_keys);
+        metrics
+            .sink
+            .keys_refused(RejectReason::NotInteger, self.rejected_keys);
+        metrics
+            .sink
+            .units_already_applied
+            .inc_by(self.already_applied);
+        if self.rejected_keys > 0 || self.overflow_keys > 0 {
+            tracing::error!(
+                not_integer = self.rejected_keys,
+                overflow = self.overflow_keys,
+                "redis refused increments: counter keys hold non-integer values or would overflow; left unchanged (tally_keys_rejected_total)"
+            );
+        }
     }
 }
 

@@ -14,7 +14,7 @@
 mod plan;
 mod read;
 
-use crate::config::DecodeConfig;
+use crate::config::SchemaSource;
 
 use super::paths::Node;
 use super::schema::{Cache, Source};
@@ -27,22 +27,20 @@ pub(super) struct Avro {
 }
 
 impl Avro {
-    /// The reader `config` describes, for the wanted fields of `root` (validated: the schema
-    /// file reads and parses).
-    pub(super) fn new(config: &DecodeConfig, root: &Node) -> Avro {
-        let source = match (&config.schema_registry, &config.schema_file) {
-            (Some(r), _) => Source::Registry(Cache::new(r)),
-            (None, Some(path)) => {
-                let plan = std::fs::read_to_string(path)
-                    .map_err(|e| e.to_string())
-                    .and_then(|t| compile(&t, root))
+    /// The reader of `schema` (compiled with the model: the file read once), for the wanted
+    /// fields of `root`.
+    pub(super) fn new(schema: &SchemaSource, root: &Node) -> Avro {
+        let source = match schema {
+            SchemaSource::Registry(r) => Source::Registry(Cache::new(r)),
+            SchemaSource::AvroFile(schema) => {
+                let plan = plan::compile(schema, root)
                     .map_err(|e| {
-                        tracing::error!(file = %path.display(), error = %e, "avro schema file unusable: every event is unknown_schema");
+                        tracing::error!(error = %e, "avro schema file unusable: every event is unknown_schema");
                     })
                     .ok();
                 Source::File(plan.map(std::sync::Arc::new))
             }
-            (None, None) => Source::File(None),
+            _ => Source::File(None),
         };
         Avro { source }
     }

@@ -101,31 +101,47 @@ impl Compiler<'_> {
                 "schema nested deeper than {MAX_DEPTH} (or recursive)"
             ));
         }
+        let kind = match schema {
+            Schema::Decimal(d) => return self.plan(&d.inner, None, slots, depth + 1),
+            Schema::Ref { name } => match self.names.get(name) {
+                Some(s) => return self.plan(s, node, slots, depth + 1),
+                None => return Err(format!("unknown type `{}`", name.fullname(None))),
+            },
+            _ => match scalar(schema) {
+                Some(kind) => kind,
+                None => self.composite(schema, node, !slots.is_empty(), depth)?,
+            },
+        };
+        let inside = match &kind {
+            Kind::Record(fields) => fields.iter().any(|f| f.wanted),
+            Kind::Array(_, w) => !w.is_empty(),
+            Kind::Map(_, w) => !w.is_empty(),
+            Kind::Union(v) => v.iter().any(|p| p.wanted),
+            _ => false,
+        };
+        Ok(Plan {
+            wanted: inside || !slots.is_empty(),
+            kind,
+            slots,
+        })
+    }
+
+    /// The kind of a record, array, map or union, planning what is wanted inside it (`node`);
+    /// `has_slots`: the value itself fills slots.
+    fn composite(
+        &self,
+        schema: &Schema,
+        node: Option<&Node>,
+        has_slots: bool,
+        depth: usize,
+    ) -> Result<Kind, String> {
         let child = |entry: Option<&Entry>, schema: &Schema| {
             let (inner, slots) = entry.map_or((None, SmallVec::new()), |e| {
                 (e.inner.as_ref(), e.slots.clone())
             });
             self.plan(schema, inner, slots, depth + 1)
         };
-        let kind = match schema {
-            Schema::Null => Kind::Null,
-            Schema::Boolean => Kind::Bool,
-            Schema::Int | Schema::Long | Schema::Date | Schema::TimeMillis | Schema::TimeMicros => {
-                Kind::Long { divide: 1 }
-            }
-            Schema::TimestampMillis | Schema::LocalTimestampMillis => Kind::Long { divide: 1 },
-            Schema::TimestampMicros | Schema::LocalTimestampMicros => Kind::Long { divide: 1_000 },
-            Schema::TimestampNanos | Schema::LocalTimestampNanos => {
-                Kind::Long { divide: 1_000_000 }
-            }
-            Schema::Float => Kind::Float,
-            Schema::Double => Kind::Double,
-            Schema::Bytes | Schema::BigDecimal => Kind::Bytes,
-            Schema::String | Schema::Uuid => Kind::Str,
-            Schema::Fixed(f) => Kind::Fixed(f.size),
-            Schema::Duration => Kind::Fixed(12),
-            Schema::Decimal(d) => return self.plan(&d.inner, None, slots, depth + 1),
-            Schema::Enum(e) => Kind::Enum(e.symbols.iter().map(|s| s.as_str().into()).collect()),
+        Ok(match schema {
             Schema::Record(r) => Kind::Record(
                 r.fields
                     .iter()
@@ -158,27 +174,34 @@ impl Compiler<'_> {
                     .iter()
                     .map(|v| {
                         let mut p = self.plan(v, node, SmallVec::new(), depth + 1)?;
-                        p.wanted |= !slots.is_empty();
+                        p.wanted |= has_slots;
                         Ok(p)
                     })
                     .collect::<Result<_, String>>()?,
             ),
-            Schema::Ref { name } => match self.names.get(name) {
-                Some(s) => return self.plan(s, node, slots, depth + 1),
-                None => return Err(format!("unknown type `{}`", name.fullname(None))),
-            },
-        };
-        let inside = match &kind {
-            Kind::Record(fields) => fields.iter().any(|f| f.wanted),
-            Kind::Array(_, w) => !w.is_empty(),
-            Kind::Map(_, w) => !w.is_empty(),
-            Kind::Union(v) => v.iter().any(|p| p.wanted),
-            _ => false,
-        };
-        Ok(Plan {
-            wanted: inside || !slots.is_empty(),
-            kind,
-            slots,
+            other => return Err(format!("unsupported type {other:?}")),
         })
     }
+}
+
+/// The kind of a value of a primitive (or logical) type; None for the others.
+fn scalar(schema: &Schema) -> Option<Kind> {
+    Some(match schema {
+        Schema::Null => Kind::Null,
+        Schema::Boolean => Kind::Bool,
+        Schema::Int | Schema::Long | Schema::Date | Schema::TimeMillis | Schema::TimeMicros => {
+            Kind::Long { divide: 1 }
+        }
+        Schema::TimestampMillis | Schema::LocalTimestampMillis => Kind::Long { divide: 1 },
+        Schema::TimestampMicros | Schema::LocalTimestampMicros => Kind::Long { divide: 1_000 },
+        Schema::TimestampNanos | Schema::LocalTimestampNanos => Kind::Long { divide: 1_000_000 },
+        Schema::Float => Kind::Float,
+        Schema::Double => Kind::Double,
+        Schema::Bytes | Schema::BigDecimal => Kind::Bytes,
+        Schema::String | Schema::Uuid => Kind::Str,
+        Schema::Fixed(f) => Kind::Fixed(f.size),
+        Schema::Duration => Kind::Fixed(12),
+        Schema::Enum(e) => Kind::Enum(e.symbols.iter().map(|s| s.as_str().into()).collect()),
+        _ => return None,
+    })
 }

@@ -28,7 +28,7 @@ use prost_reflect::MessageDescriptor;
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
 use smallvec::SmallVec;
 
-use crate::config::DecodeConfig;
+use crate::config::SchemaSource;
 
 use super::paths::Node;
 use super::schema::registry::{Fetch, Registry, Schema};
@@ -55,24 +55,20 @@ pub(super) struct Protobuf {
 struct Messages(Vec<(SmallVec<[u32; 2]>, Plan)>);
 
 impl Protobuf {
-    /// The reader `config` describes, for the wanted fields of `root` (validated: the
-    /// descriptor file reads and holds the message).
-    pub(super) fn new(config: &DecodeConfig, root: &Node) -> Protobuf {
-        let source = match (&config.schema_registry, &config.descriptor_file) {
-            (Some(r), _) => Source::Registry(Cache::new(r)),
-            (None, Some(path)) => {
-                let name = config.message.as_deref().unwrap_or_default();
-                let plan = std::fs::read(path)
-                    .map_err(|e| e.to_string())
-                    .and_then(|bytes| crate::config::descriptor_message(&bytes, name))
-                    .and_then(|m| plan::compile(&m, root))
+    /// The reader of `schema` (compiled with the model: the descriptor file read once), for
+    /// the wanted fields of `root`.
+    pub(super) fn new(schema: &SchemaSource, root: &Node) -> Protobuf {
+        let source = match schema {
+            SchemaSource::Registry(r) => Source::Registry(Cache::new(r)),
+            SchemaSource::ProtobufFile(message) => {
+                let plan = plan::compile(message, root)
                     .map_err(|e| {
-                        tracing::error!(file = %path.display(), error = %e, "protobuf descriptor file unusable: every event is unknown_schema");
+                        tracing::error!(message = message.full_name(), error = %e, "protobuf message unusable: every event is unknown_schema");
                     })
                     .ok();
                 Source::File(plan.map(|p| Arc::new(Messages(vec![(SmallVec::new(), p)]))))
             }
-            (None, None) => Source::File(None),
+            _ => Source::File(None),
         };
         Protobuf { source }
     }

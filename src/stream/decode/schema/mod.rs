@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RegistryConfig;
+use crate::config::RegistrySettings;
 use crate::ops::log_limit::LogLimiter;
 
 use super::DecodeError;
@@ -52,7 +52,8 @@ impl From<String> for Unusable {
 /// file's (compiled once).
 pub(super) enum Source<P> {
     Registry(Cache<P>),
-    /// The file's compiled schema (bare bodies); none if it became unusable since validation.
+    /// The file's compiled schema (bare bodies); none if the file's schema does not compile
+    /// for the wanted fields (every event is then `unknown_schema`).
     File(Option<Arc<P>>),
 }
 
@@ -94,9 +95,9 @@ pub(super) struct Cache<P> {
 }
 
 impl<P> Cache<P> {
-    pub(super) fn new(config: &RegistryConfig) -> Cache<P> {
+    pub(super) fn new(settings: &RegistrySettings) -> Cache<P> {
         Cache {
-            registry: Registry::new(config),
+            registry: Registry::new(settings),
             compiled: Mutex::new(HashMap::new()),
             stop: None,
             log: Mutex::new(LogLimiter::new()),

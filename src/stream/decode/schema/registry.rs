@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use crate::config::RegistryConfig;
+use crate::config::RegistrySettings;
 
 /// What the registry said about an id.
 pub(in crate::stream::decode) enum Fetch {
@@ -55,26 +55,16 @@ impl Schema {
 }
 
 impl Registry {
-    pub(in crate::stream::decode) fn new(config: &RegistryConfig) -> Registry {
+    /// A client of the registry `settings` describe (their CA certificates read already).
+    pub(in crate::stream::decode) fn new(settings: &RegistrySettings) -> Registry {
+        let config = &settings.config;
         let mut agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(config.timeout));
-        match config.ca_certificates() {
-            Ok(certs) if certs.is_empty() => {}
-            Ok(certs) => {
-                let roots = ureq::tls::RootCerts::new_with_certs(&certs);
-                let tls = ureq::tls::TlsConfig::builder().root_certs(roots).build();
-                agent = agent.tls_config(tls);
-            }
-            // Checked by `tally check`; gone since: every request fails (the partition
-            // waits, nothing is skipped) and this says why.
-            Err(e) => {
-                tracing::error!(error = %e, "decode.schema_registry.ca_file unreadable: the registry's certificate cannot be checked");
-                let tls = ureq::tls::TlsConfig::builder()
-                    .root_certs(ureq::tls::RootCerts::new_with_certs(&[]))
-                    .build();
-                agent = agent.tls_config(tls);
-            }
+        if !settings.ca.is_empty() {
+            let roots = ureq::tls::RootCerts::new_with_certs(&settings.ca);
+            let tls = ureq::tls::TlsConfig::builder().root_certs(roots).build();
+            agent = agent.tls_config(tls);
         }
         let agent = agent.build().into();
         let authorization = config.username.as_ref().map(|user| {
