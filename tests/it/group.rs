@@ -32,15 +32,7 @@ async fn two_consumers_split_partitions_and_count_everything() {
     )
     .await;
 
-    let now = Utc::now().timestamp_millis();
-    for i in 0..6_000 {
-        h.produce(
-            i % 6,
-            format!(r#"{{"app_id":"a{}"}}"#, i % 10).as_bytes(),
-            Some(now),
-        );
-    }
-    h.flush_producer();
+    produce_apps(&mut h, 6_000, 6);
     h.wait_applied("g-group", Duration::from_secs(60)).await;
     let (ca, cb) = (
         ma.consumer.messages_consumed.get(),
@@ -87,15 +79,7 @@ async fn the_lanes_of_a_process_join_in_one_generation() {
         m.consumer.assigned_partitions.get() == 8
     })
     .await;
-    let now = Utc::now().timestamp_millis();
-    for i in 0..4_000 {
-        h.produce(
-            i % 8,
-            format!(r#"{{"app_id":"a{}"}}"#, i % 10).as_bytes(),
-            Some(now),
-        );
-    }
-    h.flush_producer();
+    produce_apps(&mut h, 4_000, 8);
     h.wait_applied("g-lanes-start", Duration::from_secs(60))
         .await;
     let (assigned, revoked) = (moved(&m, "assign"), moved(&m, "revoke"));
@@ -123,15 +107,7 @@ async fn a_replica_joining_moves_only_its_share() {
         || ma.consumer.assigned_partitions.get() == 8,
     )
     .await;
-    let now = Utc::now().timestamp_millis();
-    for i in 0..2_000 {
-        h.produce(
-            i % 8,
-            format!(r#"{{"app_id":"a{}"}}"#, i % 10).as_bytes(),
-            Some(now),
-        );
-    }
-    h.flush_producer();
+    produce_apps(&mut h, 2_000, 8);
     h.wait_applied("g-lanes-join", Duration::from_secs(60))
         .await;
     let b = h.start(config);
@@ -146,14 +122,7 @@ async fn a_replica_joining_moves_only_its_share() {
     )
     .await;
     let kept = ma.consumer.assigned_partitions.get() as u64;
-    for i in 0..2_000 {
-        h.produce(
-            i % 8,
-            format!(r#"{{"app_id":"a{}"}}"#, i % 10).as_bytes(),
-            Some(now),
-        );
-    }
-    h.flush_producer();
+    produce_apps(&mut h, 2_000, 8);
     h.wait_applied("g-lanes-join", Duration::from_secs(60))
         .await;
     let (assigned, revoked) = (moved(&ma, "assign"), moved(&ma, "revoke"));
@@ -317,4 +286,14 @@ async fn a_rolling_restart_of_three_pauses_the_others_briefly() {
         worst < 1.0,
         "a replica that kept its partitions paused {worst:.2} s: {pauses:.2?}"
     );
+}
+
+/// Produce `n` events round-robin over `partitions`, apps `a0`..`a9`, and flush the producer.
+fn produce_apps(h: &mut Harness, n: i32, partitions: i32) {
+    let now = Utc::now().timestamp_millis();
+    for i in 0..n {
+        let payload = format!(r#"{{"app_id":"a{}"}}"#, i % 10);
+        h.produce(i % partitions, payload.as_bytes(), Some(now));
+    }
+    h.flush_producer();
 }
