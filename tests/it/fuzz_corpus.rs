@@ -43,3 +43,18 @@ fn key_template_corpus() {
 fn config_corpus() {
     replay("config", targets::config);
 }
+
+#[test]
+fn cel_corpus() {
+    replay("cel", targets::cel);
+}
+
+#[test]
+fn limits_corpus() {
+    replay("limits", targets::limits);
+}
+
+#[test]
+fn protobuf_corpus() {
+    replay("protobuf", targets::protobuf);
+}
