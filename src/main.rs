@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tally::config::{Config, Model, EXIT_CONFIG};
 
 /// jemalloc, not glibc's malloc: 0.88× the CPU per event on the stream and 0.77–0.92× per
-/// decision on the request path, for about 1.1× the memory (docs/benchmarks.md).
+/// decision on the request path, for about 1.1× the memory (docs/lab/benchmarks.md).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

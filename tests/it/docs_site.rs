@@ -45,11 +45,11 @@ fn the_metrics_reference_is_the_registry() {
     let mut page = String::from(
         "# Metrics\n\n\
          Every metric family a tally process exports on `/metrics`, generated from its registry\n\
-         (`tests/it/docs_site.rs` fails when this page and the code differ). A labelled family\n\
+         (the test suite fails when this page and the code differ). A labelled family\n\
          appears on `/metrics` once it has a series. Labels are bounded: counter and limit names\n\
          come from the configuration, the others are closed sets; a key or a dimension value is\n\
          never a label. Every `tally_` family is on a panel of a dashboard in `dashboards/`\n\
-         (`tests/it/observability.rs` checks it against a real Prometheus).\n\n\
+         (checked against a real Prometheus).\n\n\
          | metric | type | labels | meaning |\n|---|---|---|---|\n",
     );
     let catalog = tally::ops::metrics::catalog();
@@ -103,7 +103,7 @@ fn the_cli_reference_is_every_commands_help() {
     );
     let mut page = String::from(
         "# Commands\n\n\
-         Every command's `--help`, generated from the binary (`tests/it/docs_site.rs` fails when\n\
+         Every command's `--help`, generated from the binary (the test suite fails when\n\
          this page and the code differ). `demo`, `mock-broker` and `produce` are local tooling:\n\
          they exist only in builds with the cargo feature `dev` (the default; the product image\n\
          is built without it). A usage error exits 64, like a bad configuration.\n\n\
@@ -313,4 +313,45 @@ fn the_dashboard_rows_in_the_guide_are_the_dashboards() {
             "guide 16's rows of {name}"
         );
     }
+}
+
+/// The book is a manual: no page of `docs/SUMMARY.md` names the work sessions or issues it was
+/// written in, and no user page sends the reader into the test suite's files (a figure cites
+/// the command that measures it and its date). The "Contributing" part is for developers, whose
+/// subject the test files are: only the labels are refused there.
+#[test]
+fn no_page_of_the_book_names_a_session_an_issue_or_a_test_file() {
+    let label = regex::Regex::new(r"(?i)\b(session|issue)\s+#?\d+").expect("pattern");
+    let summary = std::fs::read_to_string(docs().join("SUMMARY.md")).expect("SUMMARY.md");
+    let mut part = String::new();
+    let mut found = Vec::new();
+    let mut pages = 0;
+    for line in summary.lines() {
+        if let Some(title) = line.strip_prefix("# ") {
+            part = title.trim().to_string();
+            continue;
+        }
+        let Some((_, rest)) = line.split_once("](") else {
+            continue;
+        };
+        let page = rest.trim_end().trim_end_matches(')');
+        let text = std::fs::read_to_string(docs().join(page))
+            .unwrap_or_else(|e| panic!("docs/{page}: {e}"));
+        pages += 1;
+        for (n, l) in text.lines().enumerate() {
+            if let Some(m) = label.find(l) {
+                found.push(format!("docs/{page}:{}: {:?}", n + 1, m.as_str()));
+            }
+            if part != "Contributing" && l.contains("tests/it/") {
+                found.push(format!("docs/{page}:{}: a test file: {l}", n + 1));
+            }
+        }
+    }
+    assert!(pages > 20, "pages of SUMMARY.md: {pages}");
+    assert!(
+        found.is_empty(),
+        "{} lab labels or test-file references on pages of the book:\n{}",
+        found.len(),
+        found.join("\n")
+    );
 }

@@ -308,8 +308,7 @@ fn require_curl() {
 
 /// README.md, then every page of the docs site in `docs/SUMMARY.md` order: one text, as a
 /// reader goes through it (error lines count from the start of it). The lab notes
-/// (`benchmarks.md`) are history: their commands are past benchmark runs, each beside the figures
-/// it printed then, not examples to run against a live tally.
+/// (`docs/lab/`) are outside the book: their commands are past benchmark runs.
 fn documentation() -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut text = std::fs::read_to_string(root.join("README.md")).expect("README.md");
@@ -322,7 +321,6 @@ fn documentation() -> String {
             let l = l.strip_prefix("- [").or_else(|| l.strip_prefix('['))?;
             Some(l.split("](").nth(1)?.trim_end_matches(')').to_string())
         })
-        .filter(|page| page != "benchmarks.md")
         .collect();
     assert!(pages.len() > 20, "pages of docs/SUMMARY.md: {pages:?}");
     for page in pages {

@@ -18,7 +18,7 @@
 //!
 //! Every measured component runs in its own process (this binary re-executed in a hidden role),
 //! so CPU time and peak RSS are per process: the broker (librdkafka's mock cluster) never counts
-//! against the consumer it serves. Methods and results: `docs/benchmarks.md`.
+//! against the consumer it serves. Methods and results: `docs/lab/benchmarks.md`.
 //!
 //! With `--cluster`, part 2 also runs against a local Redis Cluster of 3 primaries, and the
 //! report puts both side by side.
@@ -139,13 +139,13 @@ pub enum Role {
     #[command(hide = true)]
     Pipeline(PipelineArgs),
     /// What reading events as users write them costs the consumer loop: nested JSON through
-    /// `[decode.fields]`, and CEL counter filters (`docs/benchmarks.md`).
+    /// `[decode.fields]`, and CEL counter filters (`docs/lab/benchmarks.md`).
     Events(Rounds),
     /// The benchmark gate of CI: tally end to end against a bare consumer, from process start,
     /// alternating rounds; fails below the given floors (`gate.rs`).
     Gate(gate::GateArgs),
     /// The stream-side cost of window results: decode → aggregate → flush with the
-    /// counter's `output` off and on, alternating rounds (`docs/benchmarks.md`).
+    /// counter's `output` off and on, alternating rounds (`docs/lab/benchmarks.md`).
     Outputs(Rounds),
     /// RSS of the aggregator holding `keys` distinct pending keys.
     #[command(hide = true)]

@@ -5,7 +5,7 @@
 //! percent-decoded into the request's extensions), inserts the peer's address, wraps a timeout
 //! and load-shedding layers and boxes the request and response bodies again; measured with the
 //! RLS bench's counting allocator that was ~15 of ~84 allocations per decision and several
-//! per cent of the server's CPU (docs/benchmarks.md). What `ShouldRateLimit` needs
+//! per cent of the server's CPU (docs/lab/benchmarks.md). What `ShouldRateLimit` needs
 //! is one path match.
 
 use std::convert::Infallible;

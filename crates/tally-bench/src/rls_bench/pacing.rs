@@ -6,7 +6,7 @@
 //! two spacings come from a pacer thread (its own OS thread, timer slack 1 µs, sleeping between
 //! due times, never spinning: it shares the 2 cores) that hands each due time to the callers in
 //! turn, at that time: evenly or as a Poisson process. Measured
-//! (docs/benchmarks.md): on these 2 cores the pacer's 20,000 cross-thread wake-ups a second
+//! (docs/lab/benchmarks.md): on these 2 cores the pacer's 20,000 cross-thread wake-ups a second
 //! cost the client more CPU than the bursts cost the tail, so the ticks stay the default.
 
 use std::time::{Duration, Instant};
