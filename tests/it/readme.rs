@@ -55,6 +55,10 @@ const EXCLUDED: &[(&str, &str)] = &[
         "kcat",
         "reads the user's Kafka with a tool tally does not install",
     ),
+    (
+        "kill -HUP",
+        "signals the reader's running tally; the signals tests send SIGHUP to one",
+    ),
 ];
 
 /// Examples whose answer shown is not their first: run again, [`ROUND`] calls at once, until
@@ -127,6 +131,7 @@ enum Kind {
     Excluded(&'static str),
     Curl,
     Tally,
+    RedisCli,
 }
 
 fn kind(command: &str) -> Option<Kind> {
@@ -136,6 +141,7 @@ fn kind(command: &str) -> Option<Kind> {
     match command.split_whitespace().next()? {
         "curl" => Some(Kind::Curl),
         "tally" => Some(Kind::Tally),
+        "redis-cli" => Some(Kind::RedisCli),
         _ => None,
     }
 }
@@ -144,6 +150,8 @@ fn kind(command: &str) -> Option<Kind> {
 /// and the placeholders earlier answers bound to real values.
 struct Bench {
     port: u16,
+    /// The test's Redis, for `redis-cli` examples (which name none: the reader's is local).
+    redis_url: String,
     config_path: PathBuf,
     bindings: BTreeMap<String, String>,
 }
@@ -167,6 +175,7 @@ impl Bench {
                 self.tally_held(&command)
             }
             Kind::Tally => self.tally(&command, &example.answers),
+            Kind::RedisCli => self.redis_cli(&command, &example.answers),
         }
     }
 
@@ -229,6 +238,24 @@ impl Bench {
     /// Run a tally example; it must exit 0 and print what the README shows, if anything.
     fn tally(&mut self, command: &str, shown: &[String]) -> Result<(), String> {
         let stdout = shell(&self.tally_command(command)?, &[])?;
+        let answer = Answer {
+            status: None,
+            headers: Vec::new(),
+            body: stdout,
+        };
+        answer.check(shown, &mut self.bindings)
+    }
+
+    /// Run a redis-cli example against the test's Redis; it must exit 0 and print what the
+    /// page shows, if anything.
+    fn redis_cli(&mut self, command: &str, shown: &[String]) -> Result<(), String> {
+        let rest = command
+            .strip_prefix("redis-cli ")
+            .expect("a redis-cli command");
+        let stdout = shell(&format!("redis-cli -u {} {rest}", self.redis_url), &[])?;
+        if stdout.starts_with("ERR") || stdout.contains("\nERR") {
+            return Err(format!("Redis answered an error: {stdout}"));
+        }
         let answer = Answer {
             status: None,
             headers: Vec::new(),
@@ -355,6 +382,7 @@ fn every_readme_example_runs_and_answers_as_shown() {
 
     let mut bench = Bench {
         port: server.port,
+        redis_url: redis.url(),
         config_path: config_path.clone(),
         bindings: BTreeMap::new(),
     };
