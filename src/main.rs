@@ -114,8 +114,11 @@ impl Prepared {
                 duration,
             } => {
                 let mut config = common.load()?;
-                // The demo starts its own redis-server unless one is named.
+                // The demo starts its own redis-server unless one is named on the command line
+                // or in the environment; on the file's loopback port when that is free.
+                let mut redis_port = None;
                 if common.redis_url.is_none() && std::env::var_os("TALLY_REDIS__URL").is_none() {
+                    redis_port = demo::loopback_port(&config.redis.url);
                     config.redis.url.clear();
                 }
                 if common.group_id.is_none() {
@@ -126,6 +129,7 @@ impl Prepared {
                     partitions,
                     keys,
                     duration,
+                    redis_port,
                 };
                 Prepared::Demo(Box::new(config), opts)
             }
