@@ -315,8 +315,8 @@ fn the_dashboard_rows_in_the_guide_are_the_dashboards() {
     }
 }
 
-/// The book is a manual: no page of `docs/SUMMARY.md` names the work sessions or issues it was
-/// written in, and no user page sends the reader into the test suite's files (a figure cites
+/// The book is a manual: no page of `docs/SUMMARY.md` (nor README.md) names the work sessions
+/// or issues it was written in, and no user page sends the reader into the test suite's files (a figure cites
 /// the command that measures it and its date). The "Contributing" part is for developers, whose
 /// subject the test files are: only the labels are refused there.
 #[test]
@@ -345,6 +345,13 @@ fn no_page_of_the_book_names_a_session_an_issue_or_a_test_file() {
             if part != "Contributing" && l.contains("tests/it/") {
                 found.push(format!("docs/{page}:{}: a test file: {l}", n + 1));
             }
+        }
+    }
+    // The front door is read as the book is.
+    let readme = std::fs::read_to_string(docs().join("../README.md")).expect("README.md");
+    for (n, l) in readme.lines().enumerate() {
+        if label.is_match(l) || l.contains("tests/it/") {
+            found.push(format!("README.md:{}: {l}", n + 1));
         }
     }
     assert!(pages > 20, "pages of SUMMARY.md: {pages}");
