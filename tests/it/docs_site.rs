@@ -362,3 +362,75 @@ fn no_page_of_the_book_names_a_session_an_issue_or_a_test_file() {
         found.join("\n")
     );
 }
+
+/// The pages of `docs/SUMMARY.md`, in order, with their text.
+fn book_pages() -> Vec<(String, String)> {
+    let summary = std::fs::read_to_string(docs().join("SUMMARY.md")).expect("SUMMARY.md");
+    summary
+        .lines()
+        .filter_map(|l| {
+            l.split_once("](")
+                .map(|(_, r)| r.trim_end().trim_end_matches(')'))
+        })
+        .map(|page| {
+            let text = std::fs::read_to_string(docs().join(page))
+                .unwrap_or_else(|e| panic!("docs/{page}: {e}"));
+            (page.to_string(), text)
+        })
+        .collect()
+}
+
+/// Every metric a page of the book (or README.md) names is one tally exports, and every alert it
+/// names is a rule of `deploy/prometheus/alerts.yml`: a troubleshooting row that sends the reader
+/// to a renamed metric or alert is a dead end. Prefixes (`tally_rls_…`, `tally_rls_*`) and
+/// the crates (`tally_counters::`) are not metric names.
+#[test]
+fn every_metric_and_alert_a_page_names_exists() {
+    let metric = regex::Regex::new(r"\btally_[a-z0-9_]+[a-z0-9]\b(::|\*|…)?").expect("pattern");
+    let alert = regex::Regex::new(r"`(Tally[A-Z][A-Za-z]+)`").expect("pattern");
+    let families: BTreeSet<String> = tally::ops::metrics::catalog()
+        .iter()
+        .map(|m| m.name.to_string())
+        .collect();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rules = std::fs::read_to_string(root.join("deploy/prometheus/alerts.yml")).expect("alerts");
+    let mut pages = book_pages();
+    pages.push((
+        "../README.md".into(),
+        std::fs::read_to_string(root.join("README.md")).expect("README.md"),
+    ));
+    let mut unknown = Vec::new();
+    let mut named = 0;
+    for (page, text) in &pages {
+        for m in metric.captures_iter(text) {
+            if m.get(1).is_some() {
+                continue;
+            }
+            let name = &m[0];
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|f| families.contains(*f)))
+                .unwrap_or(name);
+            named += 1;
+            // The Envoy snippets' name for tally's cluster.
+            if !families.contains(family) && family != "tally_rls" {
+                unknown.push(format!("docs/{page}: metric {name}"));
+            }
+        }
+        for a in alert.captures_iter(text) {
+            named += 1;
+            if !rules.contains(&format!("alert: {}\n", &a[1])) {
+                unknown.push(format!("docs/{page}: alert {}", &a[1]));
+            }
+        }
+    }
+    assert!(
+        named > 100,
+        "only {named} metrics and alerts named: is the book read right?"
+    );
+    assert!(
+        unknown.is_empty(),
+        "names that tally does not export or alert on:\n{}",
+        unknown.join("\n")
+    );
+}
