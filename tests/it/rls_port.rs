@@ -375,8 +375,14 @@ async fn silent_peers_make_room_for_a_client_at_once() {
         None,
         "max_connections = 4\nfirst_call_timeout = \"60s\"",
     );
-    // The port is up once a client is served; it leaves again (its slot is given back).
+    // The port is up once a client connects; it leaves again (its slot is given back).
     drop(rls.client().await);
+    let metric = "tally_port_connections{port=\"rls\"}";
+    assert!(
+        tally_testkit::wait::wait_until(Duration::from_secs(10), || rls.tally.metric(metric)
+            == Some(0.0)),
+        "the first client's connection closed"
+    );
     let mut silent = Vec::new();
     for _ in 0..4 {
         let s = tokio::net::TcpStream::connect(("127.0.0.1", rls.port))
@@ -384,7 +390,6 @@ async fn silent_peers_make_room_for_a_client_at_once() {
             .unwrap();
         silent.push(s);
     }
-    let metric = "tally_port_connections{port=\"rls\"}";
     assert!(
         rls.tally.wait_metric(metric, 4.0, Duration::from_secs(10)),
         "the silent peers hold every slot: {:?}",
