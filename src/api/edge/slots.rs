@@ -147,6 +147,11 @@ impl Slots {
         })
     }
 
+    /// The port's name (`http`, `probe`, `rls`), for its logs.
+    pub(crate) fn port(&self) -> &'static str {
+        self.port
+    }
+
     fn refused(&self, why: Refusal, peer: Peer) -> Refusal {
         let (counter, max) = match why {
             Refusal::Full => (&self.refused_full, self.limits.max),

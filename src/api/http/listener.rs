@@ -51,7 +51,7 @@ pub(super) async fn run(
         .header_read_timeout(limits.header_timeout);
     let log = LogLimiter::new();
     loop {
-        let Some((stream, peer)) = accept(&listener, &shutdown, &log, "http").await else {
+        let Some((stream, peer)) = accept(&listener, &shutdown, &log, slots.port()).await else {
             return;
         };
         let Ok(slot) = slots.take(peer.ip()) else {
@@ -63,7 +63,7 @@ pub(super) async fn run(
         };
         let _ = stream.set_nodelay(true);
         let (shutdown, drain, tls) = (shutdown.clone(), limits.request_timeout, limits.tls.clone());
-        let (http, handshake) = (http.clone(), limits.header_timeout);
+        let (http, handshake, port) = (http.clone(), limits.header_timeout, slots.port());
         let service = Admitting {
             app: TowerToHyperService::new(app.clone()),
             admitted: slot.admitted(),
@@ -93,7 +93,7 @@ pub(super) async fn run(
             tokio::select! {
                 _ = served => {}
                 // No request yet: nothing in flight is lost.
-                _ = evicted.cancelled() => tracing::debug!("http connection closed to make room"),
+                _ = evicted.cancelled() => tracing::debug!(port, "connection closed to make room"),
             }
             drop(slot);
         });
