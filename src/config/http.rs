@@ -33,8 +33,10 @@ pub struct HttpConfig {
     /// 503; with TLS: closed). Bounds the memory and file descriptors clients can take.
     pub max_connections: usize,
     /// Connections served at once from one peer (an IPv4 address, an IPv6 prefix of
-    /// `ipv6_peer_prefix` bits), so that one host cannot take all of `max_connections`.
-    pub max_connections_per_peer: usize,
+    /// `ipv6_peer_prefix` bits), so that one host cannot take all of `max_connections`. None: no
+    /// cap of its own (every client may be behind one proxy or sidecar, which is one peer); idle
+    /// connections make room for new ones either way.
+    pub max_connections_per_peer: Option<usize>,
     /// IPv6 clients sharing this many leading bits of their address count as one peer (a host
     /// is usually given a whole /64).
     pub ipv6_peer_prefix: u8,
@@ -69,7 +71,7 @@ impl Default for HttpConfig {
             header_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             max_connections: 128,
-            max_connections_per_peer: 32,
+            max_connections_per_peer: None,
             // A /64 is what one host or one LAN is given.
             ipv6_peer_prefix: 64,
             probe_listen: String::new(),
@@ -109,7 +111,7 @@ impl HttpConfig {
             "must be at least 1",
         )?;
         ensure(
-            self.max_connections_per_peer > 0,
+            self.max_connections_per_peer != Some(0),
             "http.max_connections_per_peer",
             "must be at least 1",
         )?;

@@ -314,3 +314,50 @@ async fn a_full_tls_port_refuses_without_writing_plain_text() {
     assert_eq!(full.get(), 2);
     stop.cancel();
 }
+
+/// With `http.max_connections_per_peer = 2`, a host whose two connections serve requests is
+/// refused a third (503) while another host is served: its share, not the port, is full.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_host_holds_at_most_its_share_of_the_http_port() {
+    let (port, metrics, stop) = server(HttpConfig {
+        max_connections: 8,
+        max_connections_per_peer: Some(2),
+        header_timeout: Duration::from_secs(60),
+        ..HttpConfig::default()
+    })
+    .await;
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut c = connect_from([127, 0, 0, 1], port).await.unwrap();
+        c.write_all(b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut status = [0u8; 12];
+        c.read_exact(&mut status).await.unwrap();
+        assert_eq!(&status, b"HTTP/1.1 200");
+        held.push(c);
+    }
+    let mut third = connect_from([127, 0, 0, 1], port).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), third.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    let mut other = connect_from([127, 0, 0, 2], port).await.unwrap();
+    other
+        .write_all(b"GET /health/live HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    other.read_to_end(&mut answer).await.unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "another host is served"
+    );
+    let refused = metrics
+        .request
+        .connections
+        .refused
+        .with_label_values(&["http", "peer"]);
+    assert_eq!(refused.get(), 1);
+    stop.cancel();
+}

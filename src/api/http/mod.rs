@@ -134,7 +134,9 @@ pub async fn serve(
         "http",
         SlotLimits {
             max: config.max_connections,
-            max_per_peer: config.max_connections_per_peer,
+            max_per_peer: config
+                .max_connections_per_peer
+                .unwrap_or(config.max_connections),
             ipv6_prefix: config.ipv6_peer_prefix,
         },
         &state.metrics.request.connections,

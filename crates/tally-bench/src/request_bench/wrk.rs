@@ -41,8 +41,6 @@ pub async fn run(redis: &LocalRedis, connections: usize, phase: Duration) -> any
     config.redis.url = redis.url();
     config.http.listen = format!("127.0.0.1:{port}");
     config.http.max_connections = connections * 2;
-    // wrk connects from one address.
-    config.http.max_connections_per_peer = connections * 2;
     config.counters[0].name = "bench".into();
     config.counters[0].dimensions = vec!["subject".into()];
     config.counters[0].key = "bench:{subject}:{yyyyMMddHH}".into();

@@ -35,7 +35,6 @@ pub(crate) fn serve(
     }
     config.http.listen = format!("127.0.0.1:{http}");
     config.http.max_connections = 4096;
-    config.http.max_connections_per_peer = 4096;
     config.rls.listen = format!("127.0.0.1:{rls}");
     config.rls.limits_file = Some(limits.to_path_buf());
     config.request.durability.replicas = wait_replicas;
