@@ -28,9 +28,9 @@ pub struct HttpConfig {
     /// read; then the connection is closed (it would hold a connection slot forever).
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
-    /// Connections served at once. When all are taken, the oldest that has not sent a request
-    /// yet is closed to make room; with none such, one more is refused (plain HTTP: answered
-    /// 503; with TLS: closed). Bounds the memory and file descriptors clients can take.
+    /// Connections served at once. When all are taken, one without a request in flight that
+    /// has not made one with the token yet (any request without `token`) is closed to make
+    /// room; with none such, one more is refused (plain HTTP: answered 503; with TLS: closed). Bounds the memory and file descriptors clients can take.
     pub max_connections: usize,
     /// Connections served at once from one peer (an IPv4 address, an IPv6 prefix of
     /// `ipv6_peer_prefix` bits), so that one host cannot take all of `max_connections`. None: no

@@ -22,13 +22,18 @@ const HALF_HELLO: &[u8] = &[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01];
 
 /// The HTTP server alone (no Kafka, no Redis) on a free loopback port, with its metrics.
 async fn server(config: HttpConfig) -> (u16, Metrics, CancellationToken) {
+    server_with(config, None).await
+}
+
+/// [`server`] with `http.token` set to `token`.
+async fn server_with(config: HttpConfig, token: Option<&str>) -> (u16, Metrics, CancellationToken) {
     let (stop, metrics) = (CancellationToken::new(), Metrics::new(&[]));
     let config = HttpConfig {
         listen: "127.0.0.1:0".into(),
         ..config
     };
     let tokens = tally::config::Tokens {
-        token: None,
+        token: token.map(str::to_string),
         admin: None,
     };
     let (addr, _) = tally::api::http::serve(
@@ -359,5 +364,75 @@ async fn one_host_holds_at_most_its_share_of_the_http_port() {
         .refused
         .with_label_values(&["http", "peer"]);
     assert_eq!(refused.get(), 1);
+    stop.cancel();
+}
+
+/// `GET path` on keep-alive connection `c` (with `token` as the bearer token): the status code,
+/// the whole answer read (its `content-length`), so the next request reads its own.
+async fn ask(c: &mut TcpStream, path: &str, token: Option<&str>) -> u16 {
+    let auth = token.map_or(String::new(), |t| format!("authorization: Bearer {t}\r\n"));
+    let request = format!("GET {path} HTTP/1.1\r\nhost: x\r\n{auth}\r\n");
+    c.write_all(request.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        c.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let length = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |n| n.trim().parse::<usize>().unwrap());
+    let mut body = vec![0u8; length];
+    c.read_exact(&mut body).await.unwrap();
+    head[9..12].parse().unwrap()
+}
+
+/// With `http.token` set, only a request with the token admits a connection for good: hosts that
+/// keep connections open after requests to the open endpoints (health, metrics) make room for a
+/// client with the token, which is then never closed for a newcomer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_endpoints_alone_do_not_keep_a_slot_from_a_client_with_the_token() {
+    let (port, metrics, stop) = server_with(
+        HttpConfig {
+            max_connections: 3,
+            header_timeout: Duration::from_secs(60),
+            ..HttpConfig::default()
+        },
+        Some("t0ken"),
+    )
+    .await;
+    let mut open = Vec::new();
+    for host in 1..=3 {
+        let mut c = connect_from([127, 0, 0, host], port).await.unwrap();
+        assert_eq!(ask(&mut c, "/health/live", None).await, 200);
+        open.push(c);
+    }
+    let mut client = connect_from([127, 0, 0, 4], port).await.unwrap();
+    assert_ne!(ask(&mut client, "/v1/status", Some("t0ken")).await, 401);
+    let mut buf = [0u8; 64];
+    let first = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            if matches!(open[0].read(&mut buf).await, Ok(0) | Err(_)) {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(first.is_ok(), "the oldest health-only connection made room");
+    // Two more newcomers close the other two, never the client with the token.
+    for host in 5..=6 {
+        let mut c = connect_from([127, 0, 0, host], port).await.unwrap();
+        assert_eq!(ask(&mut c, "/health/live", None).await, 200);
+        open.push(c);
+    }
+    assert_ne!(ask(&mut client, "/v1/status", Some("t0ken")).await, 401);
+    let evicted = metrics
+        .request
+        .connections
+        .evicted
+        .with_label_values(&["http"]);
+    assert_eq!(evicted.get(), 3);
     stop.cancel();
 }

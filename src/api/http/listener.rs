@@ -1,13 +1,12 @@
 //! The HTTP port's connections: a bounded number at once, and per peer ([`Slots`]), each closed
 //! when it does not send its request headers in time (slowloris, idle keep-alive), does not read
-//! its answer (a write blocked for `request_timeout`), or is the oldest without a request when the
-//! port is full and another client connects; each drained on shutdown.
+//! its answer (a write blocked for `request_timeout`), or has made no request with the token when
+//! the port is full and another client connects; each drained on shutdown.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use axum::Router;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -17,9 +16,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::write_timeout::WriteTimeout;
+use crate::api::edge::auth::{self, Access};
 use crate::api::edge::listener::accept;
 use crate::api::edge::slots::Slots;
 use crate::api::edge::tls::{secure, Tls};
+use crate::config::Tokens;
 use crate::ops::log_limit::LogLimiter;
 
 /// How much a client may take; from `http.*`.
@@ -30,6 +31,8 @@ pub(super) struct ConnLimits {
     pub request_timeout: Duration,
     /// TLS on the port (`[http.tls]`); the handshake must finish within `header_timeout`.
     pub tls: Option<Arc<Tls>>,
+    /// A request with the token admits its connection (see [`Admitting`]).
+    pub tokens: Arc<Tokens>,
 }
 
 /// What an over-limit connection of a plain-HTTP port is told before it is closed. A TLS port
@@ -67,6 +70,7 @@ pub(super) async fn run(
         let service = Admitting {
             app: TowerToHyperService::new(app.clone()),
             admitted: slot.admitted(),
+            tokens: limits.tokens.clone(),
         };
         tokio::spawn(async move {
             let evicted = slot.evicted();
@@ -101,12 +105,14 @@ pub(super) async fn run(
 }
 
 /// The app, marking its connection admitted (never closed to make room) while it has a request
-/// in flight and once it has had one answered other than 401: a client without the token
-/// stays evictable.
+/// in flight, and for good once it made a request with the token (any request without
+/// `http.token`, as on the RLS port): a client of the open endpoints (health, metrics) alone
+/// stays evictable between its requests.
 #[derive(Clone)]
 struct Admitting {
     app: TowerToHyperService<Router>,
     admitted: Arc<AtomicBool>,
+    tokens: Arc<Tokens>,
 }
 
 impl hyper::service::Service<hyper::Request<Incoming>> for Admitting {
@@ -116,18 +122,15 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Admitting {
 
     fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
         // Read first: a store on every request would bounce the line between workers.
-        let before = self.admitted.load(Ordering::Relaxed);
-        if !before {
-            self.admitted.store(true, Ordering::Relaxed);
+        if self.admitted.load(Ordering::Relaxed) {
+            return Box::pin(self.app.call(request));
         }
+        let keeps = auth::check(&self.tokens, request.headers()) != Access::Denied;
+        self.admitted.store(true, Ordering::Relaxed);
         let (answer, admitted) = (self.app.call(request), self.admitted.clone());
         Box::pin(async move {
             let answer = answer.await;
-            if !before
-                && answer
-                    .as_ref()
-                    .is_ok_and(|a| a.status() == StatusCode::UNAUTHORIZED)
-            {
+            if !keeps {
                 admitted.store(false, Ordering::Relaxed);
             }
             answer

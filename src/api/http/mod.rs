@@ -4,8 +4,9 @@
 //! The server defends itself (`listener.rs`): a connection must send its request headers within
 //! `http.header_timeout`, a request is answered within `http.request_timeout`, and at most
 //! `http.max_connections` are served at once, `http.max_connections_per_peer` from one peer; a
-//! full port closes its oldest connection without a request to make room. `http.probe_listen`
-//! serves the health endpoints alone, on connections of their own (`probe.rs`). With `http.token` (or `http.token_file`) set,
+//! full port closes a connection that made no request with the token to make room.
+//! `http.probe_listen` serves the health endpoints alone, on connections of their own
+//! (`probe.rs`). With `http.token` (or `http.token_file`) set,
 //! `/v1/*` needs `Authorization: Bearer <token>`, and with `http.admin_token` destructive calls
 //! need that one (`auth.rs`); metrics, health and `/openapi.json` (the description of every
 //! route, `openapi/`) stay open for scrapers, probes and clients, and so does the status page
@@ -89,8 +90,9 @@ pub async fn serve(
             .merge(locks::routes(requests.clone()))
             .merge(request::routes(requests));
     }
+    let tokens = Arc::new(tokens);
     let gate = auth::Gate {
-        tokens,
+        tokens: Tokens::clone(&tokens),
         max_value: config.max_value,
     };
     v1 = v1.route_layer(middleware::from_fn_with_state(
@@ -129,6 +131,7 @@ pub async fn serve(
         header_timeout: config.header_timeout,
         request_timeout: config.request_timeout,
         tls: tls.clone(),
+        tokens: tokens.clone(),
     };
     let slots = Slots::new(
         "http",
@@ -142,7 +145,7 @@ pub async fn serve(
         &state.metrics.request.connections,
     );
     let watcher = tls.map(|tls| tls.watch(shutdown.clone()));
-    let probe = probe.map(|p| p.serve(config, state, shutdown.clone()));
+    let probe = probe.map(|p| p.serve(config, state, tokens, shutdown.clone()));
     let server = listener::run(listener, app, slots, limits, shutdown);
     let handle = tokio::spawn(async move {
         let probe = async move {

@@ -4,6 +4,7 @@
 //! probe fail and restart a healthy process.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::Context as _;
 use tokio::net::TcpListener;
@@ -11,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{listener, AppState};
 use crate::api::edge::slots::{SlotLimits, Slots};
-use crate::config::HttpConfig;
+use crate::config::{HttpConfig, Tokens};
 
 /// Connections served at once: a kubelet opens one per probe (startup, liveness, readiness),
 /// closed after the answer; the rest is margin for other probers.
@@ -44,6 +45,7 @@ impl Probe {
         self,
         config: &HttpConfig,
         state: AppState,
+        tokens: Arc<Tokens>,
         shutdown: CancellationToken,
     ) -> impl std::future::Future<Output = ()> + Send + 'static {
         let slots = Slots::new(
@@ -59,6 +61,7 @@ impl Probe {
             header_timeout: config.header_timeout,
             request_timeout: config.request_timeout,
             tls: None,
+            tokens,
         };
         let app = super::health_routes().with_state(state);
         listener::run(self.listener, app, slots, limits, shutdown)
