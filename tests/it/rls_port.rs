@@ -357,9 +357,10 @@ async fn one_peer_holds_at_most_its_share() {
     assert!(again.is_ok(), "served again once it let go");
 }
 
-/// Silent peers holding every slot make room for a real client at once, long before
-/// `rls.first_call_timeout` (here a minute) would close them: the oldest of the peer holding the
-/// most is closed, and the client's calls are answered.
+/// Silent peers holding every slot (8, two from each of four addresses, each at its
+/// `max_connections_per_peer`) make room for a client from a fifth address at once, long before
+/// `rls.first_call_timeout` (here a minute) would close them: the oldest is closed, and the
+/// client's calls are answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_peers_make_room_for_a_client_at_once() {
     use std::time::{Duration, Instant};
@@ -373,7 +374,7 @@ async fn silent_peers_make_room_for_a_client_at_once() {
         &dir,
         "rls-room",
         None,
-        "max_connections = 4\nfirst_call_timeout = \"60s\"",
+        "max_connections = 8\nmax_connections_per_peer = 2\nfirst_call_timeout = \"60s\"",
     );
     // The port is up once a client connects; it leaves again (its slot is given back).
     drop(rls.client().await);
@@ -383,15 +384,21 @@ async fn silent_peers_make_room_for_a_client_at_once() {
             == Some(0.0)),
         "the first client's connection closed"
     );
+    // Two silent connections from each of four addresses (the per-peer cap): every slot.
     let mut silent = Vec::new();
-    for _ in 0..4 {
-        let s = tokio::net::TcpStream::connect(("127.0.0.1", rls.port))
-            .await
-            .unwrap();
-        silent.push(s);
+    for host in 2..=5 {
+        for _ in 0..2 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(([127, 0, 0, host], 0).into()).unwrap();
+            let s = socket
+                .connect(([127, 0, 0, 1], rls.port).into())
+                .await
+                .unwrap();
+            silent.push(s);
+        }
     }
     assert!(
-        rls.tally.wait_metric(metric, 4.0, Duration::from_secs(10)),
+        rls.tally.wait_metric(metric, 8.0, Duration::from_secs(10)),
         "the silent peers hold every slot: {:?}",
         rls.tally.metric(metric)
     );
