@@ -29,6 +29,8 @@ fi
 export RUSTC_BOOTSTRAP=1
 # Instrumented builds never share artifacts with normal ones.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$PWD/target}/fuzz"
+# Line tables are enough for a finding's backtrace, and build faster than fuller debug info.
+export CARGO_PROFILE_RELEASE_DEBUG=line-tables-only
 cargo fuzz build --sanitizer none
 for t in "${targets[@]}"; do
   work="fuzz/work/$t"
