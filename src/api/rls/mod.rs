@@ -27,6 +27,7 @@ use parking_lot::RwLock;
 use tally_counters::request::Client;
 use tokio_util::sync::CancellationToken;
 
+mod client_cert;
 pub mod decide;
 mod metadata;
 mod reserve;
@@ -195,6 +196,7 @@ pub async fn serve(
         health,
         admitted: Default::default(),
         tokens,
+        connection: None,
     };
     let conn_limits = server::GrpcLimits {
         max_connections: config.max_connections,
