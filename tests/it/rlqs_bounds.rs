@@ -223,8 +223,12 @@ async fn a_report_beyond_its_grants_counts_only_its_grants() {
         .unwrap_or_else(|| panic!("no excess series in\n{text}"));
     assert!(excess >= (forged - 1000) as f64, "excess {excess}");
     let log = rls.tally.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains("rlqs report beyond its grants"))
+        .unwrap_or_else(|| panic!("no WARN line in\n{log}"));
     assert!(
-        log.contains("rlqs report beyond its grants") && log.contains("127.0.0.1"),
-        "{log}"
+        line.contains("peer=127.0.0.1") && line.contains("excess="),
+        "{line}"
     );
 }

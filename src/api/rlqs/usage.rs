@@ -41,7 +41,7 @@ pub struct Usage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Unreadable {
     /// No bucket id, an empty one, or one past the caps on pairs and bytes.
-    #[error("invalid_bucket")]
+    #[error("a bucket id that is missing, empty, or past the caps on pairs and bytes")]
     InvalidBucket,
 }
 
