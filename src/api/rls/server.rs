@@ -242,7 +242,9 @@ pub(super) async fn run<H: GrpcService>(
             let Some(stream) = secure(tls.as_deref(), stream, first_call).await else {
                 return;
             };
-            routes.connection = Some(Connection::new(address.ip(), certificate_name(&stream)));
+            if routes.rlqs.is_some() {
+                routes.connection = Some(Connection::new(address.ip(), certificate_name(&stream)));
+            }
             let connection = http.serve_connection(TokioIo::new(stream), routes);
             tokio::pin!(connection);
             let deadline = tokio::time::sleep_until(deadline);
