@@ -4,8 +4,8 @@
 //! The same functions run in two places: the libFuzzer binaries in `fuzz_targets/`, and the
 //! main crate's `tests/it/fuzz_corpus.rs`, which replays the committed corpus in the normal test
 //! suite (it includes this file with `#[path]`). So this file may only use `tally`, `std` and
-//! crates that are also `tally`'s own dependencies (`chrono`, `chrono-tz`, `serde_json`,
-//! `protox`). One module per target beyond the first three.
+//! crates that are also `tally`'s own dependencies or dev-dependencies (`chrono`, `chrono-tz`,
+//! `serde_json`, `protox`, `envoy-types`, `prost`). One module per target beyond the first three.
 
 mod cel;
 mod limits;
@@ -19,6 +19,10 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports;
+use prost::Message as _;
+use tally::api::rlqs::usage;
+use tally::api::rlqs::{MAX_BUCKET_BYTES, MAX_BUCKET_KEYS};
 use tally::config::{Config, DecodeConfig, TimeFormat};
 use tally::key::{escape_into, KeyTemplate};
 use tally::stream::decode::{Decoder, FieldRole};
@@ -221,6 +225,55 @@ pub fn config(data: &[u8]) {
     let reloaded = Config::load(Some(&file.0), &serde_json::json!({}))
         .unwrap_or_else(|e| panic!("printed config does not load: {e}\n{printed}"));
     assert_eq!(reloaded.to_toml(), printed);
+}
+
+/// `data` is a `RateLimitQuotaUsageReports` message as an Envoy sends it on the quota stream.
+/// Each bucket's usage is read as the session reads it (the id within the caps, sorted) and its
+/// allowed requests bounded by a grant and a slack taken from the report itself: what counts is
+/// never more than was reported nor more than the grant and the slack earned, and nothing is
+/// lost between what counts and the excess.
+pub fn rlqs_report(data: &[u8]) {
+    let Ok(reports) = RateLimitQuotaUsageReports::decode(data) else {
+        return;
+    };
+    let interval = Duration::from_secs(5);
+    for raw in reports.bucket_quota_usages {
+        let Ok(read) = usage::read(raw) else {
+            continue;
+        };
+        assert!(!read.id.is_empty() && read.id.len() <= MAX_BUCKET_KEYS);
+        assert!(read.id.windows(2).all(|w| w[0] <= w[1]), "sorted pairs");
+        assert!(read
+            .id
+            .iter()
+            .all(|(k, v)| k.len() <= MAX_BUCKET_BYTES && v.len() <= MAX_BUCKET_BYTES));
+        assert_eq!(read.id.len(), read.bucket_id.bucket.len());
+        // The grant and the slack from the report's other fields, so the fuzzer reaches every
+        // edge (zero, equal, u64::MAX).
+        let granted = read.denied;
+        let slack = read.said.as_secs();
+        let mut last = 0;
+        for since in [
+            Some(Duration::ZERO),
+            Some(interval / 2),
+            Some(interval),
+            None,
+        ] {
+            let earned = usage::slack_earned(slack, since, interval);
+            assert!(
+                earned <= slack && earned >= last,
+                "earned {earned} of {slack}"
+            );
+            last = earned;
+            let usage::Counted { counted, excess } = usage::count(read.allowed, granted, earned);
+            assert!(counted <= read.allowed);
+            assert!(counted <= granted.saturating_add(earned));
+            assert_eq!(counted.checked_add(excess), Some(read.allowed));
+            if read.allowed <= granted.saturating_add(earned) {
+                assert_eq!(excess, 0, "within the grant and slack, all counts");
+            }
+        }
+    }
 }
 
 /// A per-process, per-thread file path, removed on drop.

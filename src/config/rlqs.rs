@@ -44,6 +44,18 @@ pub struct RlqsConfig {
     pub max_buckets_per_stream: usize,
     /// Streams served at once by this replica; one more is refused (RESOURCE_EXHAUSTED).
     pub max_streams: usize,
+    /// Streams served at once from one peer (an IPv4 address, an IPv6 /64), so that one host
+    /// cannot take every one of `max_streams`; one more is refused (RESOURCE_EXHAUSTED).
+    pub max_streams_per_peer: usize,
+    /// Streams served at once on one connection (an Envoy opens one per filter configuration);
+    /// one more is refused (RESOURCE_EXHAUSTED).
+    pub max_streams_per_connection: usize,
+    /// Requests a report may say a bucket admitted beyond what its stream was granted since
+    /// its previous report (its last grant and the reserve for the round trip); earned back
+    /// over one report interval. What Envoy admits before a bucket's first assignment and a
+    /// report after a reconnect need some; the rest of a report is not counted (logged, and
+    /// counted in `tally_rlqs_excess_requests_total`).
+    pub report_slack: u64,
 }
 
 /// One limit: the buckets it applies to and how many requests each of them may admit, summed
@@ -77,6 +89,9 @@ impl Default for RlqsConfig {
             headroom: 2.0,
             max_buckets_per_stream: 1000,
             max_streams: 1024,
+            max_streams_per_peer: 64,
+            max_streams_per_connection: 16,
+            report_slack: 10,
         }
     }
 }
@@ -122,6 +137,21 @@ impl RlqsConfig {
             self.max_streams >= 1,
             "rlqs.max_streams",
             "must be at least 1",
+        )?;
+        ensure(
+            self.max_streams_per_peer >= 1,
+            "rlqs.max_streams_per_peer",
+            "must be at least 1",
+        )?;
+        ensure(
+            self.max_streams_per_connection >= 1,
+            "rlqs.max_streams_per_connection",
+            "must be at least 1",
+        )?;
+        ensure(
+            self.report_slack <= MAX_LIMIT,
+            "rlqs.report_slack",
+            format!("must be at most {MAX_LIMIT}"),
         )?;
         let mut names = std::collections::HashSet::new();
         for (i, b) in self.buckets.iter().enumerate() {
@@ -209,5 +239,11 @@ mod tests {
         let mut c = one(10);
         c.headroom = 0.5;
         assert_eq!(refused(&c), "rlqs.headroom");
+        let mut c = one(10);
+        c.max_streams_per_peer = 0;
+        assert_eq!(refused(&c), "rlqs.max_streams_per_peer");
+        let mut c = one(10);
+        c.max_streams_per_connection = 0;
+        assert_eq!(refused(&c), "rlqs.max_streams_per_connection");
     }
 }

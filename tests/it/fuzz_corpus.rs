@@ -58,3 +58,22 @@ fn limits_corpus() {
 fn protobuf_corpus() {
     replay("protobuf", targets::protobuf);
 }
+
+#[test]
+fn rlqs_report_corpus() {
+    replay("rlqs_report", targets::rlqs_report);
+    // The seeds are hand-encoded: one of them must read as what it was written to be.
+    use prost::Message as _;
+    let seed =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds/rlqs_report/forged_victim.bin");
+    let reports =
+        envoy_types::pb::envoy::service::rate_limit_quota::v3::RateLimitQuotaUsageReports::decode(
+            std::fs::read(seed).unwrap().as_slice(),
+        )
+        .unwrap();
+    assert_eq!(reports.domain, "edge");
+    assert_eq!(
+        reports.bucket_quota_usages[0].num_requests_allowed,
+        1_000_000_000_000_000
+    );
+}

@@ -52,6 +52,7 @@ mod redis_security;
 mod replication;
 mod request_path;
 mod rlqs;
+mod rlqs_bounds;
 mod rlqs_envoy;
 mod rls;
 mod rls_cluster;

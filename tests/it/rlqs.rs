@@ -21,12 +21,12 @@ use tonic::transport::Channel;
 use super::rls::{limits_dir, Rls};
 
 /// One Envoy's stream: reports in, answers out.
-struct Stream {
-    tx: mpsc::Sender<RateLimitQuotaUsageReports>,
-    rx: tonic::Streaming<RateLimitQuotaResponse>,
+pub(crate) struct Stream {
+    pub(crate) tx: mpsc::Sender<RateLimitQuotaUsageReports>,
+    pub(crate) rx: tonic::Streaming<RateLimitQuotaResponse>,
 }
 
-fn bucket(pairs: &[(&str, &str)]) -> BucketId {
+pub(crate) fn bucket(pairs: &[(&str, &str)]) -> BucketId {
     BucketId {
         bucket: pairs
             .iter()
@@ -35,7 +35,7 @@ fn bucket(pairs: &[(&str, &str)]) -> BucketId {
     }
 }
 
-fn usage(id: &BucketId, allowed: u64, denied: u64) -> BucketQuotaUsage {
+pub(crate) fn usage(id: &BucketId, allowed: u64, denied: u64) -> BucketQuotaUsage {
     BucketQuotaUsage {
         bucket_id: Some(id.clone()),
         // As Envoy says it (whole seconds): the reports here come faster than a real Envoy's.
@@ -49,12 +49,17 @@ fn usage(id: &BucketId, allowed: u64, denied: u64) -> BucketQuotaUsage {
 }
 
 impl Stream {
-    async fn open(port: u16, token: Option<&str>) -> Result<Stream, tonic::Status> {
+    pub(crate) async fn open(port: u16, token: Option<&str>) -> Result<Stream, tonic::Status> {
         let channel = Channel::from_shared(format!("http://127.0.0.1:{port}"))
             .unwrap()
             .connect()
             .await
             .unwrap();
+        Stream::on(channel, token).await
+    }
+
+    /// A stream on `channel` (streams on one channel share its connection).
+    pub(crate) async fn on(channel: Channel, token: Option<&str>) -> Result<Stream, tonic::Status> {
         let mut client = RateLimitQuotaServiceClient::new(channel);
         let (tx, rx) = mpsc::channel(4);
         let reports =
@@ -70,7 +75,7 @@ impl Stream {
     }
 
     /// Send a report and wait for its answer.
-    async fn report(
+    pub(crate) async fn report(
         &mut self,
         domain: &str,
         usages: Vec<BucketQuotaUsage>,
@@ -90,7 +95,7 @@ impl Stream {
 /// The grant of the answer's one bucket: what its token bucket admits within the assignment's
 /// time to live (2 s: `max_tokens` and its refill), 0 for `DENY_ALL`; `None` for an abandon. A
 /// grant comes after a `DENY_ALL` of the same bucket (so that Envoy starts it full).
-fn granted(answer: &RateLimitQuotaResponse) -> Option<u64> {
+pub(crate) fn granted(answer: &RateLimitQuotaResponse) -> Option<u64> {
     let actions = &answer.bucket_action;
     assert!(matches!(actions.len(), 1 | 2), "{answer:?}");
     assert!(actions.iter().all(|a| a.bucket_id == actions[0].bucket_id));
@@ -174,7 +179,11 @@ async fn two_streams_share_one_limit_and_idle_buckets_are_abandoned() {
     // A bucket idle for abandon_after (2 s) is abandoned at its next report.
     let idle = bucket(&[("name", "per_tenant"), ("tenant", &format!("{run}-idle"))]);
     assert!(granted(&a.report("edge", vec![usage(&idle, 1, 0)]).await.unwrap()).is_some());
-    tokio::time::sleep(Duration::from_millis(2100)).await;
+    // Meanwhile the stream reports, as Envoy does every interval (a silent one is closed).
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(1050)).await;
+        a.report("edge", vec![usage(&id, 0, 1)]).await.unwrap();
+    }
     assert_eq!(
         granted(&a.report("edge", vec![usage(&idle, 0, 0)]).await.unwrap()),
         None

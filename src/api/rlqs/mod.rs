@@ -15,6 +15,11 @@
 //! * `tally_counters::request::Ledger`: the report and grant scripts in Redis;
 //! * [`session`] again: the grant as Envoy's token bucket (or `DENY_ALL`), `AbandonAction`
 //!   for buckets idle for `rlqs.abandon_after`.
+//!
+//! Every client is trusted within its grants, and no further: a report counts at most what its
+//! stream was granted plus `rlqs.report_slack` ([`usage`]); a stream that stops reporting is
+//! closed after `rlqs.assignment_ttl`, and one peer or connection holds a bounded share of the
+//! streams ([`slots`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,12 +32,16 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 };
 use futures::stream::BoxStream;
 use tally_counters::request::{Client, Ledger};
-use tokio::sync::Semaphore;
 
 pub mod assign;
 mod session;
+pub mod slots;
+pub mod usage;
+
+use slots::{Connection, StreamSlots};
 
 use crate::config::{RlqsBucket, RlqsConfig};
+use crate::ops::log_limit::LogLimiter;
 use crate::ops::metrics::Metrics;
 
 /// The largest usage report decoded (about 1,000 buckets of a few pairs); a larger message
@@ -54,6 +63,8 @@ pub(crate) struct Rules {
     ttl: Duration,
     abandon_after: Duration,
     max_buckets: usize,
+    /// `rlqs.report_slack`: what a report may count beyond its stream's grants.
+    slack: u64,
 }
 
 impl Rules {
@@ -68,6 +79,7 @@ impl Rules {
             ttl: config.assignment_ttl,
             abandon_after: config.abandon_after,
             max_buckets: config.max_buckets_per_stream,
+            slack: config.report_slack,
         }
     }
 
@@ -87,8 +99,12 @@ pub struct Rlqs {
     rules: Arc<Rules>,
     ledger: Ledger,
     metrics: Metrics,
-    /// One permit per open stream (`rlqs.max_streams`).
-    streams: Arc<Semaphore>,
+    /// One per open stream: `rlqs.max_streams`, per peer and per connection.
+    streams: Arc<StreamSlots>,
+    /// Limits the lines logged for refused streams.
+    refusals: LogLimiter,
+    /// Limits the lines logged for reports beyond their grants, across every stream.
+    excess: Arc<LogLimiter>,
 }
 
 impl Rlqs {
@@ -98,7 +114,13 @@ impl Rlqs {
             rules: Arc::new(Rules::new(config)),
             ledger: Ledger::new(client),
             metrics,
-            streams: Arc::new(Semaphore::new(config.max_streams)),
+            streams: StreamSlots::new(
+                config.max_streams,
+                config.max_streams_per_peer,
+                config.max_streams_per_connection,
+            ),
+            refusals: LogLimiter::new(),
+            excess: Arc::new(LogLimiter::new()),
         }
     }
 
@@ -117,21 +139,39 @@ impl RateLimitQuotaService for Rlqs {
         &self,
         request: tonic::Request<tonic::Streaming<RateLimitQuotaUsageReports>>,
     ) -> Result<tonic::Response<Self::StreamRateLimitQuotasStream>, tonic::Status> {
-        let Ok(permit) = self.streams.clone().try_acquire_owned() else {
-            self.metrics
-                .rls
-                .quota
-                .skipped
-                .with_label_values(&["too_many_streams"])
-                .inc();
-            return Err(tonic::Status::resource_exhausted(
-                "rlqs.max_streams streams are open",
+        // Put there by the port (with the token the call carried); a call that reaches the
+        // service without one is refused rather than counted with no peer.
+        let Some((connection, client)) = request
+            .extensions()
+            .get::<Connection>()
+            .cloned()
+            .zip(request.extensions().get::<slots::Client>().cloned())
+        else {
+            return Err(tonic::Status::internal(
+                "the call's connection is not known",
             ));
+        };
+        let permit = match self.streams.take(&connection) {
+            Ok(p) => p,
+            Err(refusal) => {
+                self.metrics
+                    .rls
+                    .quota
+                    .skipped
+                    .with_label_values(&[refusal.reason()])
+                    .inc();
+                if let Some(suppressed) = self.refusals.allow() {
+                    tracing::warn!(%client, peer = %client.peer, suppressed, "rlqs stream refused: {}", refusal.message());
+                }
+                return Err(tonic::Status::resource_exhausted(refusal.message()));
+            }
         };
         let session = session::Session::new(
             self.rules.clone(),
             self.ledger.clone(),
             self.metrics.clone(),
+            client,
+            self.excess.clone(),
         );
         let answers = session.run(request.into_inner(), permit);
         Ok(tonic::Response::new(answers))

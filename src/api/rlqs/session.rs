@@ -19,14 +19,13 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
 use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use futures::stream::{BoxStream, StreamExt as _};
 use tally_counters::request::{Ledger, LedgerAsk, Need};
-use tokio::sync::OwnedSemaphorePermit;
 
 use super::assign::{self, Budget, Demand};
-use super::{Rules, MAX_BUCKET_BYTES, MAX_BUCKET_KEYS};
+use super::slots::{Client, StreamPermit};
+use super::usage::{self, Id};
+use super::Rules;
+use crate::ops::log_limit::LogLimiter;
 use crate::ops::metrics::Metrics;
-
-/// A bucket id as a sorted list of its pairs.
-type Id = Vec<(String, String)>;
 
 /// What the stream knows of one of its buckets.
 struct Tracked {
@@ -38,6 +37,9 @@ struct Tracked {
     last_active: Instant,
     /// Allowed requests reported while Redis could not take them: added to the next report.
     unrecorded: u64,
+    /// What it may admit until its next report: the reservation last stored for it (its grant
+    /// and the reserve for the round trip), which bounds what its next report counts.
+    granted: u64,
 }
 
 /// One Envoy's stream.
@@ -50,12 +52,16 @@ pub(super) struct Session {
     /// From the first report.
     domain: Option<String>,
     buckets: HashMap<Id, Tracked>,
+    /// Who opened the stream, for the log of a report beyond its grants.
+    client: Client,
+    /// Limits those lines, across every stream of the replica.
+    log: Arc<LogLimiter>,
 }
 
 /// Counts the stream open until dropped, holding its slot.
 struct Open {
     metrics: Metrics,
-    _permit: OwnedSemaphorePermit,
+    _permit: StreamPermit,
 }
 
 impl Drop for Open {
@@ -65,7 +71,13 @@ impl Drop for Open {
 }
 
 impl Session {
-    pub(super) fn new(rules: Arc<Rules>, ledger: Ledger, metrics: Metrics) -> Session {
+    pub(super) fn new(
+        rules: Arc<Rules>,
+        ledger: Ledger,
+        metrics: Metrics,
+        client: Client,
+        log: Arc<LogLimiter>,
+    ) -> Session {
         Session {
             rules,
             ledger,
@@ -73,15 +85,23 @@ impl Session {
             holder: format!("{:032x}", rand::random::<u128>()),
             domain: None,
             buckets: HashMap::new(),
+            client,
+            log,
         }
     }
 
     /// The answers to `inbound`, one message per report that changed something, until the
-    /// Envoy closes its side (or breaks the stream).
+    /// Envoy closes its side (or breaks the stream), or sends no report for `assignment_ttl`.
+    ///
+    /// Why that deadline: Envoy reports every bucket it holds at every interval (5 s in 1.40),
+    /// and the TTL is longer than the interval; a stream silent for a whole TTL holds no
+    /// assignment that is still in force (nor a reservation: those lapse a second later), so
+    /// closing it takes nothing from an Envoy, which opens a new one with its next report. A
+    /// stream that never reports would otherwise hold its slot for good.
     pub(super) fn run(
         self,
         inbound: tonic::Streaming<RateLimitQuotaUsageReports>,
-        permit: OwnedSemaphorePermit,
+        permit: StreamPermit,
     ) -> BoxStream<'static, Result<RateLimitQuotaResponse, tonic::Status>> {
         self.metrics.rls.quota.streams.inc();
         let open = Open {
@@ -90,8 +110,17 @@ impl Session {
         };
         futures::stream::unfold(Some((self, inbound, open)), |state| async move {
             let (mut session, mut inbound, open) = state?;
+            let deadline = session.rules.ttl;
             loop {
-                match inbound.message().await {
+                let Ok(next) = tokio::time::timeout(deadline, inbound.message()).await else {
+                    session.skip("report_timeout");
+                    tracing::debug!(client = %session.client, "rlqs stream closed: no report within rlqs.assignment_ttl");
+                    let status = tonic::Status::deadline_exceeded(
+                        "no report within rlqs.assignment_ttl: the stream is closed",
+                    );
+                    return Some((Err(status), None));
+                };
+                match next {
                     Ok(Some(reports)) => match session.on_reports(reports).await {
                         Ok(Some(answer)) => {
                             return Some((Ok(answer), Some((session, inbound, open))))
@@ -141,12 +170,55 @@ impl Session {
             .inc();
     }
 
-    /// One bucket's report: recorded, then answered with a grant (none: skipped, counted).
+    /// The allowed requests of `usage` that count: at most what the stream was `granted` since
+    /// its previous report (`since_previous` ago; None: the bucket's first) and the slack; the
+    /// excess is counted and logged with the client.
+    fn counted(
+        &self,
+        usage: &usage::Usage,
+        granted: u64,
+        since_previous: Option<Duration>,
+        labels: [&str; 2],
+    ) -> u64 {
+        let rules = &self.rules;
+        let slack = usage::slack_earned(rules.slack, since_previous, rules.report_interval);
+        let usage::Counted { counted, excess } = usage::count(usage.allowed, granted, slack);
+        if excess > 0 {
+            self.metrics
+                .rls
+                .quota
+                .excess
+                .with_label_values(&labels)
+                .inc_by(excess);
+            if let Some(suppressed) = self.log.allow() {
+                tracing::warn!(
+                    client = %self.client,
+                    peer = %self.client.peer,
+                    domain = labels[0],
+                    limit = labels[1],
+                    bucket = ?usage.id,
+                    reported = usage.allowed,
+                    counted,
+                    excess,
+                    suppressed,
+                    "rlqs report beyond its grants: the excess is not counted"
+                );
+            }
+        }
+        counted
+    }
+
+    /// One bucket's report: bounded by its grants, recorded, then answered with a grant
+    /// (none: skipped, counted).
     async fn on_usage(&mut self, usage: BucketQuotaUsage) -> Vec<BucketAction> {
-        let Some((bucket_id, id)) = usage.bucket_id.and_then(checked) else {
-            self.skip("invalid_bucket");
-            return Vec::new();
+        let usage = match usage::read(usage) {
+            Ok(u) => u,
+            Err(e) => {
+                self.skip(e.reason());
+                return Vec::new();
+            }
         };
+        let (bucket_id, id) = (usage.bucket_id.clone(), usage.id.clone());
         let rules = self.rules.clone();
         let domain = self.domain.clone().unwrap_or_default();
         let now = Instant::now();
@@ -167,20 +239,27 @@ impl Session {
         let rule = &rules.buckets[limit];
         let labels = [domain.as_str(), rule.name.as_str()];
         let m = &self.metrics.rls.quota;
-        let (allowed, denied) = (usage.num_requests_allowed, usage.num_requests_denied);
+        let denied = usage.denied;
         m.reported
             .with_label_values(&[labels[0], labels[1], "allowed"])
-            .inc_by(allowed);
+            .inc_by(usage.allowed);
         m.reported
             .with_label_values(&[labels[0], labels[1], "denied"])
             .inc_by(denied);
-        let first = !self.buckets.contains_key(&id);
+        let (first, granted, since_previous) = match self.buckets.get(&id) {
+            Some(t) => (false, t.granted, Some(now.duration_since(t.last_report))),
+            None => (true, 0, None),
+        };
+        let allowed = self.counted(&usage, granted, since_previous, labels);
         let tracked = self.buckets.entry(id.clone()).or_insert(Tracked {
             limit,
             last_report: now.checked_sub(rules.report_interval).unwrap_or(now),
             last_active: now,
             unrecorded: 0,
+            granted: 0,
         });
+        // Demand from what counts: a report cannot claim the budget with requests it was
+        // never granted.
         let offered = allowed.saturating_add(denied);
         if offered > 0 {
             tracked.last_active = now;
@@ -201,10 +280,7 @@ impl Session {
         }
         // Measured here, or as Envoy says (whole seconds) when longer: a report delayed on its
         // way must not look like a burst.
-        let said = usage.time_elapsed.map_or(Duration::ZERO, |d| {
-            Duration::from_secs(d.seconds.max(0) as u64)
-        });
-        let elapsed = now.duration_since(tracked.last_report).max(said);
+        let elapsed = now.duration_since(tracked.last_report).max(usage.said);
         let period = elapsed.max(rules.report_interval).min(rules.ttl);
         let mut me = Demand {
             rate: offered as f64 / elapsed.as_secs_f64().max(0.001),
@@ -263,6 +339,7 @@ impl Session {
                 return Vec::new();
             }
         };
+        tracked.granted = granted.reserved;
         tracing::debug!(
             domain,
             limit = %rule.name,
@@ -287,22 +364,6 @@ impl Session {
             .set(granted.used.min(i64::MAX as u64) as i64);
         assignment(bucket_id, granted.grant, rules.ttl)
     }
-}
-
-/// The bucket id, and its pairs sorted, if within the caps and not empty.
-fn checked(id: BucketId) -> Option<(BucketId, Id)> {
-    let n = id.bucket.len();
-    let fits = |s: &String| s.len() <= MAX_BUCKET_BYTES;
-    if n == 0 || n > MAX_BUCKET_KEYS || !id.bucket.iter().all(|(k, v)| fits(k) && fits(v)) {
-        return None;
-    }
-    let mut pairs: Id = id
-        .bucket
-        .iter()
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    pairs.sort_unstable();
-    Some((id, pairs))
 }
 
 /// The bucket's ledger keys in the window (of length `window`) holding now, and now (Unix ms).

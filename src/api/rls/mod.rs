@@ -27,6 +27,7 @@ use parking_lot::RwLock;
 use tally_counters::request::Client;
 use tokio_util::sync::CancellationToken;
 
+mod client_cert;
 pub mod decide;
 mod metadata;
 mod reserve;
@@ -196,6 +197,7 @@ pub async fn serve(
         health,
         admitted: Default::default(),
         tokens,
+        connection: None,
     };
     let slots = Slots::new(
         "rls",

@@ -28,7 +28,8 @@ use super::Rls;
 use crate::api::edge::auth::{self, Access};
 use crate::api::edge::listener::accept;
 use crate::api::edge::slots::Slots;
-use crate::api::edge::tls::{secure, Tls};
+use crate::api::edge::tls::{secure, Conn, Tls};
+use crate::api::rlqs::slots::Connection;
 use crate::api::rlqs::Rlqs;
 use crate::config::Tokens;
 use crate::ops::log_limit::LogLimiter;
@@ -56,6 +57,10 @@ pub(super) struct Routes<H> {
     /// `authorization: Bearer <http.token>` (or `http.admin_token`) as gRPC metadata. The
     /// health service stays open, as `/health/*` does.
     pub tokens: Tokens,
+    /// The connection (its peer, its client certificate, its quota streams), for the quota
+    /// service's per-peer and per-connection caps and its log. One per connection, as
+    /// `admitted`; `None` until the connection is accepted.
+    pub connection: Option<Connection>,
 }
 
 /// What a generated tonic service is.
@@ -89,22 +94,38 @@ impl<S> GrpcService for S where
 
 impl<H> Routes<H> {
     /// A call of a token-guarded service: UNAUTHENTICATED without the token; else the connection
-    /// is admitted (it made an admitted call) and `None` lets the call through.
+    /// is admitted (it made an admitted call) and `Ok` lets the call through with its access.
     fn authorize(
         &self,
         req: &http::Request<Incoming>,
-    ) -> Option<BoxFuture<'static, Result<http::Response<Body>, Infallible>>> {
-        if auth::check(&self.tokens, req.headers()) == Access::Denied {
+    ) -> Result<Access, BoxFuture<'static, Result<http::Response<Body>, Infallible>>> {
+        let access = auth::check(&self.tokens, req.headers());
+        if access == Access::Denied {
             let status = tonic::Status::unauthenticated(
                 "missing or wrong bearer token (authorization metadata)",
             );
-            return Some(Box::pin(async move { Ok(status.into_http()) }));
+            return Err(Box::pin(async move { Ok(status.into_http()) }));
         }
         // Read first: a store on every call would bounce the line between workers.
         if !self.admitted.load(Ordering::Relaxed) {
             self.admitted.store(true, Ordering::Relaxed);
         }
-        None
+        Ok(access)
+    }
+
+    /// Who makes a quota call, in its extensions: the connection and the token it carried.
+    fn identify(&self, req: &mut http::Request<Incoming>, access: Access) {
+        let Some(connection) = self.connection.clone() else {
+            return;
+        };
+        let token = match access {
+            Access::Admin if self.tokens.admin.is_some() => Some("admin_token"),
+            _ if self.tokens.token.is_some() => Some("token"),
+            _ => None,
+        };
+        let client = connection.client(token);
+        req.extensions_mut().insert(connection);
+        req.extensions_mut().insert(client);
     }
 }
 
@@ -117,7 +138,7 @@ impl<H: GrpcService> hyper::service::Service<http::Request<Incoming>> for Routes
         let service = req.uri().path().get(1..).and_then(|p| p.split_once('/'));
         match service.map(|(s, _)| s) {
             Some(RateLimitServiceServer::<Rls>::NAME) => {
-                if let Some(refused) = self.authorize(&req) {
+                if let Err(refused) = self.authorize(&req) {
                     return refused;
                 }
                 // The generated services are always ready (no `poll_ready` to wait for).
@@ -125,9 +146,12 @@ impl<H: GrpcService> hyper::service::Service<http::Request<Incoming>> for Routes
                 Box::pin(async move { rls.call(req).await })
             }
             Some(RateLimitQuotaServiceServer::<Rlqs>::NAME) if self.rlqs.is_some() => {
-                if let Some(refused) = self.authorize(&req) {
-                    return refused;
-                }
+                let access = match self.authorize(&req) {
+                    Ok(access) => access,
+                    Err(refused) => return refused,
+                };
+                let mut req = req;
+                self.identify(&mut req, access);
                 let mut rlqs = self.rlqs.clone();
                 Box::pin(async move {
                     match rlqs.as_mut() {
@@ -212,6 +236,9 @@ pub(super) async fn run<H: GrpcService>(
             let Some(stream) = stream else {
                 return;
             };
+            if routes.rlqs.is_some() {
+                routes.connection = Some(Connection::new(peer.ip(), certificate_name(&stream)));
+            }
             let connection = http.serve_connection(TokioIo::new(stream), routes);
             tokio::pin!(connection);
             let deadline = tokio::time::sleep_until(deadline);
@@ -246,4 +273,17 @@ pub(super) async fn run<H: GrpcService>(
     drop(open);
     let _ = closed.recv().await;
     Ok(())
+}
+
+/// The client certificate's name (with mutual TLS), for the quota service's log.
+fn certificate_name(stream: &Conn) -> Option<Arc<str>> {
+    match stream {
+        tokio_util::either::Either::Right(tls) => tls
+            .get_ref()
+            .1
+            .peer_certificates()?
+            .first()
+            .and_then(|c| super::client_cert::name(c)),
+        tokio_util::either::Either::Left(_) => None,
+    }
 }

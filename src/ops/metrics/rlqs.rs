@@ -17,8 +17,14 @@ pub struct RlqsMetrics {
     /// Requests granted to the Envoys (summed over assignments), by domain and limit.
     pub granted: IntCounterVec,
     /// Bucket reports (or streams) not answered, by reason (`no_limit`, `invalid_bucket`,
-    /// `too_many_buckets`, `redis`, `too_many_streams`, `no_domain`).
+    /// `too_many_buckets`, `redis`, `no_domain`; streams refused: `too_many_streams`,
+    /// `too_many_streams_per_peer`, `too_many_streams_per_connection`; closed:
+    /// `report_timeout`).
     pub skipped: IntCounterVec,
+    /// Requests reported allowed beyond what the reporting stream was granted (and the slack),
+    /// not counted in the window, by domain and limit. The client is in the log line: one
+    /// certificate or address per Envoy would be a label without bound.
+    pub excess: IntCounterVec,
     /// The window's requests reported allowed across every Envoy, at the last report, by domain
     /// and limit (the last bucket reported).
     pub used: IntGaugeVec,
@@ -56,6 +62,12 @@ impl RlqsMetrics {
                 "Bucket reports or streams the quota service did not answer, by reason.",
                 &["reason"],
             ),
+            excess: super::counter_vec(
+                registry,
+                "tally_rlqs_excess_requests_total",
+                "Requests an Envoy reported allowed beyond its grants and the slack, not counted, by domain and limit.",
+                &["domain", "limit"],
+            ),
             used: super::gauge_vec(
                 registry,
                 "tally_rlqs_window_used",
@@ -69,6 +81,9 @@ impl RlqsMetrics {
             "too_many_buckets",
             "redis",
             "too_many_streams",
+            "too_many_streams_per_peer",
+            "too_many_streams_per_connection",
+            "report_timeout",
             "no_domain",
         ] {
             m.skipped.with_label_values(&[reason]);

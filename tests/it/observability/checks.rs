@@ -90,6 +90,10 @@ const CONFIGURED_ONLY: &[(&str, &str)] = &[
         "per domain and limit, once an Envoy reports to [rlqs]; tests/it/rlqs.rs",
     ),
     (
+        "tally_rlqs_excess_requests_total",
+        "per domain and limit, once a report passes its grants; tests/it/rlqs_bounds.rs",
+    ),
+    (
         "tally_rlqs_actions_total",
         "per domain, limit and action, once an Envoy reports to [rlqs]; tests/it/rlqs.rs",
     ),

@@ -1,0 +1,213 @@
+//! Who may hold a stream: at most `rlqs.max_streams` on the replica, of which at most
+//! `rlqs.max_streams_per_peer` from one peer and `rlqs.max_streams_per_connection` on one
+//! connection, so that one host cannot take every stream another Envoy needs. (A stream that
+//! stops reporting is closed by its session, which frees its slot.)
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The connection a stream comes on, as the port knows it: put in the call's extensions by the
+/// server, one per connection.
+#[derive(Clone)]
+pub struct Connection {
+    /// The peer's address.
+    peer: IpAddr,
+    /// The client certificate's first subject alternative name, with mutual TLS.
+    certificate: Option<Arc<str>>,
+    /// Streams open on this connection.
+    streams: Arc<AtomicUsize>,
+}
+
+impl Connection {
+    pub fn new(peer: IpAddr, certificate: Option<Arc<str>>) -> Connection {
+        Connection {
+            peer,
+            certificate,
+            streams: Arc::default(),
+        }
+    }
+
+    /// Who makes a call on it, having sent `token` (the name of the bearer token it carried).
+    pub fn client(&self, token: Option<&'static str>) -> Client {
+        Client {
+            peer: self.peer,
+            certificate: self.certificate.clone(),
+            token,
+        }
+    }
+}
+
+/// Who opened a stream, for the log: the certificate's name with mutual TLS, else the name of
+/// the token it sent, else its address (always logged beside). Not a metric label: one
+/// certificate or address per Envoy is a label without bound.
+#[derive(Clone, Debug)]
+pub struct Client {
+    /// The peer's address.
+    pub peer: IpAddr,
+    /// The client certificate's first subject alternative name.
+    pub certificate: Option<Arc<str>>,
+    /// `token` or `admin_token`: the bearer token the call carried, when one is configured.
+    pub token: Option<&'static str>,
+}
+
+impl fmt::Display for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.certificate, self.token) {
+            (Some(name), _) => write!(f, "certificate {name}"),
+            (None, Some(token)) => write!(f, "{token} from {}", self.peer),
+            (None, None) => write!(f, "{}", self.peer),
+        }
+    }
+}
+
+/// The group a peer's connections count in: an IPv4 address, or the /64 of an IPv6 address
+/// (one host usually has a whole /64 to pick addresses from).
+pub fn peer_group(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
+    }
+}
+
+/// Why a stream was refused: the metric's reason and the setting to raise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// `rlqs.max_streams` are open on this replica.
+    Replica,
+    /// `rlqs.max_streams_per_peer` are open from this peer.
+    Peer,
+    /// `rlqs.max_streams_per_connection` are open on this connection.
+    Connection,
+}
+
+impl Refusal {
+    /// `tally_rlqs_skipped_total{reason}`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Refusal::Replica => "too_many_streams",
+            Refusal::Peer => "too_many_streams_per_peer",
+            Refusal::Connection => "too_many_streams_per_connection",
+        }
+    }
+
+    /// What the client is told.
+    pub fn message(self) -> &'static str {
+        match self {
+            Refusal::Replica => "rlqs.max_streams streams are open",
+            Refusal::Peer => "rlqs.max_streams_per_peer streams are open from this peer",
+            Refusal::Connection => {
+                "rlqs.max_streams_per_connection streams are open on this connection"
+            }
+        }
+    }
+}
+
+/// The stream slots of the replica.
+pub struct StreamSlots {
+    total: Arc<Semaphore>,
+    per_peer: parking_lot::Mutex<HashMap<IpAddr, usize>>,
+    max_per_peer: usize,
+    max_per_connection: usize,
+}
+
+/// A stream's slot, given back (on the connection, its peer and the replica) when dropped.
+pub struct StreamPermit {
+    slots: Arc<StreamSlots>,
+    group: IpAddr,
+    connection: Arc<AtomicUsize>,
+    _total: OwnedSemaphorePermit,
+}
+
+impl StreamSlots {
+    pub fn new(max: usize, max_per_peer: usize, max_per_connection: usize) -> Arc<StreamSlots> {
+        Arc::new(StreamSlots {
+            total: Arc::new(Semaphore::new(max)),
+            per_peer: Default::default(),
+            max_per_peer,
+            max_per_connection,
+        })
+    }
+
+    /// A slot for a stream on `connection`, or why not.
+    pub fn take(self: &Arc<Self>, connection: &Connection) -> Result<StreamPermit, Refusal> {
+        let total = self
+            .total
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| Refusal::Replica)?;
+        let on_connection = connection.streams.fetch_add(1, Ordering::Relaxed);
+        if on_connection >= self.max_per_connection {
+            connection.streams.fetch_sub(1, Ordering::Relaxed);
+            return Err(Refusal::Connection);
+        }
+        let group = peer_group(connection.peer);
+        let mut counts = self.per_peer.lock();
+        let n = counts.entry(group).or_insert(0);
+        if *n >= self.max_per_peer {
+            drop(counts);
+            connection.streams.fetch_sub(1, Ordering::Relaxed);
+            return Err(Refusal::Peer);
+        }
+        *n += 1;
+        Ok(StreamPermit {
+            slots: self.clone(),
+            group,
+            connection: connection.streams.clone(),
+            _total: total,
+        })
+    }
+}
+
+impl Drop for StreamPermit {
+    fn drop(&mut self) {
+        self.connection.fetch_sub(1, Ordering::Relaxed);
+        let mut counts = self.slots.per_peer.lock();
+        if let Some(n) = counts.get_mut(&self.group) {
+            *n -= 1;
+            if *n == 0 {
+                counts.remove(&self.group);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on(ip: &str) -> Connection {
+        Connection::new(ip.parse().unwrap(), None)
+    }
+
+    #[test]
+    fn each_cap_holds_and_a_closed_stream_gives_its_slot_back() {
+        let slots = StreamSlots::new(4, 3, 2);
+        let (a1, a2, b) = (on("10.0.0.1"), on("10.0.0.1"), on("10.0.0.2"));
+        let first = slots.take(&a1).expect("1 on a1");
+        let _second = slots.take(&a1).expect("2 on a1");
+        assert_eq!(slots.take(&a1).err(), Some(Refusal::Connection));
+        let _third = slots.take(&a2).expect("3 from 10.0.0.1");
+        assert_eq!(slots.take(&a2).err(), Some(Refusal::Peer));
+        let _fourth = slots.take(&b).expect("another peer has its own");
+        assert_eq!(slots.take(&b).err(), Some(Refusal::Replica));
+        drop(first);
+        assert!(slots.take(&a1).is_ok(), "a closed stream frees its slot");
+    }
+
+    #[test]
+    fn ipv6_peers_are_grouped_by_their_64() {
+        let group = |s: &str| peer_group(s.parse().unwrap());
+        assert_eq!(group("2001:db8:1:2::1"), group("2001:db8:1:2:ffff::9"));
+        assert_ne!(group("2001:db8:1:2::1"), group("2001:db8:1:3::1"));
+        assert_eq!(group("::ffff:10.0.0.1"), group("10.0.0.1"));
+        assert_ne!(group("10.0.0.1"), group("10.0.0.2"));
+    }
+}
