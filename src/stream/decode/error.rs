@@ -43,11 +43,18 @@ pub enum DecodeError {
     /// read and must be read again (never skipped, never counted as bad input).
     #[error("schema registry unavailable")]
     Unavailable,
+    /// The schema compiles to more than `decode.max_schema_nodes` nodes: refused, not compiled.
+    #[error("schema over the node budget")]
+    SchemaTooLarge,
+    /// The event holds more items than its size allows (arrays of values that take no bytes)
+    /// or nests deeper than the reader goes: refused before it costs more than its bytes.
+    #[error("event over the decode budget")]
+    TooComplex,
 }
 
 impl DecodeError {
     /// Every reason, in `index` order.
-    pub const ALL: [DecodeError; 13] = [
+    pub const ALL: [DecodeError; 15] = [
         DecodeError::Empty,
         DecodeError::TooLarge,
         DecodeError::NotUtf8,
@@ -61,6 +68,8 @@ impl DecodeError {
         DecodeError::NotProtobuf,
         DecodeError::UnknownSchema,
         DecodeError::Unavailable,
+        DecodeError::SchemaTooLarge,
+        DecodeError::TooComplex,
     ];
 
     /// The metric label for this error.
@@ -79,6 +88,8 @@ impl DecodeError {
             DecodeError::NotProtobuf => "not_protobuf",
             DecodeError::UnknownSchema => "unknown_schema",
             DecodeError::Unavailable => "unavailable",
+            DecodeError::SchemaTooLarge => "schema_too_large",
+            DecodeError::TooComplex => "too_complex",
         }
     }
 

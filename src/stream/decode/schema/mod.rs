@@ -8,7 +8,8 @@
 //!   written with that schema.
 //!
 //! An id the registry does not know (404), or a schema the format cannot read, is
-//! `unknown_schema` (asked again after [`UNKNOWN_RETRY`]). A registry that does not answer is
+//! `unknown_schema`, and a schema over the format's budget `schema_too_large` (both asked again
+//! after [`UNKNOWN_RETRY`]). A registry that does not answer is
 //! not bad input: the lane waits and asks again (1 s, doubling to 30 s), logging, until it
 //! answers or tally stops (then [`DecodeError::Unavailable`]: the event is left for the next
 //! start, nothing skipped).
@@ -35,11 +36,33 @@ const MAX_SCHEMAS: usize = 10_000;
 const UNKNOWN_RETRY: Duration = Duration::from_secs(10);
 
 /// Why a fetched schema was not compiled.
+#[derive(Debug)]
 pub(super) enum Unusable {
     /// The format cannot read it (or it is another format's): its events are `unknown_schema`.
     Bad(String),
+    /// It compiles to more than the format's budget: its events are `schema_too_large`.
+    TooLarge(String),
     /// Something it needs (a referenced schema) could not be fetched now: wait and ask again.
     Unavailable(String),
+}
+
+impl Unusable {
+    /// What its events are refused as.
+    pub(super) fn reason(&self) -> DecodeError {
+        match self {
+            Unusable::TooLarge(_) => DecodeError::SchemaTooLarge,
+            Unusable::Unavailable(_) => DecodeError::Unavailable,
+            Unusable::Bad(_) => DecodeError::UnknownSchema,
+        }
+    }
+}
+
+impl std::fmt::Display for Unusable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unusable::Bad(e) | Unusable::TooLarge(e) | Unusable::Unavailable(e) => f.write_str(e),
+        }
+    }
 }
 
 impl From<String> for Unusable {
@@ -52,9 +75,9 @@ impl From<String> for Unusable {
 /// file's (compiled once).
 pub(super) enum Source<P> {
     Registry(Cache<P>),
-    /// The file's compiled schema (bare bodies); none if the file's schema does not compile
-    /// for the wanted fields (every event is then `unknown_schema`).
-    File(Option<Arc<P>>),
+    /// The file's compiled schema (bare bodies), or what every event is refused as when it
+    /// does not compile for the wanted fields.
+    File(Result<Arc<P>, DecodeError>),
 }
 
 impl<P> Source<P> {
@@ -67,8 +90,8 @@ impl<P> Source<P> {
         compile: impl Fn(&Schema, &Registry) -> Result<P, Unusable>,
     ) -> Result<(Arc<P>, &'a [u8]), DecodeError> {
         match self {
-            Source::File(None) => Err(DecodeError::UnknownSchema),
-            Source::File(Some(p)) => Ok((p.clone(), payload)),
+            Source::File(Err(e)) => Err(*e),
+            Source::File(Ok(p)) => Ok((p.clone(), payload)),
             Source::Registry(cache) => {
                 let (id, body) = frame(payload).ok_or(not_framed)?;
                 Ok((cache.get(id, compile)?, body))
@@ -84,11 +107,14 @@ impl<P> Source<P> {
     }
 }
 
+/// One id's schema compiled, or since when and why its events are refused.
+type Compiled<P> = Result<Arc<P>, (Instant, DecodeError)>;
+
 /// A registry's schemas, compiled, by id.
 pub(super) struct Cache<P> {
     registry: Registry,
-    /// Compiled schemas by id; `Err(when)`: unknown since then.
-    compiled: Mutex<HashMap<u32, Result<Arc<P>, Instant>>>,
+    /// Compiled schemas by id; `Err((when, why))`: refused since then.
+    compiled: Mutex<HashMap<u32, Compiled<P>>>,
     /// Set by the lane: a registry outage is waited out until this is cancelled.
     stop: Option<CancellationToken>,
     log: Mutex<LogLimiter>,
@@ -113,9 +139,7 @@ impl<P> Cache<P> {
     ) -> Result<Arc<P>, DecodeError> {
         match self.compiled.lock().get(&id) {
             Some(Ok(p)) => return Ok(p.clone()),
-            Some(Err(since)) if since.elapsed() < UNKNOWN_RETRY => {
-                return Err(DecodeError::UnknownSchema)
-            }
+            Some(Err((since, why))) if since.elapsed() < UNKNOWN_RETRY => return Err(*why),
             _ => {}
         }
         let mut wait = Duration::from_secs(1);
@@ -125,7 +149,7 @@ impl<P> Cache<P> {
                 Fetch::NotFound => Err(Unusable::Bad("the registry does not know it".into())),
                 Fetch::Unavailable(e) => Err(Unusable::Unavailable(e)),
             };
-            let mut compiled = match answer {
+            let (mut compiled, why) = match answer {
                 Err(Unusable::Unavailable(e)) => {
                     if let Some(suppressed) = self.log.lock().allow() {
                         tracing::warn!(schema_id = id, error = %e, suppressed, "schema registry unavailable: the partition waits");
@@ -146,17 +170,18 @@ impl<P> Cache<P> {
                     self.compiled.lock().insert(id, Ok(p.clone()));
                     return Ok(p);
                 }
-                Err(Unusable::Bad(e)) => {
-                    tracing::warn!(schema_id = id, error = %e, "schema unusable: its events are unknown_schema");
-                    self.compiled.lock()
+                Err(e) => {
+                    let why = e.reason();
+                    tracing::warn!(schema_id = id, error = %e, reason = why.reason(), "schema unusable: its events are refused");
+                    (self.compiled.lock(), why)
                 }
             };
             // Ids are 32-bit: a producer inventing them must not grow this forever.
             if compiled.len() >= MAX_SCHEMAS {
                 compiled.retain(|_, p| p.is_ok());
             }
-            compiled.insert(id, Err(Instant::now()));
-            return Err(DecodeError::UnknownSchema);
+            compiled.insert(id, Err((Instant::now(), why)));
+            return Err(why);
         }
     }
 }
