@@ -6,6 +6,9 @@
 //! suite (it includes this file with `#[path]`). So this file may only use `tally`, `std` and
 //! crates that are also `tally`'s own dependencies (`chrono`, `chrono-tz`, `serde_json`).
 
+mod avro;
+pub use avro::avro;
+
 use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;

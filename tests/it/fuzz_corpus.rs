@@ -43,3 +43,8 @@ fn key_template_corpus() {
 fn config_corpus() {
     replay("config", targets::config);
 }
+
+#[test]
+fn avro_corpus() {
+    replay("avro", targets::avro);
+}
