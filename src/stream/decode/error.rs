@@ -50,11 +50,15 @@ pub enum DecodeError {
     /// or nests deeper than the reader goes: refused before it costs more than its bytes.
     #[error("event over the decode budget")]
     TooComplex,
+    /// The registry kept failing for the event's schema id (a 5xx, an answer over 1 MiB or not
+    /// a schema) while it answered other calls.
+    #[error("the registry fails for this schema id")]
+    RegistryError,
 }
 
 impl DecodeError {
     /// Every reason, in `index` order.
-    pub const ALL: [DecodeError; 15] = [
+    pub const ALL: [DecodeError; 16] = [
         DecodeError::Empty,
         DecodeError::TooLarge,
         DecodeError::NotUtf8,
@@ -70,6 +74,7 @@ impl DecodeError {
         DecodeError::Unavailable,
         DecodeError::SchemaTooLarge,
         DecodeError::TooComplex,
+        DecodeError::RegistryError,
     ];
 
     /// The metric label for this error.
@@ -90,6 +95,7 @@ impl DecodeError {
             DecodeError::Unavailable => "unavailable",
             DecodeError::SchemaTooLarge => "schema_too_large",
             DecodeError::TooComplex => "too_complex",
+            DecodeError::RegistryError => "registry_error",
         }
     }
 

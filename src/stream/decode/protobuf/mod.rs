@@ -155,6 +155,7 @@ fn compile(schema: &Schema, registry: &Registry, root: &Node) -> Result<Messages
                     r.name, r.subject, r.version
                 )));
             }
+            Fetch::Failed(e) => return Err(Unusable::Failed(e)),
             Fetch::Unavailable(e) => return Err(Unusable::Unavailable(e)),
         }
     }
