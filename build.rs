@@ -16,12 +16,15 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=TALLY_BUILD_COMMIT");
     // A new commit moves HEAD or the branch it names: watch both (only paths that exist: a
-    // missing one would rerun this script, and rebuild the crate, on every build).
+    // missing one would rerun this script, and rebuild the crate, on every build). Only that
+    // branch's file, not `refs/heads`: a commit on another branch (another worktree of the same
+    // repository) must not rebuild this one.
     let head = git(&["rev-parse", "--git-path", "HEAD"]).map(PathBuf::from);
     let common = git(&["rev-parse", "--git-common-dir"]).map(PathBuf::from);
+    let branch = git(&["symbolic-ref", "-q", "HEAD"]);
     let watched = [
         head,
-        common.as_ref().map(|c| c.join("refs/heads")),
+        common.as_ref().zip(branch).map(|(c, b)| c.join(b)),
         common.as_ref().map(|c| c.join("packed-refs")),
     ];
     for path in watched.into_iter().flatten().filter(|p| p.exists()) {

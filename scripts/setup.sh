@@ -112,6 +112,13 @@ if [ "$(cargo deny --version 2>/dev/null)" != "cargo-deny $DENY_VERSION" ]; then
   echo "setup: building cargo-deny $DENY_VERSION (cargo install)" >&2
   cargo install cargo-deny --version "=$DENY_VERSION" --locked --quiet
 fi
+# cargo-fuzz drives the fuzz targets in fuzz/ (scripts/fuzz.sh, run by scripts/test.sh); about a
+# minute to build.
+FUZZ_VERSION=0.13.1
+if [ "$(cargo fuzz --version 2>/dev/null)" != "cargo-fuzz $FUZZ_VERSION" ]; then
+  echo "setup: building cargo-fuzz $FUZZ_VERSION (cargo install)" >&2
+  cargo install cargo-fuzz --version "=$FUZZ_VERSION" --locked --quiet
+fi
 
 # tansu: a second Kafka implementation for the tests (tests/it/tansu.rs): SQLite storage that
 # survives a kill -9, and SASL/SCRAM. Built once from crates.io into cargo's bin directory (about

@@ -27,6 +27,9 @@ cargo deny --no-default-features --exclude-dev --locked --log-level error check 
 # from the spread measured on this 2-core machine (docs/guide/17-benchmark.md says how).
 cargo build --release --quiet -p tally-bench --bin tally-bench
 target/release/tally-bench gate --rounds 3 --min-rate-ratio 0.5 --max-cpu-ratio 2.0
+# Fuzzing: every target in fuzz/ for 20 s from its seeds, under a 512 MB memory cap and a 10 s
+# limit per input (scripts/fuzz.sh; the instrumented build is its own, in target/fuzz).
+scripts/fuzz.sh --seconds 20 --rss-mb 512
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --no-fail-fast
 else

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tally::config::{Config, Model, EXIT_CONFIG};
 
 /// jemalloc, not glibc's malloc: 0.88× the CPU per event on the stream and 0.77–0.92× per
-/// decision on the request path, for about 1.1× the memory (docs/benchmarks.md, session 10).
+/// decision on the request path, for about 1.1× the memory (docs/lab/benchmarks.md).
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
@@ -114,8 +114,11 @@ impl Prepared {
                 duration,
             } => {
                 let mut config = common.load()?;
-                // The demo starts its own redis-server unless one is named.
+                // The demo starts its own redis-server unless one is named on the command line
+                // or in the environment; on the file's loopback port when that is free.
+                let mut redis_port = None;
                 if common.redis_url.is_none() && std::env::var_os("TALLY_REDIS__URL").is_none() {
+                    redis_port = demo::loopback_port(&config.redis.url);
                     config.redis.url.clear();
                 }
                 if common.group_id.is_none() {
@@ -126,6 +129,7 @@ impl Prepared {
                     partitions,
                     keys,
                     duration,
+                    redis_port,
                 };
                 Prepared::Demo(Box::new(config), opts)
             }

@@ -4,7 +4,16 @@
 //! The same functions run in two places: the libFuzzer binaries in `fuzz_targets/`, and the
 //! main crate's `tests/it/fuzz_corpus.rs`, which replays the committed corpus in the normal test
 //! suite (it includes this file with `#[path]`). So this file may only use `tally`, `std` and
-//! crates that are also `tally`'s own dependencies (`chrono`, `chrono-tz`, `serde_json`).
+//! crates that are also `tally`'s own dependencies (`chrono`, `chrono-tz`, `serde_json`,
+//! `protox`). One module per target beyond the first three.
+
+mod cel;
+mod limits;
+mod protobuf;
+
+pub use cel::cel;
+pub use limits::limits;
+pub use protobuf::protobuf;
 
 mod avro;
 pub use avro::avro;

@@ -41,7 +41,7 @@ pub fn kafka_client_config(kafka: &KafkaConfig) -> ClientConfig {
         // librdkafka prefetches up to 64 MiB by default, and each queued message costs a few
         // hundred bytes beyond its payload. 4 MiB (~45K typical events, tens of ms at full
         // speed) keeps the fetcher ahead of the consumer: at 16 MiB a plain consumer peaked at
-        // 61 MB, at 4 MiB at 39 MB, consuming as fast (docs/benchmarks.md, issue 24).
+        // 61 MB, at 4 MiB at 39 MB, consuming as fast (docs/lab/benchmarks.md).
         .set(
             "queued.max.messages.kbytes",
             lane::QUEUED_KBYTES.to_string(),

@@ -23,7 +23,7 @@ pub(crate) struct Cli {
 #[derive(Subcommand)]
 pub(crate) enum Command {
     /// Consume the configured topic and maintain the counters (the service).
-    #[command(after_help = "Example:\n  tally run --config tally.toml")]
+    #[command(after_help = "Example:\n  tally run --config config/example.toml")]
     Run(Common),
     /// Everything on local parts: in-process Kafka broker, synthetic events, local redis-server.
     #[cfg(feature = "dev")]
@@ -45,7 +45,7 @@ pub(crate) enum Command {
         duration: Option<Duration>,
     },
     /// Validate the configuration and print it with defaults filled in.
-    #[command(after_help = "Example:\n  tally check --config tally.toml")]
+    #[command(after_help = "Example:\n  tally check --config config/example.toml")]
     Check(Common),
     /// Run an in-process Kafka-protocol broker (librdkafka mock cluster) for tests and benchmarks.
     #[cfg(feature = "dev")]
@@ -68,17 +68,17 @@ pub(crate) enum Command {
     Produce(tally_testkit::produce::ProduceArgs),
     /// Print the Redis key of a counter for given dimension values (and time).
     #[command(
-        after_help = "Example:\n  tally key --config tally.toml --counter flow --dim app_id=a1 --dim device_id=d1 --dim ip=10.0.0.1"
+        after_help = "Example:\n  tally key --config config/example.toml --counter flow --dim app_id=a1 --dim device_id=d1 --dim ip=10.0.0.1"
     )]
     Key(KeyArgs),
     /// Print a counter's key and current value, read from Redis.
     #[command(
-        after_help = "Example:\n  tally query --config tally.toml --counter minute --dim ip=10.0.0.1 --last 60"
+        after_help = "Example:\n  tally query --config config/example.toml --counter minute --dim ip=10.0.0.1 --last 60"
     )]
     Query(KeyArgs),
     /// Inspect (and with `repair`, fix) tally's own state in Redis: applied offsets per partition.
     #[command(
-        after_help = "Example:\n  tally state --config tally.toml; tally state --config tally.toml repair --partition 3"
+        after_help = "Example:\n  tally state --config config/example.toml; tally state --config config/example.toml repair --partition 3"
     )]
     State(StateArgs),
     /// The live status of one or several tally processes in the terminal (their `/v1/status`).
@@ -87,7 +87,7 @@ pub(crate) enum Command {
     )]
     Top(TopArgs),
     /// Serve the request path (hit, limit, quota, once, unique, pool) over HTTP, without Kafka.
-    #[command(after_help = "Example:\n  tally serve --config tally.toml")]
+    #[command(after_help = "Example:\n  tally serve --config config/example.toml")]
     Serve(Common),
     #[command(flatten)]
     Request(request_cli::RequestCommand),

@@ -28,6 +28,10 @@ pub struct DemoOptions {
     pub keys: u64,
     /// Stop after this long (None: until Ctrl-C).
     pub duration: Option<Duration>,
+    /// The loopback port the configuration named for Redis (the example's 6379): the demo's
+    /// redis-server listens there when it is free, so that the CLI examples, which read the
+    /// same file, reach it.
+    pub redis_port: Option<u16>,
 }
 
 /// Run the demo until `shutdown` or the duration ends.
@@ -36,15 +40,19 @@ pub async fn run(
     opts: DemoOptions,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let _redis = start_local_redis(&mut config)?;
+    let _redis = start_local_redis(&mut config, opts.redis_port)?;
     let _mock = start_broker(&mut config, &opts)?;
 
     let produced = Arc::new(AtomicU64::new(0));
     let stop_producer = shutdown.child_token();
     let producer = spawn_producer(&config, &opts, produced.clone(), stop_producer.clone())?;
 
-    if config.request.limits.is_empty() {
-        config.request.limits.push(demo_limit());
+    // Its own limit beside the configuration's, so that the traffic it drives leaves the
+    // examples' limits alone.
+    let demo = demo_limit();
+    let traffic = demo.name.clone();
+    if !config.request.limits.iter().any(|l| l.name == demo.name) {
+        config.request.limits.push(demo);
     }
     if config.counters.iter().all(|c| c.filter.is_none()) {
         config.counters.push(demo_filtered_counter());
@@ -60,11 +68,7 @@ pub async fn run(
         tally::app::request_client(&model)?,
         metrics.clone(),
     )?;
-    tokio::spawn(request_traffic(
-        requests,
-        config.request.limits[0].name.clone(),
-        run_token.clone(),
-    ));
+    tokio::spawn(request_traffic(requests, traffic, run_token.clone()));
 
     let client = tally::stream::sink::client(&config.redis)?;
     let mut conn = client.get_multiplexed_async_connection().await?;
@@ -83,12 +87,17 @@ pub async fn run(
 }
 
 /// A local `redis-server` if the config names no Redis (its URL goes into `config`); None
-/// when it names one. The server stops when the returned value is dropped.
-fn start_local_redis(config: &mut Config) -> anyhow::Result<Option<LocalRedis>> {
+/// when it names one. It listens on `port` when that is free, else on any free port. The
+/// server stops when the returned value is dropped.
+fn start_local_redis(config: &mut Config, port: Option<u16>) -> anyhow::Result<Option<LocalRedis>> {
     if !config.redis.url.is_empty() {
         return Ok(None);
     }
-    let redis = LocalRedis::start(&[])?;
+    let free = port.filter(|p| std::net::TcpListener::bind(("127.0.0.1", *p)).is_ok());
+    let redis = match free {
+        Some(p) => LocalRedis::start_on(p, &[])?,
+        None => LocalRedis::start(&[])?,
+    };
     config.redis.url = redis.url();
     println!("started redis-server on {}", config.redis.url);
     Ok(Some(redis))
@@ -340,4 +349,29 @@ pub async fn top_counters(
     pairs.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
     pairs.truncate(n);
     Ok(pairs)
+}
+
+/// The port of a `redis://` URL on this host (127.0.0.1 or localhost), if it names one.
+pub fn loopback_port(url: &str) -> Option<u16> {
+    let rest = url.strip_prefix("redis://")?;
+    let host_port = rest.rsplit('@').next()?.split('/').next()?;
+    let (host, port) = host_port.rsplit_once(':')?;
+    matches!(host, "127.0.0.1" | "localhost")
+        .then(|| port.parse().ok())
+        .flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::loopback_port;
+
+    #[test]
+    fn only_a_loopback_url_names_the_demos_port() {
+        assert_eq!(loopback_port("redis://127.0.0.1:6379"), Some(6379));
+        assert_eq!(loopback_port("redis://localhost:6380/0"), Some(6380));
+        assert_eq!(loopback_port("redis://:pw@127.0.0.1:7000"), Some(7000));
+        assert_eq!(loopback_port("redis://redis:6379"), None);
+        assert_eq!(loopback_port("rediss://127.0.0.1:6379"), None);
+        assert_eq!(loopback_port(""), None);
+    }
 }

@@ -22,22 +22,22 @@ use super::common::{parse_dim, Common};
 pub enum RequestCommand {
     /// Add to a counter now (or at --at) and print the total.
     #[command(
-        after_help = "Example:\n  tally hit --config tally.toml --counter plays --dim video=v1 --idempotency-key req-1"
+        after_help = "Example:\n  tally hit --config config/example.toml --counter flow --dim app_id=a --dim device_id=d --dim ip=1.2.3.4 --idempotency-key req-1"
     )]
     Hit(HitArgs),
     /// Decide a request against rate-limit policies.
     #[command(
-        after_help = "Example:\n  tally limit --config tally.toml --policy per_second --policy daily --subject ip:1.2.3.4"
+        after_help = "Example:\n  tally limit --config config/example.toml --policy per_second --policy daily --subject ip:1.2.3.4"
     )]
     Limit(LimitArgs),
     /// Take from (or release, peek, reset) a quota.
     #[command(
-        after_help = "Example:\n  tally quota --config tally.toml --quota flash --user u42 --action release"
+        after_help = "Example:\n  tally quota --config config/example.toml --quota flash --user u42 --action release"
     )]
     Quota(QuotaArgs),
     /// Is this the subject's first call in the window?
     #[command(
-        after_help = "Example:\n  tally once --config tally.toml --name welcome --subject user:42"
+        after_help = "Example:\n  tally once --config config/example.toml --name welcome --subject user:42"
     )]
     Once(OnceArgs),
     /// Take a lock, hold it (renewed by a watchdog) and release it; or release / extend one.
@@ -159,9 +159,9 @@ pub struct LockArgs {
 const LOCK_HELP: &str = "\
 Examples:
   # Run a job only if no one else runs it; the lease ends after --ttl (or release its token):
-  tally lock --config tally.toml --name nightly --ttl 10m && ./nightly-job
+  tally lock --config config/example.toml --name nightly --ttl 10m && ./nightly-job
   # Hold the lock, renewed every ttl/3, for up to 10m or until Ctrl-C / SIGTERM, then release:
-  tally lock --config tally.toml --name nightly --ttl 30s --wait 2s --hold 10m
+  tally lock --config config/example.toml --name nightly --ttl 30s --wait 2s --hold 10m
 
 Exit codes:
   0   done: acquired (with --hold: held, then released at its end or on SIGINT/SIGTERM),

@@ -28,9 +28,22 @@ pub struct HttpConfig {
     /// read; then the connection is closed (it would hold a connection slot forever).
     #[serde(with = "humantime_serde")]
     pub request_timeout: Duration,
-    /// Connections served at once; one more is answered 503 and closed. Bounds the memory and
-    /// file descriptors clients can take.
+    /// Connections served at once. When all are taken, one without a request in flight that
+    /// has not made one with the token yet (any request without `token`) is closed to make
+    /// room; with none such, one more is refused (plain HTTP: answered 503; with TLS: closed). Bounds the memory and file descriptors clients can take.
     pub max_connections: usize,
+    /// Connections served at once from one peer (an IPv4 address, an IPv6 prefix of
+    /// `ipv6_peer_prefix` bits), so that one host cannot take all of `max_connections`. None: no
+    /// cap of its own (every client may be behind one proxy or sidecar, which is one peer); idle
+    /// connections make room for new ones either way.
+    pub max_connections_per_peer: Option<usize>,
+    /// IPv6 clients sharing this many leading bits of their address count as one peer (a host
+    /// is usually given a whole /64).
+    pub ipv6_peer_prefix: u8,
+    /// A second, plain-HTTP address answering only `/health/live` and `/health/ready`, for
+    /// Kubernetes probes: clients of the main port (a flood included) cannot take its
+    /// connections. Empty: none.
+    pub probe_listen: String,
     /// Bearer token required for `/v1/*` (`Authorization: Bearer <token>`); `/metrics` and
     /// `/health/*` stay open for scrapers and probes. None: no token.
     pub token: Option<String>,
@@ -58,6 +71,10 @@ impl Default for HttpConfig {
             header_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             max_connections: 128,
+            max_connections_per_peer: None,
+            // A /64 is what one host or one LAN is given.
+            ipv6_peer_prefix: 64,
+            probe_listen: String::new(),
             token: None,
             token_file: None,
             admin_token: None,
@@ -92,6 +109,26 @@ impl HttpConfig {
             self.max_connections > 0,
             "http.max_connections",
             "must be at least 1",
+        )?;
+        ensure(
+            self.max_connections_per_peer != Some(0),
+            "http.max_connections_per_peer",
+            "must be at least 1",
+        )?;
+        ensure(
+            (1..=128).contains(&self.ipv6_peer_prefix),
+            "http.ipv6_peer_prefix",
+            "must be 1..=128 (bits of an IPv6 address)",
+        )?;
+        ensure(
+            self.probe_listen.is_empty() || self.probe_listen.parse::<SocketAddr>().is_ok(),
+            "http.probe_listen",
+            format!("`{}` is not an ip:port address", self.probe_listen),
+        )?;
+        ensure(
+            self.probe_listen.is_empty() || self.probe_listen != self.listen,
+            "http.probe_listen",
+            "must differ from http.listen",
         )?;
         ensure(
             !(self.token.is_some() && self.token_file.is_some()),

@@ -41,9 +41,13 @@ pub struct RlsConfig {
     /// sends nothing, or only calls it may not make, cannot hold a slot.
     #[serde(with = "humantime_serde")]
     pub first_call_timeout: Duration,
-    /// Connections served at once from one peer address (Envoy keeps one per worker thread), so
-    /// that one host cannot take all of `max_connections`.
+    /// Connections served at once from one peer (an IPv4 address, an IPv6 prefix of
+    /// `ipv6_peer_prefix` bits; Envoy keeps one per worker thread), so that one host cannot take
+    /// all of `max_connections`.
     pub max_connections_per_peer: usize,
+    /// IPv6 clients sharing this many leading bits of their address count as one peer (a host
+    /// is usually given a whole /64).
+    pub ipv6_peer_prefix: u8,
     /// TLS on the port (`[rls.tls]`, ALPN `h2`); unset, plain HTTP/2 (h2c).
     pub tls: super::TlsFiles,
     /// Where a call's keys live in Redis Cluster: `domain` (every key of a domain in one slot:
@@ -76,6 +80,8 @@ impl Default for RlsConfig {
             keepalive_timeout: Duration::from_secs(10),
             first_call_timeout: Duration::from_secs(10),
             max_connections_per_peer: 128,
+            // A /64 is what one host or one LAN is given.
+            ipv6_peer_prefix: 64,
             tls: Default::default(),
             spread: Spread::Domain,
         }
@@ -107,6 +113,11 @@ impl RlsConfig {
             self.max_connections_per_peer >= 1,
             "rls.max_connections_per_peer",
             "must be at least 1",
+        )?;
+        ensure(
+            (1..=128).contains(&self.ipv6_peer_prefix),
+            "rls.ipv6_peer_prefix",
+            "must be 1..=128 (bits of an IPv6 address)",
         )?;
         for (name, d) in [
             ("rls.keepalive_interval", self.keepalive_interval),

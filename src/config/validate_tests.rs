@@ -104,6 +104,22 @@ fn http_limits_and_token_sources() {
         refused(&|c| c.http.max_connections = 0),
         "http.max_connections"
     );
+    assert_eq!(
+        refused(&|c| c.http.max_connections_per_peer = Some(0)),
+        "http.max_connections_per_peer"
+    );
+    assert_eq!(
+        refused(&|c| c.http.ipv6_peer_prefix = 0),
+        "http.ipv6_peer_prefix"
+    );
+    assert_eq!(
+        refused(&|c| c.http.probe_listen = "9101".into()),
+        "http.probe_listen"
+    );
+    assert_eq!(
+        refused(&|c| c.http.probe_listen = c.http.listen.clone()),
+        "http.probe_listen"
+    );
     assert_eq!(refused(&|c| c.http.token = Some(" ".into())), "http.token");
     let same = |c: &mut Config| {
         c.http.token = Some("same".into());

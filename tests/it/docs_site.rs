@@ -45,11 +45,11 @@ fn the_metrics_reference_is_the_registry() {
     let mut page = String::from(
         "# Metrics\n\n\
          Every metric family a tally process exports on `/metrics`, generated from its registry\n\
-         (`tests/it/docs_site.rs` fails when this page and the code differ). A labelled family\n\
+         (the test suite fails when this page and the code differ). A labelled family\n\
          appears on `/metrics` once it has a series. Labels are bounded: counter and limit names\n\
          come from the configuration, the others are closed sets; a key or a dimension value is\n\
          never a label. Every `tally_` family is on a panel of a dashboard in `dashboards/`\n\
-         (`tests/it/observability.rs` checks it against a real Prometheus).\n\n\
+         (checked against a real Prometheus).\n\n\
          | metric | type | labels | meaning |\n|---|---|---|---|\n",
     );
     let catalog = tally::ops::metrics::catalog();
@@ -103,7 +103,7 @@ fn the_cli_reference_is_every_commands_help() {
     );
     let mut page = String::from(
         "# Commands\n\n\
-         Every command's `--help`, generated from the binary (`tests/it/docs_site.rs` fails when\n\
+         Every command's `--help`, generated from the binary (the test suite fails when\n\
          this page and the code differ). `demo`, `mock-broker` and `produce` are local tooling:\n\
          they exist only in builds with the cargo feature `dev` (the default; the product image\n\
          is built without it). A usage error exits 64, like a bad configuration.\n\n\
@@ -313,4 +313,124 @@ fn the_dashboard_rows_in_the_guide_are_the_dashboards() {
             "guide 16's rows of {name}"
         );
     }
+}
+
+/// The book is a manual: no page of `docs/SUMMARY.md` (nor README.md) names the work sessions
+/// or issues it was written in, and no user page sends the reader into the test suite's files (a figure cites
+/// the command that measures it and its date). The "Contributing" part is for developers, whose
+/// subject the test files are: only the labels are refused there.
+#[test]
+fn no_page_of_the_book_names_a_session_an_issue_or_a_test_file() {
+    let label = regex::Regex::new(r"(?i)\b(session|issue)\s+#?\d+").expect("pattern");
+    let summary = std::fs::read_to_string(docs().join("SUMMARY.md")).expect("SUMMARY.md");
+    let mut part = String::new();
+    let mut found = Vec::new();
+    let mut pages = 0;
+    for line in summary.lines() {
+        if let Some(title) = line.strip_prefix("# ") {
+            part = title.trim().to_string();
+            continue;
+        }
+        let Some((_, rest)) = line.split_once("](") else {
+            continue;
+        };
+        let page = rest.trim_end().trim_end_matches(')');
+        let text = std::fs::read_to_string(docs().join(page))
+            .unwrap_or_else(|e| panic!("docs/{page}: {e}"));
+        pages += 1;
+        for (n, l) in text.lines().enumerate() {
+            if let Some(m) = label.find(l) {
+                found.push(format!("docs/{page}:{}: {:?}", n + 1, m.as_str()));
+            }
+            if part != "Contributing" && l.contains("tests/it/") {
+                found.push(format!("docs/{page}:{}: a test file: {l}", n + 1));
+            }
+        }
+    }
+    // The front door is read as the book is.
+    let readme = std::fs::read_to_string(docs().join("../README.md")).expect("README.md");
+    for (n, l) in readme.lines().enumerate() {
+        if label.is_match(l) || l.contains("tests/it/") {
+            found.push(format!("README.md:{}: {l}", n + 1));
+        }
+    }
+    assert!(pages > 20, "pages of SUMMARY.md: {pages}");
+    assert!(
+        found.is_empty(),
+        "{} lab labels or test-file references on pages of the book:\n{}",
+        found.len(),
+        found.join("\n")
+    );
+}
+
+/// The pages of `docs/SUMMARY.md`, in order, with their text.
+fn book_pages() -> Vec<(String, String)> {
+    let summary = std::fs::read_to_string(docs().join("SUMMARY.md")).expect("SUMMARY.md");
+    summary
+        .lines()
+        .filter_map(|l| {
+            l.split_once("](")
+                .map(|(_, r)| r.trim_end().trim_end_matches(')'))
+        })
+        .map(|page| {
+            let text = std::fs::read_to_string(docs().join(page))
+                .unwrap_or_else(|e| panic!("docs/{page}: {e}"));
+            (page.to_string(), text)
+        })
+        .collect()
+}
+
+/// Every metric a page of the book (or README.md) names is one tally exports, and every alert it
+/// names is a rule of `deploy/prometheus/alerts.yml`: a troubleshooting row that sends the reader
+/// to a renamed metric or alert is a dead end. Prefixes (`tally_rls_…`, `tally_rls_*`) and
+/// the crates (`tally_counters::`) are not metric names.
+#[test]
+fn every_metric_and_alert_a_page_names_exists() {
+    let metric = regex::Regex::new(r"\btally_[a-z0-9_]+[a-z0-9]\b(::|\*|…)?").expect("pattern");
+    let alert = regex::Regex::new(r"`(Tally[A-Z][A-Za-z]+)`").expect("pattern");
+    let families: BTreeSet<String> = tally::ops::metrics::catalog()
+        .iter()
+        .map(|m| m.name.to_string())
+        .collect();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let rules = std::fs::read_to_string(root.join("deploy/prometheus/alerts.yml")).expect("alerts");
+    let mut pages = book_pages();
+    pages.push((
+        "../README.md".into(),
+        std::fs::read_to_string(root.join("README.md")).expect("README.md"),
+    ));
+    let mut unknown = Vec::new();
+    let mut named = 0;
+    for (page, text) in &pages {
+        for m in metric.captures_iter(text) {
+            if m.get(1).is_some() {
+                continue;
+            }
+            let name = &m[0];
+            let family = ["_bucket", "_sum", "_count"]
+                .iter()
+                .find_map(|s| name.strip_suffix(s).filter(|f| families.contains(*f)))
+                .unwrap_or(name);
+            named += 1;
+            // The Envoy snippets' name for tally's cluster.
+            if !families.contains(family) && family != "tally_rls" {
+                unknown.push(format!("docs/{page}: metric {name}"));
+            }
+        }
+        for a in alert.captures_iter(text) {
+            named += 1;
+            if !rules.contains(&format!("alert: {}\n", &a[1])) {
+                unknown.push(format!("docs/{page}: alert {}", &a[1]));
+            }
+        }
+    }
+    assert!(
+        named > 100,
+        "only {named} metrics and alerts named: is the book read right?"
+    );
+    assert!(
+        unknown.is_empty(),
+        "names that tally does not export or alert on:\n{}",
+        unknown.join("\n")
+    );
 }

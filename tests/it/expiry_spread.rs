@@ -1,4 +1,4 @@
-//! Spread expiry (issue 27): every key the stream writes is stored with window end + retention
+//! Spread expiry: every key the stream writes is stored with window end + retention
 //! plus its own offset within the counter's `expiry_spread`, from a hash of the key as stored;
 //! the same after a restart, a repair of a key without expiry and a rebuild from Kafka, on a
 //! server and on a cluster (where the hash includes the key's hash tag).

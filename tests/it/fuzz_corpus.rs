@@ -45,6 +45,21 @@ fn config_corpus() {
 }
 
 #[test]
+fn cel_corpus() {
+    replay("cel", targets::cel);
+}
+
+#[test]
+fn limits_corpus() {
+    replay("limits", targets::limits);
+}
+
+#[test]
+fn protobuf_corpus() {
+    replay("protobuf", targets::protobuf);
+}
+
+#[test]
 fn avro_corpus() {
     replay("avro", targets::avro);
 }

@@ -115,21 +115,26 @@ async fn connections_beyond_the_limit_are_refused() {
         ..HttpConfig::default()
     })
     .await;
+    // Five clients, each kept alive after an answered request: none is closed to make room.
     let mut held = Vec::new();
     for _ in 0..5 {
         let mut c = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-        c.write_all(b"GET /metrics HTTP/1.1\r\n").await.unwrap();
+        c.write_all(b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let mut status = [0u8; 12];
+        c.read_exact(&mut status).await.unwrap();
+        assert_eq!(&status, b"HTTP/1.1 200");
         held.push(c);
     }
-    // Accepted in order, so the sixth finds every permit taken.
     let mut extra = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let answer = closed_within(&mut extra, Duration::from_secs(5))
         .await
         .expect("the sixth connection is closed at once");
     let answer = String::from_utf8_lossy(&answer);
     assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
-    // Health shares the limit. (A client that sent its request before the 503 may see a reset
-    // instead, as the server closes with the request unread.)
+    // Health shares the limit (`http.probe_listen` has its own). (A client that sent its
+    // request before the 503 may see a reset instead, as the server closes with it unread.)
     let refused = tokio::task::spawn_blocking(move || http::get(port, "/health/live"))
         .await
         .unwrap();

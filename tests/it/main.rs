@@ -41,6 +41,7 @@ mod logs;
 mod observability;
 mod openapi;
 mod pipeline;
+mod port_bounds;
 mod protobuf;
 mod proxy_faults;
 mod query;

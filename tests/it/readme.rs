@@ -1,10 +1,11 @@
-//! Executable documentation: every shell example of README.md runs here, in README order,
-//! against one `tally serve` and one real `redis-server`, and its answer is checked against the
-//! one the README shows. `curl` examples run with the real `curl` (only the address is
-//! rewritten to the test's port); `tally` examples run with the built binary (only
-//! `--config tally.toml` is rewritten to the test's configuration). An example that cannot run
-//! here is in [`EXCLUDED`] with the reason; one that is neither run nor excluded fails the test,
-//! so an example cannot be added to the README without being run.
+//! Executable documentation: every shell example of README.md, of the book's pages and of
+//! `tally <command> --help` runs here, in that order, against one `tally serve` and one real
+//! `redis-server`, both on the shipped example configuration (`config/example.toml`), and its
+//! answer is checked against the one the text shows. `curl` examples run with the real `curl`
+//! (only the address is rewritten to the test's port); `tally` examples with the built binary
+//! (only `--config` is rewritten to the test's copy of the example); `redis-cli` examples at the
+//! test's Redis. An example that cannot run here is in [`EXCLUDED`] with the reason; one that is
+//! neither run nor excluded fails the test, so an example cannot be added without being run.
 
 mod answer;
 mod extract;
@@ -55,6 +56,28 @@ const EXCLUDED: &[(&str, &str)] = &[
         "kcat",
         "reads the user's Kafka with a tool tally does not install",
     ),
+    (
+        "tally serve",
+        "runs until stopped: the test runs one on the same file",
+    ),
+    ("tally demo", "the demo, with its own broker and Redis"),
+    ("tally mock-broker", "a broker that runs until stopped"),
+    (
+        "tally produce",
+        "produces to a broker the test does not start",
+    ),
+    (
+        "./nightly-job",
+        "runs the reader's job once the lock is taken",
+    ),
+    (
+        "repair --partition",
+        "repairs a halted partition, and none is halted here (the state-loss tests repair one)",
+    ),
+    (
+        "kill -HUP",
+        "signals the reader's running tally; the signals tests send SIGHUP to one",
+    ),
 ];
 
 /// Examples whose answer shown is not their first: run again, [`ROUND`] calls at once, until
@@ -74,52 +97,38 @@ const CURL_ARGS: &[&str] = &["-i", "--max-time", "10"];
 /// must then exit 0 (the README says they release what they hold and exit 0).
 const HELD: &[(&str, &str)] = &[("--hold", "holds the lock for ten minutes")];
 
+/// How a tally example names its configuration: the shipped example, or the reader's own file
+/// (a page that has just shown it). Both run with the example, at the test's Redis.
+const CONFIG_NAMES: &[&str] = &["--config config/example.toml", "--config tally.toml"];
+
 /// Where the README's examples send their requests; rewritten to the test's server.
 const README_ADDRESSES: &[&str] = &["localhost:9100", "127.0.0.1:9100"];
 
-/// The configuration the examples use: counters and request-path names as the README names
-/// them. The rate limits are the README's own `[[request.limits]]` block, so the policies its
-/// answers show come from the configuration it shows.
-fn config(redis: &LocalRedis, readme: &str) -> String {
-    let limits = extract::blocks(readme)
+/// The shipped example configuration, `config/example.toml`: what the demo runs and what every
+/// example names. Only its Redis address changes (to the test's); the page that shows
+/// `[[request.limits]]` must show the file's own block, so the policies its answers show come
+/// from the configuration a reader runs.
+fn config(redis: &LocalRedis, docs: &str) -> String {
+    const SHIPPED_REDIS: &str = "url = \"redis://127.0.0.1:6379\"";
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let example =
+        std::fs::read_to_string(root.join("config/example.toml")).expect("config/example.toml");
+    let limits = extract::blocks(docs)
         .into_iter()
         .find(|b| b.lang == "toml" && b.lines.iter().any(|l| l == "[[request.limits]]"))
-        .expect("README shows [[request.limits]]")
+        .expect("the docs show [[request.limits]]")
         .lines
         .join("\n");
-    format!(
-        r#"
-[redis]
-url = "{url}"
-
-[[counters]]
-name = "flow"
-dimensions = ["app_id", "device_id", "ip"]
-key = "flow:count:{{app_id}}:{{device_id}}:{{ip}}:{{yyyyMMddHH}}"
-window = "1h"
-
-[[counters]]
-name = "minute"
-dimensions = ["ip"]
-key = "minute:{{ip}}:{{yyyyMMddHHmm}}"
-window = "1m"
-
-[[counters]]
-name = "daily"
-dimensions = ["app_id"]
-key = "daily:{{app_id}}:{{yyyyMMdd}}"
-window = "1d"
-
-{limits}
-
-[[request.quotas]]
-name = "flash"
-size = 100
-once_per_user = true
-ttl = "1h"
-"#,
-        url = redis.url()
-    )
+    assert!(
+        example.contains(&limits),
+        "the [[request.limits]] block the docs show is not config/example.toml's:\n{limits}"
+    );
+    assert_eq!(
+        example.matches(SHIPPED_REDIS).count(),
+        1,
+        "config/example.toml names its Redis as {SHIPPED_REDIS}"
+    );
+    example.replace(SHIPPED_REDIS, &format!("url = \"{}\"", redis.url()))
 }
 
 /// How an example is run, chosen by the first word of its command.
@@ -127,6 +136,7 @@ enum Kind {
     Excluded(&'static str),
     Curl,
     Tally,
+    RedisCli,
 }
 
 fn kind(command: &str) -> Option<Kind> {
@@ -136,6 +146,7 @@ fn kind(command: &str) -> Option<Kind> {
     match command.split_whitespace().next()? {
         "curl" => Some(Kind::Curl),
         "tally" => Some(Kind::Tally),
+        "redis-cli" => Some(Kind::RedisCli),
         _ => None,
     }
 }
@@ -144,6 +155,8 @@ fn kind(command: &str) -> Option<Kind> {
 /// and the placeholders earlier answers bound to real values.
 struct Bench {
     port: u16,
+    /// The test's Redis, for `redis-cli` examples (which name none: the reader's is local).
+    redis_url: String,
     config_path: PathBuf,
     bindings: BTreeMap<String, String>,
 }
@@ -167,6 +180,7 @@ impl Bench {
                 self.tally_held(&command)
             }
             Kind::Tally => self.tally(&command, &example.answers),
+            Kind::RedisCli => self.redis_cli(&command, &example.answers),
         }
     }
 
@@ -214,21 +228,44 @@ impl Bench {
     /// The tally example's command line for the built binary and the test's configuration.
     fn tally_command(&self, command: &str) -> Result<String, String> {
         let rest = command.strip_prefix("tally ").expect("a tally command");
-        if !rest.contains("--config tally.toml") {
+        if rest == "version" {
+            return Ok(format!("{} version", env!("CARGO_BIN_EXE_tally")));
+        }
+        if !CONFIG_NAMES.iter().any(|n| rest.contains(n)) {
             return Err(
-                "a tally example needs `--config tally.toml` to reach the test's Redis: \
-                        add it, or exclude the example"
+                "a tally example needs `--config config/example.toml` (or the reader's \
+                 `--config tally.toml`) to reach the test's Redis: add it, or exclude the example"
                     .into(),
             );
         }
         let config = format!("--config {}", self.config_path.display());
-        let rest = rest.replace("--config tally.toml", &config);
+        let rest = CONFIG_NAMES
+            .iter()
+            .fold(rest.to_string(), |r, n| r.replace(n, &config));
         Ok(format!("{} {rest}", env!("CARGO_BIN_EXE_tally")))
     }
 
     /// Run a tally example; it must exit 0 and print what the README shows, if anything.
     fn tally(&mut self, command: &str, shown: &[String]) -> Result<(), String> {
         let stdout = shell(&self.tally_command(command)?, &[])?;
+        let answer = Answer {
+            status: None,
+            headers: Vec::new(),
+            body: stdout,
+        };
+        answer.check(shown, &mut self.bindings)
+    }
+
+    /// Run a redis-cli example against the test's Redis; it must exit 0 and print what the
+    /// page shows, if anything.
+    fn redis_cli(&mut self, command: &str, shown: &[String]) -> Result<(), String> {
+        let rest = command
+            .strip_prefix("redis-cli ")
+            .expect("a redis-cli command");
+        let stdout = shell(&format!("redis-cli -u {} {rest}", self.redis_url), &[])?;
+        if stdout.starts_with("ERR") || stdout.contains("\nERR") {
+            return Err(format!("Redis answered an error: {stdout}"));
+        }
         let answer = Answer {
             status: None,
             headers: Vec::new(),
@@ -308,8 +345,7 @@ fn require_curl() {
 
 /// README.md, then every page of the docs site in `docs/SUMMARY.md` order: one text, as a
 /// reader goes through it (error lines count from the start of it). The lab notes
-/// (`benchmarks.md`) are history: their commands are past benchmark runs, each beside the figures
-/// it printed then, not examples to run against a live tally.
+/// (`docs/lab/`) are outside the book: their commands are past benchmark runs.
 fn documentation() -> String {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut text = std::fs::read_to_string(root.join("README.md")).expect("README.md");
@@ -322,7 +358,6 @@ fn documentation() -> String {
             let l = l.strip_prefix("- [").or_else(|| l.strip_prefix('['))?;
             Some(l.split("](").nth(1)?.trim_end_matches(')').to_string())
         })
-        .filter(|page| page != "benchmarks.md")
         .collect();
     assert!(pages.len() > 20, "pages of docs/SUMMARY.md: {pages:?}");
     for page in pages {
@@ -332,7 +367,38 @@ fn documentation() -> String {
                 .unwrap_or_else(|e| panic!("docs/{page}: {e}")),
         );
     }
+    text.push_str(&help_examples(
+        &std::fs::read_to_string(docs.join("reference/cli.md")).expect("reference/cli.md"),
+    ));
     text
+}
+
+/// The examples of every command's `--help` (`docs/reference/cli.md` is their text, checked
+/// against the binary by the docs-site test), as one shell block: the lines after `Example:` or
+/// `Examples:` that start with a command, `;`-separated commands apart.
+fn help_examples(cli: &str) -> String {
+    let mut block = String::from("\n```sh\n");
+    let mut in_examples = false;
+    for line in cli.lines() {
+        if matches!(line, "Example:" | "Examples:") {
+            in_examples = true;
+            continue;
+        }
+        if line.trim().is_empty() || line.starts_with("```") {
+            in_examples = false;
+            continue;
+        }
+        let command = line.trim();
+        if in_examples && (command.starts_with("tally ") || command.starts_with("TALLY_")) {
+            for one in command.split("; ") {
+                block.push_str(one);
+                block.push('\n');
+            }
+        }
+    }
+    block.push_str("```\n");
+    assert!(block.lines().count() > 15, "--help examples: {block}");
+    block
 }
 
 #[test]
@@ -357,6 +423,7 @@ fn every_readme_example_runs_and_answers_as_shown() {
 
     let mut bench = Bench {
         port: server.port,
+        redis_url: redis.url(),
         config_path: config_path.clone(),
         bindings: BTreeMap::new(),
     };

@@ -266,7 +266,7 @@ async fn a_limits_file_rewritten_under_traffic_applies_within_two_seconds() {
 
 /// The harness picks free ports, which another test's connection can take before Envoy binds
 /// them; that Envoy exits at once, and the harness starts it again on new ports (before, it
-/// waited 60 s for it to be ready and failed the test: seen once, session 21).
+/// waited 60 s for it to be ready and failed the test: seen once).
 #[test]
 fn an_envoy_whose_port_is_taken_is_started_again_on_new_ports() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

@@ -47,13 +47,15 @@ const CHARGE: &str =
       hits_addend: {format: \"%DYNAMIC_METADATA(llm:output_tokens)%\"}
 ";
 
-/// The guide's prepay → refund descriptors (`is_negative_hits`), as entries of the route's
-/// `rate_limits`, keyed by `x-rf-user` (so that the other phases' requests never reach them).
+/// The guide's prepay → refund descriptors (`is_negative_hits`): the entries of its
+/// `RateLimitPerRoute`'s `rate_limits`, keyed by `x-rf-user` (so that the other phases'
+/// requests never reach them).
 fn guide_prepay() -> String {
-    guide_yaml("### Or prepay, then refund", "rate_limits:")
+    guide_yaml("### Or prepay, then refund", "typed_per_filter_config:")
         .lines()
+        .skip_while(|l| l.trim() != "rate_limits:")
         .skip(1)
-        .map(|l| format!("    {}\n", l.replace("x-user", "x-rf-user")))
+        .map(|l| format!("{}\n", l.replace("x-user", "x-rf-user")))
         .collect()
 }
 

@@ -123,9 +123,10 @@ impl tonic::codec::Decoder for Empty {
     }
 }
 
-/// The port's limits: with `rls.max_connections = 2`, a third connection is closed as it is
-/// accepted (no HTTP/2 settings sent); a peer that never answers the keep-alive PING loses its
-/// connection (its slot is then free), while a live client, which answers, keeps its own.
+/// The port's limits: a peer that never answers the keep-alive PING loses its connection (its
+/// slot is then free), while a live client, which answers, keeps its own; with
+/// `rls.max_connections = 2` held by clients that made calls, a third connection is closed as it
+/// is accepted (no HTTP/2 settings sent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_are_capped_and_silent_peers_are_dropped() {
     use std::time::{Duration, Instant};
@@ -195,13 +196,6 @@ async fn connections_are_capped_and_silent_peers_are_dropped() {
     );
     let held = Instant::now();
 
-    let mut third = connect().await;
-    assert_eq!(
-        until_closed(&mut third, Duration::from_secs(5)).await,
-        Some(0),
-        "over rls.max_connections: closed at once, nothing served"
-    );
-
     let sent = until_closed(&mut silent, Duration::from_secs(15))
         .await
         .expect("the silent peer is dropped after its unanswered PING");
@@ -221,6 +215,15 @@ async fn connections_are_capped_and_silent_peers_are_dropped() {
         call(&mut again).await.unwrap(),
         "the freed slot serves a new client"
     );
+    // Both slots serve clients that made calls: none is closed to make room, one more is closed
+    // as it is accepted.
+    let mut third = connect().await;
+    assert_eq!(
+        until_closed(&mut third, Duration::from_secs(5)).await,
+        Some(0),
+        "over rls.max_connections: closed at once, nothing served"
+    );
+    assert!(call(&mut live).await.unwrap() && call(&mut again).await.unwrap());
 }
 
 /// Peers that connect and send nothing (not even the HTTP/2 preface: hyper has no deadline for
@@ -310,8 +313,9 @@ async fn idle_and_unauthenticated_peers_cannot_hold_the_slots() {
     }
 }
 
-/// One peer address holds at most `rls.max_connections_per_peer`; more from it are closed as
-/// they are accepted while the slots stay free for other hosts (here: once it lets go).
+/// One peer address holds at most `rls.max_connections_per_peer`; with all of them serving
+/// calls, more from it are closed as they are accepted while the slots stay free for other hosts
+/// (here: once it lets go).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_peer_holds_at_most_its_share() {
     use std::time::Duration;
@@ -327,8 +331,17 @@ async fn one_peer_holds_at_most_its_share() {
         None,
         "max_connections_per_peer = 2",
     );
-    let first = rls.client().await;
-    let second = rls.client().await;
+    // Two clients that made calls (a connection without one would be closed to make room).
+    let (mut first, mut second) = (rls.client().await, rls.client().await);
+    for c in [&mut first, &mut second] {
+        c.should_rate_limit(RateLimitRequest {
+            domain: "api".into(),
+            descriptors: vec![descriptor(&[("user", &unique("per-peer"))], None)],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap();
+    }
     let mut third = tokio::net::TcpStream::connect(("127.0.0.1", rls.port))
         .await
         .unwrap();
@@ -342,4 +355,85 @@ async fn one_peer_holds_at_most_its_share() {
     // Its places come back as its connections close.
     let again = tokio::time::timeout(Duration::from_secs(10), rls.client()).await;
     assert!(again.is_ok(), "served again once it let go");
+}
+
+/// Silent peers holding every slot (8, two from each of four addresses, each at its
+/// `max_connections_per_peer`) make room for a client from a fifth address at once, long before
+/// `rls.first_call_timeout` (here a minute) would close them: the oldest is closed, and the
+/// client's calls are answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_peers_make_room_for_a_client_at_once() {
+    use std::time::{Duration, Instant};
+    use tokio::io::AsyncReadExt as _;
+
+    let redis = LocalRedis::start(&[]).unwrap();
+    let dir = limits_dir("room");
+    std::fs::write(dir.join("api.yaml"), API).unwrap();
+    let rls = Rls::start_with(
+        &redis,
+        &dir,
+        "rls-room",
+        None,
+        "max_connections = 8\nmax_connections_per_peer = 2\nfirst_call_timeout = \"60s\"",
+    );
+    // The port is up once a client connects; it leaves again (its slot is given back).
+    drop(rls.client().await);
+    let metric = "tally_port_connections{port=\"rls\"}";
+    assert!(
+        tally_testkit::wait::wait_until(Duration::from_secs(10), || rls.tally.metric(metric)
+            == Some(0.0)),
+        "the first client's connection closed"
+    );
+    // Two silent connections from each of four addresses (the per-peer cap): every slot.
+    let mut silent = Vec::new();
+    for host in 2..=5 {
+        for _ in 0..2 {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(([127, 0, 0, host], 0).into()).unwrap();
+            let s = socket
+                .connect(([127, 0, 0, 1], rls.port).into())
+                .await
+                .unwrap();
+            silent.push(s);
+        }
+    }
+    assert!(
+        rls.tally.wait_metric(metric, 8.0, Duration::from_secs(10)),
+        "the silent peers hold every slot: {:?}",
+        rls.tally.metric(metric)
+    );
+    let started = Instant::now();
+    let mut client = tokio::time::timeout(Duration::from_secs(5), rls.client())
+        .await
+        .expect("a client served while silent peers held the port");
+    let answer = client
+        .should_rate_limit(RateLimitRequest {
+            domain: "api".into(),
+            descriptors: vec![descriptor(&[("user", &unique("room"))], None)],
+            hits_addend: 0,
+        })
+        .await
+        .unwrap();
+    assert_eq!(answer.into_inner().overall_code, Code::Ok as i32);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match silent[0].read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the oldest silent peer was closed");
+    assert!(
+        rls.tally
+            .metric("tally_port_connections_evicted_total{port=\"rls\"}")
+            >= Some(1.0)
+    );
 }

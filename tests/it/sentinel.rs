@@ -5,7 +5,8 @@
 //! each failover takes are admitted again within a few seconds, from the new primary; with
 //! `durability = { replicas = 1 }` no admission is lost: the quota's count in Redis is at least
 //! the admissions, and at most the admissions plus the takes that failed (which may have run).
-//! A frozen sentinel (SIGSTOP) does not slow finding the primary while the others agree.
+//! A frozen sentinel (SIGSTOP) does not slow finding the primary while the others agree; two
+//! that disagree are decided by their configuration epochs, never by who answered first.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -243,4 +244,78 @@ size = 1000000
         promoted, r,
         "the first sentinel names {promoted}, not the replica"
     );
+}
+
+/// Two sentinels that disagree and a third that does not answer: one missed a failover and
+/// still names the deposed primary (which, cut off from the sentinels but not from tally, still
+/// says `ROLE master`); the other names the promoted replica with a newer configuration epoch.
+/// Neither is a majority, and every take goes to the promoted replica whichever answers first
+/// (the stale one is listed first, so it usually does).
+#[test]
+fn a_tie_between_sentinels_goes_to_the_newest_epoch() {
+    let deposed = LocalRedis::start(&[]).unwrap();
+    let d: u16 = deposed.url().rsplit(':').next().unwrap().parse().unwrap();
+    let old = LocalRedis::start(&[]).unwrap();
+    let o: u16 = old.url().rsplit(':').next().unwrap().parse().unwrap();
+    let r = free_port().unwrap();
+    let _replica = LocalRedis::start_on(r, &["--replicaof", "127.0.0.1", &o.to_string()]).unwrap();
+    // Sentinel 0 watches the deposed primary; sentinel 1 fails `old` over to its replica.
+    let sentinels = Sentinels::each_alone(&[d, o]);
+    // Refused (`NOGOODSLAVE`) until the sentinel has seen the replica up and in sync.
+    wait_until("sentinel 1 fails over", Duration::from_secs(30), || {
+        cli(sentinels.ports[1], &["SENTINEL", "FAILOVER", "mymaster"]).contains("OK")
+    });
+    wait_until(
+        "sentinel 1 names the replica",
+        Duration::from_secs(30),
+        || {
+            let named = cli(
+                sentinels.ports[1],
+                &["SENTINEL", "get-master-addr-by-name", "mymaster"],
+            );
+            named.lines().nth(1).map(str::trim) == Some(&r.to_string())
+                && cli(r, &["ROLE"]).starts_with("master")
+        },
+    );
+    let (stale, honest) = (sentinels.epoch(0).unwrap(), sentinels.epoch(1).unwrap());
+    assert!(stale < honest, "epochs: stale {stale}, honest {honest}");
+    // The third sentinel: a port nobody listens on.
+    let silent = free_port().unwrap();
+    let config = format!(
+        r#"[redis]
+mode = "sentinel"
+sentinels = ["redis://127.0.0.1:{}", "redis://127.0.0.1:{}", "redis://127.0.0.1:{silent}"]
+master_name = "mymaster"
+[[request.quotas]]
+name = "seats"
+size = 1000000
+"#,
+        sentinels.ports[0], sentinels.ports[1]
+    );
+    let tally = TallyProcess::start_command_with_http("serve", &config, "sentinel-tie", "");
+    let client = Client::new(Duration::from_secs(10));
+    for n in 0..10 {
+        // A connection per take: each one asks the sentinels again.
+        cli(r, &["CLIENT", "KILL", "TYPE", "normal"]);
+        cli(d, &["CLIENT", "KILL", "TYPE", "normal"]);
+        let body = format!(r#"{{"quota":"seats","user":"u{n}"}}"#);
+        let admitted = wait_for_admission(&client, tally.port, &body);
+        assert!(
+            admitted,
+            "take {n} not admitted in 10 s; log: {}",
+            tally.log()
+        );
+    }
+    let keys = |port: u16| cli(port, &["DBSIZE"]).trim().parse::<u64>().unwrap();
+    assert_eq!(keys(d), 0, "a take went to the deposed primary");
+    assert!(keys(r) > 0, "no take reached the promoted replica");
+}
+
+/// Posts `body` until it is admitted (a take may fail while the connection is re-made).
+fn wait_for_admission(client: &Client, port: u16, body: &str) -> bool {
+    tally_testkit::wait::wait_until(Duration::from_secs(10), || {
+        client
+            .post_json(port, "/v1/quota", body)
+            .is_ok_and(|a| a.status == 200)
+    })
 }

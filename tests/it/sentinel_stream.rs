@@ -77,7 +77,7 @@ fn sentinel_failovers_with_lag_and_sigkills_count_exactly() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(ROUNDS);
-    // librdkafka's mock cluster. tansu was tried (session 14): its group coordinator moved
+    // librdkafka's mock cluster. tansu was tried: its group coordinator moved
     // the partitions between tally's two lanes every 1-3 s with nothing failing, so catching
     // up took 3-6 s before any failover.
     let broker = BrokerProcess::start(&[(topic, PARTITIONS)]);

@@ -187,6 +187,60 @@ fn the_http_port_over_mutual_tls_with_certificates_rotated_by_their_files() {
     );
 }
 
+/// A rotation that rewrites the certificate and then the key in place (no rename), 300 ms apart,
+/// read every 100 ms: a read between the two finds a key that is not the certificate's, and the
+/// files are read again before that counts: the new certificate is put in force, no error.
+#[test]
+fn certificate_and_key_rewritten_in_place_load_without_an_error() {
+    let redis = LocalRedis::start(&[]).unwrap();
+    let dir = scratch("in-place");
+    let (a, b) = (
+        Pki::create(&dir, "a").unwrap(),
+        Pki::create(&dir, "b").unwrap(),
+    );
+    let served = Served::new(&dir, &a);
+    let config = format!("[redis]\nurl = \"{}\"\n", redis.url());
+    let tally = TallyProcess::start_command_with_http(
+        "serve",
+        &config,
+        "tls-in-place",
+        &served.toml("100ms"),
+    );
+    let port = tally.port;
+    assert!(
+        wait_until(Duration::from_secs(30), || curl(
+            port,
+            "/health/live",
+            &a.ca,
+            Some(&a)
+        )
+        .is_some()),
+        "https never answered; log: {}",
+        tally.log()
+    );
+    std::fs::write(&served.cert, std::fs::read(&b.server.cert).unwrap()).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::write(&served.key, std::fs::read(&b.server.key).unwrap()).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || curl(
+            port,
+            "/health/live",
+            &b.ca,
+            Some(&a)
+        )
+        .is_some()),
+        "the rewritten certificate was not put in force; log: {}",
+        tally.log()
+    );
+    // Over b's certificate, now in force (the client's is still a's).
+    let errors = curl(port, "/metrics", &b.ca, Some(&a)).and_then(|t| {
+        Scrape::parse(&t).value(r#"tally_tls_reloads_total{port="http",result="error"}"#)
+    });
+    let log = tally.log();
+    assert_eq!(errors, Some(0.0), "{log}");
+    assert!(!log.contains("ERROR"), "{log}");
+}
+
 #[test]
 fn a_bad_certificate_file_fails_start_up_naming_the_setting() {
     let dir = scratch("bad");

@@ -1,4 +1,4 @@
-//! `tally-bench`: the benchmark of issue 5. One command, one run, every figure side by side:
+//! `tally-bench`: the project benchmark. One command, one run, every figure side by side:
 //!
 //! ```sh
 //! cargo run --release --bin tally-bench -- [--quick]
@@ -18,10 +18,10 @@
 //!
 //! Every measured component runs in its own process (this binary re-executed in a hidden role),
 //! so CPU time and peak RSS are per process: the broker (librdkafka's mock cluster) never counts
-//! against the consumer it serves. Methods and results: `docs/benchmarks.md`.
+//! against the consumer it serves. Methods and results: `docs/lab/benchmarks.md`.
 //!
 //! With `--cluster`, part 2 also runs against a local Redis Cluster of 3 primaries, and the
-//! report puts both side by side (issue 4).
+//! report puts both side by side.
 //!
 //! Layout: `main.rs` (command line, workloads, the benchmark's tally config) → `orchestrate.rs`
 //! (the parent: starts the broker and Redis, runs every part, collects results) → `report/`
@@ -60,7 +60,10 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "tally-bench", about = "tally's benchmark (issue 5)")]
+#[command(
+    name = "tally-bench",
+    about = "tally's benchmark: the stream path against a bare consumer, the request path, the RLS port"
+)]
 pub struct Cli {
     #[command(subcommand)]
     role: Option<Role>,
@@ -136,13 +139,13 @@ pub enum Role {
     #[command(hide = true)]
     Pipeline(PipelineArgs),
     /// What reading events as users write them costs the consumer loop: nested JSON through
-    /// `[decode.fields]`, and CEL counter filters (`docs/benchmarks.md`).
+    /// `[decode.fields]`, and CEL counter filters (`docs/lab/benchmarks.md`).
     Events(Rounds),
     /// The benchmark gate of CI: tally end to end against a bare consumer, from process start,
     /// alternating rounds; fails below the given floors (`gate.rs`).
     Gate(gate::GateArgs),
     /// The stream-side cost of window results: decode → aggregate → flush with the
-    /// counter's `output` off and on, alternating rounds (issue 21; `docs/benchmarks.md`).
+    /// counter's `output` off and on, alternating rounds (`docs/lab/benchmarks.md`).
     Outputs(Rounds),
     /// RSS of the aggregator holding `keys` distinct pending keys.
     #[command(hide = true)]

@@ -1,4 +1,4 @@
-//! `tally-bench outputs`: the stream-side cost of window results (issue 21). The same messages
+//! `tally-bench outputs`: the stream-side cost of window results. The same messages
 //! go through decode → aggregate → flush to a fresh redis-server (the product's aggregator and
 //! flush script, as part 3 with flushes), alternately with the counter's `output` off and on
 //! (on: every unit carries its partition's highest event time and the script records it with

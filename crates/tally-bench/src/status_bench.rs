@@ -1,4 +1,4 @@
-//! `tally-status-bench`: what the status page costs (issue 22): its weight (`GET /` and one
+//! `tally-status-bench`: what the status page costs: its weight (`GET /` and one
 //! `GET /v1/status`), and the latency of `/v1/status` while `--pollers` pages are open, each
 //! fetching it once a second like the page does, against a constant route (`/health/live`)
 //! polled the same way in the same run, so the machine's own tail shows as such.

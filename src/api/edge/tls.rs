@@ -21,6 +21,12 @@ use tokio_util::sync::CancellationToken;
 use crate::config::TlsFiles;
 use crate::ops::metrics::RequestMetrics;
 
+/// How long after a read of the files that did not load they are read once more. A rotation
+/// that rewrites the certificate and then the key in place (not a new file renamed over the old)
+/// leaves them inconsistent for a moment: a key that is not the certificate's, a file half
+/// written. Only a second failure counts as an error.
+const SETTLE: Duration = Duration::from_secs(1);
+
 /// A connection of a port: plain TCP, or TLS over it.
 pub(crate) type Conn = Either<TcpStream, TlsStream<TcpStream>>;
 
@@ -90,26 +96,34 @@ impl Tls {
 
     /// Read the files again and put them in force if they changed and load; `forced` (SIGHUP)
     /// reloads even when the bytes are the same (a CA file replaced by a symlink swap reads the
-    /// same only by chance, but an operator asking gets a fresh load and a log line).
+    /// same only by chance, but an operator asking gets a fresh load and a log line). Files that
+    /// do not load are read once more after [`SETTLE`] before it counts as an error.
     fn reload(&self, forced: bool) {
-        let content = match read_all(self.port, &self.files) {
-            Ok(c) => c,
-            Err(e) => return self.refused(&e),
+        let error = match self.try_reload(forced) {
+            Ok(()) => return,
+            Err(e) => e,
         };
+        tracing::debug!(port = self.port, error = %error, "tls files not loaded; reading them again");
+        std::thread::sleep(SETTLE);
+        if let Err(e) = self.try_reload(forced) {
+            self.refused(&e);
+        }
+    }
+
+    /// One read of the files, put in force when they changed (or `forced`) and load.
+    fn try_reload(&self, forced: bool) -> Result<(), TlsError> {
+        let content = read_all(self.port, &self.files)?;
         if !forced && self.current.read().1 == content {
-            return;
+            return Ok(());
         }
-        match build(self.port, &self.files, &content, self.alpn) {
-            Ok(config) => {
-                *self.current.write() = (Arc::new(config), content);
-                self.metrics
-                    .tls_reloads
-                    .with_label_values(&[self.port, "ok"])
-                    .inc();
-                tracing::info!(port = self.port, "tls certificate files loaded");
-            }
-            Err(e) => self.refused(&e),
-        }
+        let config = build(self.port, &self.files, &content, self.alpn)?;
+        *self.current.write() = (Arc::new(config), content);
+        self.metrics
+            .tls_reloads
+            .with_label_values(&[self.port, "ok"])
+            .inc();
+        tracing::info!(port = self.port, "tls certificate files loaded");
+        Ok(())
     }
 
     fn refused(&self, e: &TlsError) {

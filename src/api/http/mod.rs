@@ -3,7 +3,10 @@
 //!
 //! The server defends itself (`listener.rs`): a connection must send its request headers within
 //! `http.header_timeout`, a request is answered within `http.request_timeout`, and at most
-//! `http.max_connections` are served at once. With `http.token` (or `http.token_file`) set,
+//! `http.max_connections` are served at once, `http.max_connections_per_peer` from one peer; a
+//! full port closes a connection that made no request with the token to make room.
+//! `http.probe_listen` serves the health endpoints alone, on connections of their own
+//! (`probe.rs`). With `http.token` (or `http.token_file`) set,
 //! `/v1/*` needs `Authorization: Bearer <token>`, and with `http.admin_token` destructive calls
 //! need that one (`auth.rs`); metrics, health and `/openapi.json` (the description of every
 //! route, `openapi/`) stay open for scrapers, probes and clients, and so does the status page
@@ -16,6 +19,7 @@ mod counters;
 pub(crate) mod listener;
 mod locks;
 mod openapi;
+mod probe;
 mod problem;
 mod request;
 mod schemas;
@@ -37,8 +41,10 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use futures::future::OptionFuture;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::edge::slots::{SlotLimits, Slots};
 use crate::api::edge::tls::Tls;
 use crate::api::query::{parse_time, Query};
 use crate::config::{HttpConfig, Tokens};
@@ -72,6 +78,7 @@ pub async fn serve(
         .await
         .with_context(|| format!("cannot listen on {addr}"))?;
     let local = listener.local_addr()?;
+    let probe = probe::bind(config).await?;
     let mut v1 = Router::new()
         .route("/v1/count", get(count_handler))
         .route("/v1/status", get(status_handler));
@@ -83,18 +90,23 @@ pub async fn serve(
             .merge(locks::routes(requests.clone()))
             .merge(request::routes(requests));
     }
+    let tokens = Arc::new(tokens);
     let gate = auth::Gate {
-        tokens,
+        tokens: Tokens::clone(&tokens),
         max_value: config.max_value,
     };
     v1 = v1.route_layer(middleware::from_fn_with_state(
         Arc::new(gate),
         auth::authorize,
     ));
+    let state = AppState {
+        metrics,
+        health,
+        query,
+    };
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
-        .route("/health/live", get(|| async { "ok\n" }))
-        .route("/health/ready", get(ready_handler))
+        .merge(health_routes())
         .route("/openapi.json", get(openapi::handler))
         .route("/", get(status::page))
         .merge(v1)
@@ -111,31 +123,52 @@ pub async fn serve(
             limit_time,
         ))
         .layer(middleware::from_fn_with_state(
-            metrics.request.clone(),
+            state.metrics.request.clone(),
             answers::count,
         ))
-        .with_state(AppState {
-            metrics,
-            health,
-            query,
-        });
+        .with_state(state.clone());
     let limits = listener::ConnLimits {
         header_timeout: config.header_timeout,
         request_timeout: config.request_timeout,
-        max_connections: config.max_connections,
         tls: tls.clone(),
+        tokens: tokens.clone(),
     };
+    let slots = Slots::new(
+        "http",
+        SlotLimits {
+            max: config.max_connections,
+            max_per_peer: config
+                .max_connections_per_peer
+                .unwrap_or(config.max_connections),
+            ipv6_prefix: config.ipv6_peer_prefix,
+        },
+        &state.metrics.request.connections,
+    );
     let watcher = tls.map(|tls| tls.watch(shutdown.clone()));
-    let server = listener::run(listener, app, limits, shutdown);
+    let probe = probe.map(|p| p.serve(config, state, tokens, shutdown.clone()));
+    let server = listener::run(listener, app, slots, limits, shutdown);
     let handle = tokio::spawn(async move {
-        let Some(watcher) = watcher else {
-            return server.await;
+        let probe = async move {
+            if let Some(probe) = probe {
+                probe.await;
+            }
         };
-        if let (_, Err(e)) = tokio::join!(server, watcher) {
-            tracing::error!(error = %e, "http: the tls reloader stopped");
-        }
+        let watcher = async move {
+            if let Some(Err(e)) = OptionFuture::from(watcher).await {
+                tracing::error!(error = %e, "http: the tls reloader stopped");
+            }
+        };
+        tokio::join!(server, watcher, probe);
     });
     Ok((local, handle))
+}
+
+/// `/health/live` (the process answers) and `/health/ready`: on the port, and alone on
+/// `http.probe_listen`.
+fn health_routes() -> Router<AppState> {
+    Router::new()
+        .route("/health/live", get(|| async { "ok\n" }))
+        .route("/health/ready", get(ready_handler))
 }
 
 /// Answer 503 when a request takes longer than `limit`.

@@ -36,6 +36,7 @@ mod spread;
 
 pub use crate::config::limits::{Limits, LimitsError, Rule, Unit};
 
+use crate::api::edge::slots::{SlotLimits, Slots};
 use crate::api::edge::tls::Tls;
 use crate::config::{RlsConfig, Spread, Tokens};
 use crate::ops::metrics::Metrics;
@@ -196,15 +197,22 @@ pub async fn serve(
         admitted: Default::default(),
         tokens,
     };
+    let slots = Slots::new(
+        "rls",
+        SlotLimits {
+            max: config.max_connections,
+            max_per_peer: config.max_connections_per_peer,
+            ipv6_prefix: config.ipv6_peer_prefix,
+        },
+        &metrics.request.connections,
+    );
     let conn_limits = server::GrpcLimits {
-        max_connections: config.max_connections,
         keepalive_interval: config.keepalive_interval,
         keepalive_timeout: config.keepalive_timeout,
         first_call_timeout: config.first_call_timeout,
-        max_connections_per_peer: config.max_connections_per_peer,
         tls: tls.clone(),
     };
-    let server = server::run(listener, routes, conn_limits, shutdown.clone());
+    let server = server::run(listener, routes, slots, conn_limits, shutdown.clone());
     let tls_watch = tls.map(|tls| tls.watch(shutdown.clone()));
     let server = async move {
         let Some(watch) = tls_watch else {

@@ -5,7 +5,7 @@
 //! percent-decoded into the request's extensions), inserts the peer's address, wraps a timeout
 //! and load-shedding layers and boxes the request and response bodies again; measured with the
 //! RLS bench's counting allocator that was ~15 of ~84 allocations per decision and several
-//! per cent of the server's CPU (docs/benchmarks.md, issue 26). What `ShouldRateLimit` needs
+//! per cent of the server's CPU (docs/lab/benchmarks.md). What `ShouldRateLimit` needs
 //! is one path match.
 
 use std::convert::Infallible;
@@ -26,7 +26,8 @@ use tonic::server::NamedService;
 
 use super::Rls;
 use crate::api::edge::auth::{self, Access};
-use crate::api::edge::listener::{accept, PeerSlots, Slots};
+use crate::api::edge::listener::accept;
+use crate::api::edge::slots::Slots;
 use crate::api::edge::tls::{secure, Tls};
 use crate::api::rlqs::Rlqs;
 use crate::config::Tokens;
@@ -47,8 +48,9 @@ pub(super) struct Routes<H> {
     /// `grpc.health.v1.Health` (open, as `/health/*` is).
     pub health: H,
     /// Set once the connection made a call that passed the token check (with no token set:
-    /// any call); a connection without one by `first_call_timeout` is closed. One per
-    /// connection (the routes are cloned per connection).
+    /// any call); a connection without one by `first_call_timeout` is closed, and may be closed
+    /// before to make room on a full port. One per connection (its slot's; the routes are
+    /// cloned per connection).
     pub admitted: Arc<AtomicBool>,
     /// Who may call the rate limit service: with `http.token` set, a caller sending
     /// `authorization: Bearer <http.token>` (or `http.admin_token`) as gRPC metadata. The
@@ -156,16 +158,12 @@ impl<H: GrpcService> hyper::service::Service<http::Request<Incoming>> for Routes
 
 /// How much the port's clients may take; from `rls.*`.
 pub(super) struct GrpcLimits {
-    /// Connections served at once.
-    pub max_connections: usize,
     /// A silent connection is PINGed after this long...
     pub keepalive_interval: Duration,
     /// ...and closed when the PING is not answered within this.
     pub keepalive_timeout: Duration,
     /// A connection must have made an admitted call by then, or it is closed.
     pub first_call_timeout: Duration,
-    /// Connections served at once from one peer address.
-    pub max_connections_per_peer: usize,
     /// TLS on the port (`[rls.tls]`); the handshake counts in `first_call_timeout`.
     pub tls: Option<Arc<Tls>>,
 }
@@ -175,14 +173,10 @@ pub(super) struct GrpcLimits {
 pub(super) async fn run<H: GrpcService>(
     listener: TcpListener,
     routes: Routes<H>,
+    slots: Arc<Slots>,
     limits: GrpcLimits,
     stop: CancellationToken,
 ) -> anyhow::Result<()> {
-    let slots = Slots::new(limits.max_connections, "rls.max_connections");
-    let peers = PeerSlots::new(
-        limits.max_connections_per_peer,
-        "rls.max_connections_per_peer",
-    );
     let mut http = http2::Builder::new(TokioExecutor::new());
     http.timer(TokioTimer::new())
         .keep_alive_interval(limits.keepalive_interval)
@@ -191,32 +185,31 @@ pub(super) async fn run<H: GrpcService>(
     let (open, mut closed) = tokio::sync::mpsc::channel::<()>(1);
     let log = LogLimiter::new();
     loop {
-        let Some(stream) = accept(&listener, &stop, &log, "rls").await else {
+        let Some((stream, peer)) = accept(&listener, &stop, &log, "rls").await else {
             break;
         };
-        let Some(peer) = stream
-            .peer_addr()
-            .ok()
-            .and_then(|a| peers.take(a.ip(), &log))
-        else {
-            continue;
-        };
-        let Some(permit) = slots.take(&log) else {
+        // Refused: closed without a byte written (a TLS client sees the connection close, not
+        // a record it cannot read).
+        let Ok(slot) = slots.take(peer.ip()) else {
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let admitted = Arc::new(AtomicBool::new(false));
+        let (admitted, evicted) = (slot.admitted(), slot.evicted());
         let mut routes = routes.clone();
         routes.admitted = admitted.clone();
         let (stop, open, http) = (stop.clone(), open.clone(), http.clone());
         let (first_call, tls) = (limits.first_call_timeout, limits.tls.clone());
         tokio::spawn(async move {
-            let _held = (open, permit, peer);
+            let _held = (open, slot);
             // A peer that sends no preface, or never makes an admitted call, would hold its
             // slot for good (hyper has no deadline for the preface): closed at the deadline,
             // which the TLS handshake (in this task, not the accept loop) counts in.
             let deadline = tokio::time::Instant::now() + first_call;
-            let Some(stream) = secure(tls.as_deref(), stream, first_call).await else {
+            let stream = tokio::select! {
+                stream = secure(tls.as_deref(), stream, first_call) => stream,
+                _ = evicted.cancelled() => None,
+            };
+            let Some(stream) = stream else {
                 return;
             };
             let connection = http.serve_connection(TokioIo::new(stream), routes);
@@ -229,6 +222,11 @@ pub(super) async fn run<H: GrpcService>(
                     _ = stop.cancelled() => {
                         connection.as_mut().graceful_shutdown();
                         break tokio::time::timeout(DRAIN, connection).await.unwrap_or(Ok(()));
+                    }
+                    // Evicted only while it has made no admitted call: nothing in flight is lost.
+                    _ = evicted.cancelled() => {
+                        tracing::debug!("rls connection closed to make room");
+                        break Ok(());
                     }
                     _ = &mut deadline, if !admitted.load(Ordering::Relaxed) => {
                         if !admitted.load(Ordering::Relaxed) {

@@ -9,6 +9,7 @@
 //! connection), [`RecoveryMetrics`], then [`RequestMetrics`] and [`JobMetrics`].
 
 mod aggregate;
+mod connections;
 mod consumer;
 mod decode;
 mod jobs;
@@ -23,6 +24,7 @@ mod share;
 mod sink;
 
 pub use aggregate::AggregateMetrics;
+pub use connections::{ConnectionMetrics, Refusal};
 pub use consumer::{ConsumerMetrics, RebalanceKind};
 pub use decode::DecodeMetrics;
 pub use jobs::JobMetrics;

@@ -68,6 +68,8 @@ pub struct RequestMetrics {
     pub http_answers: IntCounterVec,
     /// Time to answer one HTTP request, by route.
     pub http_duration: HistogramVec,
+    /// The ports' connections: held, refused, closed to make room.
+    pub connections: super::ConnectionMetrics,
 }
 
 impl RequestMetrics {
@@ -103,6 +105,7 @@ impl RequestMetrics {
         .expect("static metric");
         let deferred = super::register(registry, deferred, "counter");
         let m = RequestMetrics {
+            connections: super::ConnectionMetrics::new(registry),
             deferred,
             http_duration,
             http_answers: vec(

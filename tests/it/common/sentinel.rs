@@ -20,17 +20,45 @@ impl Sentinels {
     /// Three sentinels monitoring the primary on `primary`, which has `replicas` replicas;
     /// returns once every sentinel knows the replicas and the other sentinels.
     pub fn start(primary: u16, replicas: u32) -> Sentinels {
-        let dir =
-            std::env::temp_dir().join(format!("tally-sentinel-{}-{primary}", std::process::id()));
+        let sentinels = Sentinels::spawn(&[primary; 3], 2);
+        wait_until("sentinels ready", Duration::from_secs(30), || {
+            sentinels.ports.iter().all(|s| {
+                let master = cli(*s, &["SENTINEL", "master", "mymaster"]);
+                field(&master, "num-slaves") == Some(&replicas.to_string())
+                    && field(&master, "num-other-sentinels") == Some("2")
+            })
+        });
+        sentinels
+    }
+
+    /// One sentinel per entry of `primaries`, each alone (quorum 1) watching its own server as
+    /// `mymaster`: sentinels that disagree, as one cut off from the others during a failover does.
+    pub fn each_alone(primaries: &[u16]) -> Sentinels {
+        let sentinels = Sentinels::spawn(primaries, 1);
+        wait_until("sentinels ready", Duration::from_secs(30), || {
+            sentinels.ports.iter().all(|s| {
+                let master = cli(*s, &["SENTINEL", "master", "mymaster"]);
+                field(&master, "flags") == Some("master")
+            })
+        });
+        sentinels
+    }
+
+    fn spawn(primaries: &[u16], quorum: u32) -> Sentinels {
+        let dir = std::env::temp_dir().join(format!(
+            "tally-sentinel-{}-{}",
+            std::process::id(),
+            primaries[0]
+        ));
         std::fs::create_dir_all(&dir).unwrap();
-        let ports: Vec<u16> = (0..3).map(|_| free_port().unwrap()).collect();
+        let ports: Vec<u16> = primaries.iter().map(|_| free_port().unwrap()).collect();
         let mut children = Vec::new();
-        for port in &ports {
+        for (port, primary) in ports.iter().zip(primaries) {
             let conf = dir.join(format!("sentinel-{port}.conf"));
             std::fs::write(
                 &conf,
                 format!(
-                    "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {primary} 2\nsentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 3000\n",
+                    "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor mymaster 127.0.0.1 {primary} {quorum}\nsentinel down-after-milliseconds mymaster 1000\nsentinel failover-timeout mymaster 3000\n",
                     dir.display()
                 ),
             )
@@ -44,19 +72,17 @@ impl Sentinels {
                     .unwrap(),
             );
         }
-        let sentinels = Sentinels {
+        Sentinels {
             children,
             ports,
             dir,
-        };
-        wait_until("sentinels ready", Duration::from_secs(30), || {
-            sentinels.ports.iter().all(|s| {
-                let master = cli(*s, &["SENTINEL", "master", "mymaster"]);
-                field(&master, "num-slaves") == Some(&replicas.to_string())
-                    && field(&master, "num-other-sentinels") == Some("2")
-            })
-        });
-        sentinels
+        }
+    }
+
+    /// The configuration epoch sentinel `i` has for `mymaster`.
+    pub fn epoch(&self, i: usize) -> Option<u64> {
+        let master = cli(self.ports[i], &["SENTINEL", "master", "mymaster"]);
+        field(&master, "config-epoch")?.parse().ok()
     }
 
     /// Stop (SIGSTOP) sentinel `i`: it keeps its port open and answers nothing, as a sentinel

@@ -1,4 +1,4 @@
-//! `tally-boundary-bench`: what a window boundary does to every client of a Redis (issue 27).
+//! `tally-boundary-bench`: what a window boundary does to every client of a Redis.
 //! One run, one `redis-server`, spread off then on:
 //!
 //! ```sh
@@ -83,7 +83,7 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    println!("# tally boundary benchmark (issue 27)\n");
+    println!("# tally boundary benchmark\n");
     println!(
         "{} keys per window, windows of {} s, retention {} s, {} boundaries per mode, {} request tasks\n",
         cli.keys, cli.window, cli.retention, cli.boundaries, cli.tasks

@@ -1,7 +1,7 @@
 //! The report: every figure as a Markdown table, then the other results and the targets.
 //!
 //! `parts.rs` (the main table, parts 1 to 4), `scaling.rs` and `cluster.rs` (part 2 in other
-//! shapes and on a cluster), `targets.rs` (issue 14's targets); `fmt.rs` formats numbers and
+//! shapes and on a cluster), `targets.rs` (the targets of the speed plan); `fmt.rs` formats numbers and
 //! prints tables for all of them. Everything read comes from `crate::results`.
 
 mod cluster;

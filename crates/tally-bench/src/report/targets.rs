@@ -1,4 +1,4 @@
-//! The targets of issue 14, each met or a measured gap with what bounds it.
+//! The speed targets, each met or a measured gap with what bounds it.
 
 use super::fmt::{ms, per_million, thousands};
 use crate::e2e::{E2e, Shape};
@@ -36,7 +36,7 @@ fn shape_label(s: Shape) -> String {
 }
 
 pub fn print_targets(m: &Machine, results: &[VariantResults], mem: &MemResult, lat: &Latency) {
-    println!("### Targets (issue 14)\n");
+    println!("### Targets\n");
     for r in results {
         print_throughput(r, m.cores);
     }

@@ -1,4 +1,4 @@
-//! `tally-rls-bench`: Envoy's rate limit service (issue 26), side by side in one run:
+//! `tally-rls-bench`: Envoy's rate limit service, side by side in one run:
 //!
 //! ```sh
 //! cargo run --release -p tally-bench --bin tally-rls-bench -- [--quick]
@@ -197,7 +197,7 @@ fn main() -> anyhow::Result<()> {
         cli.server_workers,
         (cli.batch, None, 0),
     )?;
-    println!("# tally RLS benchmark (issue 26)\n");
+    println!("# tally RLS benchmark\n");
     println!(
         "{} cores, load average at start {}; phases of {phase:?}; {} callers over {} gRPC channels; offered rate {}/s, {} arrivals; server workers {}; client workers {}; batch {}; allocator {}\n",
         std::thread::available_parallelism().map_or(0, |n| n.get()),

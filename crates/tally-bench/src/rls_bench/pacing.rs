@@ -5,8 +5,8 @@
 //! callers wake on millisecond ticks: 20,000 calls/s arrive as bursts of about 20. The other
 //! two spacings come from a pacer thread (its own OS thread, timer slack 1 µs, sleeping between
 //! due times, never spinning: it shares the 2 cores) that hands each due time to the callers in
-//! turn, at that time: evenly or as a Poisson process. Measured in session 10
-//! (docs/benchmarks.md): on these 2 cores the pacer's 20,000 cross-thread wake-ups a second
+//! turn, at that time: evenly or as a Poisson process. Measured
+//! (docs/lab/benchmarks.md): on these 2 cores the pacer's 20,000 cross-thread wake-ups a second
 //! cost the client more CPU than the bursts cost the tail, so the ticks stay the default.
 
 use std::time::{Duration, Instant};

@@ -51,32 +51,22 @@ impl Sentinel {
     /// their answers are counted as they come: once a majority of the configured sentinels
     /// names one address, the rest are not waited for (a frozen or unreachable sentinel costs
     /// nothing then); otherwise every answer is waited for, each at most half the connect
-    /// timeout. The addresses named are tried most named first, and the first whose `ROLE` is
-    /// `master` wins.
+    /// timeout. The addresses are tried in [`ranked`] order and the first whose `ROLE` is
+    /// `master` wins: which sentinel answered first never decides.
     pub(super) async fn connect(&self) -> RedisResult<MultiplexedConnection> {
         let majority = self.sentinels.len() / 2 + 1;
         let mut asks: FuturesUnordered<_> = self.sentinels.iter().map(|s| self.ask(s)).collect();
-        let mut candidates: Vec<(String, u16, usize)> = Vec::new();
+        let mut answers: Vec<Named> = Vec::new();
         while let Some(answer) = asks.next().await {
-            let Some((host, port)) = answer else { continue };
-            let named = match candidates.iter_mut().find(|c| c.0 == host && c.1 == port) {
-                Some(c) => {
-                    c.2 += 1;
-                    c.2
-                }
-                None => {
-                    candidates.push((host, port, 1));
-                    1
-                }
-            };
-            if named >= majority {
+            let Some(named) = answer else { continue };
+            let agreeing = 1 + answers.iter().filter(|a| a.addr == named.addr).count();
+            answers.push(named);
+            if agreeing >= majority {
                 break;
             }
         }
-        // Stable: among equals, the first to answer.
-        candidates.sort_by_key(|c| std::cmp::Reverse(c.2));
         let mut last = None;
-        for (host, port, _) in candidates {
+        for (host, port) in ranked(&answers) {
             match self.primary_at(&host, port).await {
                 Ok(conn) => return Ok(conn),
                 Err(e) => last = Some(e),
@@ -91,8 +81,9 @@ impl Sentinel {
         }))
     }
 
-    /// The address one sentinel names, if it answers in time and knows the name.
-    async fn ask(&self, sentinel: &Client) -> Option<(String, u16)> {
+    /// The address one sentinel names and the configuration epoch it has for the name, if it
+    /// answers in time and knows the name.
+    async fn ask(&self, sentinel: &Client) -> Option<Named> {
         let ask = async {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(self.timeout))
@@ -101,14 +92,26 @@ impl Sentinel {
                 .get_multiplexed_async_connection_with_config(&config)
                 .await
                 .ok()?;
-            let reply: Value = redis::cmd("SENTINEL")
+            // One round trip. `get-master-addr-by-name` is the address to use: it names the
+            // promoted replica as soon as the failover reconfigures the others, when
+            // `SENTINEL MASTER` still shows the old one; the epoch comes from the latter (the
+            // leader raises it at that same moment). A sentinel whose ACL refuses `MASTER`
+            // still names an address, with epoch 0.
+            let (addr, master): (Value, Value) = redis::pipe()
+                .cmd("SENTINEL")
                 .arg("get-master-addr-by-name")
+                .arg(&self.master_name)
+                .cmd("SENTINEL")
+                .arg("master")
                 .arg(&self.master_name)
                 .query_async(&mut conn)
                 .await
                 .ok()?;
-            let (host, port): (String, String) = redis::from_redis_value(reply).ok()?;
-            Some((host, port.parse().ok()?))
+            let (host, port): (String, String) = redis::from_redis_value(addr).ok()?;
+            Some(Named {
+                addr: (host, port.parse().ok()?),
+                epoch: config_epoch(master).unwrap_or(0),
+            })
         };
         // Without a majority every sentinel is waited for: a frozen one gets half the connect
         // timeout, leaving the other half (of the two `connect` is given) for the primary's
@@ -151,5 +154,100 @@ impl Sentinel {
     /// Twice the connect timeout: the sentinels' answer, then the primary's connection.
     pub(super) fn connect_timeout(&self) -> Duration {
         self.timeout * 2
+    }
+}
+
+/// What one sentinel answered: the primary's address and the configuration epoch it knows.
+#[derive(Clone, Debug, PartialEq)]
+struct Named {
+    addr: (String, u16),
+    /// `config-epoch`: raised by every failover, so a sentinel that missed one has a lower one.
+    epoch: u64,
+}
+
+/// The order to try the addresses the sentinels named: most named first; among as many names,
+/// the highest configuration epoch first (a sentinel that missed a failover still names the
+/// deposed primary, which may still say `ROLE master` to a client it is not cut off from); then
+/// by address. Never by who answered first.
+fn ranked(answers: &[Named]) -> Vec<(String, u16)> {
+    let mut candidates: Vec<((String, u16), usize, u64)> = Vec::new();
+    for a in answers {
+        match candidates.iter_mut().find(|c| c.0 == a.addr) {
+            Some(c) => {
+                c.1 += 1;
+                c.2 = c.2.max(a.epoch);
+            }
+            None => candidates.push((a.addr.clone(), 1, a.epoch)),
+        }
+    }
+    candidates.sort_by(|x, y| y.1.cmp(&x.1).then(y.2.cmp(&x.2)).then(x.0.cmp(&y.0)));
+    candidates.into_iter().map(|c| c.0).collect()
+}
+
+/// `config-epoch` from a `SENTINEL MASTER` reply (a flat list of names and values in RESP2, a
+/// map in RESP3).
+fn config_epoch(reply: Value) -> Option<u64> {
+    let pairs: Vec<(Value, Value)> = match reply {
+        Value::Map(pairs) => pairs,
+        Value::Array(items) => {
+            let mut it = items.into_iter();
+            std::iter::from_fn(|| Some((it.next()?, it.next()?))).collect()
+        }
+        _ => return None,
+    };
+    pairs.into_iter().find_map(|(k, v)| {
+        let k: String = redis::from_redis_value(k).ok()?;
+        if k != "config-epoch" {
+            return None;
+        }
+        let v: String = redis::from_redis_value(v).ok()?;
+        v.parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named(port: u16, epoch: u64) -> Named {
+        Named {
+            addr: ("127.0.0.1".into(), port),
+            epoch,
+        }
+    }
+
+    #[test]
+    fn a_tie_goes_to_the_newest_epoch_whoever_answered_first() {
+        // A stale sentinel (epoch 3, the deposed primary) answered before an honest one
+        // (epoch 4, the promoted replica).
+        let stale_first = [named(6001, 3), named(6002, 4)];
+        let honest_first = [named(6002, 4), named(6001, 3)];
+        assert_eq!(ranked(&stale_first)[0].1, 6002);
+        assert_eq!(ranked(&honest_first)[0].1, 6002);
+    }
+
+    #[test]
+    fn the_most_named_comes_first_then_epoch_then_address() {
+        let answers = [
+            named(7003, 9),
+            named(7001, 2),
+            named(7001, 2),
+            named(7002, 1),
+        ];
+        let order: Vec<u16> = ranked(&answers).into_iter().map(|a| a.1).collect();
+        assert_eq!(order, [7001, 7003, 7002]);
+        let even = [named(7002, 5), named(7001, 5)];
+        let order: Vec<u16> = ranked(&even).into_iter().map(|a| a.1).collect();
+        assert_eq!(order, [7001, 7002]);
+    }
+
+    #[test]
+    fn the_epoch_is_read_from_either_protocol() {
+        let s = |x: &str| Value::BulkString(x.as_bytes().to_vec());
+        let resp2 = Value::Array(vec![s("name"), s("m"), s("config-epoch"), s("7")]);
+        assert_eq!(config_epoch(resp2), Some(7));
+        let resp3 = Value::Map(vec![(s("config-epoch"), s("12")), (s("ip"), s("x"))]);
+        assert_eq!(config_epoch(resp3), Some(12));
+        assert_eq!(config_epoch(Value::Nil), None);
     }
 }

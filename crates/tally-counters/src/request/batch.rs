@@ -41,7 +41,7 @@ pub struct Batching {
 }
 
 impl Default for Batching {
-    /// 32 calls per batch, 4 in flight (measured in docs/benchmarks.md).
+    /// 32 calls per batch, 4 in flight (measured in docs/lab/benchmarks.md).
     fn default() -> Batching {
         Batching {
             max_calls: 32,
