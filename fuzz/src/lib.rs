@@ -7,16 +7,15 @@
 //! crates that are also `tally`'s own dependencies (`chrono`, `chrono-tz`, `serde_json`,
 //! `protox`). One module per target beyond the first three.
 
+mod avro;
 mod cel;
 mod limits;
 mod protobuf;
 
+pub use avro::avro;
 pub use cel::cel;
 pub use limits::limits;
 pub use protobuf::protobuf;
-
-mod avro;
-pub use avro::avro;
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
