@@ -7,10 +7,12 @@
 //! crates that are also `tally`'s own dependencies or dev-dependencies (`chrono`, `chrono-tz`,
 //! `serde_json`, `protox`, `envoy-types`, `prost`). One module per target beyond the first three.
 
+mod avro;
 mod cel;
 mod limits;
 mod protobuf;
 
+pub use avro::avro;
 pub use cel::cel;
 pub use limits::limits;
 pub use protobuf::protobuf;

@@ -114,6 +114,10 @@ pub struct DecodeConfig {
     pub max_message_bytes: usize,
     /// Longer dimension values are rejected as `too_large` (they would make huge keys).
     pub max_value_bytes: usize,
+    /// Avro: a writer schema that compiles to more nodes (types, fields, enum symbols; each
+    /// named type once) is refused: a `schema_file` by `tally check`, a registry schema's
+    /// events as `schema_too_large`. Bounds the memory and time one schema can cost.
+    pub max_schema_nodes: usize,
     /// Kafka topic that receives a copy of every undecodable message (with reason headers).
     pub dead_letter_topic: Option<String>,
     /// Events timed further than this after the current time are rejected as `future_time`
@@ -153,6 +157,7 @@ impl Default for DecodeConfig {
             time_format: TimeFormat::EpochMs,
             max_message_bytes: 1 << 20,
             max_value_bytes: 256,
+            max_schema_nodes: 100_000,
             dead_letter_topic: None,
             max_future: Duration::from_secs(86_400),
             fields: BTreeMap::new(),
@@ -175,6 +180,11 @@ impl DecodeConfig {
             self.max_message_bytes > 0 && self.max_value_bytes > 0,
             "decode.max_message_bytes",
             "limits must be positive",
+        )?;
+        ensure(
+            self.max_schema_nodes > 0,
+            "decode.max_schema_nodes",
+            "must be positive",
         )?;
         ensure(
             !self.max_future.is_zero(),
@@ -240,7 +250,7 @@ impl DecodeConfig {
                     }
                     _ => {
                         let text = String::from_utf8(bytes).map_err(|e| why(e.to_string()))?;
-                        let schema = apache_avro::Schema::parse_str(&text)
+                        let schema = super::avro::schema(&text, self.max_schema_nodes)
                             .map_err(|e| why(e.to_string()))?;
                         Ok(SchemaSource::AvroFile(Arc::new(schema)))
                     }

@@ -15,6 +15,7 @@ use figment::providers::{Env, Format as _, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+mod avro;
 mod cel;
 mod decode;
 mod fields;
@@ -36,6 +37,7 @@ mod tls;
 mod topics;
 mod validate;
 
+pub use avro::{schema as avro_schema, SchemaError as AvroSchemaError};
 pub use cel::{EvalError, Program, Val};
 pub use decode::{
     CompiledDecode, DecodeConfig, Format, RegistryConfig, RegistrySettings, SchemaSource,

@@ -77,3 +77,8 @@ fn rlqs_report_corpus() {
         1_000_000_000_000_000
     );
 }
+
+#[test]
+fn avro_corpus() {
+    replay("avro", targets::avro);
+}

@@ -10,6 +10,7 @@ mod common;
 mod admin_token;
 mod aof;
 mod avro;
+mod avro_budget;
 mod bounded_flush;
 mod cli_help;
 mod clock_skew;

@@ -172,3 +172,68 @@ async fn an_id_the_registry_did_not_know_is_asked_again_on_a_later_event() {
         unknown()
     );
 }
+
+/// Ids the registry answers with a failure for ever while it answers everything else: a 500,
+/// an answer over 1 MiB, a 200 that is not a schema. Each is asked a few times, then its event
+/// is dead-lettered as `registry_error` and its partition moves on: the events around it are
+/// counted exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_id_the_registry_keeps_failing_for_is_dead_lettered_and_the_partition_moves_on() {
+    let registry = Registry::start(None);
+    registry.add(1, &avro_v1());
+    registry.fail(200, 500, r#"{"error_code":50001,"message":"store"}"#.into());
+    registry.fail(
+        201,
+        200,
+        format!(r#"{{"schema":"{}"}}"#, "x".repeat(2 << 20)),
+    );
+    registry.fail(202, 200, r#"{"error_code":0}"#.into());
+    let mut h = Harness::new("registry-failing", 3);
+    h.mock.create_topic("registry-failing-dlq", 1, 1).unwrap();
+    let mut config = avro_config(&h, "g-failing", registry.config(None));
+    // A lane per partition: the three ids are waited out side by side.
+    config.kafka.consumers = tally::config::Consumers::Count(3);
+    config.decode.dead_letter_topic = Some("registry-failing-dlq".into());
+    let now = Utc::now().timestamp_millis();
+    let good = fastavro(&[event(1, "/ok", now)]).remove(0);
+    for (partition, id) in [200u32, 201, 202].into_iter().enumerate() {
+        let partition = partition as i32;
+        let mut bad = good.clone();
+        bad[1..5].copy_from_slice(&id.to_be_bytes());
+        h.produce(partition, &good, Some(now));
+        h.produce(partition, &bad, Some(now));
+        h.produce(partition, &good, Some(now));
+    }
+    h.flush_producer();
+
+    let running = h.start(config);
+    let m = running.metrics.clone();
+    let failed = || {
+        m.decode
+            .decode_errors
+            .with_label_values(&["registry_error"])
+            .get()
+    };
+    wait_for("the three ids refused", Duration::from_secs(60), || {
+        failed() == 3
+    })
+    .await;
+    h.wait_applied("g-failing", Duration::from_secs(30)).await;
+    running.stop().await;
+    let total: i64 = h.dump("sr:*").values().sum();
+    assert_eq!(total, 6, "every event around the failing ids counted");
+    for id in [200, 201, 202] {
+        assert_eq!(
+            registry.asked(id),
+            4,
+            "id {id}: asked a bounded number of times"
+        );
+    }
+    let letters =
+        crate::common::dead_letters::read(&h, "registry-failing-dlq", 3, Duration::from_secs(20));
+    let reasons: Vec<&str> = letters
+        .iter()
+        .filter_map(|l| l.header("tally-reason"))
+        .collect();
+    assert_eq!(reasons, ["registry_error"; 3]);
+}

@@ -43,11 +43,22 @@ pub enum DecodeError {
     /// read and must be read again (never skipped, never counted as bad input).
     #[error("schema registry unavailable")]
     Unavailable,
+    /// The schema compiles to more than `decode.max_schema_nodes` nodes: refused, not compiled.
+    #[error("schema over the node budget")]
+    SchemaTooLarge,
+    /// The event holds more items than its size allows (arrays of values that take no bytes)
+    /// or nests deeper than the reader goes: refused before it costs more than its bytes.
+    #[error("event over the decode budget")]
+    TooComplex,
+    /// The registry kept failing for the event's schema id (a 5xx, an answer over 1 MiB or not
+    /// a schema) while it answered other calls.
+    #[error("the registry fails for this schema id")]
+    RegistryError,
 }
 
 impl DecodeError {
     /// Every reason, in `index` order.
-    pub const ALL: [DecodeError; 13] = [
+    pub const ALL: [DecodeError; 16] = [
         DecodeError::Empty,
         DecodeError::TooLarge,
         DecodeError::NotUtf8,
@@ -61,6 +72,9 @@ impl DecodeError {
         DecodeError::NotProtobuf,
         DecodeError::UnknownSchema,
         DecodeError::Unavailable,
+        DecodeError::SchemaTooLarge,
+        DecodeError::TooComplex,
+        DecodeError::RegistryError,
     ];
 
     /// The metric label for this error.
@@ -79,6 +93,9 @@ impl DecodeError {
             DecodeError::NotProtobuf => "not_protobuf",
             DecodeError::UnknownSchema => "unknown_schema",
             DecodeError::Unavailable => "unavailable",
+            DecodeError::SchemaTooLarge => "schema_too_large",
+            DecodeError::TooComplex => "too_complex",
+            DecodeError::RegistryError => "registry_error",
         }
     }
 

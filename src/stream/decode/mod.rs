@@ -129,6 +129,7 @@ impl Decoder {
             Format::Avro => Some(Box::new(Binary::Avro(avro::Avro::new(
                 &decode.schema,
                 &root,
+                config.max_schema_nodes,
             )))),
             Format::Protobuf => Some(Box::new(Binary::Protobuf(protobuf::Protobuf::new(
                 &decode.schema,

@@ -15,6 +15,10 @@ pub struct Registry {
     pub url: String,
     /// Answers by request path.
     schemas: Arc<Mutex<HashMap<String, String>>>,
+    /// Failing answers (status, body) by request path, before `schemas`.
+    failing: Arc<Mutex<HashMap<String, (u16, String)>>>,
+    /// Requests by path.
+    asked: Arc<Mutex<HashMap<String, usize>>>,
     up: Arc<AtomicBool>,
     /// Requests answered 503 while down.
     pub refused: Arc<AtomicUsize>,
@@ -29,6 +33,8 @@ pub struct Registry {
 #[derive(Clone)]
 struct State {
     schemas: Arc<Mutex<HashMap<String, String>>>,
+    failing: Arc<Mutex<HashMap<String, (u16, String)>>>,
+    asked: Arc<Mutex<HashMap<String, usize>>>,
     up: Arc<AtomicBool>,
     refused: Arc<AtomicUsize>,
     served: Arc<AtomicUsize>,
@@ -69,6 +75,8 @@ impl Registry {
         let url = format!("{scheme}://{}", listener.local_addr().unwrap());
         let state = State {
             schemas: Arc::default(),
+            failing: Arc::default(),
+            asked: Arc::default(),
             up: Arc::new(AtomicBool::new(true)),
             refused: Arc::default(),
             served: Arc::default(),
@@ -79,6 +87,8 @@ impl Registry {
         let r = Registry {
             url,
             schemas: state.schemas.clone(),
+            failing: state.failing.clone(),
+            asked: state.asked.clone(),
             up: state.up.clone(),
             refused: state.refused.clone(),
             served: state.served.clone(),
@@ -138,6 +148,19 @@ impl Registry {
             .insert(path, answer.to_string());
     }
 
+    /// Answers `GET /schemas/ids/{id}` with `status` and `body`, for ever: a registry that
+    /// fails for this id only.
+    pub fn fail(&self, id: u32, status: u16, body: String) {
+        let path = format!("/schemas/ids/{id}");
+        self.failing.lock().unwrap().insert(path, (status, body));
+    }
+
+    /// Requests made for `GET /schemas/ids/{id}`.
+    pub fn asked(&self, id: u32) -> usize {
+        let path = format!("/schemas/ids/{id}");
+        self.asked.lock().unwrap().get(&path).copied().unwrap_or(0)
+    }
+
     pub fn set_up(&self, up: bool) {
         self.up.store(up, Ordering::Relaxed);
     }
@@ -166,6 +189,8 @@ impl State {
             .and_then(|l| l.split(' ').nth(1))
             .unwrap_or("")
             .to_string();
+        *self.asked.lock().unwrap().entry(path.clone()).or_default() += 1;
+        let failing = self.failing.lock().unwrap().get(&path).cloned();
         let authorized = self
             .expected
             .as_ref()
@@ -181,6 +206,15 @@ impl State {
                 "401 Unauthorized",
                 r#"{"error_code":40101,"message":"unauthorized"}"#.to_string(),
             )
+        } else if let Some((status, body)) = failing {
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status} Failing\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(body.as_bytes());
+            let _ = stream.flush();
+            return;
         } else {
             match self.schemas.lock().unwrap().get(&path).cloned() {
                 Some(answer) => {

@@ -8,8 +8,9 @@
 //!
 //! What happens to an event that cannot be read: a frame that is not one, or a datum its schema
 //! does not fit, is `not_avro`; an id the registry does not know (404), or a schema tally cannot
-//! read, is `unknown_schema` (both counted and dead-lettered like any bad input). A registry
-//! outage is waited out ([`super::schema`]).
+//! read, is `unknown_schema`; a schema over `decode.max_schema_nodes` is `schema_too_large`;
+//! a datum over the reader's item budget is `too_complex` (all counted and dead-lettered like
+//! any bad input). A registry outage is waited out ([`super::schema`]).
 
 mod plan;
 mod read;
@@ -17,32 +18,34 @@ mod read;
 use crate::config::SchemaSource;
 
 use super::paths::Node;
-use super::schema::{Cache, Source};
+use super::schema::{Cache, Source, Unusable};
 use super::{DecodeError, FieldValue};
-use plan::Plan;
+use plan::{Plan, Refused};
 
 /// Where schemas come from, and the compiled ones.
 pub(super) struct Avro {
     source: Source<Plan>,
+    /// `decode.max_schema_nodes`: a schema's plan is refused past it.
+    max_nodes: usize,
 }
 
 impl Avro {
     /// The reader of `schema` (compiled with the model: the file read once), for the wanted
-    /// fields of `root`.
-    pub(super) fn new(schema: &SchemaSource, root: &Node) -> Avro {
+    /// fields of `root`, each schema planned in at most `max_nodes` nodes.
+    pub(super) fn new(schema: &SchemaSource, root: &Node, max_nodes: usize) -> Avro {
         let source = match schema {
             SchemaSource::Registry(r) => Source::Registry(Cache::new(r)),
             SchemaSource::AvroFile(schema) => {
-                let plan = plan::compile(schema, root)
-                    .map_err(|e| {
-                        tracing::error!(error = %e, "avro schema file unusable: every event is unknown_schema");
-                    })
-                    .ok();
-                Source::File(plan.map(std::sync::Arc::new))
+                let plan = plan::compile(schema, root, max_nodes).map_err(|e| {
+                    let e = Unusable::from(e);
+                    tracing::error!(error = %e, reason = e.reason().reason(), "avro schema file unusable for the wanted fields: every event is refused");
+                    e.reason()
+                });
+                Source::File(plan.map(|c| std::sync::Arc::new(c.plan)))
             }
-            _ => Source::File(None),
+            _ => Source::File(Err(DecodeError::UnknownSchema)),
         };
-        Avro { source }
+        Avro { source, max_nodes }
     }
 
     /// Wait out registry outages until `stop` is cancelled.
@@ -60,17 +63,34 @@ impl Avro {
         let (plan, datum) =
             self.source
                 .resolve(payload, DecodeError::NotAvro, |s, _| match s.is("AVRO") {
-                    true => Ok(compile(&s.schema, root)?),
+                    true => compile(&s.schema, root, self.max_nodes),
                     false => Err(format!("a {:?} schema, not avro", s.schema_type).into()),
                 })?;
         run(&plan, datum, out)
     }
 }
 
-/// The plan of the Avro schema `text` for the wanted fields of `root`.
-fn compile(text: &str, root: &Node) -> Result<Plan, String> {
-    let schema = apache_avro::Schema::parse_str(text).map_err(|e| e.to_string())?;
-    plan::compile(&schema, root)
+/// The plan of the Avro schema `text` for the wanted fields of `root`: the text refused as
+/// `tally check` refuses a schema file, then its plan within the same budget.
+fn compile(text: &str, root: &Node, max_nodes: usize) -> Result<Plan, Unusable> {
+    let schema = crate::config::avro_schema(text, max_nodes).map_err(|e| match e {
+        crate::config::AvroSchemaError::TooLarge { .. } => Unusable::TooLarge(e.to_string()),
+        e => Unusable::Bad(e.to_string()),
+    })?;
+    let compiled = plan::compile(&schema, root, max_nodes)?;
+    tracing::debug!(nodes = compiled.nodes, "avro schema planned");
+    Ok(compiled.plan)
+}
+
+impl From<Refused> for Unusable {
+    fn from(e: Refused) -> Unusable {
+        match e {
+            Refused::Unreadable(e) => Unusable::Bad(e),
+            Refused::TooLarge(max) => Unusable::TooLarge(format!(
+                "its plan for the wanted fields has more than {max} nodes: over decode.max_schema_nodes"
+            )),
+        }
+    }
 }
 
 fn run<'a>(
@@ -79,7 +99,13 @@ fn run<'a>(
     out: &mut [Option<FieldValue<'a>>],
 ) -> Result<(), DecodeError> {
     let mut r = read::Reader::new(datum);
-    r.value(plan, out).ok_or(DecodeError::NotAvro)?;
+    let refused = |r: &read::Reader| match r.over_budget {
+        true => DecodeError::TooComplex,
+        false => DecodeError::NotAvro,
+    };
+    if r.value(plan, out).is_none() {
+        return Err(refused(&r));
+    }
     match r.at_end() {
         true => Ok(()),
         false => Err(DecodeError::NotAvro),
@@ -88,3 +114,5 @@ fn run<'a>(
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_budget;

@@ -1,7 +1,16 @@
 //! A writer schema compiled for the fields the decoder wants: every value's shape (to read or
 //! skip it), and at each wanted place the decoder slots it fills. Built once per schema id.
+//!
+//! Within a budget, whatever the schema: a named type is compiled once for each wanted sub-tree
+//! it is used with (almost always once, with nothing wanted inside) and that plan is shared by
+//! every use, so a plan is as large as the schema's text, not as its expansion (8 records of 8
+//! fields of the previous record would expand to 8^8 nodes). A value that takes no bytes and
+//! holds nothing wanted (null, an empty record, a record of such) is planned as a null, so
+//! skipping any value costs at most its bytes times the depth. A plan past `max_nodes` nodes is
+//! refused.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use apache_avro::schema::{Name, Schema};
 use smallvec::SmallVec;
@@ -18,6 +27,9 @@ pub(super) struct Plan {
     pub(super) slots: SmallVec<[usize; 1]>,
     /// Something in it is wanted (its slots or a descendant's): else it is only skipped.
     pub(super) wanted: bool,
+    /// Its values take no bytes (null, fixed(0), records of such): their count in an array is
+    /// bounded by the reader's item budget, not by the datum's bytes.
+    pub(super) zero_width: bool,
 }
 
 #[derive(Debug)]
@@ -35,42 +47,84 @@ pub(super) enum Kind {
     Str,
     Fixed(usize),
     Enum(Vec<Box<str>>),
-    Record(Vec<Plan>),
+    Record(Vec<Arc<Plan>>),
     /// The element plan, and the plans of wanted indexes.
-    Array(Box<Plan>, Vec<(usize, Plan)>),
+    Array(Arc<Plan>, Vec<(usize, Arc<Plan>)>),
     /// The value plan, and the plans of wanted keys.
-    Map(Box<Plan>, Vec<(Box<str>, Plan)>),
-    Union(Vec<Plan>),
+    Map(Arc<Plan>, Vec<(Box<str>, Arc<Plan>)>),
+    Union(Vec<Arc<Plan>>),
 }
 
-/// Compiles `schema` for the fields of `root` (the payload's top level is a record).
-pub(super) fn compile(schema: &Schema, root: &Node) -> Result<Plan, String> {
+/// Why a schema was not compiled.
+#[derive(Debug, PartialEq)]
+pub(super) enum Refused {
+    /// A schema tally cannot read (recursive, too deep, not a record, an unknown name).
+    Unreadable(String),
+    /// More than this many nodes.
+    TooLarge(usize),
+}
+
+/// A compiled plan: the top-level record's, and how many nodes were built for it.
+pub(super) struct Compiled {
+    pub(super) plan: Plan,
+    pub(super) nodes: usize,
+}
+
+/// Compiles `schema` for the fields of `root` (the payload's top level is a record), in at most
+/// `max_nodes` nodes.
+pub(super) fn compile(schema: &Schema, root: &Node, max_nodes: usize) -> Result<Compiled, Refused> {
+    let Schema::Record(r) = schema else {
+        return Err(Refused::Unreadable(
+            "the top-level schema is not a record".into(),
+        ));
+    };
     let mut names = HashMap::new();
     collect(schema, &mut names, 0);
-    let c = Compiler { names };
-    match schema {
-        Schema::Record(_) => c.plan(schema, Some(root), SmallVec::new(), 0),
-        _ => Err("the top-level schema is not a record".into()),
-    }
+    let mut c = Compiler {
+        names,
+        shared: HashMap::new(),
+        open: HashSet::new(),
+        nodes: 0,
+        max_nodes,
+        null: Arc::new(Plan {
+            kind: Kind::Null,
+            slots: SmallVec::new(),
+            wanted: false,
+            zero_width: true,
+        }),
+    };
+    // The root is its own plan (not shared): a reference back to it is a recursive schema.
+    c.open.insert((&r.name, key(Some(root))));
+    let (kind, _) = c.composite(schema, Some(root), 0)?;
+    c.spend(1)?;
+    Ok(Compiled {
+        plan: Plan {
+            wanted: true,
+            zero_width: false,
+            kind,
+            slots: SmallVec::new(),
+        },
+        nodes: c.nodes,
+    })
 }
 
 /// Every named type, for `Ref`s.
-fn collect<'s>(schema: &'s Schema, names: &mut HashMap<Name, &'s Schema>, depth: usize) {
+fn collect<'s>(schema: &'s Schema, names: &mut HashMap<&'s Name, &'s Schema>, depth: usize) {
     if depth > MAX_DEPTH {
         return;
     }
     match schema {
         Schema::Record(r) => {
-            names.insert(r.name.clone(), schema);
+            names.insert(&r.name, schema);
             for f in &r.fields {
                 collect(&f.schema, names, depth + 1);
             }
         }
         Schema::Enum(e) => {
-            names.insert(e.name.clone(), schema);
+            names.insert(&e.name, schema);
         }
         Schema::Fixed(f) => {
-            names.insert(f.name.clone(), schema);
+            names.insert(&f.name, schema);
         }
         Schema::Array(a) => collect(&a.items, names, depth + 1),
         Schema::Map(m) => collect(&m.types, names, depth + 1),
@@ -82,34 +136,108 @@ fn collect<'s>(schema: &'s Schema, names: &mut HashMap<Name, &'s Schema>, depth:
     }
 }
 
-struct Compiler<'s> {
-    names: HashMap<Name, &'s Schema>,
+/// What identifies a wanted sub-tree: its node's address (0: nothing wanted).
+fn key(node: Option<&Node>) -> usize {
+    node.map_or(0, |n| n as *const Node as usize)
 }
 
-impl Compiler<'_> {
-    /// The plan of a value of `schema`; `node` holds what is wanted inside it, `slots` the
-    /// fields it is itself.
+/// A plan and its height (1 for a leaf): a shared plan used deeper must not pass `MAX_DEPTH`.
+type Planned = (Arc<Plan>, usize);
+
+struct Compiler<'s> {
+    names: HashMap<&'s Name, &'s Schema>,
+    /// Named types compiled without slots, by name and wanted sub-tree: reused at every use.
+    shared: HashMap<(&'s Name, usize), Planned>,
+    /// Named types being compiled: meeting one again inside itself is a recursive schema.
+    open: HashSet<(&'s Name, usize)>,
+    /// Nodes built so far, and the budget.
+    nodes: usize,
+    max_nodes: usize,
+    /// The plan of every skipped value that takes no bytes.
+    null: Arc<Plan>,
+}
+
+impl<'s> Compiler<'s> {
+    /// Counts `n` more nodes against the budget.
+    fn spend(&mut self, n: usize) -> Result<(), Refused> {
+        self.nodes += n;
+        match self.nodes > self.max_nodes {
+            true => Err(Refused::TooLarge(self.max_nodes)),
+            false => Ok(()),
+        }
+    }
+
+    /// The plan of a value of `schema` at `depth`; `node` holds what is wanted inside it,
+    /// `slots` the fields it is itself. A named type's plan is shared (see the module).
     fn plan(
-        &self,
-        schema: &Schema,
+        &mut self,
+        schema: &'s Schema,
         node: Option<&Node>,
         slots: SmallVec<[usize; 1]>,
         depth: usize,
-    ) -> Result<Plan, String> {
-        if depth > MAX_DEPTH {
-            return Err(format!(
+    ) -> Result<Planned, Refused> {
+        let too_deep = || {
+            Refused::Unreadable(format!(
                 "schema nested deeper than {MAX_DEPTH} (or recursive)"
-            ));
+            ))
+        };
+        if depth > MAX_DEPTH {
+            return Err(too_deep());
         }
-        let kind = match schema {
-            Schema::Decimal(d) => return self.plan(&d.inner, None, slots, depth + 1),
-            Schema::Ref { name } => match self.names.get(name) {
-                Some(s) => return self.plan(s, node, slots, depth + 1),
-                None => return Err(format!("unknown type `{}`", name.fullname(None))),
-            },
+        let name = match schema {
+            Schema::Ref { name } => name,
+            Schema::Record(r) => &r.name,
+            Schema::Enum(e) => &e.name,
+            Schema::Fixed(f) => &f.name,
+            _ => return self.build(schema, node, slots, depth),
+        };
+        let at = (name, key(node));
+        if let Some((plan, height)) = self.shared.get(&at).filter(|_| slots.is_empty()) {
+            return match depth + height > MAX_DEPTH + 1 {
+                true => Err(too_deep()),
+                false => Ok((plan.clone(), *height)),
+            };
+        }
+        let definition = match schema {
+            Schema::Ref { name } => *self.names.get(name).ok_or_else(|| {
+                Refused::Unreadable(format!("unknown type `{}`", name.fullname(None)))
+            })?,
+            defined => defined,
+        };
+        if !self.open.insert(at) {
+            return Err(Refused::Unreadable(format!(
+                "recursive type `{}`",
+                name.fullname(None)
+            )));
+        }
+        let shared = slots.is_empty();
+        let built = self.build(definition, node, slots, depth);
+        self.open.remove(&at);
+        let built = built?;
+        if shared {
+            self.shared.insert(at, built.clone());
+        }
+        Ok(built)
+    }
+
+    /// A new plan of a value of `schema` (see [`Compiler::plan`]).
+    fn build(
+        &mut self,
+        schema: &'s Schema,
+        node: Option<&Node>,
+        slots: SmallVec<[usize; 1]>,
+        depth: usize,
+    ) -> Result<Planned, Refused> {
+        self.spend(1)?;
+        let (kind, height) = match schema {
+            Schema::Decimal(d) => return self.plan(&d.inner, None, slots, depth),
+            Schema::Enum(e) => {
+                self.spend(e.symbols.len())?;
+                (scalar(schema).unwrap_or(Kind::Null), 1)
+            }
             _ => match scalar(schema) {
-                Some(kind) => kind,
-                None => self.composite(schema, node, !slots.is_empty(), depth)?,
+                Some(kind) => (kind, 1),
+                None => self.composite(schema, node, depth)?,
             },
         };
         let inside = match &kind {
@@ -119,68 +247,85 @@ impl Compiler<'_> {
             Kind::Union(v) => v.iter().any(|p| p.wanted),
             _ => false,
         };
-        Ok(Plan {
-            wanted: inside || !slots.is_empty(),
+        let zero_width = match &kind {
+            Kind::Null | Kind::Fixed(0) => true,
+            Kind::Record(fields) => fields.iter().all(|f| f.zero_width),
+            _ => false,
+        };
+        let wanted = inside || !slots.is_empty();
+        if zero_width && !wanted {
+            return Ok((self.null.clone(), 1));
+        }
+        let plan = Plan {
             kind,
             slots,
-        })
+            wanted,
+            zero_width,
+        };
+        Ok((Arc::new(plan), height))
     }
 
-    /// The kind of a record, array, map or union, planning what is wanted inside it (`node`);
-    /// `has_slots`: the value itself fills slots.
-    fn composite(
-        &self,
-        schema: &Schema,
-        node: Option<&Node>,
-        has_slots: bool,
+    /// The plan of a field, an item or a value of a map (`entry`: what is wanted of it).
+    fn child(
+        &mut self,
+        entry: Option<&Entry>,
+        schema: &'s Schema,
         depth: usize,
-    ) -> Result<Kind, String> {
-        let child = |entry: Option<&Entry>, schema: &Schema| {
-            let (inner, slots) = entry.map_or((None, SmallVec::new()), |e| {
-                (e.inner.as_ref(), e.slots.clone())
-            });
-            self.plan(schema, inner, slots, depth + 1)
+    ) -> Result<Planned, Refused> {
+        let (inner, slots) = entry.map_or((None, SmallVec::new()), |e| {
+            (e.inner.as_ref(), e.slots.clone())
+        });
+        self.plan(schema, inner, slots, depth + 1)
+    }
+
+    /// The kind of a record, array, map or union, planning what is wanted inside it (`node`),
+    /// and its height.
+    fn composite(
+        &mut self,
+        schema: &'s Schema,
+        node: Option<&Node>,
+        depth: usize,
+    ) -> Result<(Kind, usize), Refused> {
+        let mut height = 0;
+        let mut tally = |(plan, h): Planned| {
+            height = height.max(h);
+            plan
         };
-        Ok(match schema {
-            Schema::Record(r) => Kind::Record(
-                r.fields
-                    .iter()
-                    .map(|f| child(node.and_then(|n| n.by_key(&f.name)), &f.schema))
-                    .collect::<Result<_, _>>()?,
-            ),
+        let kind = match schema {
+            Schema::Record(r) => {
+                let mut fields = Vec::with_capacity(r.fields.len());
+                for f in &r.fields {
+                    let entry = node.and_then(|n| n.by_key(&f.name));
+                    fields.push(tally(self.child(entry, &f.schema, depth)?));
+                }
+                Kind::Record(fields)
+            }
             Schema::Array(a) => {
                 let mut wanted = Vec::new();
-                if let Some(n) = node {
-                    for (i, e) in n.indexes() {
-                        wanted.push((i, child(Some(e), &a.items)?));
-                    }
+                for (i, e) in node.iter().flat_map(|n| n.indexes()) {
+                    wanted.push((i, tally(self.child(Some(e), &a.items, depth)?)));
                 }
-                Kind::Array(Box::new(child(None, &a.items)?), wanted)
+                Kind::Array(tally(self.child(None, &a.items, depth)?), wanted)
             }
             Schema::Map(m) => {
-                let wanted = node
-                    .map(|n| {
-                        n.keys()
-                            .map(|(k, e)| Ok((k.into(), child(Some(e), &m.types)?)))
-                            .collect::<Result<Vec<_>, String>>()
-                    })
-                    .transpose()?
-                    .unwrap_or_default();
-                Kind::Map(Box::new(child(None, &m.types)?), wanted)
+                let mut wanted = Vec::new();
+                for (k, e) in node.iter().flat_map(|n| n.keys()) {
+                    wanted.push((k.into(), tally(self.child(Some(e), &m.types, depth)?)));
+                }
+                Kind::Map(tally(self.child(None, &m.types, depth)?), wanted)
             }
-            // The union's slots take the branch's value: a branch is read, not skipped, then.
-            Schema::Union(u) => Kind::Union(
-                u.variants()
-                    .iter()
-                    .map(|v| {
-                        let mut p = self.plan(v, node, SmallVec::new(), depth + 1)?;
-                        p.wanted |= has_slots;
-                        Ok(p)
-                    })
-                    .collect::<Result<_, String>>()?,
-            ),
-            other => return Err(format!("unsupported type {other:?}")),
-        })
+            // The branches are planned for what is wanted inside the union; when the union
+            // itself fills slots, the reader reads the branch it finds rather than skipping it.
+            Schema::Union(u) => {
+                let mut branches = Vec::with_capacity(u.variants().len());
+                for v in u.variants() {
+                    branches.push(tally(self.plan(v, node, SmallVec::new(), depth + 1)?));
+                }
+                Kind::Union(branches)
+            }
+            other => return Err(Refused::Unreadable(format!("unsupported type {other:?}"))),
+        };
+        Ok((kind, height + 1))
     }
 }
 

@@ -2,15 +2,22 @@
 //! from the message), everything else skipped without building it. Any malformed input (a
 //! length past the end, a bad union branch, invalid UTF-8 in a wanted string, bytes left over)
 //! is `None`.
+//!
+//! The work is bounded by the datum's size: every value but the zero-width ones takes a byte,
+//! an array can hold no more items than bytes remain unless its items take none, and the items
+//! of all arrays and maps together are budgeted at [`ITEMS_PER_BYTE`] per byte (plus
+//! [`ITEMS_BASE`]). Past the budget the reader stops and says so ([`Reader::over_budget`]).
 
 use std::borrow::Cow;
 
 use super::super::FieldValue;
 use super::plan::{Kind, Plan};
 
-/// A datum's arrays and maps may hold at most this many items in all (a corrupt count is
-/// refused before it loops).
-const MAX_ITEMS: i64 = 1 << 24;
+/// Array and map items a datum may hold in all, per byte of it and at least (8 M for a message
+/// of the default `max_message_bytes`). Only zero-width items (nulls, empty records) can come
+/// near it: any other item takes a byte.
+const ITEMS_PER_BYTE: i64 = 8;
+const ITEMS_BASE: i64 = 1024;
 
 pub(super) struct Reader<'a> {
     bytes: &'a [u8],
@@ -18,14 +25,20 @@ pub(super) struct Reader<'a> {
     /// Array and map items left for the whole datum: items of a zero-width type (null, an
     /// empty record) take no bytes, so their count alone bounds the work.
     items: i64,
+    /// The item budget ran out (the datum is refused as too complex, not as malformed).
+    pub(super) over_budget: bool,
 }
 
 impl<'a> Reader<'a> {
     pub(super) fn new(bytes: &'a [u8]) -> Reader<'a> {
+        let len = i64::try_from(bytes.len()).unwrap_or(i64::MAX / ITEMS_PER_BYTE);
         Reader {
             bytes,
             pos: 0,
-            items: MAX_ITEMS,
+            items: len
+                .saturating_mul(ITEMS_PER_BYTE)
+                .saturating_add(ITEMS_BASE),
+            over_budget: false,
         }
     }
 
@@ -68,6 +81,12 @@ impl<'a> Reader<'a> {
             self.skip(plan)?;
             return Some(FieldValue::Other);
         }
+        self.read(plan, out)
+    }
+
+    /// One value of `plan`, read (not skipped) even if nothing in it is wanted: a union that
+    /// fills slots takes the value of its branch.
+    fn read(&mut self, plan: &Plan, out: &mut [Option<FieldValue<'a>>]) -> Option<FieldValue<'a>> {
         let v = match &plan.kind {
             Kind::Null => FieldValue::Other,
             Kind::Bool => FieldValue::Bool(match self.take(1)?[0] {
@@ -96,7 +115,7 @@ impl<'a> Reader<'a> {
             }
             Kind::Array(item, wanted) => {
                 let mut index = 0;
-                self.blocks(|r| {
+                self.blocks(item.zero_width, |r| {
                     let plan = wanted
                         .iter()
                         .find(|(i, _)| *i == index)
@@ -107,7 +126,7 @@ impl<'a> Reader<'a> {
                 FieldValue::Other
             }
             Kind::Map(value, wanted) => {
-                self.blocks(|r| {
+                self.blocks(false, |r| {
                     let n = r.len()?;
                     let key = r.take(n)?;
                     let plan = wanted
@@ -120,7 +139,10 @@ impl<'a> Reader<'a> {
             }
             Kind::Union(branches) => {
                 let branch = branches.get(usize::try_from(self.long()?).ok()?)?;
-                self.value(branch, out)?
+                match plan.slots.is_empty() {
+                    true => self.value(branch, out)?,
+                    false => self.read(branch, out)?,
+                }
             }
             Kind::Bytes | Kind::Fixed(_) => {
                 self.skip(plan)?;
@@ -161,8 +183,8 @@ impl<'a> Reader<'a> {
                     self.skip(f)?;
                 }
             }
-            Kind::Array(item, _) => self.blocks(|r| r.skip(item))?,
-            Kind::Map(value, _) => self.blocks(|r| {
+            Kind::Array(item, _) => self.blocks(item.zero_width, |r| r.skip(item))?,
+            Kind::Map(value, _) => self.blocks(false, |r| {
                 let n = r.len()?;
                 r.take(n)?;
                 r.skip(value)
@@ -176,8 +198,13 @@ impl<'a> Reader<'a> {
     }
 
     /// The items of an array or map: blocks of `count` items (a negative count is followed by
-    /// the block's size in bytes), ended by a zero count.
-    fn blocks(&mut self, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+    /// the block's size in bytes), ended by a zero count. Items that are not `zero_width` take
+    /// a byte each: a count past the bytes left is malformed, refused before it loops.
+    fn blocks(
+        &mut self,
+        zero_width: bool,
+        mut item: impl FnMut(&mut Self) -> Option<()>,
+    ) -> Option<()> {
         loop {
             let mut count = self.long()?;
             if count == 0 {
@@ -187,8 +214,13 @@ impl<'a> Reader<'a> {
                 count = count.checked_neg()?;
                 self.long()?;
             }
+            let left = self.bytes.len() - self.pos;
+            if !zero_width && usize::try_from(count).ok()? > left {
+                return None;
+            }
             self.items -= count;
             if self.items < 0 {
+                self.over_budget = true;
                 return None;
             }
             for _ in 0..count {

@@ -15,8 +15,9 @@
 //! number); uint64 and fixed64 past i64 as floats; bytes are not values.
 //!
 //! What cannot be read: a frame that is not one, an index past the schema's messages, or a
-//! message its schema does not fit, is `not_protobuf`; an unknown id or a schema that does not
-//! compile is `unknown_schema`.
+//! message its schema does not fit, is `not_protobuf`; a message over the reader's budget
+//! (fields per byte, groups nested too deep) is `too_complex`; an unknown id or a schema that
+//! does not compile is `unknown_schema`.
 
 mod plan;
 mod read;
@@ -61,14 +62,13 @@ impl Protobuf {
         let source = match schema {
             SchemaSource::Registry(r) => Source::Registry(Cache::new(r)),
             SchemaSource::ProtobufFile(message) => {
-                let plan = plan::compile(message, root)
-                    .map_err(|e| {
-                        tracing::error!(message = message.full_name(), error = %e, "protobuf message unusable: every event is unknown_schema");
-                    })
-                    .ok();
+                let plan = plan::compile(message, root).map_err(|e| {
+                    tracing::error!(message = message.full_name(), error = %e, "protobuf message unusable: every event is unknown_schema");
+                    DecodeError::UnknownSchema
+                });
                 Source::File(plan.map(|p| Arc::new(Messages(vec![(SmallVec::new(), p)]))))
             }
-            _ => Source::File(None),
+            _ => Source::File(Err(DecodeError::UnknownSchema)),
         };
         Protobuf { source }
     }
@@ -94,9 +94,12 @@ impl Protobuf {
             Source::File(_) => (&messages.0[0].1, body),
             Source::Registry(_) => messages.select(body).ok_or(DecodeError::NotProtobuf)?,
         };
-        read::Reader::new()
-            .message(message, plan, out)
-            .ok_or(DecodeError::NotProtobuf)
+        let mut reader = read::Reader::new(message.len());
+        match reader.message(message, plan, out) {
+            Some(()) => Ok(()),
+            None if reader.over_budget => Err(DecodeError::TooComplex),
+            None => Err(DecodeError::NotProtobuf),
+        }
     }
 }
 
@@ -152,6 +155,7 @@ fn compile(schema: &Schema, registry: &Registry, root: &Node) -> Result<Messages
                     r.name, r.subject, r.version
                 )));
             }
+            Fetch::Failed(e) => return Err(Unusable::Failed(e)),
             Fetch::Unavailable(e) => return Err(Unusable::Unavailable(e)),
         }
     }

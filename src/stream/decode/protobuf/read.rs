@@ -5,7 +5,9 @@
 //!
 //! The work is linear in the message's bytes (every field and packed value takes at least one
 //! byte); recursion follows only the plan's wanted paths, and groups are skipped in a loop. A
-//! budget of fields per message ([`MAX_ITEMS`]) bounds it further, as the Avro reader's does.
+//! budget of fields per byte of the message ([`ITEMS_PER_BYTE`], as the Avro reader's) and of
+//! group nesting bounds it further: past either the reader stops and says so
+//! ([`Reader::over_budget`]).
 
 use std::borrow::Cow;
 
@@ -14,8 +16,10 @@ use smallvec::SmallVec;
 use super::super::FieldValue;
 use super::plan::{Field, Kind, Plan, I32, I64, LEN, VARINT};
 
-/// Fields (and packed values) a message may hold in all.
-pub(super) const MAX_ITEMS: u32 = 1 << 24;
+/// Fields (and packed values) a message may hold in all, per byte of it and at least (each
+/// takes a byte, so only a reader bug could reach it: a backstop).
+const ITEMS_PER_BYTE: u64 = 8;
+const ITEMS_BASE: u64 = 1024;
 
 /// Groups nested deeper than this are refused.
 const MAX_GROUP_DEPTH: u32 = 64;
@@ -25,12 +29,31 @@ const END_GROUP: u8 = 4;
 
 pub(super) struct Reader {
     /// Fields and packed values left for the whole message.
-    items: u32,
+    items: u64,
+    /// The budget ran out, or groups nested deeper than [`MAX_GROUP_DEPTH`]: the message is
+    /// refused as too complex, not as malformed.
+    pub(super) over_budget: bool,
 }
 
 impl Reader {
-    pub(super) fn new() -> Reader {
-        Reader { items: MAX_ITEMS }
+    /// A reader of a message of `len` bytes.
+    pub(super) fn new(len: usize) -> Reader {
+        let len = u64::try_from(len).unwrap_or(u64::MAX / ITEMS_PER_BYTE);
+        Reader {
+            items: len
+                .saturating_mul(ITEMS_PER_BYTE)
+                .saturating_add(ITEMS_BASE),
+            over_budget: false,
+        }
+    }
+
+    /// One more field or packed value, if the budget allows.
+    fn spend(&mut self) -> Option<()> {
+        match self.items.checked_sub(1) {
+            Some(left) => self.items = left,
+            None => self.over_budget = true,
+        }
+        (!self.over_budget).then_some(())
     }
 
     /// Reads the message `bytes` of `plan` into `out`.
@@ -49,14 +72,14 @@ impl Reader {
         let mut seen: SmallVec<[usize; 8]> = SmallVec::new();
         seen.resize(plan.fields.len(), 0);
         while !bytes.is_empty() {
-            self.items = self.items.checked_sub(1)?;
+            self.spend()?;
             let key = varint(&mut bytes)?;
             let (number, wire) = (u32::try_from(key >> 3).ok()?, (key & 7) as u8);
             if number == 0 {
                 return None;
             }
             let Some(at) = plan.fields.iter().position(|f| f.number == number) else {
-                skip(&mut bytes, number, wire)?;
+                self.skip(&mut bytes, number, wire)?;
                 continue;
             };
             let field = &plan.fields[at];
@@ -64,7 +87,7 @@ impl Reader {
                 // Packed: the values one after another.
                 let mut packed = len_delimited(&mut bytes)?;
                 while !packed.is_empty() {
-                    self.items = self.items.checked_sub(1)?;
+                    self.spend()?;
                     let v = scalar(&mut packed, &field.kind)?;
                     self.item(field, &mut seen[at], v, None, out)?;
                 }
@@ -165,31 +188,38 @@ fn scalar<'a>(bytes: &mut &'a [u8], kind: &Kind) -> Option<FieldValue<'a>> {
     })
 }
 
-/// Past one field of wire type `wire` (its key read): a group up to its matching end.
-fn skip(bytes: &mut &[u8], number: u32, wire: u8) -> Option<()> {
-    match wire {
-        VARINT => drop(varint(bytes)?),
-        I64 => drop(fixed::<8>(bytes)?),
-        I32 => drop(fixed::<4>(bytes)?),
-        LEN => drop(len_delimited(bytes)?),
-        START_GROUP => {
-            // The groups open, innermost last: each must end with its own number.
-            let mut open: SmallVec<[u32; 4]> = SmallVec::new();
-            open.push(number);
-            while let Some(&inner) = open.last() {
-                let key = varint(bytes)?;
-                let (n, w) = (u32::try_from(key >> 3).ok()?, (key & 7) as u8);
-                match w {
-                    START_GROUP if open.len() < MAX_GROUP_DEPTH as usize => open.push(n),
-                    END_GROUP if n == inner => drop(open.pop()),
-                    START_GROUP | END_GROUP => return None,
-                    _ => skip(bytes, n, w)?,
+impl Reader {
+    /// Past one field of wire type `wire` (its key read): a group up to its matching end.
+    fn skip(&mut self, bytes: &mut &[u8], number: u32, wire: u8) -> Option<()> {
+        match wire {
+            VARINT => drop(varint(bytes)?),
+            I64 => drop(fixed::<8>(bytes)?),
+            I32 => drop(fixed::<4>(bytes)?),
+            LEN => drop(len_delimited(bytes)?),
+            START_GROUP => {
+                // The groups open, innermost last: each must end with its own number.
+                let mut open: SmallVec<[u32; 4]> = SmallVec::new();
+                open.push(number);
+                while let Some(&inner) = open.last() {
+                    self.spend()?;
+                    let key = varint(bytes)?;
+                    let (n, w) = (u32::try_from(key >> 3).ok()?, (key & 7) as u8);
+                    match w {
+                        START_GROUP if open.len() >= MAX_GROUP_DEPTH as usize => {
+                            self.over_budget = true;
+                            return None;
+                        }
+                        START_GROUP => open.push(n),
+                        END_GROUP if n == inner => drop(open.pop()),
+                        END_GROUP => return None,
+                        _ => self.skip(bytes, n, w)?,
+                    }
                 }
             }
+            _ => return None,
         }
-        _ => return None,
+        Some(())
     }
-    Some(())
 }
 
 /// A base-128 varint (at most 10 bytes).

@@ -141,10 +141,12 @@ fn read<'a>(
     bytes: &'a [u8],
 ) -> Result<Vec<Option<FieldValue<'a>>>, DecodeError> {
     let mut out = vec![None; PATHS.len()];
-    super::read::Reader::new()
-        .message(bytes, &messages.0[1].1, &mut out)
-        .ok_or(DecodeError::NotProtobuf)
-        .map(|()| out)
+    let mut reader = super::read::Reader::new(bytes.len());
+    match reader.message(bytes, &messages.0[1].1, &mut out) {
+        Some(()) => Ok(out),
+        None if reader.over_budget => Err(DecodeError::TooComplex),
+        None => Err(DecodeError::NotProtobuf),
+    }
 }
 
 fn s(v: &str) -> Option<FieldValue<'_>> {
@@ -287,9 +289,13 @@ fn hostile_messages_are_refused() {
     for b in bad {
         assert_eq!(read(&messages, b), Err(DecodeError::NotProtobuf), "{b:?}");
     }
-    // Groups nested past the bound.
-    let deep: Vec<u8> = [0xf3, 0x01].repeat(100);
-    assert!(read(&messages, &deep).is_err());
+    // Groups nested past the bound: well-formed, but deeper than the reader goes.
+    let mut deep: Vec<u8> = [0xf3, 0x01].repeat(100);
+    deep.extend([0xf4, 0x01].repeat(100));
+    assert_eq!(read(&messages, &deep), Err(DecodeError::TooComplex));
+    let mut within: Vec<u8> = [0xf3, 0x01].repeat(64);
+    within.extend([0xf4, 0x01].repeat(64));
+    assert!(read(&messages, &within).is_ok(), "64 groups deep");
 }
 
 #[test]
@@ -302,7 +308,7 @@ fn schema_versions_each_read_with_their_own() {
     let mut bytes = vec![0xf2, 0x01, 0x03, 0x0a, 0x01, b't'];
     bytes.extend([0x0a, 0x02, b'/', b'a', 0x28, 0x07, 0xfa, 0x01, 0x01, b'z']);
     let mut out = vec![None; PATHS.len()];
-    super::read::Reader::new()
+    super::read::Reader::new(bytes.len())
         .message(&bytes, &v2.0[1].1, &mut out)
         .unwrap();
     assert_eq!(out[0], s("/a"));
@@ -324,7 +330,7 @@ fn schemas_that_do_not_compile_are_refused() {
         message E { google.protobuf.Timestamp at = 1; string route = 2; }"#;
     let m = build(files(t), &root()).unwrap();
     let mut out = vec![None; PATHS.len()];
-    super::read::Reader::new()
+    super::read::Reader::new(3)
         .message(&[0x12, 0x01, b'r'], &m.0[0].1, &mut out)
         .unwrap();
     assert_eq!(out[0], s("r"), "found by name, whatever its number");

@@ -12,7 +12,11 @@ pub(in crate::stream::decode) enum Fetch {
     Found(Schema),
     /// 404.
     NotFound,
-    /// No answer, or not one that says what the schema is (5xx, 401, a timeout).
+    /// An answer about this id that is not its schema: a 5xx, or a 200 over 1 MiB or not a
+    /// schema. The registry may be failing (then it fails for every id) or only this id may be.
+    Failed(String),
+    /// No answer, or one that is not about this id (401, 403, 429, a timeout, a refused
+    /// connection): an outage.
     Unavailable(String),
 }
 
@@ -112,13 +116,27 @@ impl Registry {
                     .read_json::<Schema>()
                 {
                     Ok(a) => Fetch::Found(a),
-                    Err(e) => Fetch::Unavailable(format!("unreadable answer: {e}")),
+                    Err(e) => Fetch::Failed(format!("unreadable answer: {e}")),
                 }
             }
             Ok(r) if r.status() == 404 => Fetch::NotFound,
+            Ok(r) if r.status().is_server_error() => {
+                Fetch::Failed(format!("answer {}", r.status()))
+            }
             Ok(r) => Fetch::Unavailable(format!("answer {}", r.status())),
             Err(e) => Fetch::Unavailable(e.to_string()),
         }
+    }
+
+    /// Whether the registry answers at all: `GET /schemas/types` answered below 500 (a
+    /// registry without that call answers 404). Tells an id the registry keeps failing from
+    /// a registry that is down.
+    pub(in crate::stream::decode) fn answers(&self) -> bool {
+        let mut request = self.agent.get(&format!("{}/schemas/types", self.base));
+        if let Some(a) = &self.authorization {
+            request = request.header("Authorization", a);
+        }
+        request.call().is_ok_and(|r| !r.status().is_server_error())
     }
 }
 
