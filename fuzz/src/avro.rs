@@ -21,7 +21,7 @@ pub fn avro(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(text) else {
         return;
     };
-    let Ok(schema) = tally::config::avro_schema(text, MAX_NODES) else {
+    let Ok(schema) = parsing(|| tally::config::avro_schema(text, MAX_NODES)) else {
         return;
     };
     let mut config = DecodeConfig {
@@ -64,4 +64,29 @@ pub fn avro(data: &[u8]) {
         ) => {}
         Err(e) => panic!("an avro datum refused as {e:?}"),
     }
+}
+
+thread_local! {
+    /// Set while tally parses a schema text: apache-avro panics on some texts and tally catches
+    /// that panic as the schema's refusal (`tally::config::avro_schema`).
+    static PARSING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `parse` (tally's schema parse) with the parser's panics left to tally's own catch:
+/// libFuzzer's panic hook aborts on every panic, even a caught one, so a hook in front of it
+/// lets those through (every other panic still reaches libFuzzer's hook and is a finding).
+fn parsing<T>(parse: impl FnOnce() -> T) -> T {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let next = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !PARSING.with(|p| p.get()) {
+                next(info)
+            }
+        }));
+    });
+    PARSING.with(|p| p.set(true));
+    let parsed = parse();
+    PARSING.with(|p| p.set(false));
+    parsed
 }

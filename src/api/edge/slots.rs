@@ -68,6 +68,8 @@ struct Held {
 pub(crate) struct Slot {
     slots: Arc<Slots>,
     id: u64,
+    /// Who holds it.
+    peer: Peer,
     admitted: Arc<AtomicBool>,
     evict: CancellationToken,
 }
@@ -142,6 +144,7 @@ impl Slots {
         Ok(Slot {
             slots: self.clone(),
             id,
+            peer,
             admitted,
             evict,
         })
@@ -212,6 +215,11 @@ impl State {
 }
 
 impl Slot {
+    /// The peer the connection counts as (its IPv4 address or IPv6 prefix).
+    pub(crate) fn peer(&self) -> Peer {
+        self.peer
+    }
+
     /// The flag the connection sets once it made an admitted call (it is then never evicted).
     pub(crate) fn admitted(&self) -> Arc<AtomicBool> {
         self.admitted.clone()

@@ -11,12 +11,17 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::api::edge::peer::Peer;
+
 /// The connection a stream comes on, as the port knows it: put in the call's extensions by the
 /// server, one per connection.
 #[derive(Clone)]
 pub struct Connection {
     /// The peer's address.
     peer: IpAddr,
+    /// The peer it counts as for `rlqs.max_streams_per_peer`: the RLS port's (its IPv4 address
+    /// or IPv6 prefix, `rls.ipv6_peer_prefix`).
+    group: Peer,
     /// The client certificate's first subject alternative name, with mutual TLS.
     certificate: Option<Arc<str>>,
     /// Streams open on this connection.
@@ -24,9 +29,10 @@ pub struct Connection {
 }
 
 impl Connection {
-    pub fn new(peer: IpAddr, certificate: Option<Arc<str>>) -> Connection {
+    pub(crate) fn new(peer: IpAddr, group: Peer, certificate: Option<Arc<str>>) -> Connection {
         Connection {
             peer,
+            group,
             certificate,
             streams: Arc::default(),
         }
@@ -62,18 +68,6 @@ impl fmt::Display for Client {
             (None, Some(token)) => write!(f, "{token} from {}", self.peer),
             (None, None) => write!(f, "{}", self.peer),
         }
-    }
-}
-
-/// The group a peer's connections count in: an IPv4 address, or the /64 of an IPv6 address
-/// (one host usually has a whole /64 to pick addresses from).
-pub fn peer_group(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(v4) => IpAddr::V4(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
-        },
     }
 }
 
@@ -113,7 +107,7 @@ impl Refusal {
 /// The stream slots of the replica.
 pub struct StreamSlots {
     total: Arc<Semaphore>,
-    per_peer: parking_lot::Mutex<HashMap<IpAddr, usize>>,
+    per_peer: parking_lot::Mutex<HashMap<Peer, usize>>,
     max_per_peer: usize,
     max_per_connection: usize,
 }
@@ -121,7 +115,7 @@ pub struct StreamSlots {
 /// A stream's slot, given back (on the connection, its peer and the replica) when dropped.
 pub struct StreamPermit {
     slots: Arc<StreamSlots>,
-    group: IpAddr,
+    group: Peer,
     connection: Arc<AtomicUsize>,
     _total: OwnedSemaphorePermit,
 }
@@ -148,7 +142,7 @@ impl StreamSlots {
             connection.streams.fetch_sub(1, Ordering::Relaxed);
             return Err(Refusal::Connection);
         }
-        let group = peer_group(connection.peer);
+        let group = connection.group;
         let mut counts = self.per_peer.lock();
         let n = counts.entry(group).or_insert(0);
         if *n >= self.max_per_peer {
@@ -184,7 +178,8 @@ mod tests {
     use super::*;
 
     fn on(ip: &str) -> Connection {
-        Connection::new(ip.parse().unwrap(), None)
+        let ip = ip.parse().unwrap();
+        Connection::new(ip, Peer::of(ip, 64), None)
     }
 
     #[test]
@@ -200,14 +195,5 @@ mod tests {
         assert_eq!(slots.take(&b).err(), Some(Refusal::Replica));
         drop(first);
         assert!(slots.take(&a1).is_ok(), "a closed stream frees its slot");
-    }
-
-    #[test]
-    fn ipv6_peers_are_grouped_by_their_64() {
-        let group = |s: &str| peer_group(s.parse().unwrap());
-        assert_eq!(group("2001:db8:1:2::1"), group("2001:db8:1:2:ffff::9"));
-        assert_ne!(group("2001:db8:1:2::1"), group("2001:db8:1:3::1"));
-        assert_eq!(group("::ffff:10.0.0.1"), group("10.0.0.1"));
-        assert_ne!(group("10.0.0.1"), group("10.0.0.2"));
     }
 }

@@ -218,7 +218,7 @@ pub(super) async fn run<H: GrpcService>(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let (admitted, evicted) = (slot.admitted(), slot.evicted());
+        let (admitted, evicted, group) = (slot.admitted(), slot.evicted(), slot.peer());
         let mut routes = routes.clone();
         routes.admitted = admitted.clone();
         let (stop, open, http) = (stop.clone(), open.clone(), http.clone());
@@ -237,7 +237,8 @@ pub(super) async fn run<H: GrpcService>(
                 return;
             };
             if routes.rlqs.is_some() {
-                routes.connection = Some(Connection::new(peer.ip(), certificate_name(&stream)));
+                routes.connection =
+                    Some(Connection::new(peer.ip(), group, certificate_name(&stream)));
             }
             let connection = http.serve_connection(TokioIo::new(stream), routes);
             tokio::pin!(connection);
