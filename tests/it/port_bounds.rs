@@ -334,12 +334,7 @@ async fn one_host_holds_at_most_its_share_of_the_http_port() {
     let mut held = Vec::new();
     for _ in 0..2 {
         let mut c = connect_from([127, 0, 0, 1], port).await.unwrap();
-        c.write_all(b"GET /health/live HTTP/1.1\r\nhost: x\r\n\r\n")
-            .await
-            .unwrap();
-        let mut status = [0u8; 12];
-        c.read_exact(&mut status).await.unwrap();
-        assert_eq!(&status, b"HTTP/1.1 200");
+        assert_eq!(ask(&mut c, "/health/live", None).await, 200);
         held.push(c);
     }
     let mut third = connect_from([127, 0, 0, 1], port).await.unwrap();
