@@ -5,7 +5,11 @@
 # `cargo fuzz run <target> <file>`). Starts from the committed seeds and regressions, plus a
 # generated corpus in fuzz/corpus/<target>/ when one exists (kept between runs, not in git).
 #
-#   scripts/fuzz.sh [--seconds N] [--rss-mb M] [TARGET ...]     (default: 20 s each, 512 MB)
+#   scripts/fuzz.sh [--seconds N] [--rss-mb M] [--seed S] [TARGET ...]
+#
+# Defaults: 20 s each, 512 MB, seed 1. A fixed seed makes a run repeatable: the same commit
+# explores the same inputs in the same order, so a finding in CI is found again here and a
+# green run is not luck. `--seed 0` lets libFuzzer pick one (for exploring, not for gating).
 #
 # cargo-fuzz passes `-Z` flags; RUSTC_BOOTSTRAP=1 lets the stable compiler take them (fuzz/README.md).
 # No sanitizer: the targets run safe Rust, and libFuzzer's own RSS limit and timeouts are what
@@ -14,11 +18,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=20
 rss_mb=512
+seed=1
 targets=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --seconds) seconds="$2"; shift 2 ;;
     --rss-mb) rss_mb="$2"; shift 2 ;;
+    --seed) seed="$2"; shift 2 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac
@@ -40,7 +46,7 @@ for t in "${targets[@]}"; do
     [ -d "fuzz/$d/$t" ] && dirs+=("fuzz/$d/$t")
   done
   args=(-max_total_time="$seconds" -rss_limit_mb="$rss_mb" -malloc_limit_mb="$rss_mb" -timeout=10
-        -print_final_stats=1)
+        -print_final_stats=1 -seed="$seed")
   [ -f "fuzz/dict/$t.dict" ] && args+=(-dict="fuzz/dict/$t.dict")
   echo "fuzz: $t for ${seconds} s (${dirs[*]})" >&2
   log="$work/run.log"

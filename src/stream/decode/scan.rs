@@ -136,7 +136,9 @@ impl<'a> Scanner<'a> {
         let value = match (&entry.inner, self.peek()?) {
             (Some(inner), b'{') => self.object(inner, out, depth).map(|()| FieldValue::Other)?,
             (Some(inner), b'[') => self.array(inner, out, depth).map(|()| FieldValue::Other)?,
-            _ if entry.slots.is_empty() => return self.skip_value(depth),
+            // A scalar where fields were wanted inside: read as a wanted value, so a number the
+            // full parser refuses (`1e400` overflows f64) goes to it and gets its answer.
+            _ if entry.slots.is_empty() => return self.field_value(depth).map(drop),
             _ => self.field_value(depth)?,
         };
         for &slot in &entry.slots {

@@ -255,7 +255,7 @@ const EDGE_CASES: &[&str] = &[
 ];
 
 /// Numbers in every form, each as a dimension, a value, the time and a skipped field.
-const NUMBERS: &[&str] = &[
+pub(super) const NUMBERS: &[&str] = &[
     "0",
     "-0",
     "01",
@@ -293,6 +293,9 @@ const NUMBERS: &[&str] = &[
     "1722531600123",
     "1e400",
     "-1e400",
+    "172251e40072254",
+    "1e-400",
+    "0.1e999999999999999999",
     "4.9e-324",
     "Infinity",
     "NaN",

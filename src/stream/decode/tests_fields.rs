@@ -92,6 +92,20 @@ fn fast_scan_and_full_parser_agree_on_nested_input() {
 }
 
 #[test]
+fn fast_scan_and_full_parser_agree_on_numbers_where_an_object_is_wanted() {
+    // `n` is the parent of the nested paths: any number there, however odd, gets one answer.
+    for n in super::tests::NUMBERS {
+        for payload in [
+            format!(r#"{{"n":{n},"bytes":1,"ts":1}}"#),
+            format!(r#"{{"n":{{"a":{n},"b":{{"c":{n}}}}},"bytes":1,"ts":1}}"#),
+            format!(r#"{{"n":{{"a":[1,{n}],"b":{n}}},"bytes":1,"ts":1}}"#),
+        ] {
+            assert_same_answer(payload.as_bytes());
+        }
+    }
+}
+
+#[test]
 fn record_sources_read_key_headers_topic_and_partition() {
     let d = Decoder::new(
         &config(
