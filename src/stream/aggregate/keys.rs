@@ -153,6 +153,33 @@ impl KeyTable {
         Some(&mut self.keys.entries[i as usize].delta)
     }
 
+    /// The delta of `key`, added with `new()` when the table does not hold it yet (then
+    /// `true`). One hash of the key and one probe either way: the hot path's lookup.
+    #[inline]
+    pub(crate) fn get_or_insert_with(
+        &mut self,
+        key: &[u8],
+        new: impl FnOnce() -> Delta,
+    ) -> (&mut Delta, bool) {
+        let hash = self.hasher.hash_one(key);
+        let (keys, hasher) = (&self.keys, &self.hasher);
+        let entry = self.index.entry(
+            hash,
+            |&i| keys.key(i) == key,
+            |&j| hasher.hash_one(keys.key(j)),
+        );
+        let (i, created) = match entry {
+            hashbrown::hash_table::Entry::Occupied(e) => (*e.get(), false),
+            hashbrown::hash_table::Entry::Vacant(e) => {
+                let i = self.keys.len() as u32;
+                e.insert(i);
+                self.keys.push(key, new());
+                (i, true)
+            }
+        };
+        (&mut self.keys.entries[i as usize].delta, created)
+    }
+
     /// Add `key`, which must not be in the table yet.
     pub(crate) fn insert_new(&mut self, key: &[u8], delta: Delta) {
         debug_assert!(self.get(key).is_none());

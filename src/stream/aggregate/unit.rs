@@ -113,22 +113,16 @@ impl OpenUnit {
     /// when the unit first sees the key (later contributions of the same window keep it).
     #[inline]
     fn add_count(&mut self, key: &[u8], target: &Target<'_>, spread_ms: i64) -> bool {
-        if let Some(d) = self.keys.get_mut(key) {
-            d.delta += target.delta;
-            // A later window under the same key text (a local-time fold): the later expiry wins.
-            if target.expire_at_ms > d.expire_at_ms {
-                d.expire_at_ms = stored_expire_at(key, target.expire_at_ms, spread_ms);
-            }
-            return false;
+        let (d, created) = self.keys.get_or_insert_with(key, || Delta {
+            delta: 0,
+            expire_at_ms: stored_expire_at(key, target.expire_at_ms, spread_ms),
+        });
+        d.delta += target.delta;
+        // A later window under the same key text (a local-time fold): the later expiry wins.
+        if !created && target.expire_at_ms > d.expire_at_ms {
+            d.expire_at_ms = stored_expire_at(key, target.expire_at_ms, spread_ms);
         }
-        self.keys.insert_new(
-            key,
-            Delta {
-                delta: target.delta,
-                expire_at_ms: stored_expire_at(key, target.expire_at_ms, spread_ms),
-            },
-        );
-        true
+        created
     }
 
     /// Add the contribution `c` of a non-count kind to `key`; returns the new items.

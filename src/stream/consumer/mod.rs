@@ -42,7 +42,6 @@ use tokio_util::sync::CancellationToken;
 use crate::ops::health::Health;
 use crate::ops::log_limit::LogLimiter;
 use crate::ops::metrics::{Metrics, ResetReason};
-use crate::stream::decode::Record;
 
 pub use dead_letter::DeadLetters;
 pub use lag::LagProbe;
@@ -195,16 +194,7 @@ pub fn run(
             }
             Some(Ok(msg)) => {
                 fetched = true;
-                let ts = msg.timestamp().to_millis();
-                let record = Record {
-                    key: msg.key(),
-                    headers: msg.headers(),
-                    topic: msg.topic(),
-                    partition: msg.partition(),
-                };
-                guard
-                    .borrow_mut()
-                    .handle(&record, msg.offset(), msg.payload(), ts, now_ms);
+                guard.borrow_mut().handle(&msg, now_ms);
             }
         }
     }

@@ -8,6 +8,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
@@ -54,6 +55,8 @@ pub struct Worker {
     gauges: LaneGauges,
     /// The topic consumed: every partition list the worker builds names it.
     topic: String,
+    /// A field reads a record header (`$header.<name>`): only then are headers parsed.
+    reads_headers: bool,
     /// When counts were last published to `metrics`.
     last_publish: Instant,
     /// Re-reads the fences, to replay what Redis took back (see [`rollback`]).
@@ -71,6 +74,7 @@ impl Worker {
         flush: FlushConfig,
         state: StateAccess,
     ) -> Worker {
+        let reads_headers = decoder.reads_headers();
         Worker {
             agg,
             decoder,
@@ -85,6 +89,7 @@ impl Worker {
             gauges: LaneGauges::new(&metrics),
             metrics,
             topic,
+            reads_headers,
             last_publish: Instant::now(),
         }
     }
@@ -103,14 +108,21 @@ impl Worker {
         &self.topic
     }
 
-    pub(super) fn handle(
-        &mut self,
-        record: &Record<'_>,
-        offset: i64,
-        payload: Option<&[u8]>,
-        kafka_ts: Option<i64>,
-        now_ms: i64,
-    ) {
+    /// One message of the lane's topic. The record's parts are read only where the decoder
+    /// uses them: its topic is the lane's own, its headers are parsed when a field reads one.
+    pub(super) fn handle(&mut self, msg: &BorrowedMessage<'_>, now_ms: i64) {
+        let (offset, payload) = (msg.offset(), msg.payload());
+        let kafka_ts = msg.timestamp().to_millis();
+        let record = Record {
+            key: msg.key(),
+            headers: if self.reads_headers {
+                msg.headers()
+            } else {
+                None
+            },
+            topic: &self.topic,
+            partition: msg.partition(),
+        };
         let partition = record.partition;
         self.tally.consumed();
         self.flusher.reading();
@@ -119,7 +131,7 @@ impl Worker {
         }
         let error = match self
             .decoder
-            .decode_record(record, payload, kafka_ts, now_ms)
+            .decode_record(&record, payload, kafka_ts, now_ms)
         {
             Ok(event) => match self.agg.add(partition, offset, &event, now_ms) {
                 Added::Counted => {

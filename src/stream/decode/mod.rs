@@ -95,6 +95,14 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// Whether a field reads the record's headers: a consumer that finds none does not ask
+    /// librdkafka to parse them.
+    pub fn reads_headers(&self) -> bool {
+        self.meta
+            .iter()
+            .any(|(_, s)| matches!(s, FieldSource::Header(_)))
+    }
+
     /// `fields` are the distinct field names the counters need, with their roles; `decode` is
     /// the topic's decoding, compiled with the model.
     pub fn new(decode: &CompiledDecode, fields: &[(String, FieldRole)]) -> Decoder {

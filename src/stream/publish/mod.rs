@@ -291,35 +291,62 @@ impl Publisher {
                 }
                 self.late_changes(conn, spec, window, cells, wm).await?;
             } else {
-                let attempt = self.emit_final(conn, spec, window, &cells, wm, &progress_key);
-                // None: another publisher finished it meanwhile.
-                let Some(taken) = attempt.await? else {
-                    continue;
-                };
-                self.metrics
-                    .publish
-                    .windows
-                    .with_label_values(&[&spec.name])
-                    .inc();
-                progress::advance(conn, &progress_key, window.end_ms).await?;
-                if taken.again {
-                    // A re-publish: a late event since the first attempt (even one during this
-                    // attempt's sends) makes a key differ from the snapshot; read the keys again
-                    // now that Kafka acknowledged, and correct (or drop) those.
-                    let current = cells::read(conn, spec, window, keys).await?;
-                    if output.late == OutputLate::Drop {
-                        self.late_changes(conn, spec, window, current, wm).await?;
-                    } else {
-                        let late = snapshot::changed_since(&taken.cells, current);
-                        self.emit(conn, spec, window, &late, wm, Emit::Correction)
-                            .await?;
-                    }
-                }
+                self.close_window(
+                    conn,
+                    spec,
+                    (window, keys.as_slice()),
+                    cells,
+                    wm,
+                    &progress_key,
+                )
+                .await?;
             }
         }
         if closing {
             progress::advance(conn, &progress_key, closed_end).await?;
             behind.set(0);
+        }
+        Ok(())
+    }
+
+    /// A window that closed and was not published yet: its final results, the counter's
+    /// progress moved past it, then the corrections a re-publish found.
+    async fn close_window(
+        &self,
+        conn: &mut Conn,
+        spec: &CounterSpec,
+        (window, keys): (&Window, &[Vec<u8>]),
+        cells: Vec<Cell>,
+        wm: i64,
+        progress_key: &str,
+    ) -> anyhow::Result<()> {
+        let attempt = self.emit_final(conn, spec, window, &cells, wm, progress_key);
+        // None: another publisher finished it meanwhile.
+        let Some(taken) = attempt.await? else {
+            return Ok(());
+        };
+        self.metrics
+            .publish
+            .windows
+            .with_label_values(&[&spec.name])
+            .inc();
+        progress::advance(conn, progress_key, window.end_ms).await?;
+        if taken.again {
+            // A re-publish: a late event since the first attempt (even one during this
+            // attempt's sends) makes a key differ from the snapshot; read the keys again
+            // now that Kafka acknowledged, and correct (or drop) those.
+            let current = cells::read(conn, spec, window, keys).await?;
+            let late_drop = spec
+                .output
+                .as_ref()
+                .is_some_and(|o| o.late == OutputLate::Drop);
+            if late_drop {
+                self.late_changes(conn, spec, window, current, wm).await?;
+            } else {
+                let late = snapshot::changed_since(&taken.cells, current);
+                self.emit(conn, spec, window, &late, wm, Emit::Correction)
+                    .await?;
+            }
         }
         Ok(())
     }
