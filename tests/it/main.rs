@@ -70,6 +70,7 @@ mod rls_refund;
 mod rls_reserve;
 mod rollback;
 mod schema_registry;
+mod schema_registry_wait;
 mod scripts;
 mod sentinel;
 mod sentinel_stream;

@@ -202,9 +202,14 @@ pub fn run(
                     topic: msg.topic(),
                     partition: msg.partition(),
                 };
-                guard
-                    .borrow_mut()
-                    .handle(&record, msg.offset(), msg.payload(), ts, now_ms);
+                guard.borrow_mut().handle(
+                    &consumer,
+                    &record,
+                    msg.offset(),
+                    msg.payload(),
+                    ts,
+                    now_ms,
+                );
             }
         }
     }

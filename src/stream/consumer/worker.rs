@@ -20,6 +20,7 @@ use crate::stream::sink::{ApplyReply, SinkRequest};
 mod assign;
 mod resync;
 mod rollback;
+mod schema_wait;
 
 use super::commit::Committer;
 use super::decode_tally::DecodeTally;
@@ -54,8 +55,8 @@ pub struct Worker {
     gauges: LaneGauges,
     /// The topic consumed: every partition list the worker builds names it.
     topic: String,
-    /// When counts were last published to `metrics`.
-    last_publish: Instant,
+    /// Partitions paused until the schema registry answers for their next event.
+    schema_waits: schema_wait::SchemaWaits,
     /// Re-reads the fences, to replay what Redis took back (see [`rollback`]).
     fences: rollback::FenceWatch,
 }
@@ -85,7 +86,7 @@ impl Worker {
             gauges: LaneGauges::new(&metrics),
             metrics,
             topic,
-            last_publish: Instant::now(),
+            schema_waits: schema_wait::SchemaWaits::default(),
         }
     }
 
@@ -105,6 +106,7 @@ impl Worker {
 
     pub(super) fn handle(
         &mut self,
+        consumer: &BaseConsumer<TallyContext>,
         record: &Record<'_>,
         offset: i64,
         payload: Option<&[u8]>,
@@ -114,7 +116,8 @@ impl Worker {
         let partition = record.partition;
         self.tally.consumed();
         self.flusher.reading();
-        if !self.agg.owns(partition) {
+        // A partition waiting for a schema reads this event again once it is known.
+        if !self.agg.owns(partition) || self.schema_waits.holds(partition) {
             return;
         }
         let error = match self
@@ -130,9 +133,13 @@ impl Worker {
                 // `add` already moved past the message; it is bad input like any other.
                 Added::Overflow => Some(DecodeError::Overflow),
             },
-            // Left unread: the lane is stopping while the schema registry is down. Nothing
-            // moves past this offset; the next start reads it again.
-            Err(DecodeError::Unavailable) => return,
+            // Its schema is not known yet: nothing moves past this offset, the partition
+            // waits (paused) and reads it again once the registry answers, or at the next
+            // start.
+            Err(DecodeError::Unavailable) => {
+                self.wait_for_schema(consumer, partition, offset);
+                return;
+            }
             Err(e) => {
                 let fresh = self.agg.position(partition).is_some_and(|p| offset >= p);
                 self.agg.skip(partition, offset);
@@ -166,18 +173,19 @@ impl Worker {
         if pause != self.flusher.paused() {
             self.set_paused(consumer, pause);
         }
-        if self.last_publish.elapsed() >= PUBLISH_EVERY {
+        if self.tally.publish_due(PUBLISH_EVERY) {
             self.publish();
             self.parts.report_rebuilds(&self.agg, &mut self.gauges);
         }
         self.retry_parked(consumer);
+        self.retry_schema_waits(consumer);
     }
 
     fn set_paused(&mut self, consumer: &BaseConsumer<TallyContext>, paused: bool) {
-        let parts = &self.parts;
+        let (parts, waits) = (&self.parts, &self.schema_waits);
         if !self
             .flusher
-            .set_paused(consumer, paused, |p| parts.is_parked(p))
+            .set_paused(consumer, paused, |p| parts.is_parked(p) || waits.holds(p))
         {
             return;
         }
@@ -192,8 +200,8 @@ impl Worker {
 
     /// Publish per-batch counts to metrics.
     fn publish(&mut self) {
-        self.last_publish = Instant::now();
         self.tally.publish(&self.metrics);
+        self.schema_waits.publish(&self.decoder, &self.metrics);
         let counters = self.agg.counters();
         self.tally
             .publish_skips(&self.metrics, |ci| counters[ci].name.as_str());
@@ -376,6 +384,8 @@ impl Worker {
     /// given (after a rebalance assigns it, the caller pauses parked partitions itself).
     fn park(&mut self, consumer: Option<&BaseConsumer<TallyContext>>, partition: i32, halt: Halt) {
         self.agg.revoke(partition);
+        // Reopened where Redis says, it reads its events again anyway.
+        self.schema_waits.forget(partition);
         if let Some(consumer) = consumer {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(&self.topic, partition);
@@ -406,7 +416,7 @@ impl Worker {
                 continue;
             }
             self.parts.unpark(p, &mut self.gauges);
-            if !self.flusher.paused() {
+            if !self.flusher.paused() && !self.schema_waits.holds(p) {
                 let mut tpl = TopicPartitionList::new();
                 tpl.add_partition(&self.topic, p);
                 let _ = consumer.resume(&tpl);

@@ -33,7 +33,7 @@ use crate::config::SchemaSource;
 
 use super::paths::Node;
 use super::schema::registry::{Fetch, Registry, Schema};
-use super::schema::{Cache, Source, Unusable};
+use super::schema::{Cache, Compile, SchemaNews, Source, Unusable};
 use super::{DecodeError, FieldValue};
 use plan::Plan;
 
@@ -57,10 +57,14 @@ struct Messages(Vec<(SmallVec<[u32; 2]>, Plan)>);
 
 impl Protobuf {
     /// The reader of `schema` (compiled with the model: the descriptor file read once), for
-    /// the wanted fields of `root`.
-    pub(super) fn new(schema: &SchemaSource, root: &Node) -> Protobuf {
+    /// the wanted fields of `root`; a registry's schemas kept for at most `max_schemas` ids.
+    pub(super) fn new(schema: &SchemaSource, root: &Node, max_schemas: usize) -> Protobuf {
         let source = match schema {
-            SchemaSource::Registry(r) => Source::Registry(Cache::new(r)),
+            SchemaSource::Registry(r) => {
+                let root = root.clone();
+                let compile: Compile<Messages> = Arc::new(move |s, r| compile(s, r, &root));
+                Source::Registry(Cache::new(r, max_schemas, compile))
+            }
             SchemaSource::ProtobufFile(message) => {
                 let plan = plan::compile(message, root).map_err(|e| {
                     tracing::error!(message = message.full_name(), error = %e, "protobuf message unusable: every event is unknown_schema");
@@ -73,23 +77,22 @@ impl Protobuf {
         Protobuf { source }
     }
 
-    /// Wait out registry outages until `stop` is cancelled.
+    /// Ask the registry off the lane's thread until `stop` is cancelled.
     pub(super) fn stop_on(&mut self, stop: tokio_util::sync::CancellationToken) {
         self.source.stop_on(stop);
+    }
+
+    pub(super) fn news(&self) -> SchemaNews {
+        self.source.news()
     }
 
     /// Reads `payload` into `out`.
     pub(super) fn read<'a>(
         &self,
         payload: &'a [u8],
-        root: &Node,
         out: &mut [Option<FieldValue<'a>>],
     ) -> Result<(), DecodeError> {
-        let (messages, body) = self
-            .source
-            .resolve(payload, DecodeError::NotProtobuf, |s, r| {
-                compile(s, r, root)
-            })?;
+        let (messages, body) = self.source.resolve(payload, DecodeError::NotProtobuf)?;
         let (plan, message) = match &self.source {
             Source::File(_) => (&messages.0[0].1, body),
             Source::Registry(_) => messages.select(body).ok_or(DecodeError::NotProtobuf)?,
