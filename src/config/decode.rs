@@ -256,7 +256,8 @@ impl DecodeConfig {
                 match self.format {
                     Format::Protobuf => {
                         let name = self.message.as_deref().unwrap_or_default();
-                        let message = super::proto::message(&bytes, name).map_err(why)?;
+                        let message = super::proto::message(&bytes, name, self.max_schema_nodes)
+                            .map_err(why)?;
                         Ok(SchemaSource::ProtobufFile(message))
                     }
                     _ => {

@@ -43,6 +43,7 @@ mod openapi;
 mod pipeline;
 mod port_bounds;
 mod protobuf;
+mod protobuf_budget;
 mod proxy_faults;
 mod query;
 mod query_range;

@@ -135,6 +135,7 @@ impl Decoder {
             Format::Protobuf => Some(Box::new(Binary::Protobuf(protobuf::Protobuf::new(
                 &decode.schema,
                 &root,
+                config.max_schema_nodes,
                 config.max_schemas,
             )))),
         };
