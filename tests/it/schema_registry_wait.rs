@@ -57,10 +57,10 @@ async fn a_failing_schema_id_pauses_its_partition_only_and_the_lane_keeps_counti
     registry.fail(300, 500, r#"{"error_code":50001,"message":"store"}"#.into());
     let mut h = Harness::new("registry-wait", 2);
     let now = Utc::now().timestamp_millis();
-    // Partition 0: 5 events, one of the failing id, 5 more.
-    for i in 0..11 {
-        let id = if i == 5 { 300 } else { 1 };
-        h.produce(0, &event(id, "/p0"), Some(now));
+    // Partition 0: 5 events; once the lane counts partition 1 too, one of the failing id and
+    // 5 more.
+    for _ in 0..5 {
+        h.produce(0, &event(1, "/p0"), Some(now));
     }
     h.flush_producer();
     let running = h.start(config(&h, "g-wait", &registry));
@@ -84,9 +84,9 @@ async fn a_failing_schema_id_pauses_its_partition_only_and_the_lane_keeps_counti
     let mut longest = Duration::ZERO;
     let mut early_p0 = 0;
     let began = Instant::now();
-    let mut refused_at = None;
+    let (mut failing_sent, mut refused_at) = (None, None);
     while refused_at.is_none_or(|t: Instant| t.elapsed() < Duration::from_secs(1)) {
-        assert!(began.elapsed() < Duration::from_secs(30), "never refused");
+        assert!(began.elapsed() < Duration::from_secs(40), "never refused");
         h.produce(1, &event(1, "/p1"), Some(now));
         h.flush_producer();
         sent += 1;
@@ -98,15 +98,22 @@ async fn a_failing_schema_id_pauses_its_partition_only_and_the_lane_keeps_counti
             }
             (last, rose_at) = (c, Instant::now());
         }
+        if failing_sent.is_none() && c > 5 {
+            for id in [300, 1, 1, 1, 1, 1] {
+                h.produce(0, &event(id, "/p0"), Some(now));
+            }
+            h.flush_producer();
+            failing_sent = Some(Instant::now());
+        }
         if refused_at.is_none() && failed() == 1 {
             refused_at = Some(Instant::now());
         }
-        if refused_at.is_none() && sent % 20 == 0 {
+        if failing_sent.is_some() && refused_at.is_none() && sent % 20 == 0 {
             // Waiting: nothing of partition 0 after the failing event is counted yet.
             early_p0 = early_p0.max(count(&h, "/p0"));
         }
     }
-    let waited = refused_at.unwrap() - began;
+    let waited = refused_at.unwrap() - failing_sent.unwrap();
     h.wait_applied("g-wait", Duration::from_secs(30)).await;
     running.stop().await;
     eprintln!(
