@@ -114,10 +114,15 @@ pub struct DecodeConfig {
     pub max_message_bytes: usize,
     /// Longer dimension values are rejected as `too_large` (they would make huge keys).
     pub max_value_bytes: usize,
-    /// Avro: a writer schema that compiles to more nodes (types, fields, enum symbols; each
-    /// named type once) is refused: a `schema_file` by `tally check`, a registry schema's
-    /// events as `schema_too_large`. Bounds the memory and time one schema can cost.
+    /// A writer schema that compiles to more nodes (Avro: types, fields, enum symbols, each
+    /// named type once; Protobuf: messages, fields, enums and their values) is refused: a
+    /// `schema_file` or `descriptor_file` by `tally check`, a registry schema's events as
+    /// `schema_too_large`. Bounds the memory and time one schema can cost.
     pub max_schema_nodes: usize,
+    /// With a schema registry: the compiled schemas a lane keeps, by id (the least recently
+    /// used forgotten first, and fetched again when an event carries it). Bounds what a
+    /// producer cycling through many ids can make tally hold.
+    pub max_schemas: usize,
     /// Kafka topic that receives a copy of every undecodable message (with reason headers).
     pub dead_letter_topic: Option<String>,
     /// Events timed further than this after the current time are rejected as `future_time`
@@ -158,6 +163,7 @@ impl Default for DecodeConfig {
             max_message_bytes: 1 << 20,
             max_value_bytes: 256,
             max_schema_nodes: 100_000,
+            max_schemas: 1_000,
             dead_letter_topic: None,
             max_future: Duration::from_secs(86_400),
             fields: BTreeMap::new(),
@@ -184,6 +190,11 @@ impl DecodeConfig {
         ensure(
             self.max_schema_nodes > 0,
             "decode.max_schema_nodes",
+            "must be positive",
+        )?;
+        ensure(
+            self.max_schemas > 0,
+            "decode.max_schemas",
             "must be positive",
         )?;
         ensure(
@@ -245,7 +256,8 @@ impl DecodeConfig {
                 match self.format {
                     Format::Protobuf => {
                         let name = self.message.as_deref().unwrap_or_default();
-                        let message = super::proto::message(&bytes, name).map_err(why)?;
+                        let message = super::proto::message(&bytes, name, self.max_schema_nodes)
+                            .map_err(why)?;
                         Ok(SchemaSource::ProtobufFile(message))
                     }
                     _ => {

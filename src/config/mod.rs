@@ -52,7 +52,10 @@ pub use limits::{Limits, LimitsError};
 pub use log::{LogConfig, LogFormat, DEFAULT_LOG};
 pub use model::{Model, Tokens, Topic};
 pub use patterns::TopicPattern;
-pub use proto::message as descriptor_message;
+pub use proto::{
+    message as descriptor_message, within_budget as descriptor_within_budget,
+    TooLarge as DescriptorTooLarge,
+};
 pub use request::{BatchConfig, OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
 pub use rlqs::{RlqsBucket, RlqsConfig};
 pub use rls::{RlsConfig, Spread};

@@ -1,13 +1,16 @@
 //! Protobuf descriptors read from a file (`decode.descriptor_file`): the one place that reads
-//! them, so `tally check` and the decoder agree on what the file holds.
+//! them, and counts them against the node budget (`decode.max_schema_nodes`), so `tally check`
+//! and the decoder agree on what a file or a registry's schema may hold.
 
 use prost_reflect::{DescriptorPool, MessageDescriptor};
 
 /// The message type `name` (`package.Message`, a leading `.` allowed) of the descriptor set
-/// `bytes` (a serialized `FileDescriptorSet`, as `protoc --descriptor_set_out` writes it).
-pub fn message(bytes: &[u8], name: &str) -> Result<MessageDescriptor, String> {
+/// `bytes` (a serialized `FileDescriptorSet`, as `protoc --descriptor_set_out` writes it), if
+/// the set holds at most `max_nodes` nodes (see [`within_budget`]).
+pub fn message(bytes: &[u8], name: &str, max_nodes: usize) -> Result<MessageDescriptor, String> {
     let pool =
         DescriptorPool::decode(bytes).map_err(|e| format!("not a protobuf descriptor set: {e}"))?;
+    within_budget(&pool, max_nodes).map_err(|e| e.to_string())?;
     let name = name.trim_start_matches('.');
     pool.get_message_by_name(name).ok_or_else(|| {
         let known: Vec<String> = pool
@@ -17,4 +20,56 @@ pub fn message(bytes: &[u8], name: &str) -> Result<MessageDescriptor, String> {
             .collect();
         format!("no message `{name}` in it (it has: {})", known.join(", "))
     })
+}
+
+/// A descriptor pool over the node budget.
+#[derive(Debug, thiserror::Error)]
+#[error("more than {max} schema nodes (messages, fields, enums, enum values and extensions): over decode.max_schema_nodes, raise it or trim the schema")]
+pub struct TooLarge {
+    /// The budget.
+    pub max: usize,
+}
+
+/// The nodes of `pool` (every message and its fields, every enum and its values, every
+/// extension, of all its files), if at most `max`: what its plans and reading may cost is
+/// bounded by them.
+pub fn within_budget(pool: &DescriptorPool, max: usize) -> Result<usize, TooLarge> {
+    let messages = pool.all_messages().map(|m| 1 + m.fields().len());
+    let enums = pool.all_enums().map(|e| 1 + e.values().len());
+    let extensions = pool.all_extensions().map(|_| 1);
+    let mut nodes = 0usize;
+    for n in messages.chain(enums).chain(extensions) {
+        nodes = nodes.saturating_add(n);
+        if nodes > max {
+            return Err(TooLarge { max });
+        }
+    }
+    Ok(nodes)
+}
+
+#[cfg(test)]
+#[test]
+fn a_descriptor_set_over_the_node_budget_is_refused() {
+    use prost::Message;
+    // 3 messages of 30 fields, an enum of 3 values: 3 * 31 + 4 = 97 nodes.
+    let mut text =
+        String::from("syntax = \"proto3\"; package t; enum M { A = 0; B = 1; C = 2; }\n");
+    for m in 0..3 {
+        text += &format!("message E{m} {{");
+        for f in 1..=30 {
+            text += &format!(" int64 f{f} = {f};");
+        }
+        text += " }\n";
+    }
+    let dir = std::env::temp_dir().join(format!("tally-proto-budget-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("e.proto"), &text).unwrap();
+    let set = protox::compile(["e.proto"], [&dir]).unwrap();
+    let bytes = set.encode_to_vec();
+    let _ = std::fs::remove_dir_all(&dir);
+    let pool = DescriptorPool::decode(bytes.as_slice()).unwrap();
+    assert_eq!(within_budget(&pool, 97).unwrap(), 97);
+    assert!(message(&bytes, "t.E1", 97).is_ok());
+    let e = message(&bytes, "t.E1", 96).unwrap_err();
+    assert!(e.contains("over decode.max_schema_nodes"), "{e}");
 }

@@ -14,6 +14,8 @@ pub struct DecodeMetrics {
     pub dead_letters: IntCounter,
     /// Dead letters that could not be queued or delivered.
     pub dead_letter_errors: IntCounter,
+    /// Compiled registry schemas forgotten to keep within `decode.max_schemas`.
+    pub schema_evictions: IntCounter,
 }
 
 impl DecodeMetrics {
@@ -34,6 +36,11 @@ impl DecodeMetrics {
                 registry,
                 "tally_dead_letter_errors_total",
                 "Dead letters that could not be queued or delivered.",
+            ),
+            schema_evictions: counter(
+                registry,
+                "tally_schema_evictions_total",
+                "Compiled schemas of a schema registry forgotten to stay within decode.max_schemas (fetched again when an event carries them).",
             ),
         }
     }

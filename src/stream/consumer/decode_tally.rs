@@ -1,6 +1,8 @@
 //! What the worker counts about its input between two metric publications, and where bad
 //! messages go: counted per batch, not per message (the hot path touches no metric).
 
+use std::time::{Duration, Instant};
+
 use crate::ops::log_limit::LogLimiter;
 use crate::ops::metrics::Metrics;
 use crate::stream::decode::{DecodeError, Skips};
@@ -20,6 +22,8 @@ pub(super) struct DecodeTally {
     /// Events a counter did not take (its filter, a field it needs), by counter and
     /// [`Skips::REASONS`]; grown on the first skip.
     skipped: Vec<[u64; Skips::REASONS.len()]>,
+    /// When the counts were last published.
+    last_publish: Instant,
 }
 
 impl DecodeTally {
@@ -30,7 +34,13 @@ impl DecodeTally {
             log: LogLimiter::new(),
             dead_letters: None,
             skipped: Vec::new(),
+            last_publish: Instant::now(),
         }
+    }
+
+    /// Whether `every` has passed since the counts were last published.
+    pub(super) fn publish_due(&self, every: Duration) -> bool {
+        self.last_publish.elapsed() >= every
     }
 
     /// Counters that did not take a counted event, by reason.
@@ -107,6 +117,7 @@ impl DecodeTally {
 
     /// Add the counts to the metrics and start again from zero.
     pub(super) fn publish(&mut self, metrics: &Metrics) {
+        self.last_publish = Instant::now();
         let consumed = std::mem::take(&mut self.consumed);
         metrics.consumer.messages_consumed.inc_by(consumed);
         metrics.status.consumed(consumed);

@@ -34,7 +34,6 @@ use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
 use rdkafka::statistics::Statistics;
 use rdkafka::ClientContext;
 use tokio_util::sync::CancellationToken;
@@ -194,7 +193,7 @@ pub fn run(
             }
             Some(Ok(msg)) => {
                 fetched = true;
-                guard.borrow_mut().handle(&msg, now_ms);
+                guard.borrow_mut().handle(&consumer, &msg, now_ms);
             }
         }
     }

@@ -21,6 +21,7 @@ use crate::stream::sink::{ApplyReply, SinkRequest};
 mod assign;
 mod resync;
 mod rollback;
+mod schema_wait;
 
 use super::commit::Committer;
 use super::decode_tally::DecodeTally;
@@ -55,10 +56,8 @@ pub struct Worker {
     gauges: LaneGauges,
     /// The topic consumed: every partition list the worker builds names it.
     topic: String,
-    /// A field reads a record header (`$header.<name>`): only then are headers parsed.
-    reads_headers: bool,
-    /// When counts were last published to `metrics`.
-    last_publish: Instant,
+    /// Partitions paused until the schema registry answers for their next event.
+    schema_waits: schema_wait::SchemaWaits,
     /// Re-reads the fences, to replay what Redis took back (see [`rollback`]).
     fences: rollback::FenceWatch,
 }
@@ -74,7 +73,6 @@ impl Worker {
         flush: FlushConfig,
         state: StateAccess,
     ) -> Worker {
-        let reads_headers = decoder.reads_headers();
         Worker {
             agg,
             decoder,
@@ -89,8 +87,7 @@ impl Worker {
             gauges: LaneGauges::new(&metrics),
             metrics,
             topic,
-            reads_headers,
-            last_publish: Instant::now(),
+            schema_waits: schema_wait::SchemaWaits::default(),
         }
     }
 
@@ -110,12 +107,17 @@ impl Worker {
 
     /// One message of the lane's topic. The record's parts are read only where the decoder
     /// uses them: its topic is the lane's own, its headers are parsed when a field reads one.
-    pub(super) fn handle(&mut self, msg: &BorrowedMessage<'_>, now_ms: i64) {
+    pub(super) fn handle(
+        &mut self,
+        consumer: &BaseConsumer<TallyContext>,
+        msg: &BorrowedMessage<'_>,
+        now_ms: i64,
+    ) {
         let (offset, payload) = (msg.offset(), msg.payload());
         let kafka_ts = msg.timestamp().to_millis();
         let record = Record {
             key: msg.key(),
-            headers: if self.reads_headers {
+            headers: if self.decoder.reads_headers() {
                 msg.headers()
             } else {
                 None
@@ -126,7 +128,8 @@ impl Worker {
         let partition = record.partition;
         self.tally.consumed();
         self.flusher.reading();
-        if !self.agg.owns(partition) {
+        // A partition waiting for a schema reads this event again once it is known.
+        if !self.agg.owns(partition) || self.schema_waits.holds(partition) {
             return;
         }
         let error = match self
@@ -142,9 +145,13 @@ impl Worker {
                 // `add` already moved past the message; it is bad input like any other.
                 Added::Overflow => Some(DecodeError::Overflow),
             },
-            // Left unread: the lane is stopping while the schema registry is down. Nothing
-            // moves past this offset; the next start reads it again.
-            Err(DecodeError::Unavailable) => return,
+            // Its schema is not known yet: nothing moves past this offset, the partition
+            // waits (paused) and reads it again once the registry answers, or at the next
+            // start.
+            Err(DecodeError::Unavailable) => {
+                self.wait_for_schema(consumer, partition, offset);
+                return;
+            }
             Err(e) => {
                 let fresh = self.agg.position(partition).is_some_and(|p| offset >= p);
                 self.agg.skip(partition, offset);
@@ -178,18 +185,19 @@ impl Worker {
         if pause != self.flusher.paused() {
             self.set_paused(consumer, pause);
         }
-        if self.last_publish.elapsed() >= PUBLISH_EVERY {
+        if self.tally.publish_due(PUBLISH_EVERY) {
             self.publish();
             self.parts.report_rebuilds(&self.agg, &mut self.gauges);
         }
         self.retry_parked(consumer);
+        self.retry_schema_waits(consumer);
     }
 
     fn set_paused(&mut self, consumer: &BaseConsumer<TallyContext>, paused: bool) {
-        let parts = &self.parts;
+        let (parts, waits) = (&self.parts, &self.schema_waits);
         if !self
             .flusher
-            .set_paused(consumer, paused, |p| parts.is_parked(p))
+            .set_paused(consumer, paused, |p| parts.is_parked(p) || waits.holds(p))
         {
             return;
         }
@@ -204,8 +212,8 @@ impl Worker {
 
     /// Publish per-batch counts to metrics.
     fn publish(&mut self) {
-        self.last_publish = Instant::now();
         self.tally.publish(&self.metrics);
+        self.schema_waits.publish(&self.decoder, &self.metrics);
         let counters = self.agg.counters();
         self.tally
             .publish_skips(&self.metrics, |ci| counters[ci].name.as_str());
@@ -388,6 +396,8 @@ impl Worker {
     /// given (after a rebalance assigns it, the caller pauses parked partitions itself).
     fn park(&mut self, consumer: Option<&BaseConsumer<TallyContext>>, partition: i32, halt: Halt) {
         self.agg.revoke(partition);
+        // Reopened where Redis says, it reads its events again anyway.
+        self.schema_waits.forget(partition);
         if let Some(consumer) = consumer {
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(&self.topic, partition);
@@ -418,7 +428,7 @@ impl Worker {
                 continue;
             }
             self.parts.unpark(p, &mut self.gauges);
-            if !self.flusher.paused() {
+            if !self.flusher.paused() && !self.schema_waits.holds(p) {
                 let mut tpl = TopicPartitionList::new();
                 tpl.add_partition(&self.topic, p);
                 let _ = consumer.resume(&tpl);

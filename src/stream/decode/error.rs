@@ -39,8 +39,9 @@ pub enum DecodeError {
     /// The schema id is unknown to the registry, or its schema cannot be read.
     #[error("unknown or unusable schema")]
     UnknownSchema,
-    /// The schema registry did not answer and the decoder may not wait: the event was not
-    /// read and must be read again (never skipped, never counted as bad input).
+    /// The event's schema is not known yet (the registry is being asked on another thread,
+    /// or did not answer): the event was not read and must be read again (never skipped,
+    /// never counted as bad input).
     #[error("schema registry unavailable")]
     Unavailable,
     /// The schema compiles to more than `decode.max_schema_nodes` nodes: refused, not compiled.

@@ -138,10 +138,13 @@ impl Decoder {
                 &decode.schema,
                 &root,
                 config.max_schema_nodes,
+                config.max_schemas,
             )))),
             Format::Protobuf => Some(Box::new(Binary::Protobuf(protobuf::Protobuf::new(
                 &decode.schema,
                 &root,
+                config.max_schema_nodes,
+                config.max_schemas,
             )))),
         };
         Decoder {
@@ -231,8 +234,8 @@ impl Decoder {
         let mut raw: SmallVec<[Option<FieldValue<'a>>; 4]> = SmallVec::new();
         raw.resize(self.names.len(), None);
         match self.binary.as_deref() {
-            Some(Binary::Avro(avro)) => avro.read(payload, &self.root, &mut raw)?,
-            Some(Binary::Protobuf(proto)) => proto.read(payload, &self.root, &mut raw)?,
+            Some(Binary::Avro(avro)) => avro.read(payload, &mut raw)?,
+            Some(Binary::Protobuf(proto)) => proto.read(payload, &mut raw)?,
             None => self.json(payload, fast, &mut raw)?,
         }
         for (slot, source) in &self.meta {
@@ -316,13 +319,24 @@ impl Decoder {
         Ok(())
     }
 
-    /// Avro and Protobuf: wait out a schema registry outage until `stop` is cancelled (the
-    /// lane's shutdown) instead of answering [`DecodeError::Unavailable`] at once.
+    /// Avro and Protobuf: ask the schema registry off the caller's thread, retrying an outage
+    /// until `stop` is cancelled (the lane's shutdown), instead of asking once per event. An
+    /// event whose schema is not known within a short wait is [`DecodeError::Unavailable`]:
+    /// read it again once [`Decoder::schema_news`] says a fetch settled since.
     pub fn wait_for_schemas(&mut self, stop: tokio_util::sync::CancellationToken) {
         match self.binary.as_deref_mut() {
             Some(Binary::Avro(avro)) => avro.stop_on(stop),
             Some(Binary::Protobuf(proto)) => proto.stop_on(stop),
             None => {}
+        }
+    }
+
+    /// The schema registry's side of decoding: fetches settled, schemas held and forgotten.
+    pub fn schema_news(&self) -> SchemaNews {
+        match self.binary.as_deref() {
+            Some(Binary::Avro(avro)) => avro.news(),
+            Some(Binary::Protobuf(proto)) => proto.news(),
+            None => SchemaNews::default(),
         }
     }
 
@@ -427,6 +441,7 @@ mod schema;
 
 pub use error::DecodeError;
 pub use rules::Skips;
+pub use schema::SchemaNews;
 mod scan;
 
 #[cfg(test)]

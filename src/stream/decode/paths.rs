@@ -6,13 +6,13 @@ use smallvec::SmallVec;
 use crate::config::Segment;
 
 /// The wanted keys (or indexes) of one object (or array).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub(super) struct Node {
     entries: Vec<Entry>,
 }
 
 /// One wanted key: the fields it holds (`slots`), and the wanted values inside it.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Entry {
     segment: Segment,
     /// Decoder field indexes whose value this is (several names may read one path).

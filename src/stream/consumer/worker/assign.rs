@@ -49,6 +49,12 @@ impl Worker {
         tracing::info!(partitions = ?parts, units, keys, landed, "flushed partitions being revoked");
         for &p in &parts {
             self.agg.revoke(p);
+            if self.schema_waits.forget(p) {
+                // Paused for its schema: not paused when it is assigned again.
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition(&self.topic, p);
+                let _ = consumer.resume(&tpl);
+            }
             self.commits.revoked(p);
             self.parts.revoked(p, &mut self.gauges);
             self.metrics.status.revoked(self.parts.lane(), p);
@@ -65,6 +71,7 @@ impl Worker {
     pub(in crate::stream::consumer) fn release(&mut self, tpl: &TopicPartitionList) {
         for p in self.partitions_of(tpl) {
             self.agg.revoke(p);
+            self.schema_waits.forget(p);
         }
     }
 

@@ -10,62 +10,73 @@
 //! does not fit, is `not_avro`; an id the registry does not know (404), or a schema tally cannot
 //! read, is `unknown_schema`; a schema over `decode.max_schema_nodes` is `schema_too_large`;
 //! a datum over the reader's item budget is `too_complex` (all counted and dead-lettered like
-//! any bad input). A registry outage is waited out ([`super::schema`]).
+//! any bad input). A registry outage is waited out, the partition paused ([`super::schema`]).
 
 mod plan;
 mod read;
 
+use std::sync::Arc;
+
 use crate::config::SchemaSource;
 
 use super::paths::Node;
-use super::schema::{Cache, Source, Unusable};
+use super::schema::{Cache, Compile, SchemaNews, Source, Unusable};
 use super::{DecodeError, FieldValue};
 use plan::{Plan, Refused};
 
 /// Where schemas come from, and the compiled ones.
 pub(super) struct Avro {
     source: Source<Plan>,
-    /// `decode.max_schema_nodes`: a schema's plan is refused past it.
-    max_nodes: usize,
 }
 
 impl Avro {
     /// The reader of `schema` (compiled with the model: the file read once), for the wanted
-    /// fields of `root`, each schema planned in at most `max_nodes` nodes.
-    pub(super) fn new(schema: &SchemaSource, root: &Node, max_nodes: usize) -> Avro {
+    /// fields of `root`, each schema planned in at most `max_nodes` nodes; a registry's
+    /// schemas kept for at most `max_schemas` ids.
+    pub(super) fn new(
+        schema: &SchemaSource,
+        root: &Node,
+        max_nodes: usize,
+        max_schemas: usize,
+    ) -> Avro {
         let source = match schema {
-            SchemaSource::Registry(r) => Source::Registry(Cache::new(r)),
+            SchemaSource::Registry(r) => {
+                let root = root.clone();
+                let compile: Compile<Plan> = Arc::new(move |s, _| match s.is("AVRO") {
+                    true => compile(&s.schema, &root, max_nodes),
+                    false => Err(format!("a {:?} schema, not avro", s.schema_type).into()),
+                });
+                Source::Registry(Cache::new(r, max_schemas, compile))
+            }
             SchemaSource::AvroFile(schema) => {
                 let plan = plan::compile(schema, root, max_nodes).map_err(|e| {
                     let e = Unusable::from(e);
                     tracing::error!(error = %e, reason = e.reason().reason(), "avro schema file unusable for the wanted fields: every event is refused");
                     e.reason()
                 });
-                Source::File(plan.map(|c| std::sync::Arc::new(c.plan)))
+                Source::File(plan.map(|c| Arc::new(c.plan)))
             }
             _ => Source::File(Err(DecodeError::UnknownSchema)),
         };
-        Avro { source, max_nodes }
+        Avro { source }
     }
 
-    /// Wait out registry outages until `stop` is cancelled.
+    /// Ask the registry off the lane's thread until `stop` is cancelled.
     pub(super) fn stop_on(&mut self, stop: tokio_util::sync::CancellationToken) {
         self.source.stop_on(stop);
+    }
+
+    pub(super) fn news(&self) -> SchemaNews {
+        self.source.news()
     }
 
     /// Reads `payload` into `out`.
     pub(super) fn read<'a>(
         &self,
         payload: &'a [u8],
-        root: &Node,
         out: &mut [Option<FieldValue<'a>>],
     ) -> Result<(), DecodeError> {
-        let (plan, datum) =
-            self.source
-                .resolve(payload, DecodeError::NotAvro, |s, _| match s.is("AVRO") {
-                    true => compile(&s.schema, root, self.max_nodes),
-                    false => Err(format!("a {:?} schema, not avro", s.schema_type).into()),
-                })?;
+        let (plan, datum) = self.source.resolve(payload, DecodeError::NotAvro)?;
         run(&plan, datum, out)
     }
 }

@@ -17,7 +17,9 @@
 //! What cannot be read: a frame that is not one, an index past the schema's messages, or a
 //! message its schema does not fit, is `not_protobuf`; a message over the reader's budget
 //! (fields per byte, groups nested too deep) is `too_complex`; an unknown id or a schema that
-//! does not compile is `unknown_schema`.
+//! does not compile is `unknown_schema`; a schema (with its imports) of more than
+//! `decode.max_schema_nodes` messages, fields, enums, values and extensions is
+//! `schema_too_large` (a descriptor file over it is refused by `tally check`).
 
 mod plan;
 mod read;
@@ -33,7 +35,7 @@ use crate::config::SchemaSource;
 
 use super::paths::Node;
 use super::schema::registry::{Fetch, Registry, Schema};
-use super::schema::{Cache, Source, Unusable};
+use super::schema::{Cache, Compile, SchemaNews, Source, Unusable};
 use super::{DecodeError, FieldValue};
 use plan::Plan;
 
@@ -56,11 +58,22 @@ pub(super) struct Protobuf {
 struct Messages(Vec<(SmallVec<[u32; 2]>, Plan)>);
 
 impl Protobuf {
-    /// The reader of `schema` (compiled with the model: the descriptor file read once), for
-    /// the wanted fields of `root`.
-    pub(super) fn new(schema: &SchemaSource, root: &Node) -> Protobuf {
+    /// The reader of `schema` (compiled with the model: the descriptor file read once and
+    /// refused over `max_nodes`), for the wanted fields of `root`; a registry's schemas
+    /// refused over `max_nodes` and kept for at most `max_schemas` ids.
+    pub(super) fn new(
+        schema: &SchemaSource,
+        root: &Node,
+        max_nodes: usize,
+        max_schemas: usize,
+    ) -> Protobuf {
         let source = match schema {
-            SchemaSource::Registry(r) => Source::Registry(Cache::new(r)),
+            SchemaSource::Registry(r) => {
+                let root = root.clone();
+                let compile: Compile<Messages> =
+                    Arc::new(move |s, r| compile(s, r, &root, max_nodes));
+                Source::Registry(Cache::new(r, max_schemas, compile))
+            }
             SchemaSource::ProtobufFile(message) => {
                 let plan = plan::compile(message, root).map_err(|e| {
                     tracing::error!(message = message.full_name(), error = %e, "protobuf message unusable: every event is unknown_schema");
@@ -73,23 +86,22 @@ impl Protobuf {
         Protobuf { source }
     }
 
-    /// Wait out registry outages until `stop` is cancelled.
+    /// Ask the registry off the lane's thread until `stop` is cancelled.
     pub(super) fn stop_on(&mut self, stop: tokio_util::sync::CancellationToken) {
         self.source.stop_on(stop);
+    }
+
+    pub(super) fn news(&self) -> SchemaNews {
+        self.source.news()
     }
 
     /// Reads `payload` into `out`.
     pub(super) fn read<'a>(
         &self,
         payload: &'a [u8],
-        root: &Node,
         out: &mut [Option<FieldValue<'a>>],
     ) -> Result<(), DecodeError> {
-        let (messages, body) = self
-            .source
-            .resolve(payload, DecodeError::NotProtobuf, |s, r| {
-                compile(s, r, root)
-            })?;
+        let (messages, body) = self.source.resolve(payload, DecodeError::NotProtobuf)?;
         let (plan, message) = match &self.source {
             Source::File(_) => (&messages.0[0].1, body),
             Source::Registry(_) => messages.select(body).ok_or(DecodeError::NotProtobuf)?,
@@ -126,9 +138,14 @@ impl Messages {
     }
 }
 
-/// The registry's Protobuf schema `schema` (and the schemas it references) compiled: a plan
-/// for each of its message types.
-fn compile(schema: &Schema, registry: &Registry, root: &Node) -> Result<Messages, Unusable> {
+/// The registry's Protobuf schema `schema` (and the schemas it references) compiled, within
+/// `max_nodes`: a plan for each of its message types.
+fn compile(
+    schema: &Schema,
+    registry: &Registry,
+    root: &Node,
+    max_nodes: usize,
+) -> Result<Messages, Unusable> {
     if !schema.is("PROTOBUF") {
         let kind = schema.schema_type.as_deref().unwrap_or("AVRO");
         return Err(Unusable::Bad(format!("a {kind} schema, not protobuf")));
@@ -159,11 +176,13 @@ fn compile(schema: &Schema, registry: &Registry, root: &Node) -> Result<Messages
             Fetch::Unavailable(e) => return Err(Unusable::Unavailable(e)),
         }
     }
-    Ok(build(files, root)?)
+    build(files, root, max_nodes)
 }
 
-/// The schema [`MAIN`] of `files` compiled: a plan for each of its message types.
-fn build(files: Files, root: &Node) -> Result<Messages, String> {
+/// The schema [`MAIN`] of `files` compiled: a plan for each of its message types; refused
+/// as too large when it and its imports hold more than `max_nodes` nodes (counted as for a
+/// descriptor file, before a plan is made).
+fn build(files: Files, root: &Node, max_nodes: usize) -> Result<Messages, Unusable> {
     let mut resolver = ChainFileResolver::new();
     resolver.add(files);
     resolver.add(GoogleFileResolver::new());
@@ -171,9 +190,11 @@ fn build(files: Files, root: &Node) -> Result<Messages, String> {
     compiler.include_imports(true);
     compiler.open_file(MAIN).map_err(|e| e.to_string())?;
     let pool = compiler.descriptor_pool();
+    crate::config::descriptor_within_budget(&pool, max_nodes)
+        .map_err(|e| Unusable::TooLarge(e.to_string()))?;
     let file = pool
         .get_file_by_name(MAIN)
-        .ok_or("the schema compiled to nothing")?;
+        .ok_or_else(|| Unusable::Bad("the schema compiled to nothing".into()))?;
     let mut plans = Vec::new();
     for (i, m) in file.messages().enumerate() {
         messages(&m, SmallVec::from_slice(&[i as u32]), root, &mut plans)?;

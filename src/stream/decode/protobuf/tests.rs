@@ -63,6 +63,9 @@ const PATHS: [&str; 26] = [
     "items[0].method", // 25
 ];
 
+/// The default `decode.max_schema_nodes`.
+const BUDGET: usize = 100_000;
+
 fn root() -> Node {
     let mut root = Node::default();
     for (slot, path) in PATHS.iter().enumerate() {
@@ -75,7 +78,12 @@ fn root() -> Node {
 }
 
 fn compiled(text: &str) -> Messages {
-    build(Files(HashMap::from([(MAIN.into(), text.into())])), &root()).unwrap()
+    build(
+        Files(HashMap::from([(MAIN.into(), text.into())])),
+        &root(),
+        BUDGET,
+    )
+    .unwrap()
 }
 
 fn pool(text: &str) -> prost_reflect::DescriptorPool {
@@ -319,19 +327,54 @@ fn schema_versions_each_read_with_their_own() {
 #[test]
 fn schemas_that_do_not_compile_are_refused() {
     let files = |t: &str| Files(HashMap::from([(MAIN.into(), t.into())]));
-    assert!(build(files("syntax = \"proto3\"; message {"), &root()).is_err());
+    assert!(build(files("syntax = \"proto3\"; message {"), &root(), BUDGET).is_err());
     assert!(build(
         files("syntax = \"proto3\"; import \"other.proto\";"),
-        &root()
+        &root(),
+        BUDGET
     )
     .is_err());
     // Well-known imports resolve without the registry.
     let t = r#"syntax = "proto3"; import "google/protobuf/timestamp.proto";
         message E { google.protobuf.Timestamp at = 1; string route = 2; }"#;
-    let m = build(files(t), &root()).unwrap();
+    let m = build(files(t), &root(), BUDGET).unwrap();
     let mut out = vec![None; PATHS.len()];
     super::read::Reader::new(3)
         .message(&[0x12, 0x01, b'r'], &m.0[0].1, &mut out)
         .unwrap();
     assert_eq!(out[0], s("r"), "found by name, whatever its number");
+}
+
+#[test]
+fn schemas_over_the_node_budget_are_too_large() {
+    // 10 messages of 50 fields: 510 nodes.
+    let mut text = String::from("syntax = \"proto3\"; package t;\n");
+    for m in 0..10 {
+        text += &format!("message E{m} {{");
+        for f in 1..=50 {
+            text += &format!(" int32 f{f} = {f};");
+        }
+        text += " }\n";
+    }
+    let files = || Files(HashMap::from([(MAIN.into(), text.clone())]));
+    assert_eq!(build(files(), &root(), 510).unwrap().0.len(), 10);
+    let Err(e) = build(files(), &root(), 509) else {
+        panic!("over the budget, compiled")
+    };
+    assert_eq!(e.reason(), DecodeError::SchemaTooLarge, "{e}");
+    assert!(e.to_string().contains("decode.max_schema_nodes"), "{e}");
+    // Imports count too: a small schema importing a large one.
+    let mut with_import = files();
+    with_import.0.insert(
+        "big.proto".into(),
+        text.replace("package t;", "package big;"),
+    );
+    with_import.0.insert(
+        MAIN.into(),
+        "syntax = \"proto3\"; import \"big.proto\"; message R { big.E0 e = 1; }".into(),
+    );
+    let Err(e) = build(with_import, &root(), 509) else {
+        panic!("over the budget with its imports, compiled")
+    };
+    assert_eq!(e.reason(), DecodeError::SchemaTooLarge, "{e}");
 }

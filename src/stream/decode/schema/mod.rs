@@ -3,52 +3,42 @@
 //! * With `[decode.schema_registry]`: the Confluent wire format (byte 0, the writer schema's id
 //!   as 4 big-endian bytes, then the format's body). A schema is fetched by id (`GET
 //!   /schemas/ids/{id}`, the registry's REST API) the first time it is seen, compiled by the
-//!   format for the wanted fields, and kept.
+//!   format for the wanted fields, and kept: at most `decode.max_schemas` ids per lane, the
+//!   least recently used forgotten first (and fetched again when seen again).
 //! * With a local file (`decode.schema_file`, `decode.descriptor_file`): bare bodies, all
 //!   written with that schema.
 //!
 //! An id the registry does not know (404), or a schema the format cannot read, is
 //! `unknown_schema`, and a schema over the format's budget `schema_too_large` (both asked again
-//! after [`UNKNOWN_RETRY`]). A registry that does not answer is not bad input: the lane waits
-//! and asks again (1 s, doubling to 30 s), logging, until it answers or tally stops (then
-//! [`DecodeError::Unavailable`]: the event is left for the next start, nothing skipped). An id
-//! the registry answers with a failure (a 5xx, an answer over 1 MiB or not a schema) is waited
-//! out the same way, but after [`MAX_ASKS`] asks the registry is checked: if it answers, it is
+//! after [`fetch::UNKNOWN_RETRY`]). A registry that does not answer is not bad input: it is
+//! asked again (1 s, doubling to 30 s), logging, until it answers or tally stops. An id the
+//! registry answers with a failure (a 5xx, an answer over 1 MiB or not a schema) is asked the
+//! same way, but after [`fetch::MAX_ASKS`] asks the registry is checked: if it answers, it is
 //! failing for this id only, and the id's events are `registry_error` (asked again after
-//! [`FAILED_RETRY`]) instead of holding the partition for ever.
+//! [`fetch::FAILED_RETRY`]) instead of holding the partition for ever.
 //!
-//! The wait runs on the lane's thread, between two polls of Kafka: an outage longer than
-//! `max.poll.interval.ms` makes the lane leave the group (counts stay exact; the partitions
-//! are taken again when it polls).
+//! In a lane ([`Source::stop_on`]) the asking runs on a thread of its own per id ([`fetch`]):
+//! the lane waits for it at most [`cache::LANE_WAIT`], then the event is
+//! [`DecodeError::Unavailable`] and the lane pauses only that partition, keeps polling Kafka,
+//! and reads the event again once the answer is in ([`Source::settled`] moves). Without a lane
+//! (a recount), the registry is asked once per event and an outage is `Unavailable` at once.
 
+mod cache;
+mod fetch;
 pub(super) mod registry;
+mod state;
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::RegistrySettings;
-use crate::ops::log_limit::LogLimiter;
-
 use super::DecodeError;
-use registry::{Fetch, Registry, Schema};
+pub(super) use cache::Cache;
+use registry::{Registry, Schema};
 
-/// Unknown ids remembered at most (then forgotten, known schemas kept).
-const MAX_SCHEMAS: usize = 10_000;
-
-/// How long an id the registry did not know is answered `unknown_schema` without asking again.
-const UNKNOWN_RETRY: Duration = Duration::from_secs(10);
-
-/// Asks of an id the registry answers with failures before the registry is checked (1 + 2 +
-/// 4 s of waiting).
-const MAX_ASKS: u32 = 4;
-
-/// How long an id the registry kept failing for is answered `registry_error` without asking
-/// again (each new ask holds the partition for the asks above).
-const FAILED_RETRY: Duration = Duration::from_secs(60);
+/// How a format compiles a registry's schema (fetching what it references from the registry),
+/// shared with the threads that fetch.
+pub(super) type Compile<P> = Arc<dyn Fn(&Schema, &Registry) -> Result<P, Unusable> + Send + Sync>;
 
 /// Why a fetched schema was not compiled.
 #[derive(Debug)]
@@ -102,130 +92,52 @@ pub(super) enum Source<P> {
     File(Result<Arc<P>, DecodeError>),
 }
 
-impl<P> Source<P> {
+impl<P: Send + Sync + 'static> Source<P> {
     /// The compiled schema of `payload`, and its body (after the frame, if framed). A payload
     /// that is not a frame is `not_framed`.
     pub(super) fn resolve<'a>(
         &self,
         payload: &'a [u8],
         not_framed: DecodeError,
-        compile: impl Fn(&Schema, &Registry) -> Result<P, Unusable>,
     ) -> Result<(Arc<P>, &'a [u8]), DecodeError> {
         match self {
             Source::File(Err(e)) => Err(*e),
             Source::File(Ok(p)) => Ok((p.clone(), payload)),
             Source::Registry(cache) => {
                 let (id, body) = frame(payload).ok_or(not_framed)?;
-                Ok((cache.get(id, compile)?, body))
+                Ok((cache.get(id)?, body))
             }
         }
     }
 
-    /// Wait out registry outages until `stop` is cancelled.
+    /// Ask the registry off the caller's thread, retrying outages until `stop` is cancelled.
     pub(super) fn stop_on(&mut self, stop: CancellationToken) {
         if let Source::Registry(cache) = self {
-            cache.stop = Some(stop);
+            cache.stop_on(stop);
+        }
+    }
+
+    /// What the schema cache has to tell the lane (see [`SchemaNews`]).
+    pub(super) fn news(&self) -> SchemaNews {
+        match self {
+            Source::Registry(cache) => cache.news(),
+            Source::File(_) => SchemaNews::default(),
         }
     }
 }
 
-/// One id's schema compiled, or until when and why its events are refused.
-type Compiled<P> = Result<Arc<P>, (Instant, DecodeError)>;
-
-/// A registry's schemas, compiled, by id.
-pub(super) struct Cache<P> {
-    registry: Registry,
-    /// Compiled schemas by id; `Err((until, why))`: refused until then.
-    compiled: Mutex<HashMap<u32, Compiled<P>>>,
-    /// Set by the lane: a registry outage is waited out until this is cancelled.
-    stop: Option<CancellationToken>,
-    log: Mutex<LogLimiter>,
-}
-
-impl<P> Cache<P> {
-    pub(super) fn new(settings: &RegistrySettings) -> Cache<P> {
-        Cache {
-            registry: Registry::new(settings),
-            compiled: Mutex::new(HashMap::new()),
-            stop: None,
-            log: Mutex::new(LogLimiter::new()),
-        }
-    }
-
-    /// The compiled schema `id`: cached, else fetched and compiled (waiting out an outage, see
-    /// the module).
-    fn get(
-        &self,
-        id: u32,
-        compile: impl Fn(&Schema, &Registry) -> Result<P, Unusable>,
-    ) -> Result<Arc<P>, DecodeError> {
-        match self.compiled.lock().get(&id) {
-            Some(Ok(p)) => return Ok(p.clone()),
-            Some(Err((until, why))) if Instant::now() < *until => return Err(*why),
-            _ => {}
-        }
-        let mut wait = Duration::from_secs(1);
-        let mut asked = 0;
-        loop {
-            asked += 1;
-            let answer = match self.registry.schema(id) {
-                Fetch::Found(schema) => compile(&schema, &self.registry),
-                Fetch::NotFound => Err(Unusable::Bad("the registry does not know it".into())),
-                Fetch::Failed(e) => Err(Unusable::Failed(e)),
-                Fetch::Unavailable(e) => Err(Unusable::Unavailable(e)),
-            };
-            match answer {
-                Ok(p) => {
-                    let p = Arc::new(p);
-                    self.compiled.lock().insert(id, Ok(p.clone()));
-                    return Ok(p);
-                }
-                // Failing again and again while the registry answers: only this id fails.
-                Err(e @ Unusable::Failed(_)) if asked >= MAX_ASKS && self.registry.answers() => {
-                    return Err(self.refuse(id, e));
-                }
-                Err(Unusable::Failed(e) | Unusable::Unavailable(e)) => {
-                    self.wait_out(id, &e, wait)?;
-                    wait = (wait * 2).min(Duration::from_secs(30));
-                }
-                Err(e) => return Err(self.refuse(id, e)),
-            }
-        }
-    }
-
-    /// Waits `wait` before asking the registry about `id` again (it failed with `e`), or
-    /// answers [`DecodeError::Unavailable`] if the lane stops or may not wait.
-    fn wait_out(&self, id: u32, e: &str, wait: Duration) -> Result<(), DecodeError> {
-        if let Some(suppressed) = self.log.lock().allow() {
-            tracing::warn!(schema_id = id, error = %e, suppressed, "schema registry unavailable: the partition waits");
-        }
-        let Some(stop) = self.stop.as_ref().filter(|s| !s.is_cancelled()) else {
-            return Err(DecodeError::Unavailable);
-        };
-        // Asleep in short steps: a stop is noticed within 100 ms.
-        let until = Instant::now() + wait;
-        while Instant::now() < until && !stop.is_cancelled() {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(())
-    }
-
-    /// Remembers that the events of `id` are refused (for a while: see the module), and why.
-    fn refuse(&self, id: u32, e: Unusable) -> DecodeError {
-        let why = e.reason();
-        tracing::warn!(schema_id = id, error = %e, reason = why.reason(), "schema unusable: its events are refused");
-        let again = match why {
-            DecodeError::RegistryError => FAILED_RETRY,
-            _ => UNKNOWN_RETRY,
-        };
-        let mut compiled = self.compiled.lock();
-        // Ids are 32-bit: a producer inventing them must not grow this forever.
-        if compiled.len() >= MAX_SCHEMAS {
-            compiled.retain(|_, p| p.is_ok());
-        }
-        compiled.insert(id, Err((Instant::now() + again, why)));
-        why
-    }
+/// What the registry's side of a decoder tells its lane, read between two polls.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SchemaNews {
+    /// Fetches finished so far: an event answered [`DecodeError::Unavailable`] when this was
+    /// `missed_at` can be read again once it is greater.
+    pub settled: u64,
+    /// `settled` when the last event was answered [`DecodeError::Unavailable`].
+    pub missed_at: u64,
+    /// Compiled schemas (or refusals) held now.
+    pub held: usize,
+    /// Held ids forgotten to make room for others, since the lane started.
+    pub evicted: u64,
 }
 
 /// The Confluent wire format: magic byte 0, the schema id (4 bytes, big-endian), the body.
