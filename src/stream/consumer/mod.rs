@@ -34,7 +34,6 @@ use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::Message;
 use rdkafka::statistics::Statistics;
 use rdkafka::ClientContext;
 use tokio_util::sync::CancellationToken;

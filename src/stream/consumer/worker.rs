@@ -55,8 +55,6 @@ pub struct Worker {
     gauges: LaneGauges,
     /// The topic consumed: every partition list the worker builds names it.
     topic: String,
-    /// A field reads a record header (`$header.<name>`): only then are headers parsed.
-    reads_headers: bool,
     /// When counts were last published to `metrics`.
     last_publish: Instant,
     /// Re-reads the fences, to replay what Redis took back (see [`rollback`]).
@@ -74,7 +72,6 @@ impl Worker {
         flush: FlushConfig,
         state: StateAccess,
     ) -> Worker {
-        let reads_headers = decoder.reads_headers();
         Worker {
             agg,
             decoder,
@@ -89,7 +86,6 @@ impl Worker {
             gauges: LaneGauges::new(&metrics),
             metrics,
             topic,
-            reads_headers,
             last_publish: Instant::now(),
         }
     }
@@ -115,7 +111,7 @@ impl Worker {
         let kafka_ts = msg.timestamp().to_millis();
         let record = Record {
             key: msg.key(),
-            headers: if self.reads_headers {
+            headers: if self.decoder.reads_headers() {
                 msg.headers()
             } else {
                 None
