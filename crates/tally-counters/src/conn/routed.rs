@@ -97,6 +97,7 @@ impl Conn {
             Conn::Cluster(c) => {
                 let route = SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master));
                 let guard = c.clone();
+                guard.blocks_for(std::time::Duration::from_millis(ms));
                 guard
                     .unless_stuck(c.client.route_pipeline(pipe, 0, 2, route))
                     .await?
