@@ -9,7 +9,7 @@
 //! answers `admitted` within a bound, and then never `not-replicated` (their replicas are in
 //! sync); the failed-over shard's quotas answer `not-replicated` while its new primary has no
 //! replica (checked on the server), and `admitted` within a bound once the returning node is in
-//! sync. The ground truth is each quota's taken count read from the cluster: every unit taken is
+//! sync (it says its link is up and caught up, and the new primary lists it online). The ground truth is each quota's taken count read from the cluster: every unit taken is
 //! one admitted, one answered `not-replicated` (taken, not granted), or one whose outcome was
 //! answered unknown; nothing else.
 
@@ -122,6 +122,15 @@ fn connected_replicas(port: u16) -> u64 {
         .unwrap_or(0)
 }
 
+/// Whether `primary` counts `replica` as an online replica (a `WAIT` counts only those; the
+/// replica's own `master_link_status:up` comes first).
+fn online_replica(primary: u16, replica: u16) -> bool {
+    let port = format!("port={replica},");
+    cli(primary, &["INFO", "replication"])
+        .lines()
+        .any(|l| l.starts_with("slave") && l.contains(&port) && l.contains("state=online"))
+}
+
 fn config(cluster: &LocalCluster) -> String {
     let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
     let mut config = format!(
@@ -215,8 +224,25 @@ fn after_a_cluster_failover_durable_decisions_answer_once_their_shard_has_a_repl
     // The killed node comes back, follows the new primary and syncs.
     cluster.node_mut(victim).unwrap().restart().unwrap();
     wait_synced(replica, victim);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !online_replica(replica, victim) {
+        assert!(
+            Instant::now() < deadline,
+            "the new primary never saw its replica online"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let synced = Instant::now();
+    let refused_before: u64 = failed
+        .iter()
+        .map(|q| takes.count(q, Answer::NotReplicated))
+        .sum();
     let failed_ok = takes.until_admitted(&failed, synced);
+    let refused_after: u64 = failed
+        .iter()
+        .map(|q| takes.count(q, Answer::NotReplicated))
+        .sum::<u64>()
+        - refused_before;
     for q in &others {
         assert_eq!(takes.take(q), Answer::Admitted, "{q}");
     }
@@ -226,6 +252,10 @@ fn after_a_cluster_failover_durable_decisions_answer_once_their_shard_has_a_repl
          was in sync (answers {:?})\n{}",
         takes.answers,
         tally.log()
+    );
+    assert_eq!(
+        refused_after, 0,
+        "the failed-over shard answered not-replicated with its replica online"
     );
     eprintln!(
         "after the takeover: other shards admitted after {:?}; the failed-over shard admitted \
