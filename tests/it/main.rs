@@ -15,6 +15,7 @@ mod bounded_flush;
 mod cli_help;
 mod clock_skew;
 mod cluster;
+mod cluster_durability;
 mod config_cli;
 mod config_reference;
 mod contract;

@@ -35,6 +35,8 @@ mod sentinel;
 pub use sentinel::Sentinel;
 mod stuck;
 pub use stuck::Cluster;
+mod routed;
+pub use routed::ServerConn;
 
 /// A live connection.
 #[derive(Clone)]

@@ -71,6 +71,22 @@ impl Script {
             other => other,
         }
     }
+
+    /// [`Script::run`], telling which server connection ran it too (see
+    /// [`Conn::query_traced`]).
+    pub async fn run_traced(
+        &self,
+        conn: &mut Conn,
+        cmd: &Cmd,
+    ) -> RedisResult<(redis::Value, Option<crate::conn::ServerConn>)> {
+        match conn.query_traced(cmd).await {
+            Err(e) if is_noscript(&e) => {
+                self.load(conn).await?;
+                conn.query_traced(cmd).await
+            }
+            other => other,
+        }
+    }
 }
 
 /// Whether Redis answered that it does not know the script's SHA.

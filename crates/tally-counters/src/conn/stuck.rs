@@ -21,6 +21,11 @@
 //! A client that is only busy (a large flush: the `PING` queues behind a chunk per shard on its
 //! node) still completes requests in that time, so a slow request is not failed by this; a
 //! `PING` answered with an error is an answer too (the client is alive, the node is not).
+//!
+//! A `WAIT` holds its node connection until the replicas answer or its timeout passes: the
+//! requests queued behind it on that node, and a `PING` that lands there, wait for it. While a
+//! `WAIT` may be holding a connection ([`Cluster::blocks_for`]), a check that gets no answer
+//! is not taken for a stuck client; the next check after it is.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -56,6 +61,10 @@ pub struct Cluster {
     /// Requests answered (with a reply or an error) through any clone: progress while a check
     /// waits means the client is busy, not stuck.
     answered: Arc<AtomicU64>,
+    /// When the client was made: `blocked_until` counts from it.
+    made: std::time::Instant,
+    /// Until when (ms after `made`) a `WAIT` sent through any clone may hold a node connection.
+    blocked_until: Arc<AtomicU64>,
 }
 
 impl Cluster {
@@ -63,7 +72,21 @@ impl Cluster {
         Cluster {
             client,
             answered: Arc::default(),
+            made: std::time::Instant::now(),
+            blocked_until: Arc::default(),
         }
+    }
+
+    /// A `WAIT` of `timeout` is about to be sent: until it has had that time, requests queued
+    /// behind it are not a sign of a stuck client.
+    pub(super) fn blocks_for(&self, timeout: Duration) {
+        let until = (self.made.elapsed() + timeout + CHECK_WITHIN).as_millis() as u64;
+        self.blocked_until.fetch_max(until, Ordering::Relaxed);
+    }
+
+    /// Whether a `WAIT` may still be holding a node connection.
+    fn may_be_blocked(&self) -> bool {
+        (self.made.elapsed().as_millis() as u64) < self.blocked_until.load(Ordering::Relaxed)
     }
 
     /// Run `request` (sent through this client), failing it with [`stuck_error`] as soon as
@@ -90,7 +113,10 @@ impl Cluster {
             tokio::select! {
                 result = &mut request => return self.answer(result),
                 answered = ping => {
-                    if answered.is_err() && self.answered.load(Ordering::Relaxed) == before {
+                    if answered.is_err()
+                        && self.answered.load(Ordering::Relaxed) == before
+                        && !self.may_be_blocked()
+                    {
                         return Err(stuck_error());
                     }
                 }

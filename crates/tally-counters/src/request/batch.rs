@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, Once};
 use redis::{Cmd, Value};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 
-use super::link::Link;
+use super::link::{Link, Written};
 use super::RequestError;
 use crate::script::Script;
 
@@ -81,8 +81,13 @@ struct Job {
     keys: Vec<String>,
     /// The call's ARGV (a `Cmd` used as an argument buffer).
     args: Cmd,
-    reply: oneshot::Sender<Result<Value, RequestError>>,
+    /// Whether its caller waits for replicas (it needs to know where the write went).
+    traced: bool,
+    reply: oneshot::Sender<Result<Sent, RequestError>>,
 }
+
+/// A call's reply, and where its write went when its caller asked ([`Job::traced`]).
+pub(crate) type Sent = (Value, Option<Written>);
 
 /// The queue and the slots of one client.
 pub(crate) struct Batcher {
@@ -115,19 +120,20 @@ impl Batcher {
     }
 
     /// Run one call of `pair` with `keys` and `args`: alone if a slot is free (or batching is
-    /// off), else queued for the next batch.
+    /// off), else queued for the next batch. `traced`: say where the write went.
     pub(crate) async fn run(
         &self,
         link: &Arc<Link>,
         pair: &'static ScriptPair,
         keys: Vec<String>,
         args: Cmd,
-    ) -> Result<Value, RequestError> {
+        traced: bool,
+    ) -> Result<Sent, RequestError> {
         if self.settings.max_calls <= 1 {
-            return run_alone(link, pair, &keys, &args).await;
+            return run_alone(link, pair, &keys, &args, traced).await;
         }
         if let Ok(_slot) = self.slots.try_acquire() {
-            return run_alone(link, pair, &keys, &args).await;
+            return run_alone(link, pair, &keys, &args, traced).await;
         }
         let most = self.settings.max_queued();
         if self.queued.fetch_add(1, Ordering::Relaxed) >= most {
@@ -140,13 +146,14 @@ impl Batcher {
             pair,
             keys,
             args,
+            traced,
             reply,
         };
         if let Err(unsent) = self.tx.send(job) {
             // The driver is gone (its runtime ended): nothing was sent, so send it alone.
             self.queued.fetch_sub(1, Ordering::Relaxed);
             let job = unsent.0;
-            return run_alone(link, job.pair, &job.keys, &job.args).await;
+            return run_alone(link, job.pair, &job.keys, &job.args, traced).await;
         }
         answer.await.unwrap_or_else(|_| Err(dropped()))
     }
@@ -209,20 +216,35 @@ impl Queue {
     }
 }
 
-/// `EVALSHA` of the single script with `keys` and `args`.
+/// `EVALSHA` of the single script with `keys` and `args`; `traced`: say where it went.
 async fn run_alone(
     link: &Link,
     pair: &ScriptPair,
     keys: &[String],
     args: &Cmd,
-) -> Result<Value, RequestError> {
+    traced: bool,
+) -> Result<Sent, RequestError> {
     let mut cmd = pair.single.cmd(keys);
     for arg in args.args_iter() {
         if let redis::Arg::Simple(bytes) = arg {
             cmd.arg(bytes);
         }
     }
-    link.run(&pair.single, &cmd).await
+    run_script(link, &pair.single, &cmd, traced).await
+}
+
+/// Run `cmd` of `script`, and say where it went when `traced`.
+async fn run_script(
+    link: &Link,
+    script: &Script,
+    cmd: &Cmd,
+    traced: bool,
+) -> Result<Sent, RequestError> {
+    if traced {
+        let (reply, written) = link.run_traced(Some(script), cmd).await?;
+        return Ok((reply, Some(written)));
+    }
+    Ok((link.run(script, cmd).await?, None))
 }
 
 /// The driver: waits for a free slot, then sends everything queued (up to `max_calls`).
@@ -288,7 +310,7 @@ async fn send(link: Arc<Link>, jobs: Vec<Job>, _slot: OwnedSemaphorePermit) {
 async fn send_group(link: &Link, mut jobs: Vec<Job>) {
     if jobs.len() == 1 {
         let job = jobs.remove(0);
-        let result = run_alone(link, job.pair, &job.keys, &job.args).await;
+        let result = run_alone(link, job.pair, &job.keys, &job.args, job.traced).await;
         let _ = job.reply.send(result);
         return;
     }
@@ -306,13 +328,17 @@ async fn send_group(link: &Link, mut jobs: Vec<Job>) {
             }
         }
     }
-    match link.run::<Value>(&pair.batch, &cmd).await {
-        Ok(Value::Array(replies)) if replies.len() == jobs.len() => {
+    let traced = jobs.iter().any(|job| job.traced);
+    match run_script(link, &pair.batch, &cmd, traced).await {
+        Ok((Value::Array(replies), written)) if replies.len() == jobs.len() => {
             for (job, reply) in jobs.into_iter().zip(replies) {
-                let _ = job.reply.send(one_reply(reply));
+                let written = written.clone().filter(|_| job.traced);
+                let _ = job
+                    .reply
+                    .send(one_reply(reply).map(|reply| (reply, written)));
             }
         }
-        Ok(other) => {
+        Ok((other, _)) => {
             for job in jobs {
                 let _ = job.reply.send(Err(RequestError::Reply {
                     script: pair.batch.name(),

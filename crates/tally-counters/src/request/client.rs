@@ -8,7 +8,7 @@ use redis::{Cmd, FromRedisValue};
 
 use super::batch::{Batcher, Batching, ScriptPair};
 use super::confirm::{Confirmers, Durability};
-use super::link::Link;
+use super::link::{Link, Written};
 use super::RequestError;
 use crate::config::RedisConfig;
 use crate::conn::Conn;
@@ -56,25 +56,43 @@ impl Client {
         self.durability
     }
 
-    /// Before a call that writes: the generation of the connection it will use (the WAIT
-    /// after it must run on the same one; opened now if there is none). 0 when nothing is
-    /// waited for.
-    async fn before_write(&self) -> Result<u64, RequestError> {
-        if self.durability.replicas == 0 {
-            return Ok(0);
-        }
-        Ok(self.link.conn_and_generation().await?.1)
+    /// Whether writes wait for replicas (and so must say where they went).
+    fn durable_writes(&self) -> bool {
+        self.durability.replicas > 0
+    }
+
+    /// Send a write (`script`'s call, or a plain command); where it went when it must be
+    /// confirmed. An error past the send is an unknown outcome unless Redis refused it.
+    async fn send(
+        &self,
+        script: Option<&Script>,
+        cmd: &Cmd,
+    ) -> Result<(redis::Value, Option<Written>), RequestError> {
+        let sent = if self.durable_writes() {
+            self.link
+                .run_traced(script, cmd)
+                .await
+                .map(|(reply, written)| (reply, Some(written)))
+        } else {
+            match script {
+                Some(script) => self.link.run(script, cmd).await,
+                None => self.link.query(cmd).await,
+            }
+            .map(|reply| (reply, None))
+        };
+        sent.map_err(super::unknown_unless_refused)
     }
 
     /// After a call that wrote: wait for the replicas `durability` asks for, in a WAIT shared
-    /// with the calls confirming now (one per durability level, shared by every clone).
-    async fn confirm(&self, generation: u64) -> Result<(), RequestError> {
-        if self.durability.replicas == 0 {
+    /// with the calls written over the same connection and confirming now (per durability
+    /// level and connection, shared by every clone).
+    async fn confirm(&self, written: Option<Written>) -> Result<(), RequestError> {
+        let Some(written) = written else {
             return Ok(());
-        }
+        };
         self.confirmers
-            .of(self.durability)
-            .confirm(&self.link, self.durability, generation)
+            .of(self.durability, &written.via)
+            .confirm(&self.link, self.durability, written)
             .await
     }
 
@@ -98,13 +116,9 @@ impl Client {
         script: &Script,
         cmd: &Cmd,
     ) -> Result<T, RequestError> {
-        let generation = self.before_write().await?;
-        let reply = self
-            .link
-            .run(script, cmd)
-            .await
-            .map_err(super::unknown_unless_refused)?;
-        self.confirm(generation).await?;
+        let (reply, written) = self.send(Some(script), cmd).await?;
+        let reply = parse(reply)?;
+        self.confirm(written).await?;
         Ok(reply)
     }
 
@@ -116,22 +130,18 @@ impl Client {
         keys: Vec<String>,
         args: Cmd,
     ) -> Result<redis::Value, RequestError> {
-        let generation = self.before_write().await?;
-        let reply = self.batch.run(&self.link, pair, keys, args).await?;
-        self.confirm(generation).await?;
+        let traced = self.durable_writes();
+        let (reply, written) = self.batch.run(&self.link, pair, keys, args, traced).await?;
+        self.confirm(written).await?;
         Ok(reply)
     }
 
     /// Run a plain command that writes, answered once the durability level holds (as for a
     /// script call); its outcome unknown after an error past the send, as for a script.
     pub async fn write<T: FromRedisValue>(&self, cmd: &Cmd) -> Result<T, RequestError> {
-        let generation = self.before_write().await?;
-        let reply = self
-            .link
-            .query(cmd)
-            .await
-            .map_err(super::unknown_unless_refused)?;
-        self.confirm(generation).await?;
+        let (reply, written) = self.send(None, cmd).await?;
+        let reply = parse(reply)?;
+        self.confirm(written).await?;
         Ok(reply)
     }
 
@@ -145,4 +155,11 @@ impl Client {
     pub fn forget(&self, e: &redis::RedisError) {
         self.link.forget(e)
     }
+}
+
+/// A write's reply as the caller's type; a reply it cannot be is an unknown outcome (the write
+/// ran, its answer is unreadable).
+fn parse<T: FromRedisValue>(reply: redis::Value) -> Result<T, RequestError> {
+    redis::from_redis_value(reply)
+        .map_err(|e| RequestError::OutcomeUnknown(redis::RedisError::from(e)))
 }

@@ -7,14 +7,19 @@
 //! A WAIT covers only the writes of its own connection: a decision whose write went over a
 //! connection that has since been replaced (it broke, a failover) cannot be confirmed by a WAIT
 //! on the new one (that returns at once: the new client wrote nothing). Each decision carries
-//! the generation of the connection it started on; a WAIT sent on another generation answers
-//! it "not replicated", never "confirmed".
+//! the connection its write went over ([`Via`]); decisions share a WAIT only with decisions
+//! written over the same connection, and a WAIT that ran on another one answers them "not
+//! replicated", never "confirmed".
+//!
+//! On a cluster each write goes to the primary of its slot over that node's connection, so
+//! decisions are grouped per node connection and the WAIT goes to that one primary: a shard
+//! whose replica is behind (or gone after a failover) holds up only its own decisions.
 
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use super::link::Link;
+use super::link::{Link, Via, Written};
 use super::RequestError;
 
 /// How many replicas must have a write before a call is answered (`WAIT replicas timeout`
@@ -40,20 +45,23 @@ impl Default for Durability {
     }
 }
 
-/// What one WAIT found: the replicas that acknowledged, and the generation of the connection
-/// it ran on; None when it failed (the writes it was to confirm stay unconfirmed).
-type Outcome = Option<(i64, u64)>;
+/// What one WAIT found: the replicas that acknowledged, and the connection it ran on; None
+/// when it failed (the writes it was to confirm stay unconfirmed).
+type Outcome = Option<(i64, Via)>;
 
-/// One [`Confirmer`] per durability level, shared by a client and every clone of it (a limit
-/// whose policies ask for another level than the client's gets a clone per decision).
+/// One [`Confirmer`] per durability level and connection written over, shared by a client and
+/// every clone of it (a limit whose policies ask for another level than the client's gets a
+/// clone per decision).
 #[derive(Default)]
-pub(crate) struct Confirmers(Mutex<std::collections::HashMap<Durability, Arc<Confirmer>>>);
+pub(crate) struct Confirmers(Mutex<std::collections::HashMap<(Durability, Via), Arc<Confirmer>>>);
 
 impl Confirmers {
-    /// The confirmer of `durability`.
-    pub(crate) fn of(&self, durability: Durability) -> Arc<Confirmer> {
+    /// The confirmer of writes at `durability` made over `via`. Confirmers nobody uses any
+    /// more (their connection was replaced) are dropped here.
+    pub(crate) fn of(&self, durability: Durability, via: &Via) -> Arc<Confirmer> {
         let mut all = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        Arc::clone(all.entry(durability).or_default())
+        all.retain(|_, confirmer| Arc::strong_count(confirmer) > 1);
+        Arc::clone(all.entry((durability, via.clone())).or_default())
     }
 }
 
@@ -70,21 +78,29 @@ struct Pending {
     running: bool,
     /// Each waiter's reply channel.
     waiting: Vec<oneshot::Sender<Outcome>>,
+    /// Where the last arrival wrote: the next WAIT goes there (every waiter wrote over the
+    /// same connection; the slot routes it on a cluster).
+    last: Option<Written>,
 }
 
 impl Confirmer {
-    /// Wait until `durability` holds for a write made on a connection of generation
-    /// `generation` (read before the write): shares a WAIT with every decision waiting now.
+    /// Wait until `durability` holds for a write made as `written` says: shares a WAIT with
+    /// every decision written over the same connection and waiting now.
     pub(crate) async fn confirm(
         self: &Arc<Self>,
         link: &Arc<Link>,
         durability: Durability,
-        generation: u64,
+        written: Written,
     ) -> Result<(), RequestError> {
+        if written.via == Via::Unknown {
+            return judge(durability.replicas, 0, false);
+        }
+        let via = written.via.clone();
         let (tx, rx) = oneshot::channel();
         let start = {
             let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
             pending.waiting.push(tx);
+            pending.last = Some(written);
             !std::mem::replace(&mut pending.running, true)
         };
         if start {
@@ -92,7 +108,7 @@ impl Confirmer {
             tokio::spawn(Arc::clone(self).drive(Arc::clone(link), durability));
         }
         match rx.await {
-            Ok(Some((acked, on))) => judge(durability.replicas, acked, generation == on),
+            Ok(Some((acked, on))) => judge(durability.replicas, acked, via == on),
             _ => Err(RequestError::NotReplicated {
                 wanted: durability.replicas,
                 acked: 0,
@@ -103,21 +119,22 @@ impl Confirmer {
     /// Send WAITs until no one waits: each takes every waiter present when it is sent.
     async fn drive(self: Arc<Self>, link: Arc<Link>, durability: Durability) {
         loop {
-            let batch = {
+            let (batch, written) = {
                 let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-                if pending.waiting.is_empty() {
-                    pending.running = false;
-                    return;
+                match pending.last.clone() {
+                    Some(written) if !pending.waiting.is_empty() => {
+                        (std::mem::take(&mut pending.waiting), written)
+                    }
+                    _ => {
+                        pending.running = false;
+                        return;
+                    }
                 }
-                std::mem::take(&mut pending.waiting)
             };
             let ms = durability.timeout.as_millis().max(1) as u64;
-            let outcome = link
-                .query_on::<i64>(redis::cmd("WAIT").arg(durability.replicas).arg(ms))
-                .await
-                .ok();
+            let outcome = link.wait(&written, durability.replicas, ms).await.ok();
             for tx in batch {
-                let _ = tx.send(outcome);
+                let _ = tx.send(outcome.clone());
             }
         }
     }

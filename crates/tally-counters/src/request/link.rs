@@ -3,12 +3,34 @@
 
 use std::sync::Mutex;
 
-use redis::{Cmd, FromRedisValue};
+use redis::{Cmd, FromRedisValue, Value};
 
 use super::RequestError;
 use crate::config::RedisConfig;
-use crate::conn::{Conn, Connector};
+use crate::conn::{Conn, Connector, ServerConn};
 use crate::script::Script;
+
+/// Which connection a write went over: only a `WAIT` on the same one can confirm it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Via {
+    /// The link's connection of this generation (a single server, or the primary Sentinel
+    /// named): a new one is opened only when the last one broke.
+    Link(u64),
+    /// One node's connection inside a cluster connection, as that node names it (the cluster
+    /// client replaces its node connections on its own: the link's generation cannot tell).
+    Node(ServerConn),
+    /// A cluster node's connection that the node did not name: no `WAIT` can confirm the write.
+    Unknown,
+}
+
+/// Where a write went, for the `WAIT` that confirms it.
+#[derive(Debug, Clone)]
+pub(crate) struct Written {
+    /// The connection it went over.
+    pub via: Via,
+    /// The cluster slot of its keys: the `WAIT` goes to that slot's primary (0 on a server).
+    pub slot: u16,
+}
 
 /// The connection, shared by the client's clones and its batch driver.
 pub(crate) struct Link {
@@ -103,6 +125,56 @@ impl Link {
         Ok((self.check(result)?, generation))
     }
 
+    /// Run `cmd`, a write (an invocation of `script`, or a plain command), and say which
+    /// connection it went over.
+    pub(crate) async fn run_traced(
+        &self,
+        script: Option<&Script>,
+        cmd: &Cmd,
+    ) -> Result<(Value, Written), RequestError> {
+        let (mut conn, generation) = self.conn_and_generation().await?;
+        let slot = first_key(cmd).map_or(0, crate::model::layout::key_slot);
+        let on_node = |(reply, conn): (Value, Option<ServerConn>)| {
+            (reply, conn.map_or(Via::Unknown, Via::Node))
+        };
+        let result = match (&conn, script) {
+            (Conn::Single(_), Some(script)) => script
+                .run(&mut conn, cmd)
+                .await
+                .map(|reply| (reply, Via::Link(generation))),
+            (Conn::Single(_), None) => conn
+                .query(cmd)
+                .await
+                .map(|reply| (reply, Via::Link(generation))),
+            (Conn::Cluster(_), Some(script)) => {
+                script.run_traced(&mut conn, cmd).await.map(on_node)
+            }
+            (Conn::Cluster(_), None) => conn.query_traced(cmd).await.map(on_node),
+        };
+        let (reply, via) = self.check(result)?;
+        Ok((reply, Written { via, slot }))
+    }
+
+    /// `WAIT replicas ms` on the connection `written` names: on a cluster, sent to the primary
+    /// of its slot only. The replicas that acknowledged, and the connection it ran on.
+    pub(crate) async fn wait(
+        &self,
+        written: &Written,
+        replicas: u32,
+        ms: u64,
+    ) -> Result<(i64, Via), RequestError> {
+        if let Via::Link(_) = written.via {
+            let (acked, generation) = self
+                .query_on::<i64>(redis::cmd("WAIT").arg(replicas).arg(ms))
+                .await?;
+            return Ok((acked, Via::Link(generation)));
+        }
+        let mut conn = self.conn().await?;
+        let result = conn.wait_on_slot(written.slot, replicas, ms).await;
+        let (acked, on) = self.check(result)?;
+        Ok((acked, on.map_or(Via::Unknown, Via::Node)))
+    }
+
     pub(crate) async fn run<T: FromRedisValue>(
         &self,
         script: &Script,
@@ -136,5 +208,35 @@ impl Link {
         {
             *self.conn.lock().unwrap_or_else(|e| e.into_inner()) = None;
         }
+    }
+}
+
+/// The first key of `cmd`: after the key count of EVAL/EVALSHA, else its first argument.
+fn first_key(cmd: &Cmd) -> Option<&[u8]> {
+    let arg = |i: usize| match cmd.args_iter().nth(i)? {
+        redis::Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    };
+    let name = arg(0)?;
+    if name.eq_ignore_ascii_case(b"EVALSHA") || name.eq_ignore_ascii_case(b"EVAL") {
+        arg(3)
+    } else {
+        arg(1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_key;
+
+    #[test]
+    fn the_first_key_of_a_script_call_or_a_command() {
+        let mut eval = redis::cmd("EVALSHA");
+        eval.arg("abc").arg(2).arg("k1").arg("k2").arg("v");
+        assert_eq!(first_key(&eval), Some(&b"k1"[..]));
+        let mut del = redis::cmd("DEL");
+        del.arg("k3");
+        assert_eq!(first_key(&del), Some(&b"k3"[..]));
+        assert_eq!(first_key(&redis::cmd("PING")), None);
     }
 }

@@ -173,6 +173,10 @@ fn refused_before_running(e: &redis::RedisError) -> bool {
                     | "CLUSTERDOWN"
                     | "TRYAGAIN"
                     | "NOAUTH"
+                    // A cluster node that does not serve the slot (a failover or a resharding
+                    // moved it) redirects instead of running the command.
+                    | "MOVED"
+                    | "ASK"
             )
         )
 }
