@@ -268,7 +268,19 @@ impl Config {
     }
 
     /// The TOML text of this configuration with secrets masked, as `tally check` prints it.
+    /// With `[[kafka.topics]]`, the single-topic `kafka.topic` is left out: its default names a
+    /// topic that is not read.
     pub fn to_toml(&self) -> String {
-        toml::to_string_pretty(&self.redacted()).unwrap_or_else(|e| format!("# cannot render: {e}"))
+        let rendered = toml::Table::try_from(self.redacted()).map(|mut table| {
+            if !self.kafka.topics.is_empty() {
+                if let Some(toml::Value::Table(kafka)) = table.get_mut("kafka") {
+                    kafka.remove("topic");
+                }
+            }
+            table
+        });
+        rendered
+            .and_then(|t| toml::to_string_pretty(&t))
+            .unwrap_or_else(|e| format!("# cannot render: {e}"))
     }
 }

@@ -415,3 +415,53 @@ fn bad_expressions_and_field_sources_say_where() {
         assert!(stderr.contains(says), "{section}: {stderr}");
     }
 }
+
+/// With `[[kafka.topics]]`, `tally check` prints the topics read, not the single-topic
+/// `kafka.topic` default (which names a topic that is not read); the text is the order of the
+/// reference configuration (brokers before the topics).
+#[test]
+fn check_prints_the_topics_read_and_not_the_single_topic_default() {
+    let config = r#"
+[kafka]
+brokers = "127.0.0.1:9092"
+group_id = "g"
+
+[[kafka.topics]]
+name = "orders"
+
+[[counters]]
+name = "c"
+dimensions = ["a"]
+key = "c:{a}:{yyyyMMddHH}"
+window = "1h"
+retention = "2h"
+"#;
+    let out = with_file(config, &[], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("name = \"orders\""), "{text}");
+    assert!(!text.contains("topic = "), "{text}");
+    let (brokers, topics) = (
+        text.find("brokers = ").unwrap(),
+        text.find("name = \"orders\"").unwrap(),
+    );
+    assert!(brokers < topics, "{text}");
+    // The single-topic form still prints its topic.
+    let single = config.replace(
+        "[[kafka.topics]]\nname = \"orders\"\n",
+        "topic = \"orders\"\n",
+    );
+    assert_ne!(single, config);
+    let single = with_file(&single, &[], &[]);
+    let text = String::from_utf8_lossy(&single.stdout);
+    assert!(
+        single.status.success(),
+        "{}",
+        String::from_utf8_lossy(&single.stderr)
+    );
+    assert!(text.contains("topic = \"orders\""), "{text}");
+}

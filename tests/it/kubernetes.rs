@@ -74,10 +74,12 @@ fn the_manifests_validate_against_the_kubernetes_schemas() {
     );
     assert!(out.status.success(), "kubernetes-validate:\n{text}");
     // Only the Prometheus Operator's kinds have no schema in the validator (CRDs); they are
-    // checked against what they select in the next test.
+    // checked against what they select (and the rules against alerts.yml) in the next tests.
     for line in text.lines().filter(|l| l.contains("Couldn't find schema")) {
         assert!(
-            line.contains("ServiceMonitor") || line.contains("PodMonitor"),
+            ["ServiceMonitor", "PodMonitor", "PrometheusRule"]
+                .iter()
+                .any(|kind| line.contains(kind)),
             "a kind the validator does not know: {line}"
         );
     }
@@ -253,6 +255,52 @@ fn the_manifests_fit_together() {
             );
         }
     }
+    // Every monitor names the scrape job `tally`, which the alert rules' `up{job="tally"}` needs.
+    for (kind, endpoints) in [
+        ("ServiceMonitor", "endpoints"),
+        ("PodMonitor", "podMetricsEndpoints"),
+    ] {
+        for m in of_kind(&objects, kind) {
+            for e in m["spec"][endpoints].as_sequence().expect("endpoints") {
+                let relabels = e["relabelings"].as_sequence().cloned().unwrap_or_default();
+                assert!(
+                    relabels
+                        .iter()
+                        .any(|r| r["targetLabel"] == "job" && r["replacement"] == "tally"),
+                    "{kind} {}: the job is named tally",
+                    name(m)
+                );
+            }
+        }
+    }
+    // Replicas spread over zones and nodes, each constraint counting its own Deployment's pods.
+    for d in &deployments {
+        let spread = d["spec"]["template"]["spec"]["topologySpreadConstraints"]
+            .as_sequence()
+            .unwrap_or_else(|| panic!("{}: topology spread", name(d)));
+        let keys: Vec<&str> = spread
+            .iter()
+            .map(|c| c["topologyKey"].as_str().expect("topologyKey"))
+            .collect();
+        assert_eq!(
+            keys,
+            ["topology.kubernetes.io/zone", "kubernetes.io/hostname"],
+            "{}",
+            name(d)
+        );
+        for c in spread {
+            let selector = &c["labelSelector"]["matchLabels"];
+            assert!(selects(selector, &pod_labels(d)), "{}: spread", name(d));
+            let others = deployments.iter().filter(|o| name(o) != name(d));
+            assert!(
+                others
+                    .into_iter()
+                    .all(|o| !selects(selector, &pod_labels(o))),
+                "{}: its spread counts only its own pods",
+                name(d)
+            );
+        }
+    }
     for b in of_kind(&objects, "PodDisruptionBudget") {
         let selector = &b["spec"]["selector"]["matchLabels"];
         let covered = deployments
@@ -333,4 +381,23 @@ fn the_configurations_in_the_config_map_pass_tally_check() {
     );
     assert!(String::from_utf8_lossy(&out.stderr).contains("fortnight"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The PrometheusRule carries exactly deploy/prometheus/alerts.yml's groups (the ones promtool
+/// tests and the observability test checks against a live tally): regenerate it with
+/// `scripts/k8s_alerts.py`.
+#[test]
+fn the_prometheus_rule_is_the_alert_rules_file() {
+    let objects = objects();
+    let rules = of_kind(&objects, "PrometheusRule");
+    assert_eq!(rules.len(), 1, "one PrometheusRule");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/prometheus/alerts.yml");
+    let alerts: Yaml =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(path).expect("alerts.yml")).expect("yaml");
+    let groups = alerts["groups"].as_sequence().expect("groups");
+    assert!(!groups.is_empty() && !groups[0]["rules"].as_sequence().unwrap().is_empty());
+    assert_eq!(
+        rules[0]["spec"]["groups"], alerts["groups"],
+        "deploy/kubernetes/alerts.yaml differs from alerts.yml: run scripts/k8s_alerts.py"
+    );
 }

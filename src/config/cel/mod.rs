@@ -95,7 +95,8 @@ impl Program {
             .max_recursion_depth(64)
             .parse_with_source_info(text)
             .map_err(|e| match e.errors.first() {
-                Some(e) => format!("{}:{}: {}", e.pos.0, e.pos.1 + 1, e.msg),
+                // The parser's positions are line:column, both 1-based already.
+                Some(e) => format!("{}:{}: {}", e.pos.0, e.pos.1, parse_message(&e.msg)),
                 None => e.to_string(),
             })?;
         let mut c = Compiler {
@@ -153,6 +154,15 @@ impl Program {
             _ => Err(EvalError::NotBool),
         }
     }
+}
+
+/// The parser's message, or what it means where the parser speaks of its own internals.
+fn parse_message(msg: &str) -> String {
+    if msg.contains("`_?_:_`") {
+        // `c ? a` without its `: b`: the parser says "Incomplete `ExprContext`".
+        return "a conditional needs both branches: `condition ? then : else`".to_string();
+    }
+    msg.to_string()
 }
 
 /// `line:column` (1-based, in characters) of a character offset.

@@ -124,3 +124,22 @@ fn a_field_read_twice_is_one_var() {
     let p = Program::compile("a > 1 && a < 5 && b.c == 'x' && has(b.d)").unwrap();
     assert_eq!(p.vars(), ["a", "b.c", "b.d"]);
 }
+
+/// A syntax error names the line and column of the fault itself (1-based, in characters), and
+/// an incomplete conditional says what is missing.
+#[test]
+fn syntax_errors_point_at_the_fault() {
+    for (text, at) in [
+        ("a + * b", "1:5: "),
+        ("a ==\n  * 2", "2:3: "),
+        ("a == 'x", "1:6: "),
+        ("a == 1)", "1:7: "),
+        ("(a == 1", "1:8: "),
+    ] {
+        let e = Program::compile(text).unwrap_err();
+        assert!(e.starts_with(at), "{text:?}: {e}");
+    }
+    let e = Program::compile("x ? 1").unwrap_err();
+    assert!(e.contains("condition ? then : else"), "{e}");
+    assert!(!e.contains("ExprContext"), "{e}");
+}

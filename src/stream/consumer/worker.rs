@@ -148,16 +148,17 @@ impl Worker {
             // Its schema is not known yet: nothing moves past this offset, the partition
             // waits (paused) and reads it again once the registry answers, or at the next
             // start.
-            Err(DecodeError::Unavailable) => {
-                self.wait_for_schema(consumer, partition, offset);
-                return;
-            }
+            Err(DecodeError::Unavailable) => Some(DecodeError::Unavailable),
             Err(e) => {
                 let fresh = self.agg.position(partition).is_some_and(|p| offset >= p);
                 self.agg.skip(partition, offset);
                 fresh.then_some(e)
             }
         };
+        if error == Some(DecodeError::Unavailable) {
+            self.wait_for_schema(consumer, partition, offset);
+            return;
+        }
         if let Some(e) = error {
             self.tally
                 .bad_message(partition, offset, record.key, payload, e);

@@ -49,8 +49,8 @@ impl Emitter<'_> {
         }
         let hash = self.values_hash(spec, window);
         let dropper = late::Dropper {
-            kafka: &self.kafka,
-            metrics: &self.metrics,
+            kafka: self.kafka,
+            metrics: self.metrics,
             hash: &hash,
         };
         dropper.drop_changes(conn, spec, window, cells).await

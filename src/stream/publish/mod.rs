@@ -57,7 +57,7 @@ use tally_counters::window::Window;
 use crate::config::Model;
 use crate::ops::metrics::Metrics;
 use cells::Cell;
-use kafka::{Kafka, Out};
+use kafka::Kafka;
 use record::Emit;
 use topics::{TopicAlarm, TopicError};
 use watermark::{Mark, TopicPartition};
@@ -283,7 +283,8 @@ impl Publisher {
             let cells = cells::read(conn, spec, window, keys).await?;
             if window.end_ms > closed_end {
                 if updates {
-                    self.emitter().emit_changes(conn, spec, window, cells, wm, Emit::Update)
+                    self.emitter()
+                        .emit_changes(conn, spec, window, cells, wm, Emit::Update)
                         .await?;
                 }
             } else if progress.is_some_and(|p| window.end_ms <= p) {
@@ -292,7 +293,9 @@ impl Publisher {
                 if output.tombstones && spec.expire_at(window.end_ms) <= now {
                     continue;
                 }
-                self.emitter().late_changes(conn, spec, window, cells, wm).await?;
+                self.emitter()
+                    .late_changes(conn, spec, window, cells, wm)
+                    .await?;
             } else {
                 self.close_window(
                     conn,
@@ -323,7 +326,8 @@ impl Publisher {
         wm: i64,
         progress_key: &str,
     ) -> anyhow::Result<()> {
-        let attempt = self.emitter().emit_final(conn, spec, window, &cells, wm, progress_key);
+        let emitter = self.emitter();
+        let attempt = emitter.emit_final(conn, spec, window, &cells, wm, progress_key);
         // None: another publisher finished it meanwhile.
         let Some(taken) = attempt.await? else {
             return Ok(());
@@ -344,10 +348,13 @@ impl Publisher {
                 .as_ref()
                 .is_some_and(|o| o.late == OutputLate::Drop);
             if late_drop {
-                self.emitter().late_changes(conn, spec, window, current, wm).await?;
+                self.emitter()
+                    .late_changes(conn, spec, window, current, wm)
+                    .await?;
             } else {
                 let late = snapshot::changed_since(&taken.cells, current);
-                self.emitter().emit(conn, spec, window, &late, wm, Emit::Correction)
+                self.emitter()
+                    .emit(conn, spec, window, &late, wm, Emit::Correction)
                     .await?;
             }
         }
