@@ -18,6 +18,7 @@ use std::sync::LazyLock;
 
 use serde::Serialize;
 
+mod protocol;
 mod reply;
 mod reserve;
 
@@ -29,6 +30,7 @@ use super::batch::ScriptPair;
 pub use super::policy::{Algorithm, FailureMode, LimitPolicy, MAX_LOG_COST};
 use super::{Client, RequestError};
 use crate::script::Script;
+use protocol::{AskFlags, AskKind, PolicyArgs};
 use reply::LimitReply;
 #[cfg(test)]
 use reply::PolicyReply;
@@ -360,32 +362,34 @@ pub async fn decide_settling(
     let mut offsets = Vec::with_capacity(merged.len());
     for (a, key) in merged.iter().zip(keys) {
         let p = a.policy;
-        let kind = match (&a.reservation, a.quota, p.shadow, a.usage) {
-            _ if a.refund => "8",
-            (Some(r), _, _, _) => r.kind(),
-            (None, false, true, _) => "1",
-            (None, false, false, true) => "2",
-            (None, false, false, false) => "0",
-            (None, true, false, false) => "3",
-            (None, true, false, true) => "4",
-            (None, true, true, _) => "5",
-        };
-        cmd.arg(p.algorithm.code())
-            .arg(p.limit)
-            .arg(p.window_ms())
-            .arg(p.burst.unwrap_or(p.limit))
-            .arg(kind)
-            .arg(a.cost);
+        let kind = AskKind::of(AskFlags {
+            refund: a.refund,
+            reserve: a.reservation.map(|r| r.phase == Phase::Reserve),
+            quota: a.quota,
+            shadow: p.shadow,
+            usage: a.usage,
+        });
+        PolicyArgs {
+            algorithm: p.algorithm.code(),
+            limit: p.limit,
+            window_ms: p.window_ms(),
+            burst: p.burst.unwrap_or(p.limit),
+            kind,
+            cost: a.cost,
+        }
+        .push(&mut cmd);
         at.push(script_keys.len());
         // The offset its window-aligned state key's expiry is spread by.
         offsets.push(p.expiry_offset_ms(&key));
         script_keys.push(key);
         if let Some(r) = &a.reservation {
+            // The index entry: algorithm 5, then its own values where a policy has limit,
+            // window and burst (`lua/reserve.lua`), its policy's kind, no cost.
             cmd.arg(5)
                 .arg(r.expiry.as_millis() as u64)
                 .arg(r.max_extra)
                 .arg(r.id)
-                .arg(kind)
+                .arg(kind.code())
                 .arg(0);
             offsets.push(0);
             script_keys.push(super::key(

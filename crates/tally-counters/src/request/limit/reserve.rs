@@ -108,14 +108,6 @@ impl Reservation<'_> {
     pub(super) const KINDS: (&'static str, &'static str) =
         ("limit.fixed.reserve", "limit.fixed.reserve.index");
 
-    /// The script's kind code (`lua/limit.lua`).
-    pub(super) fn kind(&self) -> &'static str {
-        match self.phase {
-            Phase::Reserve => "6",
-            Phase::Settle => "7",
-        }
-    }
-
     /// Check what the script cannot: the id's size, the expiry's range.
     pub(super) fn validate(&self, policy: &LimitPolicy) -> Result<(), String> {
         if let Some(why) = unsupported(policy) {
