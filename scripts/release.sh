@@ -79,8 +79,10 @@ package() {
     cargo deb --no-build --no-strip --quiet -p tally --output "$dest/"
     cargo cyclonedx --format json --no-default-features --spec-version 1.5 --quiet \
       --override-filename "tally-sbom"
+    cargo tree --locked -e normal,build --no-default-features -p tally --prefix none >"$target/tally-tree.txt"
   )
-  python3 "$src/scripts/release_sbom.py" "$src/tally-sbom.json" "$dest/tally-$version.cdx.json"
+  python3 "$src/scripts/release_sbom.py" "$src/tally-sbom.json" "$target/tally-tree.txt" \
+    "$dest/tally-$version.cdx.json"
   find "$src" -name 'tally-sbom.json' -not -path '*/target/*' -delete
   (cd "$dest" && sha256sum -- *.tar.gz *.deb *.cdx.json >SHA256SUMS)
 }

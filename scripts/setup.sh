@@ -132,7 +132,7 @@ if [ "$(cargo deb --version 2>/dev/null)" != "cargo-deb $DEB_VERSION" ]; then
   cargo install cargo-deb --version "=$DEB_VERSION" --locked --quiet
 fi
 CYCLONEDX_VERSION=0.5.9
-if [ "$(cargo cyclonedx --version 2>/dev/null)" != "cargo-cyclonedx $CYCLONEDX_VERSION" ]; then
+if [ "$(cargo cyclonedx --version 2>/dev/null | awk '{print $NF}')" != "$CYCLONEDX_VERSION" ]; then
   echo "setup: building cargo-cyclonedx $CYCLONEDX_VERSION (cargo install)" >&2
   cargo install cargo-cyclonedx --version "=$CYCLONEDX_VERSION" --locked --quiet
 fi
