@@ -69,6 +69,7 @@ if dpkg-query -W -f='${Status}' tally 2>/dev/null | grep -q 'installed'; then
 fi
 trap '$SUDO dpkg --purge tally >/dev/null 2>&1 || true; rm -rf "$unpacked"' EXIT
 $SUDO dpkg -i "$deb"
+# The units are in /usr/lib/systemd/system, which is /lib/systemd/system on a merged /usr.
 for f in /usr/bin/tally /etc/tally/tally.toml /lib/systemd/system/tally-run.service \
   /lib/systemd/system/tally-serve.service /usr/share/tally/prometheus/alerts.yml \
   /usr/share/doc/tally/examples/example.toml; do
