@@ -60,6 +60,10 @@ command -v chromium >/dev/null || need+=(chromium)
 command -v tmux >/dev/null || need+=(tmux)
 # Runs tally with its host clock off (libfaketime), to prove Redis' clock decides expiries.
 command -v faketime >/dev/null || need+=(faketime)
+# The release test (scripts/release_test.sh): the .deb's library dependencies (dpkg-shlibdeps),
+# and systemd-analyze to verify its units.
+command -v dpkg-shlibdeps >/dev/null || need+=(dpkg-dev)
+command -v systemd-analyze >/dev/null || need+=(systemd)
 install
 
 # A real Envoy for the rate limit service's tests (tests/it/rls_envoy.rs). Debian has no package;
@@ -118,6 +122,19 @@ FUZZ_VERSION=0.13.1
 if [ "$(cargo fuzz --version 2>/dev/null)" != "cargo-fuzz $FUZZ_VERSION" ]; then
   echo "setup: building cargo-fuzz $FUZZ_VERSION (cargo install)" >&2
   cargo install cargo-fuzz --version "=$FUZZ_VERSION" --locked --quiet
+fi
+
+# cargo-deb and cargo-cyclonedx package a release (scripts/release.sh: the .deb and the SBOM);
+# about 2 and 3 minutes to build.
+DEB_VERSION=3.8.0
+if [ "$(cargo deb --version 2>/dev/null)" != "cargo-deb $DEB_VERSION" ]; then
+  echo "setup: building cargo-deb $DEB_VERSION (cargo install)" >&2
+  cargo install cargo-deb --version "=$DEB_VERSION" --locked --quiet
+fi
+CYCLONEDX_VERSION=0.5.9
+if [ "$(cargo cyclonedx --version 2>/dev/null | awk '{print $NF}')" != "$CYCLONEDX_VERSION" ]; then
+  echo "setup: building cargo-cyclonedx $CYCLONEDX_VERSION (cargo install)" >&2
+  cargo install cargo-cyclonedx --version "=$CYCLONEDX_VERSION" --locked --quiet
 fi
 
 # tansu: a second Kafka implementation for the tests (tests/it/tansu.rs): SQLite storage that

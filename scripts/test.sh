@@ -25,8 +25,13 @@ cargo deny --no-default-features --exclude-dev --locked --log-level error check 
 # process start, alternating rounds (crates/tally-bench/src/gate.rs; about 10 minutes to build
 # in release on 2 cores, 1-2 to run). It fails when the medians cross the floors below, set
 # from the spread measured on this 2-core machine (docs/guide/17-benchmark.md says how).
-cargo build --release --quiet -p tally-bench --bin tally-bench
+# Built with the release's RUSTFLAGS (scripts/release-env.sh, in a subshell: the debug builds
+# below keep theirs), so the release test after it reuses the compiled dependencies.
+(source scripts/release-env.sh && cargo build --release --quiet -p tally-bench --bin tally-bench)
 target/release/tally-bench gate --rounds 3 --min-rate-ratio 0.5 --max-cpu-ratio 2.0
+# The release as a user gets it: scripts/release.sh's tarball, SBOM and .deb, checked, the .deb
+# installed with dpkg, its units verified, then purged (scripts/release_test.sh).
+scripts/release_test.sh target/dist
 # Fuzzing: every target in fuzz/ for 20 s from its seeds, under a 512 MB memory cap and a 10 s
 # limit per input (scripts/fuzz.sh; the instrumented build is its own, in target/fuzz).
 scripts/fuzz.sh --seconds 20 --rss-mb 512
@@ -35,3 +40,5 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --no-fail-fast
 fi
+# Doctests (nextest runs none): the tally-counters README's example compiles against the API.
+cargo test --doc -p tally-counters --quiet

@@ -78,6 +78,26 @@ const EXCLUDED: &[(&str, &str)] = &[
         "kill -HUP",
         "signals the reader's running tally; the signals tests send SIGHUP to one",
     ),
+    (
+        "scripts/release.sh",
+        "a release build and its packages (minutes); scripts/release_test.sh runs it",
+    ),
+    (
+        "sha256sum -c",
+        "checks downloaded artifacts; scripts/release_test.sh checks release.sh's",
+    ),
+    (
+        "dpkg -i",
+        "installs system-wide; scripts/release_test.sh installs and purges the .deb",
+    ),
+    (
+        "/etc/tally/tally.toml",
+        "the installed package's file; scripts/release_test.sh checks it",
+    ),
+    (
+        "systemctl",
+        "needs systemd as PID 1; scripts/release_test.sh verifies the units",
+    ),
 ];
 
 /// Examples whose answer shown is not their first: run again, [`ROUND`] calls at once, until

@@ -17,6 +17,12 @@
 //! * [`lock`]: locks with fencing tokens and a renewing guard.
 //! * [`clock`]: the host's wall clock (one helper for every path; never what decides a limit).
 
+// The README's example is compiled as a doctest (`cargo test --doc -p tally-counters`), so the
+// front page of the crate cannot drift from its API.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub mod clock;
 pub mod config;
 pub mod conn;
