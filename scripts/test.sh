@@ -42,3 +42,6 @@ else
 fi
 # Doctests (nextest runs none): the tally-counters README's example compiles against the API.
 cargo test --doc -p tally-counters --quiet
+# The library as crates.io would get it: packaged alone (the unpublished test kit left out) and
+# built from the package (about a minute).
+cargo package -p tally-counters --quiet
