@@ -6,7 +6,8 @@
 # release build (same RUSTFLAGS: scripts/release-env.sh) left the dependencies compiled.
 #
 # No systemd runs as PID 1 on the test machine: the units are verified (`systemd-analyze verify`,
-# `systemd-analyze security --offline`), not started. Needs root (or sudo) for dpkg; refuses to
+# `systemd-analyze security --offline`), and `tally serve` is started from the installed files
+# as its unit's ExecStart says, by this script. Needs root (or sudo) for dpkg; refuses to
 # run when a package named tally is already installed.
 #   scripts/release_test.sh [DIR]
 set -euo pipefail
@@ -84,7 +85,32 @@ for unit in tally-run tally-serve; do
   # Exposure at most 2.0 of 10 (the threshold counts tenths).
   systemd-analyze security --offline=yes --threshold=20 "/lib/systemd/system/$unit.service" | tail -1
 done
-echo "release test: units verified, not started (no systemd as PID 1 here)"
+echo "release test: units verified (no systemd as PID 1 here to start them)"
+
+# `tally serve` started as its unit starts it (the installed ExecStart and configuration), at a
+# Redis of its own on a free port: ready once Redis answers; SIGTERM stops it with exit 0.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+exec_start="$(sed -n 's/^ExecStart=//p' /lib/systemd/system/tally-serve.service)"
+[ "${exec_start%% *}" = /usr/bin/tally ] || fail "tally-serve.service does not start /usr/bin/tally: $exec_start"
+redis_port="$(free_port)"
+http_port="$(free_port)"
+redis_dir="$(mktemp -d)"
+redis-server --port "$redis_port" --bind 127.0.0.1 --save '' --appendonly no --dir "$redis_dir" \
+  --daemonize yes --pidfile "$redis_dir/redis.pid" >/dev/null
+trap '$SUDO dpkg --purge tally >/dev/null 2>&1 || true; kill "$(cat "$redis_dir/redis.pid" 2>/dev/null)" 2>/dev/null || true; rm -rf "$unpacked" "$redis_dir"' EXIT
+TALLY_REDIS__URL="redis://127.0.0.1:$redis_port" TALLY_HTTP__LISTEN="127.0.0.1:$http_port" \
+  $exec_start >"$redis_dir/serve.log" 2>&1 &
+serve=$!
+ready=""
+for _ in $(seq 300); do
+  if curl -fs --max-time 1 "http://127.0.0.1:$http_port/health/ready" >/dev/null 2>&1; then ready=1; break; fi
+  kill -0 "$serve" 2>/dev/null || break
+  sleep 0.1
+done
+[ -n "$ready" ] || { cat "$redis_dir/serve.log" >&2; fail "the installed tally serve did not become ready"; }
+kill -TERM "$serve"
+wait "$serve" || { cat "$redis_dir/serve.log" >&2; fail "the installed tally serve did not exit 0 on SIGTERM"; }
+echo "release test: the installed tally serve started, was ready, and stopped on SIGTERM"
 
 # The operator's edit survives a reinstall and a removal; only a purge deletes it.
 echo "# edited by the operator" | $SUDO tee -a /etc/tally/tally.toml >/dev/null
