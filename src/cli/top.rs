@@ -206,7 +206,7 @@ fn draw_instance(f: &mut Frame, instance: &Instance, rect: Rect) {
     f.render_widget(Paragraph::new(hot_lines(stream)), right);
 }
 
-/// `url  run  ready  kafka up  redis up  up 12s  host (pid) tally 0.1.0 (commit) group/topic`:
+/// `url  run  ready  kafka up  redis up  up 12s  host (pid) tally 0.2.0 (commit) group/topic`:
 /// health in words (the colours only repeat them).
 fn header<'a>(url: &str, s: &Value) -> Vec<Span<'a>> {
     let flag = |v: &Value, yes: &str, no: &str| -> Span<'a> {
