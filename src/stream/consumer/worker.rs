@@ -156,7 +156,12 @@ impl Worker {
             }
         };
         if error == Some(DecodeError::Unavailable) {
-            self.wait_for_schema(consumer, partition, offset);
+            let lane = schema_wait::WaitingLane {
+                consumer,
+                topic: &self.topic,
+                decoder: &self.decoder,
+            };
+            self.schema_waits.wait(&lane, partition, offset);
             return;
         }
         if let Some(e) = error {
@@ -191,7 +196,15 @@ impl Worker {
             self.parts.report_rebuilds(&self.agg, &mut self.gauges);
         }
         self.retry_parked(consumer);
-        self.retry_schema_waits(consumer);
+        let lane = schema_wait::WaitingLane {
+            consumer,
+            topic: &self.topic,
+            decoder: &self.decoder,
+        };
+        let (flusher, parts) = (&self.flusher, &self.parts);
+        self.schema_waits.retry(&lane, &self.agg, |p| {
+            !flusher.paused() && !parts.is_parked(p)
+        });
     }
 
     fn set_paused(&mut self, consumer: &BaseConsumer<TallyContext>, paused: bool) {

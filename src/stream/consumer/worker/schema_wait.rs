@@ -15,7 +15,7 @@ use crate::ops::metrics::Metrics;
 use crate::stream::decode::Decoder;
 
 use super::super::{TallyContext, KAFKA_TIMEOUT};
-use super::Worker;
+use crate::stream::aggregate::Aggregator;
 
 /// The partitions paused for a schema, and what the worker published of the schema cache.
 #[derive(Default)]
@@ -51,19 +51,21 @@ impl SchemaWaits {
     }
 }
 
-impl Worker {
+/// What the waits read of the lane: its consumer, topic and decoder.
+pub(super) struct WaitingLane<'w> {
+    pub(super) consumer: &'w BaseConsumer<TallyContext>,
+    pub(super) topic: &'w str,
+    pub(super) decoder: &'w Decoder,
+}
+
+impl SchemaWaits {
     /// The event at `offset` of `partition` waits for its schema: pause the partition.
-    pub(super) fn wait_for_schema(
-        &mut self,
-        consumer: &BaseConsumer<TallyContext>,
-        partition: i32,
-        offset: i64,
-    ) {
-        let missed_at = self.decoder.schema_news().missed_at;
-        self.schema_waits.parts.insert(partition, missed_at);
+    pub(super) fn wait(&mut self, lane: &WaitingLane<'_>, partition: i32, offset: i64) {
+        let missed_at = lane.decoder.schema_news().missed_at;
+        self.parts.insert(partition, missed_at);
         let mut tpl = TopicPartitionList::new();
-        tpl.add_partition(&self.topic, partition);
-        if let Err(e) = consumer.pause(&tpl) {
+        tpl.add_partition(lane.topic, partition);
+        if let Err(e) = lane.consumer.pause(&tpl) {
             // Still held: its messages are dropped unread until the schema is known.
             tracing::warn!(partition, error = %e, "cannot pause partition");
         }
@@ -74,34 +76,42 @@ impl Worker {
         );
     }
 
-    /// Read the waiting partitions again once a fetch settled since they began to wait.
-    pub(super) fn retry_schema_waits(&mut self, consumer: &BaseConsumer<TallyContext>) {
-        if self.schema_waits.parts.is_empty() {
+    /// Read the waiting partitions again once a fetch settled since they began to wait: each
+    /// sought back to `agg`'s position, and resumed where `may_resume` allows it.
+    pub(super) fn retry(
+        &mut self,
+        lane: &WaitingLane<'_>,
+        agg: &Aggregator,
+        may_resume: impl Fn(i32) -> bool,
+    ) {
+        if self.parts.is_empty() {
             return;
         }
-        let settled = self.decoder.schema_news().settled;
+        let settled = lane.decoder.schema_news().settled;
         let due: Vec<i32> = self
-            .schema_waits
             .parts
             .iter()
             .filter(|(_, &at)| settled > at)
             .map(|(&p, _)| p)
             .collect();
         for p in due {
-            self.schema_waits.parts.remove(&p);
+            self.parts.remove(&p);
             // Not owned any more: revoked or parked, reopened from Redis when it comes back.
-            let Some(position) = self.agg.position(p) else {
+            let Some(position) = agg.position(p) else {
                 continue;
             };
-            if let Err(e) = consumer.seek(&self.topic, p, Offset::Offset(position), KAFKA_TIMEOUT) {
+            let sought = lane
+                .consumer
+                .seek(lane.topic, p, Offset::Offset(position), KAFKA_TIMEOUT);
+            if let Err(e) = sought {
                 tracing::warn!(partition = p, error = %e, "cannot seek; retrying shortly");
-                self.schema_waits.parts.insert(p, settled.saturating_sub(1));
+                self.parts.insert(p, settled.saturating_sub(1));
                 continue;
             }
-            if !self.flusher.paused() && !self.parts.is_parked(p) {
+            if may_resume(p) {
                 let mut tpl = TopicPartitionList::new();
-                tpl.add_partition(&self.topic, p);
-                let _ = consumer.resume(&tpl);
+                tpl.add_partition(lane.topic, p);
+                let _ = lane.consumer.resume(&tpl);
             }
             tracing::debug!(partition = p, position, "partition reads again");
         }
