@@ -54,6 +54,10 @@ pub struct GateArgs {
     /// Fail when the median of tally's CPU per event / the bare consumer's is above this.
     #[arg(long, default_value_t = f64::INFINITY)]
     max_cpu_ratio: f64,
+    /// Also run, each round, a consumer that only reads (no parse): the ceiling any consumer
+    /// with these client settings can reach, as ratios to the bare consumer.
+    #[arg(long)]
+    read_only: bool,
 }
 
 /// One side of one round.
@@ -115,14 +119,18 @@ pub fn role_gate(args: &GateArgs) -> anyhow::Result<()> {
     );
     let (mut rate, mut cpu) = (Vec::new(), Vec::new());
     let mut threads = Vec::new();
+    let (mut read_rate, mut read_cpu) = (Vec::new(), Vec::new());
     for round in 0..args.rounds {
         let tally_first = round % 2 == 1;
         let group = format!("gate-{round}");
         let (bare, tally) = if tally_first {
             let t = run_tally(&bootstrap, &store, &group, args.partitions, per_partition)?;
-            (run_bare(&bootstrap, &group, args.partitions, events)?, t)
+            (
+                run_bare(&bootstrap, &group, args.partitions, events, true)?,
+                t,
+            )
         } else {
-            let b = run_bare(&bootstrap, &group, args.partitions, events)?;
+            let b = run_bare(&bootstrap, &group, args.partitions, events, true)?;
             (
                 b,
                 run_tally(&bootstrap, &store, &group, args.partitions, per_partition)?,
@@ -144,6 +152,22 @@ pub fn role_gate(args: &GateArgs) -> anyhow::Result<()> {
             tally.revoked,
             rate[round],
             cpu[round],
+        );
+        if args.read_only {
+            let read = run_bare(&bootstrap, &group, args.partitions, events, false)?;
+            read_rate.push(bare.secs / read.secs);
+            read_cpu.push(read.cpu / bare.cpu);
+            println!(
+                "       read only (no parse): {:.2} s, CPU {:.2} s: rate {:.2}×, CPU per event {:.2}× the bare consumer's",
+                read.secs, read.cpu, read_rate[round], read_cpu[round]
+            );
+        }
+    }
+    if args.read_only {
+        println!(
+            "gate: median read-only/bare rate {:.2}×, CPU per event {:.2}× (the ceiling of any consumer with these settings)",
+            median(read_rate),
+            median(read_cpu)
         );
     }
     let (rate, cpu) = (median(rate), median(cpu));
@@ -179,7 +203,13 @@ pub fn role_gate(args: &GateArgs) -> anyhow::Result<()> {
 }
 
 /// The bare consumer as group `bare-<group>`, from its spawn until its result.
-fn run_bare(bootstrap: &str, group: &str, partitions: i32, events: i64) -> anyhow::Result<Run> {
+fn run_bare(
+    bootstrap: &str,
+    group: &str,
+    partitions: i32,
+    events: i64,
+    parse: bool,
+) -> anyhow::Result<Run> {
     let t0 = Instant::now();
     let child = ChildRole::spawn(
         &[
@@ -192,10 +222,12 @@ fn run_bare(bootstrap: &str, group: &str, partitions: i32, events: i64) -> anyho
             partitions.to_string(),
             "--expect".into(),
             events.to_string(),
-            "--parse".into(),
             "--group".into(),
-            format!("bare-{group}"),
-        ],
+            format!("{}-{group}", if parse { "bare" } else { "read" }),
+        ]
+        .into_iter()
+        .chain(parse.then(|| "--parse".to_string()))
+        .collect::<Vec<_>>(),
         "gate-bare",
     )?;
     let r: RawResult = child.result(Duration::from_secs(300))?;
