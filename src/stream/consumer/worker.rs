@@ -1,8 +1,9 @@
 //! The worker: everything the consumer thread owns besides the consumer itself. It routes each
 //! event between its owners: the aggregator counts, [`Flusher`] sends to the sink and applies
 //! backpressure, [`Committer`] commits to Kafka, [`PartitionStates`] tracks parked and
-//! rebuilding partitions, [`DecodeTally`] counts the input; [`recovery`] decides where a
-//! partition starts.
+//! rebuilding partitions, [`DecodeTally`] counts the input; [`Lifecycle`] opens, parks and
+//! reopens partitions (where each starts: [`recovery`](super::recovery)), [`rollback::FenceWatch`] re-reads the
+//! fences, [`schema_wait::SchemaWaits`] holds partitions waiting for a schema.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -13,25 +14,23 @@ use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 
 use crate::config::FlushConfig;
-use crate::ops::metrics::{LaneGauges, Metrics, ResetReason};
+use crate::ops::metrics::{LaneGauges, Metrics};
 use crate::stream::aggregate::{Added, Aggregator};
 use crate::stream::decode::{DecodeError, Decoder, Record};
 use crate::stream::sink::{ApplyReply, SinkRequest};
 
-mod assign;
-mod resync;
+mod lifecycle;
 mod rollback;
 mod schema_wait;
+
+use lifecycle::Lifecycle;
 
 use super::commit::Committer;
 use super::decode_tally::DecodeTally;
 use super::flush::{worst_refusals, Flusher, Landed, Wait};
-use super::partitions::{kafka_offsets, PartitionStates, StateAccess};
-use super::recovery::{self, Halt, Start};
-use super::{DeadLetters, TallyContext, KAFKA_TIMEOUT};
-
-/// Partitions opened: where each starts, or why it must not.
-type Opened = Vec<(i32, Result<i64, Halt>)>;
+use super::partitions::{PartitionStates, StateAccess};
+use super::recovery::Halt;
+use super::{DeadLetters, TallyContext};
 
 /// How often per-batch counts reach the metrics.
 const PUBLISH_EVERY: Duration = Duration::from_millis(200);
@@ -183,7 +182,10 @@ impl Worker {
         }
         self.commits.tick(consumer, &self.agg);
         // Before a flush is started: a check starts only while none is in flight.
-        self.check_fences(consumer);
+        let rolled_back = self
+            .fences
+            .poll(&self.agg, &self.flusher, &self.parts, &self.metrics);
+        self.lifecycle(consumer).resync(&rolled_back);
         if let Some(max_keys) = self.flusher.due(&self.agg) {
             self.start_flush(None, max_keys);
         }
@@ -195,7 +197,7 @@ impl Worker {
             self.publish();
             self.parts.report_rebuilds(&self.agg, &mut self.gauges);
         }
-        self.retry_parked(consumer);
+        self.lifecycle(consumer).retry_parked();
         let lane = schema_wait::WaitingLane {
             consumer,
             topic: &self.topic,
@@ -309,17 +311,18 @@ impl Worker {
         self.commits
             .flush_landed(consumer, &landed.ends, &refused, mode);
         let mut resync = Vec::new();
+        let mut life = self.lifecycle(consumer);
         for worst in worst_refusals(&outcome) {
             let (p, shard) = (worst.partition, worst.shard);
-            if !self.agg.owns(p) || self.parts.is_revoking(p) {
+            if !life.agg.owns(p) || life.parts.is_revoking(p) {
                 continue;
             }
             match worst.reply {
                 ApplyReply::FenceMissing { marker_copy } => {
                     let halt = Halt::FenceMissing { shard, marker_copy };
-                    self.park(Some(consumer), p, halt)
+                    life.park(p, halt, true)
                 }
-                ApplyReply::Corrupt => self.park(Some(consumer), p, Halt::FenceCorrupt { shard }),
+                ApplyReply::Corrupt => life.park(p, Halt::FenceCorrupt { shard }, true),
                 ApplyReply::StateLost => {
                     tracing::error!(partition = p, shard, "redis holds no state for this partition any more (lost or flushed); reopening it");
                     resync.push(p);
@@ -334,7 +337,7 @@ impl Worker {
                 }
             }
         }
-        self.resync(consumer, &resync);
+        life.resync(&resync);
         self.publish();
     }
 
@@ -356,98 +359,118 @@ impl Worker {
         self.publish();
     }
 
-    /// Decide where each of `parts` starts, from Redis' fences and Kafka's offsets (see
-    /// [`recovery`]). `Ok(start)`: the partition is tracked and must be consumed from `start`;
-    /// `Err`: it must not be.
-    fn open_partitions(&mut self, consumer: &BaseConsumer<TallyContext>, parts: &[i32]) -> Opened {
-        let mut out = Vec::with_capacity(parts.len());
-        let mut ready = Vec::with_capacity(parts.len());
-        for (p, kafka) in kafka_offsets(consumer, &self.topic, parts) {
-            match kafka {
-                Ok(kafka) => ready.push((p, kafka)),
-                Err(halt) => out.push((p, Err(halt))),
-            }
+    /// The owners a partition's start and stop touch, borrowed for one call.
+    fn lifecycle<'w>(&'w mut self, consumer: &'w BaseConsumer<TallyContext>) -> Lifecycle<'w> {
+        Lifecycle {
+            consumer,
+            topic: &self.topic,
+            agg: &mut self.agg,
+            parts: &mut self.parts,
+            flusher: &self.flusher,
+            schema_waits: &mut self.schema_waits,
+            metrics: &self.metrics,
+            gauges: &mut self.gauges,
         }
-        if ready.is_empty() {
-            return out;
-        }
-        let request = ready
-            .iter()
-            .map(|(p, kafka)| (*p, self.parts.fresh_start(kafka)))
-            .collect();
-        match self.flusher.init_fences(request, self.parts.init_timeout()) {
-            Ok(fences) => {
-                for ((p, states), (_, kafka)) in fences.into_iter().zip(&ready) {
-                    let decision =
-                        recovery::decide(&states, kafka.has_commit, kafka.low, kafka.high);
-                    out.push((p, self.open(p, decision)));
-                }
-            }
-            Err(e) => out.extend(
-                ready
-                    .iter()
-                    .map(|(p, _)| (*p, Err(Halt::RedisUnavailable(e.to_string())))),
-            ),
-        }
-        out
     }
 
-    /// Act on the recovery decision for `partition`.
-    fn open(&mut self, partition: i32, decision: Result<Start, Halt>) -> Result<i64, Halt> {
-        let start = decision.inspect_err(|halt| {
-            if let Halt::BeyondEnd { .. } = halt {
-                self.metrics.recovery.offset_reset(ResetReason::BeyondEnd);
-            }
-        })?;
-        self.parts.opened(partition, &start, &self.metrics);
-        let lane = self.parts.lane();
-        self.metrics.status.assigned(lane, partition, start.offset);
-        self.agg.assign(partition, &start.applied);
-        Ok(start.offset)
-    }
-
-    /// Stop counting `partition` until it can be opened again. Pauses it when `consumer` is
-    /// given (after a rebalance assigns it, the caller pauses parked partitions itself).
-    fn park(&mut self, consumer: Option<&BaseConsumer<TallyContext>>, partition: i32, halt: Halt) {
-        self.agg.revoke(partition);
-        // Reopened where Redis says, it reads its events again anyway.
-        self.schema_waits.forget(partition);
-        if let Some(consumer) = consumer {
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition(&self.topic, partition);
-            if let Err(e) = consumer.pause(&tpl) {
-                tracing::warn!(partition, error = %e, "cannot pause partition");
-            }
-        }
-        self.parts.park(partition, halt, &mut self.gauges);
-    }
-
-    /// Try parked partitions again (every few seconds); resume those that open.
-    fn retry_parked(&mut self, consumer: &BaseConsumer<TallyContext>) {
-        let parts = self.parts.retry_due();
+    /// Partitions were assigned: each starts where Redis says (its offset is set in `tpl`), or
+    /// is parked. The caller pauses what is parked once the assignment takes effect.
+    pub(super) fn on_assign(
+        &mut self,
+        consumer: &BaseConsumer<TallyContext>,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let parts = self.partitions_of(tpl);
         if parts.is_empty() {
             return;
         }
-        for (p, result) in self.open_partitions(consumer, &parts) {
-            let start = match result {
-                Ok(start) => start,
-                Err(halt) => {
-                    self.park(None, p, halt);
-                    continue;
+        for (p, result) in self.lifecycle(consumer).open_partitions(&parts) {
+            match result {
+                Ok(start) => {
+                    let lane = self.parts.lane();
+                    tracing::info!(partition = p, start, lane, "partition assigned");
+                    if let Err(e) = tpl.set_partition_offset(&self.topic, p, Offset::Offset(start))
+                    {
+                        tracing::error!(partition = p, error = %e, "cannot set start offset");
+                    }
+                    self.commits.assigned(p, start);
                 }
-            };
-            if let Err(e) = consumer.seek(&self.topic, p, Offset::Offset(start), KAFKA_TIMEOUT) {
-                tracing::warn!(partition = p, error = %e, "cannot seek; will retry");
-                self.agg.revoke(p);
-                continue;
+                Err(halt) => self.lifecycle(consumer).park(p, halt, false),
             }
-            self.parts.unpark(p, &mut self.gauges);
-            if !self.flusher.paused() && !self.schema_waits.holds(p) {
+        }
+    }
+
+    /// Partitions are being revoked: flush and commit what they hold before they are released.
+    pub(super) fn on_revoke(
+        &mut self,
+        consumer: &BaseConsumer<TallyContext>,
+        tpl: &TopicPartitionList,
+    ) {
+        let parts = self.partitions_of(tpl);
+        self.parts.revoking(&parts);
+        let grace = self.flusher.grace();
+        self.drain(consumer, grace, CommitMode::Sync);
+        let (units, keys) = self.start_flush(Some(&parts), usize::MAX);
+        let landed = self.drain(consumer, grace, CommitMode::Sync);
+        tracing::info!(partitions = ?parts, units, keys, landed, "flushed partitions being revoked");
+        for &p in &parts {
+            self.agg.revoke(p);
+            if self.schema_waits.forget(p) {
+                // Paused for its schema: not paused when it is assigned again.
                 let mut tpl = TopicPartitionList::new();
                 tpl.add_partition(&self.topic, p);
                 let _ = consumer.resume(&tpl);
             }
-            tracing::info!(partition = p, start, "partition resumed");
+            self.commits.revoked(p);
+            self.parts.revoked(p, &mut self.gauges);
+            self.metrics.status.revoked(self.parts.lane(), p);
+            let labels = [self.topic.as_str(), &p.to_string()];
+            let consumer = &self.metrics.consumer;
+            let _ = consumer.consumer_lag.remove_label_values(&labels);
+            let _ = consumer.lag_seconds.remove_label_values(&labels);
+            let _ = consumer.committed_offset.remove_label_values(&labels);
         }
+        self.parts.revoke_done();
+    }
+
+    /// After a rebalance error: stop counting the partitions of `tpl`.
+    pub(super) fn release(&mut self, tpl: &TopicPartitionList) {
+        for p in self.partitions_of(tpl) {
+            self.agg.revoke(p);
+            self.schema_waits.forget(p);
+        }
+    }
+
+    /// Pause what must not be read once an assignment takes effect: everything while
+    /// backpressure holds, and every parked partition.
+    pub(super) fn pause_assigned(
+        &self,
+        consumer: &BaseConsumer<TallyContext>,
+        tpl: &TopicPartitionList,
+    ) {
+        if self.flusher.paused() {
+            let _ = consumer.pause(tpl);
+        }
+        let mut parked = TopicPartitionList::new();
+        for p in self.parts.parked() {
+            parked.add_partition(&self.topic, p);
+        }
+        if parked.count() > 0 {
+            if let Err(e) = consumer.pause(&parked) {
+                tracing::warn!(error = %e, "cannot pause parked partitions");
+            }
+        }
+    }
+
+    /// The number of partitions assigned to this lane, for its gauge.
+    pub(super) fn set_assigned(&mut self, partitions: usize) {
+        self.gauges.assigned.set(partitions as i64);
+    }
+
+    fn partitions_of(&self, tpl: &TopicPartitionList) -> Vec<i32> {
+        tpl.elements_for_topic(&self.topic)
+            .iter()
+            .map(|e| e.partition())
+            .collect()
     }
 }

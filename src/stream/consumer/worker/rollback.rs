@@ -12,17 +12,15 @@ use std::sync::mpsc::TryRecvError;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::BaseConsumer;
-
-use crate::ops::metrics::Rollback;
+use crate::ops::metrics::{Metrics, Rollback};
+use crate::stream::aggregate::Aggregator;
 use crate::stream::sink::{FenceState, PartitionFences};
 
-use super::super::flush::FenceReply;
-use super::super::TallyContext;
-use super::Worker;
+use super::super::flush::{FenceReply, Flusher};
+use super::super::partitions::PartitionStates;
 
 /// When the fences are read next, and the read in progress.
-pub(in crate::stream::consumer) struct FenceWatch {
+pub(super) struct FenceWatch {
     /// `recovery.fence_check_interval`.
     every: Duration,
     /// When the last check started.
@@ -42,7 +40,7 @@ struct Check {
 }
 
 impl FenceWatch {
-    pub(in crate::stream::consumer) fn new(every: Duration, connections: Arc<AtomicU64>) -> Self {
+    pub(super) fn new(every: Duration, connections: Arc<AtomicU64>) -> Self {
         FenceWatch {
             every,
             last: Instant::now(),
@@ -56,85 +54,87 @@ impl FenceWatch {
     fn due(&self) -> bool {
         self.last.elapsed() >= self.every || self.connections.load(Ordering::Relaxed) != self.seen
     }
-}
 
-impl Worker {
     /// Start a fence check when one is due and no flush is in flight (so every unit sent has
-    /// landed and the fences must equal the aggregator's starts); act on the answer when it
-    /// comes. Called between messages: never waits.
-    pub(in crate::stream::consumer) fn check_fences(
+    /// landed and the fences must equal the aggregator's starts); take the answer when it comes.
+    /// Returns the partitions to replay. Called between messages: never waits.
+    pub(super) fn poll(
         &mut self,
-        consumer: &BaseConsumer<TallyContext>,
-    ) {
-        if let Some(check) = &self.fences.pending {
+        agg: &Aggregator,
+        flusher: &Flusher,
+        parts: &PartitionStates,
+        metrics: &Metrics,
+    ) -> Vec<i32> {
+        if let Some(check) = &self.pending {
             let answer = match check.reply.try_recv() {
-                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Empty) => return Vec::new(),
                 Err(TryRecvError::Disconnected) => None,
                 Ok(answer) => Some(answer),
             };
-            let check = self.fences.pending.take().expect("checked above");
+            let check = self.pending.take().expect("checked above");
             match answer {
-                Some(Ok(fences)) => self.compare_fences(consumer, check, fences),
+                Some(Ok(fences)) => return compare(check, fences, agg, parts, metrics),
                 Some(Err(e)) => {
                     tracing::debug!(error = %e, "fence check: redis did not answer; trying again")
                 }
                 None => {}
             }
-            return;
+            return Vec::new();
         }
-        if !self.flusher.idle() || !self.fences.due() {
-            return;
+        if !flusher.idle() || !self.due() {
+            return Vec::new();
         }
-        self.fences.last = Instant::now();
-        self.fences.seen = self.fences.connections.load(Ordering::Relaxed);
-        let expected: Vec<(i32, Vec<i64>)> = self
-            .agg
+        self.last = Instant::now();
+        self.seen = self.connections.load(Ordering::Relaxed);
+        let expected: Vec<(i32, Vec<i64>)> = agg
             .partitions()
-            .filter(|&p| !self.parts.is_revoking(p))
-            .filter_map(|p| Some((p, self.agg.expected_fences(p)?)))
+            .filter(|&p| !parts.is_revoking(p))
+            .filter_map(|p| Some((p, agg.expected_fences(p)?)))
             .collect();
         if expected.is_empty() {
-            return;
+            return Vec::new();
         }
         // -1: read only; a missing state is not created here.
         let request = expected.iter().map(|(p, _)| (*p, -1)).collect();
-        if let Some(reply) = self.flusher.read_fences(request, self.parts.init_timeout()) {
-            self.fences.pending = Some(Check { reply, expected });
+        if let Some(reply) = flusher.read_fences(request, parts.init_timeout()) {
+            self.pending = Some(Check { reply, expected });
         }
+        Vec::new()
     }
+}
 
-    /// Replay every partition whose fences are not those that landed.
-    fn compare_fences(
-        &mut self,
-        consumer: &BaseConsumer<TallyContext>,
-        check: Check,
-        fences: PartitionFences,
-    ) {
-        let mut resync = Vec::new();
-        for ((p, states), (_, expected)) in fences.into_iter().zip(check.expected) {
-            let Some(found) = mismatch(&states, &expected) else {
-                continue;
-            };
-            // A flush may have found it first (a fence conflict) and resynchronised it.
-            if !self.agg.owns(p) || self.parts.is_revoking(p) {
-                continue;
-            }
-            self.metrics
-                .recovery
-                .state_rollbacks
-                .with_label_values(&[found.label()])
-                .inc();
-            tracing::error!(
+/// The partitions to replay: every one whose fences are not those that landed.
+fn compare(
+    check: Check,
+    fences: PartitionFences,
+    agg: &Aggregator,
+    parts: &PartitionStates,
+    metrics: &Metrics,
+) -> Vec<i32> {
+    let mut resync = Vec::new();
+    for ((p, states), (_, expected)) in fences.into_iter().zip(check.expected) {
+        let Some(found) = mismatch(&states, &expected) else {
+            continue;
+        };
+        // A flush may have found it first (a fence conflict) and resynchronised it.
+        if !agg.owns(p) || parts.is_revoking(p) {
+            continue;
+        }
+        metrics
+            .recovery
+            .state_rollbacks
+            .with_label_values(&[found.label()])
+            .inc();
+        tracing::error!(
                 partition = p,
                 ?expected,
                 ?states,
                 found = found.label(),
                 "tally's applied offsets in redis are not those that landed (a failover lost acknowledged writes, an older copy was restored, or another process writes); replaying the partition from kafka"
             );
-            resync.push(p);
-        }
-        self.resync(consumer, &resync);
+        resync.push(p);
     }
+    resync
 }
 
 /// How the fences Redis holds differ from those expected, if they do.
