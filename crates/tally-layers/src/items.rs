@@ -291,3 +291,75 @@ pub fn collect(ast: &syn::File, path: &str, module: &[String], test: bool) -> It
     c.visit_file(ast);
     c.out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn items(code: &str) -> Items {
+        collect(
+            &syn::parse_file(code).unwrap(),
+            "src/a.rs",
+            &["a".into()],
+            false,
+        )
+    }
+
+    #[test]
+    fn functions_are_counted_from_fn_to_the_closing_brace() {
+        let code = "impl Foo {\n    pub fn new() -> Foo {\n        Foo\n    }\n}\n\
+                    impl std::fmt::Display for Foo {\n    fn fmt(&self) {}\n}\n\
+                    mod inner {\n    fn helper() {\n        fn nested() {}\n    }\n}\n\
+                    #[cfg(test)]\nmod tests {\n    #[test]\n    fn t() {}\n}\n\
+                    #[tokio::test]\nasync fn loose() {}\n";
+        let found: Vec<(String, usize, usize, bool)> = items(code)
+            .fns
+            .into_iter()
+            .map(|f| (f.key, f.line, f.lines, f.test))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("src/a.rs::Foo::new".to_string(), 2, 3, false),
+                ("src/a.rs::<Foo as Display>::fmt".to_string(), 7, 1, false),
+                ("src/a.rs::inner::helper".to_string(), 10, 3, false),
+                ("src/a.rs::tests::t".to_string(), 17, 1, true),
+                ("src/a.rs::loose".to_string(), 20, 1, true),
+            ]
+        );
+    }
+
+    #[test]
+    fn fields_are_syntax_not_brackets() {
+        let code = "struct A {\n    f: Box<dyn Fn(u8) -> u8>,\n    g: std::collections::HashMap<String, Vec<(u8, u8)>>,\n    h: [u8; 4],\n}\n\
+                    #[derive(Debug, serde::Deserialize)]\nstruct Section {\n    a: u8,\n}\nstruct T(u8, u8);\n";
+        let found: Vec<(String, usize, bool)> = items(code)
+            .structs
+            .into_iter()
+            .map(|s| (s.name, s.fields, s.deserialize))
+            .collect();
+        assert_eq!(
+            found,
+            [
+                ("A".into(), 3, false),
+                ("Section".into(), 1, true),
+                ("T".into(), 2, false)
+            ]
+        );
+    }
+
+    #[test]
+    fn types_in_function_bodies_are_local_and_impls_are_inherent_only() {
+        let code = "fn f() {\n    struct Local;\n    impl Local {}\n}\nenum E {}\ntrait T {}\ntype Alias = u8;\n\
+                    impl E {}\nimpl T for E {}\n#[cfg(test)]\nimpl E {}\n";
+        let items = items(code);
+        let names: Vec<&str> = items.types.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["E", "T", "Alias"]);
+        let impls: Vec<(String, bool)> = items
+            .impls
+            .iter()
+            .map(|i| (i.segs.join("::"), i.test))
+            .collect();
+        assert_eq!(impls, [("E".to_string(), false), ("E".to_string(), true)]);
+    }
+}

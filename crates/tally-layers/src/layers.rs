@@ -196,3 +196,25 @@ fn upward(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cycles_are_the_components_of_more_than_one_node() {
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (a, b) in [
+            ("a", "b"),
+            ("b", "c"),
+            ("c", "a"),
+            ("d", "a"),
+            ("e", "f"),
+            ("f", "e"),
+            ("g", "g"),
+        ] {
+            edges.entry(a.into()).or_default().insert(b.into());
+        }
+        assert_eq!(cycles(&edges), [vec!["a", "b", "c"], vec!["e", "f"]]);
+    }
+}

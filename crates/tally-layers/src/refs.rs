@@ -278,3 +278,83 @@ impl Resolver {
         here
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refs(code: &str, module: &[&str]) -> FileRefs {
+        let module: Vec<String> = module.iter().map(|s| s.to_string()).collect();
+        collect(&syn::parse_file(code).unwrap(), &module, "tally", false)
+    }
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn strings_and_comments_are_not_paths_but_macros_and_attributes_are() {
+        let code = "// crate::a::b\n/* crate::c */\nconst S: &str = \"crate::d // x\";\n\
+                    fn f() { println!(\"{}\", crate::e::F); }\n#[schema(value_type = super::g::G)]\nstruct H;\n\
+                    fn i() -> crate::j::J { todo!() }\nuse crate::{k::{self, L as M}, n::*};\n";
+        let found: Vec<String> = refs(code, &["x"])
+            .refs
+            .iter()
+            .map(|r| format!("{}@{}", r.segs.join("::"), r.line))
+            .collect();
+        for want in [
+            "crate::e::F@4",
+            "super::g::G@5",
+            "crate::j::J@7",
+            "crate::k@8",
+            "crate::k::L@8",
+            "crate::n@8",
+        ] {
+            assert!(found.contains(&want.to_string()), "{want} not in {found:?}");
+        }
+        assert!(!found.iter().any(|f| f.starts_with("crate::a")
+            || f.starts_with("crate::c")
+            || f.starts_with("crate::d")));
+    }
+
+    #[test]
+    fn paths_resolve_through_super_children_and_the_roots_names() {
+        let modules: HashSet<Vec<String>> = [vec!["a"], vec!["a", "b"], vec!["c"], vec!["cli"]]
+            .into_iter()
+            .map(|m| strings(&m))
+            .collect();
+        let lib = refs("pub use a::b::Thing as S;\npub use other_crate::x;\n", &[]);
+        let bin = refs("mod cli;\nuse cli::run as x;\n", &[]);
+        let mut uses: Vec<&UseName> = lib.uses.iter().collect();
+        let bin_uses: Vec<UseName> = bin
+            .uses
+            .into_iter()
+            .map(|u| UseName { bin: true, ..u })
+            .collect();
+        uses.extend(&bin_uses);
+        let r = Resolver::new(modules, "tally", &uses);
+        let module = |segs: &[&str], here: &[&str], bin: bool| {
+            r.absolute(&strings(segs), &strings(here), bin)
+                .map(|p| r.module(&p).join("::"))
+        };
+        assert_eq!(
+            module(&["super", "super", "c", "D"], &["a", "b"], false),
+            Some("c".into())
+        );
+        assert_eq!(
+            module(&["self", "b", "X"], &["a"], false),
+            Some("a::b".into())
+        );
+        assert_eq!(module(&["b", "X"], &["a"], false), Some("a::b".into()));
+        assert_eq!(module(&["crate", "S"], &["c"], false), Some("a::b".into()));
+        assert_eq!(module(&["tally", "S"], &["cli"], true), Some("a::b".into()));
+        // `x` is another crate's in the library, the binary's own `cli::run` in the binary.
+        assert_eq!(
+            module(&["crate", "x", "Y"], &["c"], false),
+            Some(String::new())
+        );
+        assert_eq!(module(&["crate", "x"], &["cli"], true), Some("cli".into()));
+        assert_eq!(module(&["std", "x"], &["c"], false), None);
+        assert_eq!(module(&["super", "super"], &["c"], false), None);
+    }
+}

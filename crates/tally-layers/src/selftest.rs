@@ -29,14 +29,20 @@ fn clean() -> Files {
         ("src/ops/mod.rs", "use crate::config::Model;\npub fn f(_: &Model) {}\n"),
         ("src/stream/mod.rs", "pub mod a;\npub mod b;\n"),
         ("src/stream/a.rs", "use super::b::B;\npub struct A;\nimpl A {\n    pub fn new(_: B) -> A {\n        A\n    }\n}\n"),
-        ("src/stream/b.rs", "pub struct B;\n"),
+        ("src/stream/b.rs", "pub struct B;\n#[cfg(test)]\n#[path = \"b_props.rs\"]\nmod props;\n"),
         ("src/api/mod.rs", "pub mod rls;\n"),
         ("src/api/rls.rs", "use crate::stream::a::A;\npub const MAX: usize = 1;\npub fn g(_: &A) {}\n"),
         (ALLOW, "# planted\n[long_fns]\n"),
         ("docs/guide/15-layout.md", "# Layout\n\n`src/stream/a.rs`, `stream/{a,b}.rs` and `api/`.\n"),
         ("tests/it/main.rs", "#[test]\nfn short() {}\n"),
     ];
-    files.iter().map(|(p, t)| (*p, t.to_string())).collect()
+    let mut files: Files = files.iter().map(|(p, t)| (*p, t.to_string())).collect();
+    // Test code by its declaration only: its names and functions are not the product's.
+    files.push((
+        "src/stream/b_props.rs",
+        format!("pub struct B;\n{}", long_fn("", "long", 80)),
+    ));
+    files
 }
 
 /// A function of `body` lines between its `fn` line and its closing brace.

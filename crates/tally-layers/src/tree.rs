@@ -1,7 +1,6 @@
 //! The files checked: every `.rs` file of the crates' `src/` and of the test folders, parsed
 //! once, each with its module path and whether it is test code.
 
-use std::collections::BTreeSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 
@@ -189,29 +188,90 @@ fn load_dir(
     out
 }
 
-/// Module paths declared as `#[cfg(test)] mod x;` (their files are test code).
-fn declared_tests(source: &Source, out: &mut BTreeSet<Vec<String>>) {
-    fn walk_items(
-        items: &[Item],
-        module: &mut Vec<String>,
-        test: bool,
-        out: &mut BTreeSet<Vec<String>>,
-    ) {
+/// A `mod x;` declaration: the module it declares, whether it is test code (under
+/// `#[cfg(test)]` or in a test file), and its file when `#[path]` names it.
+struct Decl {
+    module: Vec<String>,
+    test: bool,
+    path: Option<String>,
+}
+
+/// The `#[path = ".."]` of a declaration, relative to the declaring file's folder.
+fn path_attr(attrs: &[Attribute], declaring: &str) -> Option<String> {
+    let value = attrs.iter().find_map(|a| match &a.meta {
+        syn::Meta::NameValue(nv) if nv.path.is_ident("path") => match &nv.value {
+            syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(s),
+                ..
+            }) => Some(s.value()),
+            _ => None,
+        },
+        _ => None,
+    })?;
+    let mut parts: Vec<&str> = declaring.split('/').collect();
+    parts.pop();
+    for part in value.split('/') {
+        match part {
+            ".." => {
+                parts.pop();
+            }
+            "." | "" => {}
+            p => parts.push(p),
+        }
+    }
+    Some(parts.join("/"))
+}
+
+/// Every `mod x;` of a file (inline modules walked through).
+fn declarations(source: &Source) -> Vec<Decl> {
+    fn walk(items: &[Item], module: &mut Vec<String>, test: bool, file: &str, out: &mut Vec<Decl>) {
         for item in items {
             let Item::Mod(m) = item else { continue };
-            let is_test = test || is_cfg_test(&m.attrs);
+            let test = test || is_cfg_test(&m.attrs);
             module.push(m.ident.to_string());
             match &m.content {
-                Some((_, inner)) => walk_items(inner, module, is_test, out),
-                None if is_test => {
-                    out.insert(module.clone());
-                }
-                None => {}
+                Some((_, inner)) => walk(inner, module, test, file, out),
+                None => out.push(Decl {
+                    module: module.clone(),
+                    test,
+                    path: path_attr(&m.attrs, file),
+                }),
             }
             module.pop();
         }
     }
-    walk_items(&source.ast.items, &mut source.module.clone(), false, out);
+    let mut out = Vec::new();
+    walk(
+        &source.ast.items,
+        &mut source.module.clone(),
+        source.test,
+        &source.path,
+        &mut out,
+    );
+    out
+}
+
+/// Crate `k`'s declarations applied: a file named by `#[path]` takes the declared module, and
+/// a file declared under `#[cfg(test)]` (or from a test file) is test code.
+fn apply_declarations(sources: &mut [Source], k: usize) {
+    for pass in 0..2 {
+        let decls: Vec<Decl> = sources
+            .iter()
+            .filter(|s| s.krate == Some(k))
+            .flat_map(declarations)
+            .collect();
+        for s in sources.iter_mut().filter(|s| s.krate == Some(k)) {
+            for d in &decls {
+                let named = d.path.as_deref() == Some(s.path.as_str());
+                if named && pass == 0 {
+                    s.module = d.module.clone();
+                }
+                if d.test && (named || (d.path.is_none() && s.module.starts_with(&d.module))) {
+                    s.test = true;
+                }
+            }
+        }
+    }
 }
 
 /// The files of crate `k`'s binary, when it has a library too.
@@ -254,16 +314,8 @@ pub fn load(root: &Path, problems: &mut Vec<String>) -> Vec<Source> {
         sources.extend(load_dir(root, dir, None, problems));
     }
     for k in 0..CRATES.len() {
+        apply_declarations(&mut sources, k);
         mark_bin(&mut sources, k);
-        let mut tests = BTreeSet::new();
-        for s in sources.iter().filter(|s| s.krate == Some(k)) {
-            declared_tests(s, &mut tests);
-        }
-        for s in sources.iter_mut().filter(|s| s.krate == Some(k)) {
-            if tests.iter().any(|t| s.module.starts_with(t)) {
-                s.test = true;
-            }
-        }
     }
     sources
 }
