@@ -282,10 +282,16 @@ fn split_impls(tree: &Tree, allow: &Allow, out: &mut Outcome) {
         }
     }
     let list: Vec<String> = per_type.iter().map(|(t, n)| format!("{t} +{n}")).collect();
+    let over: Vec<String> = per_type
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(t, n)| format!("{t} {}", n + 1))
+        .collect();
     out.summary.push(format!(
-        "{} impl files apart from their type allowed ({})",
+        "{} impl files apart from their type allowed ({}); types in more than two files, to fold back: {}",
         extra.len(),
-        list.join(", ")
+        list.join(", "),
+        if over.is_empty() { "none".to_string() } else { over.join(", ") }
     ));
 }
 

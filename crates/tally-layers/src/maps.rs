@@ -1,6 +1,6 @@
 //! The code maps stay true: every module of the service's top level and of `src/api/` is named
-//! in the `# Layout` section of `src/lib.rs`, and every path that `docs/guide/15-layout.md`
-//! names in backticks exists.
+//! in the `# Layout` section of `src/lib.rs`, every path that `docs/guide/15-layout.md` names in
+//! backticks exists, and so does every `.rs` file a comment names in backticks.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -141,15 +141,30 @@ fn repo_paths(root: &Path, rel: &str, out: &mut Vec<String>) {
     }
 }
 
-/// Paths named in backticks on the guide's layout page that match nothing: a path matches
-/// a file or folder of the repository whose path ends with it (`sink/mod.rs`, `api/edge/`).
-fn guide(root: &Path, problems: &mut Vec<String>) {
+/// Whether `path` (relative to the repository, or to the folder `near`) names a file or
+/// folder of the tree: `sink/mod.rs` and `api/edge/` match wherever they end a path.
+fn exists(all: &[String], near: &str, path: &str) -> bool {
+    let path = path.trim_start_matches("./");
+    let mut local: Vec<&str> = near.split('/').filter(|p| !p.is_empty()).collect();
+    for part in path.split('/') {
+        match part {
+            ".." => {
+                local.pop();
+            }
+            p => local.push(p),
+        }
+    }
+    let local = local.join("/");
+    all.iter()
+        .any(|p| *p == path || *p == local || p.ends_with(&format!("/{path}")))
+}
+
+/// Paths named in backticks on the guide's layout page that match nothing.
+fn guide(root: &Path, all: &[String], problems: &mut Vec<String>) {
     let Ok(text) = fs::read_to_string(root.join(GUIDE)) else {
         problems.push(format!("{GUIDE}: missing"));
         return;
     };
-    let mut all = Vec::new();
-    repo_paths(root, "", &mut all);
     let mut fenced = false;
     for (n, line) in text.lines().enumerate() {
         if line.trim_start().starts_with("```") {
@@ -160,14 +175,30 @@ fn guide(root: &Path, problems: &mut Vec<String>) {
             continue;
         }
         for token in line.split('`').skip(1).step_by(2).filter(|t| path_like(t)) {
-            for path in expand(token) {
-                let path = path.trim_start_matches("./");
-                let found = all
-                    .iter()
-                    .any(|p| p == path || p.ends_with(&format!("/{path}")));
-                if !found {
+            for path in expand(token).iter().filter(|p| !exists(all, "", p)) {
+                problems.push(format!(
+                    "{GUIDE}:{}: `{path}` names no file or folder of the tree",
+                    n + 1
+                ));
+            }
+        }
+    }
+}
+
+/// `.rs` files named in backticks in comments (`//`, `///`, `//!`) that match nothing.
+fn comments(sources: &[Source], all: &[String], problems: &mut Vec<String>) {
+    for s in sources {
+        let folder = s.path.rsplit_once('/').map_or("", |(f, _)| f);
+        for (n, line) in s.text.lines().enumerate() {
+            let Some(comment) = line.trim_start().strip_prefix("//") else {
+                continue;
+            };
+            let tokens = comment.split('`').skip(1).step_by(2);
+            for token in tokens.filter(|t| t.ends_with(".rs") && path_like(t)) {
+                for path in expand(token).iter().filter(|p| !exists(all, folder, p)) {
                     problems.push(format!(
-                        "{GUIDE}:{}: `{path}` names no file or folder of the tree",
+                        "{}:{}: `{path}` names no file of the tree",
+                        s.path,
                         n + 1
                     ));
                 }
@@ -176,10 +207,13 @@ fn guide(root: &Path, problems: &mut Vec<String>) {
     }
 }
 
-/// Both maps.
+/// The maps.
 pub fn check(root: &Path, sources: &[Source], problems: &mut Vec<String>) {
+    let mut all = Vec::new();
+    repo_paths(root, "", &mut all);
     layout(sources, problems);
-    guide(root, problems);
+    guide(root, &all, problems);
+    comments(sources, &all, problems);
 }
 
 #[cfg(test)]

@@ -171,6 +171,14 @@ fn budget_faults() -> Vec<Fault> {
             "src/lib.rs: module api::rlqs is not named".into(),
         ),
         (
+            "a comment naming a file that does not exist",
+            vec![(
+                "src/ops/mod.rs",
+                "//! Reads `../config/mod.rs` and `stream/{a,c}.rs`.\n".into(),
+            )],
+            "src/ops/mod.rs:1: `stream/c.rs` names no file of the tree".into(),
+        ),
+        (
             "a path of the layout page that does not exist",
             vec![(
                 "docs/guide/15-layout.md",

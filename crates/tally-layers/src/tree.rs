@@ -62,6 +62,7 @@ pub struct Source {
     pub bin: bool,
     /// Newlines in the file, as the file-size limit counts them.
     pub lines: usize,
+    pub text: String,
     pub ast: syn::File,
 }
 
@@ -182,6 +183,7 @@ fn load_dir(
             test,
             bin: false,
             lines,
+            text,
             ast,
         });
     }
