@@ -8,8 +8,9 @@
 //! * Budgets with an allow list that can only shrink (`budgets.rs`, `allow.toml`): product
 //!   functions over 80 lines, test functions over 120, one type name per type in a crate,
 //!   a type's inherent `impl` in its own file.
-//! * The maps: `src/lib.rs`'s `# Layout` names every top-level and `api/` module, and
-//!   `docs/guide/15-layout.md` names only paths that exist (`maps.rs`).
+//! * The maps: `src/lib.rs`'s `# Layout` names every top-level and `api/` module,
+//!   `docs/guide/15-layout.md` names only paths that exist, and so do comments naming a `.rs`
+//!   file (`maps.rs`).
 //!
 //! Usage: `cargo run -q -p tally-layers -- [--graph] [--self-test] [--root DIR]`; exit 1 with
 //! the list of what is wrong.

@@ -115,7 +115,9 @@ fn path_like(token: &str) -> bool {
     let shaped = !token.is_empty()
         && !token.contains([' ', '|', '<', '*', '$', '='])
         && !token.contains("::");
+    let named = !token.starts_with('.') || token.starts_with("./") || token.starts_with("../");
     shaped
+        && named
         && !token.contains("://")
         && (token.contains('/') || kinds.iter().any(|k| token.ends_with(k)))
 }
@@ -236,6 +238,8 @@ mod tests {
         assert!(!path_like("tally key|state"));
         assert!(!path_like("api::rls"));
         assert!(!path_like("https://example.org/x"));
+        assert!(!path_like(".rs"));
+        assert!(path_like("../config/mod.rs"));
         assert_eq!(expand("a/{b, c}/d.rs"), ["a/b/d.rs", "a/c/d.rs"]);
     }
 }

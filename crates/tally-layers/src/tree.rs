@@ -17,7 +17,7 @@ pub struct CrateSpec {
     pub product: bool,
 }
 
-/// The crates checked, as `scripts/test.sh` has always checked them.
+/// The crates checked: the service, the library, and the tools (this one included).
 pub const CRATES: &[CrateSpec] = &[
     CrateSpec {
         src: "src",
@@ -37,6 +37,11 @@ pub const CRATES: &[CrateSpec] = &[
     CrateSpec {
         src: "crates/tally-bench/src",
         name: "tally_bench",
+        product: false,
+    },
+    CrateSpec {
+        src: "crates/tally-layers/src",
+        name: "tally_layers",
         product: false,
     },
 ];
@@ -102,7 +107,8 @@ pub fn module_of(rel: &str) -> Vec<String> {
     parts
 }
 
-/// Test files by name: `tests.rs`, `x_tests.rs`, `tests_x.rs`, or anything in a `tests/` folder.
+/// Test files by name: `tests.rs`, a name ending in `_tests` or starting with `tests_`, or
+/// anything in a `tests/` folder.
 fn test_by_name(rel: &str) -> bool {
     let mut parts = rel.split('/').collect::<Vec<_>>();
     let file = parts.pop().unwrap_or_default();
