@@ -138,6 +138,25 @@ pub fn parse(text: &str) -> Result<Allow, String> {
     Ok(allow)
 }
 
+/// `text` with each listed line (1-based) replaced by its new text, or deleted.
+pub fn shrink(text: &str, edits: &[(usize, Option<String>)]) -> String {
+    let mut out = String::new();
+    for (i, line) in text.lines().enumerate() {
+        match edits.iter().find(|(n, _)| *n == i + 1) {
+            Some((_, Some(new))) => {
+                out.push_str(new);
+                out.push('\n');
+            }
+            Some((_, None)) => {}
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -158,6 +177,13 @@ mod tests {
             dup[0].1.value,
             Value::List(vec!["src/a.rs".into(), "src/b.rs".into()])
         );
+    }
+
+    #[test]
+    fn shrinking_rewrites_or_deletes_only_the_lines_named() {
+        let text = "[long_fns]\n\"a\" = 90\n\"b\" = 95\n\"c\" = 99\n";
+        let edits = [(2, None), (4, Some("\"c\" = 85".to_string()))];
+        assert_eq!(shrink(text, &edits), "[long_fns]\n\"b\" = 95\n\"c\" = 85\n");
     }
 
     #[test]

@@ -25,15 +25,29 @@ pub struct Tree<'a> {
     pub resolvers: &'a [Resolver],
 }
 
-/// Problems (failing) and the summary lines (printed either way).
+/// Problems (failing), the summary lines (printed either way), and how the allow list shrinks
+/// to the tree (`--shrink`).
 #[derive(Default)]
 pub struct Outcome {
     pub problems: Vec<String>,
     pub summary: Vec<String>,
+    /// (line of the allow list, its new text or `None` to delete it): only ever smaller.
+    pub shrink: Vec<(usize, Option<String>)>,
 }
 
-fn stale(section: &str, key: &str, line: usize, now: &str) -> String {
-    format!("{ALLOW}:{line}: [{section}] \"{key}\" is stale ({now}): delete the entry")
+impl Outcome {
+    /// A listed exception that is no longer one (or no longer as large).
+    fn stale(&mut self, section: &str, key: &str, line: usize, now: &str, to: Option<String>) {
+        let fix = if to.is_some() {
+            "shrink the entry"
+        } else {
+            "delete the entry"
+        };
+        self.problems.push(format!(
+            "{ALLOW}:{line}: [{section}] \"{key}\" is stale ({now}): {fix} (--shrink does)"
+        ));
+        self.shrink.push((line, to));
+    }
 }
 
 /// Functions over `max` lines (`test`: in test code, else in product code) against `section`.
@@ -74,6 +88,7 @@ fn fn_lengths(
             Some((Value::Int(n), line)) if lines > n => out.problems.push(format!(
                 "{at}: fn {key} grew to {lines} lines, past its {n} in {ALLOW}:{line} (at most {max})"
             )),
+            Some((Value::Int(n), line)) if lines < n => out.shrink.push((line, Some(format!("\"{key}\" = {lines}")))),
             Some((Value::Int(_), _)) => {}
             Some((_, line)) => out.problems.push(format!("{ALLOW}:{line}: [{section}] \"{key}\" needs a line count")),
         }
@@ -83,7 +98,7 @@ fn fn_lengths(
             let now = all
                 .get(*key)
                 .map_or("no such function".into(), |n| format!("{n} lines now"));
-            out.problems.push(stale(section, key, entry.line, &now));
+            out.stale(section, key, entry.line, &now, None);
         }
     }
     let list: Vec<String> = over
@@ -134,12 +149,19 @@ fn duplicate_names(tree: &Tree, allow: &Allow, out: &mut Outcome) {
             Some((Value::List(l), line)) => {
                 let l: BTreeSet<String> = l.iter().cloned().collect();
                 if files.is_subset(&l) && files != &l {
-                    out.problems.push(stale(
+                    let to = list
+                        .iter()
+                        .map(|f| format!("\"{f}\""))
+                        .collect::<Vec<_>>()
+                        .join(", ");
+                    let now = format!("now only in {}", list.join(", "));
+                    out.stale(
                         "duplicate_names",
                         key,
                         line,
-                        &format!("now only in {}", list.join(", ")),
-                    ));
+                        &now,
+                        Some(format!("\"{key}\" = [{to}]")),
+                    );
                 } else if !files.is_subset(&l) {
                     out.problems.push(format!(
                         "{key} is declared in {} (more than {ALLOW}:{line} lists)",
@@ -158,8 +180,7 @@ fn duplicate_names(tree: &Tree, allow: &Allow, out: &mut Outcome) {
     }
     for (key, entry) in &listed {
         if !found.contains_key(*key) {
-            out.problems
-                .push(stale("duplicate_names", key, entry.line, "declared once"));
+            out.stale("duplicate_names", key, entry.line, "declared once", None);
         }
     }
     out.summary.push(format!(
@@ -277,8 +298,7 @@ fn split_impls(tree: &Tree, allow: &Allow, out: &mut Outcome) {
     }
     for (key, entry) in &listed {
         if !extra.contains_key(*key) {
-            out.problems
-                .push(stale("split_impls", key, entry.line, "no impl of it there"));
+            out.stale("split_impls", key, entry.line, "no impl of it there", None);
         }
     }
     let list: Vec<String> = per_type.iter().map(|(t, n)| format!("{t} +{n}")).collect();

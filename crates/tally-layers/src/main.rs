@@ -12,8 +12,9 @@
 //!   `docs/guide/15-layout.md` names only paths that exist, and so do comments naming a `.rs`
 //!   file (`maps.rs`).
 //!
-//! Usage: `cargo run -q -p tally-layers -- [--graph] [--self-test] [--root DIR]`; exit 1 with
-//! the list of what is wrong.
+//! Usage: `cargo run -q -p tally-layers -- [--graph] [--self-test] [--shrink] [--root DIR]`;
+//! exit 1 with the list of what is wrong. `--shrink` first rewrites the allow list to the tree
+//! (deletes stale entries, lowers counts); it never adds an exception.
 
 mod allow;
 mod budgets;
@@ -41,6 +42,8 @@ pub const MAX_FIELDS: usize = 12;
 pub struct Report {
     pub problems: Vec<String>,
     pub summary: Vec<String>,
+    /// How the allow list shrinks to the tree (see `budgets::Outcome::shrink`).
+    pub shrink: Vec<(usize, Option<String>)>,
     pub files: usize,
 }
 
@@ -140,27 +143,55 @@ pub fn check(root: &Path, graph: bool) -> Report {
     let outcome = budgets::check(&tree, &allow);
     report.problems.extend(outcome.problems);
     report.summary = outcome.summary;
+    report.shrink = outcome.shrink;
     maps::check(root, &sources, &mut report.problems);
     report
+}
+
+/// Rewrite the allow list to the tree: stale entries deleted, counts lowered. Returns how
+/// many entries were deleted and how many rewritten.
+pub fn shrink_allow(root: &Path) -> Result<(usize, usize), String> {
+    let report = check(root, false);
+    if report.shrink.is_empty() {
+        return Ok((0, 0));
+    }
+    let path = root.join(ALLOW);
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{ALLOW}: {e}"))?;
+    let shrunk = allow::shrink(&text, &report.shrink);
+    std::fs::write(&path, shrunk).map_err(|e| format!("{ALLOW}: {e}"))?;
+    let deleted = report.shrink.iter().filter(|(_, to)| to.is_none()).count();
+    Ok((deleted, report.shrink.len() - deleted))
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."));
-    let mut graph = false;
+    let (mut graph, mut shrink) = (false, false);
     let mut iter = args.iter();
     while let Some(arg) = iter.next() {
         match arg.as_str() {
             "--self-test" => return selftest::run(),
             "--graph" => graph = true,
+            "--shrink" => shrink = true,
             "--root" => root = iter.next().map(PathBuf::from).unwrap_or(root),
             "-h" | "--help" => {
-                println!("usage: tally-layers [--graph] [--self-test] [--root DIR]");
+                println!("usage: tally-layers [--graph] [--self-test] [--shrink] [--root DIR]");
                 return ExitCode::SUCCESS;
             }
             other => {
                 eprintln!("tally-layers: unknown argument {other} (see --help)");
                 return ExitCode::from(2);
+            }
+        }
+    }
+    if shrink {
+        match shrink_allow(&root) {
+            Ok((deleted, lowered)) => {
+                println!("tally-layers: {ALLOW}: {deleted} entries deleted, {lowered} lowered")
+            }
+            Err(e) => {
+                eprintln!("tally-layers: {e}");
+                return ExitCode::FAILURE;
             }
         }
     }

@@ -201,14 +201,45 @@ fn plant(dir: &Path, files: &[(&str, String)]) -> Result<(), String> {
 
 /// The problems the check finds in the clean tree with `fault` written over it.
 fn check_planted(n: usize, fault: &[(&str, String)]) -> Result<Vec<String>, String> {
+    let dir = planted(n, fault)?;
+    let report = crate::check(&dir, false);
+    let _ = fs::remove_dir_all(&dir);
+    Ok(report.problems)
+}
+
+/// The clean tree with `fault` written over it, in a fresh temporary folder.
+fn planted(n: usize, fault: &[(&str, String)]) -> Result<PathBuf, String> {
     let dir: PathBuf =
         std::env::temp_dir().join(format!("tally-layers-{}-{n}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     plant(&dir, &clean())?;
     plant(&dir, fault)?;
-    let report = crate::check(&dir, false);
+    Ok(dir)
+}
+
+/// `--shrink` deletes the stale entries and lowers a count, and adds nothing: an exception
+/// not listed still fails after it.
+fn shrinks() -> Result<(), String> {
+    let allow =
+        "# kept\n[long_fns]\n\"src/ops/long.rs::long\" = 90\n\"src/ops/mod.rs::gone\" = 90\n\
+                 [duplicate_names]\n\"tally::B\" = [\"src/stream/a.rs\", \"src/stream/b.rs\"]\n";
+    let fault = [
+        ("src/ops/long.rs", long_fn("", "long", 80)),
+        ("src/ops/longer.rs", long_fn("", "longer", 81)),
+        (ALLOW, allow.to_string()),
+    ];
+    let dir = planted(99, &fault)?;
+    crate::shrink_allow(&dir)?;
+    let text = fs::read_to_string(dir.join(ALLOW)).map_err(|e| e.to_string())?;
+    let problems = crate::check(&dir, false).problems;
     let _ = fs::remove_dir_all(&dir);
-    Ok(report.problems)
+    let want = "# kept\n[long_fns]\n\"src/ops/long.rs::long\" = 82\n[duplicate_names]\n";
+    if text != want || problems.len() != 1 || !problems[0].contains("longer has 83 lines") {
+        return Err(format!(
+            "--shrink: the list became\n{text}with problems {problems:?}"
+        ));
+    }
+    Ok(())
 }
 
 /// Every fault caught, the clean tree passing: the number of faults, or what went wrong.
@@ -227,6 +258,7 @@ pub fn self_test() -> Result<usize, String> {
             ));
         }
     }
+    shrinks()?;
     Ok(faults.len())
 }
 
