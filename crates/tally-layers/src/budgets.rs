@@ -232,18 +232,14 @@ fn owner_file<'a>(
             .map(|u| (&u.segs, &u.module)),
         _ => Some((&imp.segs, &imp.module)),
     };
-    let module =
-        written.and_then(|(segs, at)| resolver.absolute(&segs[..segs.len() - 1], at, s.bin));
-    let module = module.map(|m| resolver.module(&m));
-    let best = defs.iter().max_by_key(|(_, m)| match &module {
-        Some(target) => (usize::from(*m == target), 0),
-        None => (
-            0,
-            m.iter()
-                .zip(&imp.module)
-                .take_while(|(a, b)| a == b)
-                .count(),
-        ),
+    let module = written
+        .and_then(|(segs, at)| resolver.absolute(segs.split_last()?.1, at, s.bin))
+        .map(|m| resolver.module(&m));
+    // The declaration in that module, else the one nearest to it (or to the impl).
+    let near = module.as_ref().unwrap_or(&imp.module);
+    let best = defs.iter().max_by_key(|(_, m)| {
+        let common = m.iter().zip(near).take_while(|(a, b)| a == b).count();
+        (module.as_ref() == Some(*m), common)
     });
     best.map(|(d, _)| d.path.as_str())
 }
