@@ -202,10 +202,15 @@ struct Decl {
     module: Vec<String>,
     test: bool,
     path: Option<String>,
+    /// The `#[path]` file is beside the declaring file (no `..`): the declared module is its
+    /// own. A file up the tree is shared by several crates (a benchmark's binaries), and keeps
+    /// the module of its place.
+    beside: bool,
 }
 
-/// The `#[path = ".."]` of a declaration, relative to the declaring file's folder.
-fn path_attr(attrs: &[Attribute], declaring: &str) -> Option<String> {
+/// The `#[path = ".."]` of a declaration, relative to the declaring file's folder, and
+/// whether it stays beside it.
+fn path_attr(attrs: &[Attribute], declaring: &str) -> Option<(String, bool)> {
     let value = attrs.iter().find_map(|a| match &a.meta {
         syn::Meta::NameValue(nv) if nv.path.is_ident("path") => match &nv.value {
             syn::Expr::Lit(syn::ExprLit {
@@ -227,7 +232,7 @@ fn path_attr(attrs: &[Attribute], declaring: &str) -> Option<String> {
             p => parts.push(p),
         }
     }
-    Some(parts.join("/"))
+    Some((parts.join("/"), !value.split('/').any(|p| p == "..")))
 }
 
 /// Every `mod x;` of a file (inline modules walked through).
@@ -239,11 +244,16 @@ fn declarations(source: &Source) -> Vec<Decl> {
             module.push(m.ident.to_string());
             match &m.content {
                 Some((_, inner)) => walk(inner, module, test, file, out),
-                None => out.push(Decl {
-                    module: module.clone(),
-                    test,
-                    path: path_attr(&m.attrs, file),
-                }),
+                None => {
+                    let (path, beside) = path_attr(&m.attrs, file).unzip();
+                    let beside = beside.unwrap_or(true);
+                    out.push(Decl {
+                        module: module.clone(),
+                        test,
+                        path,
+                        beside,
+                    });
+                }
             }
             module.pop();
         }
@@ -271,7 +281,7 @@ fn apply_declarations(sources: &mut [Source], k: usize) {
         for s in sources.iter_mut().filter(|s| s.krate == Some(k)) {
             for d in &decls {
                 let named = d.path.as_deref() == Some(s.path.as_str());
-                if named && pass == 0 {
+                if named && d.beside && pass == 0 {
                     s.module = d.module.clone();
                 }
                 if d.test && (named || (d.path.is_none() && s.module.starts_with(&d.module))) {
