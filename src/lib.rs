@@ -7,16 +7,18 @@
 //!
 //! # Layout
 //!
-//! Each folder is a stage; imports run one way, down this list (`scripts/check_layers.py`
-//! checks it in the test command):
+//! Each folder is a stage; imports run one way, down this list (`tally-layers`, run by the
+//! test command, checks it from the parsed source, and that this list names every module of
+//! the top level and of `api/`):
 //!
 //! * `main.rs` and `cli/` (binary only): arguments, `tally key`/`state`/`request`/`top`/`demo`.
 //! * [`app`]: one [`app::Tally`] per process, built by one function for `tally run` (consumer
 //!   lanes + what `serve` serves) and `tally serve` (no Kafka); every long-lived task under one
 //!   [`app::Supervisor`] (the first that fails stops the others; a signal drains them all).
 //! * [`api`]: the request path's ports: [`api::http`] (REST, metrics, health, status page,
-//!   OpenAPI), [`api::rls`] (Envoy's rate limit service over gRPC), [`api::edge`] (what both
-//!   ports share: bounded accept, the bearer-token check), [`api::primitives`] (the library's
+//!   OpenAPI), [`api::rls`] (Envoy's rate limit service over gRPC), [`api::rlqs`] (Envoy's
+//!   rate limit quota service, on the same port), [`api::edge`] (what both ports share:
+//!   bounded accept, the bearer-token check, TLS), [`api::primitives`] (the library's
 //!   primitives behind the configuration and metrics), [`api::query`] (ranges of windows).
 //! * [`jobs`]: work led by one replica at a time: the TTL auditor, the reconciler, and the
 //!   window publisher's loop ([`stream::publish`]).
@@ -26,7 +28,9 @@
 //! * [`config`]: inert serde sections, validated up front, compiled once into a
 //!   [`config::Model`] (counters and their filters, each topic's decoding with its schema file
 //!   read once, key layout, fence scope, the RLS limits file, the tokens), shared behind an
-//!   `Arc` by every path.
+//!   `Arc` by every path. It also holds what the compiled model runs: the CEL evaluator of
+//!   filters and derived fields (`config/cel/`) and the Protobuf descriptor reader
+//!   (`config/proto.rs`).
 //!
 //! # The stream path
 //!
@@ -37,8 +41,8 @@
 //!    partitions are flushed first. Its worker routes between small owners: the flush in flight
 //!    (`consumer::flush`), commits (`consumer::commit`), partition states and recovery (a pure
 //!    decision from what Redis and Kafka hold, `consumer::recovery`).
-//! 2. [`stream::decode`]: a JSON payload becomes an event: dimension values (borrowed from the
-//!    message), integer values and an event time. Bad messages are counted by reason and
+//! 2. [`stream::decode`]: a payload (JSON, Avro or Protobuf) becomes an event: dimension
+//!    values (borrowed from the message), integer values and an event time. Bad messages are counted by reason and
 //!    skipped (or dead-lettered); they never stop the stream.
 //! 3. [`model`]: every counter is compiled once into a [`model::CounterSpec`] — its [`window`]
 //!    (aligned in a time zone, DST-safe), its [`key`] template (values escaped so keys are

@@ -8,7 +8,7 @@
 //! so a file changed after `tally check`, or after the start, changes nothing in a running
 //! process. These are the configuration's compiled parts, not the decoder: the decoder
 //! (`stream/decode/`) builds its field paths and schema plans from them, in memory, as the stage
-//! that reads events must not be imported by the configuration (`scripts/check_layers.py`).
+//! that reads events must not be imported by the configuration (`tally-layers` checks it).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -1,6 +1,6 @@
 //! Tests for the aggregator: deltas, unit chaining, the per-call key limit, replay skipping,
 //! and a property test against a direct count. Events go through the real decoder; expected
-//! keys are rendered here with chrono, independently of `key.rs`.
+//! keys are rendered here with chrono, independently of `tally_counters::key`.
 
 use super::*;
 use crate::config::{Config, CounterConfig};

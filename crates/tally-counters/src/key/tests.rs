@@ -1,4 +1,4 @@
-//! Tests for `key.rs`: every parse error, rendering, and injectivity properties.
+//! Tests for the key templates (`key/`): every parse error, rendering, and injectivity properties.
 
 use super::*;
 use chrono::NaiveDate;
