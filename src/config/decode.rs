@@ -218,7 +218,7 @@ impl DecodeConfig {
                 key(),
                 "is also in [decode.fields]: a field is read or derived, not both",
             )?;
-            let program = Program::compile(text).map_err(|e| invalid(key(), e))?;
+            let program = Program::compile(text).map_err(|e| invalid(key(), e.to_string()))?;
             if let Some(v) = program.vars().iter().find(|v| self.derive.contains_key(*v)) {
                 return Err(invalid(
                     key(),

@@ -214,7 +214,7 @@ impl RequestConfig {
         let mut names = std::collections::HashSet::new();
         for (i, p) in self.limits.iter().enumerate() {
             p.validate()
-                .map_err(|e| invalid(format!("request.limits[{i}]"), e))?;
+                .map_err(|e| invalid(format!("request.limits[{i}]"), e.to_string()))?;
             if !names.insert(("limit", p.name.as_str())) {
                 return Err(invalid(format!("request.limits[{i}].name"), "used twice"));
             }

@@ -70,7 +70,8 @@ impl Config {
             ensure(seen.insert(c.name.as_str()), key, reason)?;
             specs.push(self.validate_counter(i, c)?);
             let filter = c.filter.as_deref().map(Program::filter).transpose();
-            filters.push(filter.map_err(|e| invalid(format!("counters[{i}].filter"), e))?);
+            filters
+                .push(filter.map_err(|e| invalid(format!("counters[{i}].filter"), e.to_string()))?);
         }
         self.validate_counter_topics()?;
         // The decoder keeps per-event flags in 64-bit masks: one bit per counter.

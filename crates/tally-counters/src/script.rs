@@ -97,23 +97,34 @@ pub fn is_noscript(e: &redis::RedisError) -> bool {
 /// Parse a reply that must be an array of integers. An integer may come as a bulk string of
 /// decimal digits: Lua numbers are doubles, so a script passes on a 64-bit value Redis stores
 /// (a counter, a fencing token) as the string `GET` returned, and it is parsed exactly here.
-pub fn int_array(value: &redis::Value) -> Result<Vec<i64>, String> {
+pub fn int_array(value: &redis::Value) -> Result<Vec<i64>, ReplyShapeError> {
     match value {
         redis::Value::Array(items) => items.iter().map(int).collect(),
-        other => Err(format!("expected an array, got {other:?}")),
+        other => Err(ReplyShapeError::NotArray(format!("{other:?}"))),
     }
 }
 
 /// One integer: an integer reply, or a bulk string holding one (see [`int_array`]).
-pub fn int(value: &redis::Value) -> Result<i64, String> {
+pub fn int(value: &redis::Value) -> Result<i64, ReplyShapeError> {
     match value {
         redis::Value::Int(n) => Ok(*n),
         redis::Value::BulkString(bytes) => std::str::from_utf8(bytes)
             .ok()
             .and_then(|s| s.parse().ok())
-            .ok_or_else(|| format!("expected an integer, got {value:?}")),
-        other => Err(format!("expected an integer, got {other:?}")),
+            .ok_or_else(|| ReplyShapeError::NotInteger(format!("{value:?}"))),
+        other => Err(ReplyShapeError::NotInteger(format!("{other:?}"))),
     }
+}
+
+/// A script reply that is not the shape its contract says (what came back, as Redis sent it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplyShapeError {
+    /// Not an array.
+    #[error("expected an array, got {0}")]
+    NotArray(String),
+    /// Not an integer, nor a string of decimal digits.
+    #[error("expected an integer, got {0}")]
+    NotInteger(String),
 }
 
 #[cfg(test)]

@@ -88,22 +88,71 @@ enum Kind {
     Null,
 }
 
+/// Where in an expression's text (1-based line and column, in characters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Position {
+    /// The line.
+    pub line: usize,
+    /// The column.
+    pub column: usize,
+}
+
+impl std::fmt::Display for Position {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.line, self.column)
+    }
+}
+
+/// Why an expression does not compile.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CelError {
+    /// Not CEL: the parser's message, where it stopped.
+    #[error("{at}: {message}")]
+    Syntax {
+        /// Where.
+        at: Position,
+        /// What the parser says (or what it means, where it speaks of its internals).
+        message: String,
+    },
+    /// Not CEL the parser could place.
+    #[error("{0}")]
+    Unparsed(String),
+    /// CEL that tally does not evaluate (a function, an operator, a literal type), and what to
+    /// write instead.
+    #[error("{at}: {what}")]
+    Unsupported {
+        /// Where.
+        at: Position,
+        /// What is not supported.
+        what: String,
+    },
+    /// A filter that gives something other than a condition (its kind named).
+    #[error("a filter is a condition (true: the event counts), this gives a {0}")]
+    NotACondition(&'static str),
+}
+
 impl Program {
     /// Compiles `text`; the error says what is wrong and where (line:column).
-    pub fn compile(text: &str) -> Result<Program, String> {
+    pub fn compile(text: &str) -> Result<Program, CelError> {
         let (expr, info) = Parser::new()
             .max_recursion_depth(64)
             .parse_with_source_info(text)
             .map_err(|e| match e.errors.first() {
                 // The parser's positions are line:column, both 1-based already.
-                Some(e) => format!("{}:{}: {}", e.pos.0, e.pos.1, parse_message(&e.msg)),
-                None => e.to_string(),
+                Some(e) => CelError::Syntax {
+                    at: Position {
+                        line: e.pos.0 as usize,
+                        column: e.pos.1 as usize,
+                    },
+                    message: parse_message(&e.msg),
+                },
+                None => CelError::Unparsed(e.to_string()),
             })?;
         let mut c = Compiler {
             vars: Vec::new(),
             at: |id: u64| match info.offset_for(id) {
                 Some((start, _)) => position(text, start as usize),
-                None => "1:1".to_string(),
+                None => Position { line: 1, column: 1 },
             },
         };
         let node = c.node(&expr)?;
@@ -111,18 +160,15 @@ impl Program {
     }
 
     /// Compiles a filter: an expression that must give a bool.
-    pub fn filter(text: &str) -> Result<Program, String> {
+    pub fn filter(text: &str) -> Result<Program, CelError> {
         let p = Program::compile(text)?;
         match kind(&p.node) {
             Some(Kind::Bool) | None => Ok(p),
-            Some(k) => Err(format!(
-                "a filter is a condition (true: the event counts), this gives a {}",
-                match k {
-                    Kind::Number => "number",
-                    Kind::Text => "string",
-                    _ => "null",
-                }
-            )),
+            Some(k) => Err(CelError::NotACondition(match k {
+                Kind::Number => "number",
+                Kind::Text => "string",
+                _ => "null",
+            })),
         }
     }
 
@@ -166,11 +212,11 @@ fn parse_message(msg: &str) -> String {
 }
 
 /// `line:column` (1-based, in characters) of a character offset.
-fn position(text: &str, offset: usize) -> String {
+fn position(text: &str, offset: usize) -> Position {
     let before: String = text.chars().take(offset).collect();
     let line = before.matches('\n').count() + 1;
     let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    format!("{line}:{column}")
+    Position { line, column }
 }
 
 struct Compiler<F> {
@@ -178,9 +224,12 @@ struct Compiler<F> {
     at: F,
 }
 
-impl<F: Fn(u64) -> String> Compiler<F> {
-    fn refuse<T>(&self, e: &IdedExpr, what: impl std::fmt::Display) -> Result<T, String> {
-        Err(format!("{}: {what}", (self.at)(e.id)))
+impl<F: Fn(u64) -> Position> Compiler<F> {
+    fn refuse<T>(&self, e: &IdedExpr, what: impl std::fmt::Display) -> Result<T, CelError> {
+        Err(CelError::Unsupported {
+            at: (self.at)(e.id),
+            what: what.to_string(),
+        })
     }
 
     fn var(&mut self, name: String) -> usize {
@@ -193,11 +242,11 @@ impl<F: Fn(u64) -> String> Compiler<F> {
         }
     }
 
-    fn boxed(&mut self, e: &IdedExpr) -> Result<Box<Node>, String> {
+    fn boxed(&mut self, e: &IdedExpr) -> Result<Box<Node>, CelError> {
         self.node(e).map(Box::new)
     }
 
-    fn node(&mut self, e: &IdedExpr) -> Result<Node, String> {
+    fn node(&mut self, e: &IdedExpr) -> Result<Node, CelError> {
         match &e.expr {
             Expr::Literal(l) => literal(l).map(Node::Lit).or_else(|w| self.refuse(e, w)),
             Expr::Ident(name) => Ok(Node::Var(self.var(name.clone()))),
@@ -225,9 +274,9 @@ impl<F: Fn(u64) -> String> Compiler<F> {
         name: &str,
         target: Option<&IdedExpr>,
         args: &[IdedExpr],
-    ) -> Result<Node, String> {
+    ) -> Result<Node, CelError> {
         use cel::common::ast::operators as op;
-        let two = |c: &mut Self| -> Result<(Box<Node>, Box<Node>), String> {
+        let two = |c: &mut Self| -> Result<(Box<Node>, Box<Node>), CelError> {
             Ok((c.boxed(&args[0])?, c.boxed(&args[1])?))
         };
         let cmp = |c: &mut Self, o| two(c).map(|(a, b)| Node::Cmp(o, a, b));
@@ -323,7 +372,7 @@ fn dotted(expr: &Expr) -> Option<String> {
 }
 
 /// A literal's value (bytes are refused).
-fn literal(l: &LiteralValue) -> Result<Val<'static>, String> {
+fn literal(l: &LiteralValue) -> Result<Val<'static>, &'static str> {
     Ok(match l {
         LiteralValue::Boolean(b) => Val::Bool(*b.inner()),
         LiteralValue::Int(i) => Val::Int(*i.inner()),
@@ -331,7 +380,7 @@ fn literal(l: &LiteralValue) -> Result<Val<'static>, String> {
         LiteralValue::Double(d) => Val::Double(*d.inner()),
         LiteralValue::String(s) => Val::Str(Cow::Owned(s.inner().to_string())),
         LiteralValue::Null => Val::Null,
-        LiteralValue::Bytes(_) => return Err("bytes literals are not supported".into()),
+        LiteralValue::Bytes(_) => return Err("bytes literals are not supported"),
     })
 }
 

@@ -110,6 +110,6 @@ pub struct Replaces {
 
 /// Read one file's text into the schema (unknown keys refused by serde, with the list of known
 /// ones).
-pub fn parse(text: &str) -> Result<DomainFile, String> {
-    serde_yaml_ng::from_str(text).map_err(|e| e.to_string())
+pub fn parse(text: &str) -> Result<DomainFile, super::LimitsProblem> {
+    serde_yaml_ng::from_str(text).map_err(|e| super::LimitsProblem::Syntax(e.to_string()))
 }

@@ -6,6 +6,7 @@
 //! path rather than changed on the way (envoyproxy/ratelimit turns a large integer into a
 //! rounded float without a word).
 
+use super::error::{invalid, LimitsProblem};
 use serde_json::{Map, Number, Value};
 use serde_yaml_ng::Value as Yaml;
 
@@ -14,9 +15,9 @@ const EXACT_INTEGER: u64 = 1 << 53;
 
 /// `metadata` at `path`, checked: `None` for an empty mapping (nothing to return), an error
 /// naming the place for anything a `Struct` cannot hold exactly.
-pub fn compile(path: &str, yaml: &Yaml) -> Result<Option<Map<String, Value>>, String> {
+pub fn compile(path: &str, yaml: &Yaml) -> Result<Option<Map<String, Value>>, LimitsProblem> {
     let Yaml::Mapping(map) = yaml else {
-        return Err(format!(
+        return invalid(format!(
             "`{path}.metadata`: must be a mapping of keys to values (it is returned as Envoy dynamic metadata, a Struct)"
         ));
     };
@@ -24,11 +25,11 @@ pub fn compile(path: &str, yaml: &Yaml) -> Result<Option<Map<String, Value>>, St
     Ok((!out.is_empty()).then_some(out))
 }
 
-fn object(at: &str, map: &serde_yaml_ng::Mapping) -> Result<Map<String, Value>, String> {
+fn object(at: &str, map: &serde_yaml_ng::Mapping) -> Result<Map<String, Value>, LimitsProblem> {
     let mut out = Map::new();
     for (k, v) in map {
         let Yaml::String(key) = k else {
-            return Err(format!(
+            return invalid(format!(
                 "`{at}`: key {} is not a string (Struct keys are strings; quote it)",
                 serde_yaml_ng::to_string(k).unwrap_or_default().trim()
             ));
@@ -38,7 +39,7 @@ fn object(at: &str, map: &serde_yaml_ng::Mapping) -> Result<Map<String, Value>, 
     Ok(out)
 }
 
-fn value(at: &str, yaml: &Yaml) -> Result<Value, String> {
+fn value(at: &str, yaml: &Yaml) -> Result<Value, LimitsProblem> {
     Ok(match yaml {
         Yaml::Null => Value::Null,
         Yaml::Bool(b) => Value::Bool(*b),
@@ -53,7 +54,7 @@ fn value(at: &str, yaml: &Yaml) -> Result<Value, String> {
         ),
         Yaml::Mapping(map) => Value::Object(object(at, map)?),
         Yaml::Tagged(t) => {
-            return Err(format!(
+            return invalid(format!(
                 "`{at}`: the tagged value `{}` cannot be returned as metadata",
                 t.tag
             ))
@@ -61,7 +62,7 @@ fn value(at: &str, yaml: &Yaml) -> Result<Value, String> {
     })
 }
 
-fn number(at: &str, n: &serde_yaml_ng::Number) -> Result<Value, String> {
+fn number(at: &str, n: &serde_yaml_ng::Number) -> Result<Value, LimitsProblem> {
     let too_big = || {
         format!(
             "`{at}`: {n} is beyond ±{EXACT_INTEGER}, which a Struct number (a 64-bit float) holds exactly; quote it to send it as a string"
@@ -69,18 +70,18 @@ fn number(at: &str, n: &serde_yaml_ng::Number) -> Result<Value, String> {
     };
     if let Some(i) = n.as_i64() {
         if i.unsigned_abs() > EXACT_INTEGER {
-            return Err(too_big());
+            return invalid(too_big());
         }
         return Ok(Value::Number(i.into()));
     }
     if let Some(u) = n.as_u64() {
         if u > EXACT_INTEGER {
-            return Err(too_big());
+            return invalid(too_big());
         }
         return Ok(Value::Number(u.into()));
     }
     n.as_f64()
         .and_then(Number::from_f64)
         .map(Value::Number)
-        .ok_or_else(|| format!("`{at}`: {n} is not a finite number"))
+        .ok_or_else(|| LimitsProblem::Invalid(format!("`{at}`: {n} is not a finite number")))
 }

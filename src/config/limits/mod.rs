@@ -18,6 +18,7 @@ use std::sync::Arc;
 
 use tally_counters::request::{Algorithm, LimitPolicy};
 
+mod error;
 pub mod file;
 pub mod metadata;
 mod unit;
@@ -27,6 +28,8 @@ pub use unit::Unit;
 pub use wildcard::wildcard_match;
 pub mod reserve;
 
+use error::invalid;
+pub use error::{LimitsError, LimitsProblem};
 use file::{DescriptorYaml, DomainFile, RateLimitYaml};
 
 /// A configured limit, ready for the limiter.
@@ -78,7 +81,7 @@ impl Rule {
             on_redis_error: Default::default(),
             durability: None,
         };
-        policy.validate()?;
+        policy.validate().map_err(|e| e.to_string())?;
         Ok(Rule {
             policy,
             label: "override".into(),
@@ -126,16 +129,6 @@ pub struct Limits {
     with_metadata: HashSet<String>,
 }
 
-/// Why a limits file was refused: the file, and where in it.
-#[derive(Debug, thiserror::Error)]
-#[error("limits file {file}: {reason}")]
-pub struct LimitsError {
-    /// The file (or directory) read.
-    pub file: String,
-    /// What is wrong, with the descriptor path.
-    pub reason: String,
-}
-
 impl Limits {
     /// Read `path`: one file, or every `*.yaml` / `*.yml` file of a directory (one domain each,
     /// as envoyproxy/ratelimit reads its directory).
@@ -161,28 +154,30 @@ impl Limits {
         let mut limits = Limits::default();
         for f in &files {
             let text = std::fs::read_to_string(f).map_err(|e| err(f, e.to_string()))?;
-            limits.add(&text).map_err(|reason| err(f, reason))?;
+            limits
+                .add(&text)
+                .map_err(|reason| err(f, reason.to_string()))?;
         }
         Ok(limits)
     }
 
     /// Limits from one file's text (tests, and [`Limits::load`]).
-    pub fn parse(text: &str) -> Result<Limits, String> {
+    pub fn parse(text: &str) -> Result<Limits, LimitsProblem> {
         let mut limits = Limits::default();
         limits.add(text)?;
         Ok(limits)
     }
 
-    fn add(&mut self, text: &str) -> Result<(), String> {
+    fn add(&mut self, text: &str) -> Result<(), LimitsProblem> {
         let DomainFile {
             domain,
             descriptors,
         } = file::parse(text)?;
         if domain.is_empty() {
-            return Err("`domain`: must not be empty".into());
+            return invalid("`domain`: must not be empty");
         }
         if self.domains.contains_key(&domain) {
-            return Err(format!("domain `{domain}` is defined twice"));
+            return invalid(format!("domain `{domain}` is defined twice"));
         }
         let mut root = Node::default();
         build(&mut root, &domain, &descriptors)?;
@@ -274,10 +269,10 @@ fn collect<'a>(node: &'a Node, domain: &'a str, out: &mut Vec<(&'a str, &'a Rule
 }
 
 /// Add `descriptors` under `node`; `path` names `node` (`<domain>.<key>_<value>…`).
-fn build(node: &mut Node, path: &str, descriptors: &[DescriptorYaml]) -> Result<(), String> {
+fn build(node: &mut Node, path: &str, descriptors: &[DescriptorYaml]) -> Result<(), LimitsProblem> {
     for d in descriptors {
         if d.key.is_empty() {
-            return Err(format!("`{path}`: a descriptor has an empty key"));
+            return invalid(format!("`{path}`: a descriptor has an empty key"));
         }
         let value = d.value.as_deref().filter(|v| !v.is_empty());
         let here = match value {
@@ -289,7 +284,7 @@ fn build(node: &mut Node, path: &str, descriptors: &[DescriptorYaml]) -> Result<
             match value {
                 Some(v) if v.contains('*') => child.share = Some(v.to_string()),
                 _ => {
-                    return Err(format!(
+                    return invalid(format!(
                         "`{here}`: share_threshold needs a wildcard value (one with `*`)"
                     ))
                 }
@@ -302,12 +297,12 @@ fn build(node: &mut Node, path: &str, descriptors: &[DescriptorYaml]) -> Result<
         match &d.rate_limit {
             Some(r) => {
                 let mut compiled =
-                    rule(&here, r, d.shadow_mode).map_err(|e| format!("`{here}`: {e}"))?;
+                    rule(&here, r, d.shadow_mode).map_err(|e| e.at(&here))?;
                 quota_and_metadata(&here, &mut compiled, d.quota_mode, metadata)?;
                 child.rule = Some(compiled);
             }
             None if d.quota_mode || metadata.is_some() => {
-                return Err(format!(
+                return invalid(format!(
                     "`{here}`: quota_mode and metadata apply to the descriptor's rate_limit, and it has none"
                 ))
             }
@@ -322,7 +317,7 @@ fn build(node: &mut Node, path: &str, descriptors: &[DescriptorYaml]) -> Result<
                     .iter()
                     .any(|(k, p, _)| *k == d.key && p.join("*") == v)
                 {
-                    return Err(duplicate);
+                    return invalid(duplicate);
                 }
                 let parts = v.split('*').map(str::to_string).collect();
                 node.wildcards.push((d.key.clone(), parts, child));
@@ -335,12 +330,12 @@ fn build(node: &mut Node, path: &str, descriptors: &[DescriptorYaml]) -> Result<
                     .insert(v.to_string(), child)
                     .is_some()
                 {
-                    return Err(duplicate);
+                    return invalid(duplicate);
                 }
             }
             None => {
                 if node.any.insert(d.key.clone(), child).is_some() {
-                    return Err(duplicate);
+                    return invalid(duplicate);
                 }
             }
         }
@@ -354,19 +349,19 @@ fn quota_and_metadata(
     rule: &mut Rule,
     quota: bool,
     metadata: Option<serde_json::Map<String, serde_json::Value>>,
-) -> Result<(), String> {
+) -> Result<(), LimitsProblem> {
     if rule.unlimited && (quota || metadata.is_some()) {
-        return Err(format!(
+        return invalid(format!(
             "`{path}`: an unlimited rate_limit is never counted, so quota_mode and metadata would never apply"
         ));
     }
     if quota && rule.blocked {
-        return Err(format!(
+        return invalid(format!(
             "`{path}`: a quota_mode limit of 0 never has room; drop the descriptor or its quota_mode"
         ));
     }
     if quota && rule.reserve.is_some() {
-        return Err(format!(
+        return invalid(format!(
             "`{path}`: quota_mode and reserve cannot be combined (a quota charges only while it has room; a reservation holds budget until it settles)"
         ));
     }
@@ -376,29 +371,29 @@ fn quota_and_metadata(
 }
 
 /// Compile one `rate_limit` at `path`.
-fn rule(path: &str, r: &RateLimitYaml, shadow: bool) -> Result<Rule, String> {
+fn rule(path: &str, r: &RateLimitYaml, shadow: bool) -> Result<Rule, LimitsProblem> {
     let unit = r.unit.as_deref().map(|u| Unit::parse(u).ok_or(u));
     if r.unlimited && (matches!(unit, Some(Ok(_))) || r.requests_per_unit.is_some()) {
-        return Err("an unlimited rate_limit takes no unit or requests_per_unit".into());
+        return invalid("an unlimited rate_limit takes no unit or requests_per_unit");
     }
     let unit = match unit {
         Some(Ok(u)) => u,
-        Some(Err(u)) => return Err(format!("invalid rate limit unit `{u}`")),
+        Some(Err(u)) => return invalid(format!("invalid rate limit unit `{u}`")),
         None if r.unlimited => Unit::Second,
-        None => return Err("rate_limit: `unit` is required".into()),
+        None => return invalid("rate_limit: `unit` is required"),
     };
     let limit = match r.requests_per_unit {
         _ if r.unlimited => 1,
         Some(n) if n > u64::from(u32::MAX) => {
-            return Err(format!("requests_per_unit: {n} is above 4294967295"))
+            return invalid(format!("requests_per_unit: {n} is above 4294967295"))
         }
         Some(n) => n,
-        None => return Err("rate_limit: `requests_per_unit` is required".into()),
+        None => return invalid("rate_limit: `requests_per_unit` is required"),
     };
     let multiplier = match r.unit_multiplier {
-        Some(0) => return Err("unit_multiplier: must be at least 1".into()),
+        Some(0) => return invalid("unit_multiplier: must be at least 1"),
         Some(_) if r.unlimited => {
-            return Err("an unlimited rate_limit takes no unit_multiplier".into())
+            return invalid("an unlimited rate_limit takes no unit_multiplier")
         }
         Some(m) => m,
         None => 1,
@@ -406,10 +401,10 @@ fn rule(path: &str, r: &RateLimitYaml, shadow: bool) -> Result<Rule, String> {
     let name = r.name.clone().filter(|n| !n.is_empty());
     for rep in &r.replaces {
         if rep.name.is_empty() {
-            return Err("replaces: an entry has an empty name".into());
+            return invalid("replaces: an entry has an empty name");
         }
         if Some(&rep.name) == name.as_ref() {
-            return Err("replaces: a limit cannot replace itself".into());
+            return invalid("replaces: a limit cannot replace itself");
         }
     }
     let policy = LimitPolicy {
@@ -426,7 +421,7 @@ fn rule(path: &str, r: &RateLimitYaml, shadow: bool) -> Result<Rule, String> {
     policy.validate()?;
     let reserve = match &r.reserve {
         Some(_) if r.unlimited || limit == 0 => {
-            return Err("reserve: an unlimited or blocking limit reserves nothing".into())
+            return invalid("reserve: an unlimited or blocking limit reserves nothing")
         }
         Some(y) => Some(reserve::Reserve::compile(y, &policy, r.usage, shadow)?),
         None => None,

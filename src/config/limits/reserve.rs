@@ -7,6 +7,7 @@
 //! is the request's id (Envoy's `x-request-id`). The entry is not part of the counter's
 //! subject: both phases, and a plain descriptor without the entry, count on one state.
 
+use super::error::{invalid, LimitsProblem};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -71,24 +72,24 @@ impl Reserve {
         policy: &LimitPolicy,
         usage: bool,
         shadow: bool,
-    ) -> Result<Reserve, String> {
+    ) -> Result<Reserve, LimitsProblem> {
         if let Some(why) = unsupported_for_reservations(policy) {
-            return Err(format!("reserve: {why}"));
+            return invalid(format!("reserve: {why}"));
         }
         if usage {
-            return Err("reserve: a reserving limit settles what was used; drop `usage`".into());
+            return invalid("reserve: a reserving limit settles what was used; drop `usage`");
         }
         if shadow {
-            return Err("reserve: a reserving limit cannot be in shadow_mode".into());
+            return invalid("reserve: a reserving limit cannot be in shadow_mode");
         }
         let expiry = yaml.expiry.unwrap_or(DEFAULT_EXPIRY);
         if expiry < Duration::from_millis(1) || expiry > tally_counters::request::MAX_RESERVATION {
-            return Err("reserve.expiry: must be between 1ms and 1 day".into());
+            return invalid("reserve.expiry: must be between 1ms and 1 day");
         }
         match yaml.default {
-            Some(0) => return Err("reserve.default: must be at least 1".into()),
+            Some(0) => return invalid("reserve.default: must be at least 1"),
             Some(d) if d > policy.limit => {
-                return Err(format!(
+                return invalid(format!(
                     "reserve.default: {d} is above requests_per_unit ({}): no request could pass",
                     policy.limit
                 ))
@@ -96,7 +97,7 @@ impl Reserve {
             _ => {}
         }
         if yaml.max_extra > i64::MAX as u64 / 1_000_000 {
-            return Err(format!(
+            return invalid(format!(
                 "reserve.max_extra: {} is out of range",
                 yaml.max_extra
             ));
@@ -106,11 +107,11 @@ impl Reserve {
             ("settle_key", &yaml.settle_key),
         ] {
             if key.is_empty() {
-                return Err(format!("reserve.{name}: must not be empty"));
+                return invalid(format!("reserve.{name}: must not be empty"));
             }
         }
         if yaml.reserve_key == yaml.settle_key {
-            return Err("reserve: reserve_key and settle_key must differ".into());
+            return invalid("reserve: reserve_key and settle_key must differ");
         }
         Ok(Reserve {
             default: yaml.default,

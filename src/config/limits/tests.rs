@@ -201,7 +201,9 @@ descriptors:
 }
 
 fn refused(text: &str) -> String {
-    Limits::parse(text).expect_err("must be refused")
+    Limits::parse(text)
+        .expect_err("must be refused")
+        .to_string()
 }
 
 #[test]
@@ -474,7 +476,9 @@ fn reserve_keys_compile_and_bad_ones_are_refused_with_the_reason() {
             "unknown field `refund`",
         ),
     ] {
-        let e = Limits::parse(&file(rate_limit, extra)).unwrap_err();
+        let e = Limits::parse(&file(rate_limit, extra))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains(says), "{rate_limit}: {e}");
         assert!(e.contains("`ai.tokens`") || says.contains("unknown"), "{e}");
     }

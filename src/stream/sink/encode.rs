@@ -59,11 +59,10 @@ pub(super) async fn send_calls(
         next += metas.len();
         let values = conn.pipe(&pipe).await?;
         if values.len() != metas.len() {
-            return Err(AttemptError::Reply(ReplyError(format!(
-                "{} replies for {} units",
-                values.len(),
-                metas.len()
-            ))));
+            return Err(AttemptError::Reply(ReplyError::Count {
+                got: values.len(),
+                sent: metas.len(),
+            }));
         }
         replies.extend(metas.into_iter().zip(values));
     }

@@ -33,11 +33,7 @@ pub(super) async fn read(
     for (result, &(_, partitions)) in results.into_iter().zip(reads) {
         let items = match result? {
             Value::Array(items) if items.len() == partitions.len() => items,
-            other => {
-                return Err(AttemptError::Reply(ReplyError(format!(
-                    "fence states: {other:?}"
-                ))))
-            }
+            other => return Err(AttemptError::Reply(ReplyError::unknown("init", &other))),
         };
         per_shard.push(
             items

@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use redis::Value;
-use tally_counters::script::int_array;
+use tally_counters::script::{int_array, ReplyShapeError};
 
 use crate::ops::metrics::{Metrics, RejectReason};
 
@@ -98,12 +98,35 @@ impl From<FenceCode> for ApplyReply {
 /// A reply outside its script's contract (a bug, or a script of another version): the attempt
 /// is retried, and the text says what came back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unexpected reply: {0}")]
-pub struct ReplyError(pub String);
+pub enum ReplyError {
+    /// Not an array of integers.
+    #[error("unexpected reply: {0}")]
+    Shape(#[from] ReplyShapeError),
+    /// Fewer values than the script's status needs, or a status no script gives (the script
+    /// named, the reply as Redis sent it).
+    #[error("unexpected reply from {script}: {reply}")]
+    Unknown {
+        /// The script.
+        script: &'static str,
+        /// What came back.
+        reply: String,
+    },
+    /// A pipeline or a merged call that answered for another number of items than it was sent.
+    #[error("unexpected reply: {got} answers for {sent} items")]
+    Count {
+        /// Answers.
+        got: usize,
+        /// Items sent.
+        sent: usize,
+    },
+}
 
-impl From<String> for ReplyError {
-    fn from(detail: String) -> ReplyError {
-        ReplyError(detail)
+impl ReplyError {
+    pub(super) fn unknown(script: &'static str, value: &Value) -> ReplyError {
+        ReplyError::Unknown {
+            script,
+            reply: format!("{value:?}"),
+        }
     }
 }
 
@@ -114,7 +137,7 @@ impl ApplyReply {
         let count = |i: usize| {
             ints.get(i)
                 .map(|n| (*n).max(0) as u64)
-                .ok_or_else(|| ReplyError(format!("{value:?}")))
+                .ok_or_else(|| ReplyError::unknown("apply", value))
         };
         match ints.first() {
             Some(1) => Ok(ApplyReply::Applied {
@@ -124,8 +147,8 @@ impl ApplyReply {
             }),
             Some(&code) => FenceCode::from_pair(code, ints.get(1).copied())
                 .map(ApplyReply::from)
-                .ok_or_else(|| ReplyError(format!("unknown apply status: {value:?}"))),
-            None => Err(ReplyError(format!("{value:?}"))),
+                .ok_or_else(|| ReplyError::unknown("apply", value)),
+            None => Err(ReplyError::unknown("apply", value)),
         }
     }
 }
@@ -154,7 +177,7 @@ impl MergedReply {
             })
             .collect::<Option<Vec<_>>>()
             .map(MergedReply::Refused)
-            .ok_or_else(|| ReplyError(format!("unknown merged apply status: {value:?}")))
+            .ok_or_else(|| ReplyError::unknown("apply_merged", value))
     }
 }
 
@@ -182,7 +205,7 @@ impl FenceState {
         let ints = int_array(value)?;
         let (code, n) = match ints.as_slice() {
             [code, n] => (*code, *n),
-            _ => return Err(ReplyError(format!("fence state: {value:?}"))),
+            _ => return Err(ReplyError::unknown("init", value)),
         };
         if code == 2 {
             return Ok(FenceState::Created(n));
@@ -192,7 +215,7 @@ impl FenceState {
             Some(FenceCode::Missing(marker_copy)) => Ok(FenceState::Missing { marker_copy }),
             Some(FenceCode::Corrupt) => Ok(FenceState::Corrupt),
             Some(FenceCode::Absent) => Ok(FenceState::Absent),
-            _ => Err(ReplyError(format!("unknown fence state: {value:?}"))),
+            _ => Err(ReplyError::unknown("init", value)),
         }
     }
 }
@@ -259,11 +282,10 @@ impl FlushOutcome {
             MergedReply::All(reply) => vec![reply; call.partitions.len()],
             MergedReply::Refused(each) if each.len() == call.partitions.len() => each,
             MergedReply::Refused(each) => {
-                return Err(ReplyError(format!(
-                    "{} fence states for {} partitions",
-                    each.len(),
-                    call.partitions.len()
-                )))
+                return Err(ReplyError::Count {
+                    got: each.len(),
+                    sent: call.partitions.len(),
+                })
             }
         };
         for (&partition, reply) in call.partitions.iter().zip(each) {

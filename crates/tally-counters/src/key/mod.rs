@@ -26,6 +26,7 @@ mod scan;
 mod error;
 
 pub use error::TemplateError;
+pub use scan::TimePatternError;
 
 /// One field of a time pattern, rendered zero padded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

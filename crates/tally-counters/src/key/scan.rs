@@ -159,7 +159,7 @@ impl<'t> TemplateParser<'t> {
             parse_time_pattern(name).map_err(|reason| TemplateError::InvalidTimePattern {
                 template: self.t(),
                 placeholder: name.to_owned(),
-                reason,
+                reason: reason.to_string(),
             })?;
         if let Some((first, _)) = self.time {
             return Err(TemplateError::MultipleTime {
@@ -211,8 +211,25 @@ impl<'t> TemplateParser<'t> {
     }
 }
 
+/// What is wrong with a time pattern (the reason of [`TemplateError::InvalidTimePattern`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TimePatternError {
+    /// A run of letters that no time field uses.
+    #[error("`{0}` is not a time token")]
+    UnknownLetter(String),
+    /// A field's letter repeated to another length than its token's.
+    #[error(
+        "`{0}` is not a time token; use yyyy (year), MM (month), dd (day), HH (hour), \
+         mm (minute), ss (second)"
+    )]
+    WrongLength(String),
+    /// A field given twice (its token, its meaning).
+    #[error("{0} ({1}) appears more than once")]
+    Repeated(&'static str, &'static str),
+}
+
 /// Splits a pattern made only of the letters y M d H m s into fields; the error says why.
-fn parse_time_pattern(pattern: &str) -> Result<Vec<TimeField>, String> {
+fn parse_time_pattern(pattern: &str) -> Result<Vec<TimeField>, TimePatternError> {
     let bytes = pattern.as_bytes();
     let mut fields = Vec::new();
     let mut i = 0;
@@ -221,20 +238,13 @@ fn parse_time_pattern(pattern: &str) -> Result<Vec<TimeField>, String> {
         let run = bytes[i..].iter().take_while(|&&b| b == letter).count();
         let run_text = &pattern[i..i + run];
         let Some(field) = TimeField::from_letter(letter) else {
-            return Err(format!("`{run_text}` is not a time token"));
+            return Err(TimePatternError::UnknownLetter(run_text.to_string()));
         };
         if run != field.token().len() {
-            return Err(format!(
-                "`{run_text}` is not a time token; use yyyy (year), MM (month), dd (day), \
-                 HH (hour), mm (minute), ss (second)"
-            ));
+            return Err(TimePatternError::WrongLength(run_text.to_string()));
         }
         if fields.contains(&field) {
-            return Err(format!(
-                "{} ({}) appears more than once",
-                field.token(),
-                field.meaning()
-            ));
+            return Err(TimePatternError::Repeated(field.token(), field.meaning()));
         }
         fields.push(field);
         i += run;

@@ -43,8 +43,8 @@ pub use expiry::Expiry;
 pub use hit::{Counters, Hit, HitReply};
 pub use limit::{
     decide, decide_settling, unsupported_for_reservations, Algorithm, Ask, Decision, FailureMode,
-    LimitPolicy, Phase, PolicyVerdict, RateLimiter, Reservation, Settled, LIMIT_BATCH_LUA,
-    LIMIT_LUA, MAX_LOG_COST, MAX_RESERVATION,
+    LimitPolicy, Phase, PolicyError, PolicyVerdict, RateLimiter, Reservation, Settled,
+    LIMIT_BATCH_LUA, LIMIT_LUA, MAX_LOG_COST, MAX_RESERVATION,
 };
 pub use once::Once;
 pub use pool::{Claim, Pool};
@@ -211,7 +211,10 @@ pub(crate) use crate::clock::unix_ms as now_ms;
 
 /// Parse a reply that must be an array of integers, naming the script in the error.
 pub(crate) fn ints(script: &'static str, value: &redis::Value) -> Result<Vec<i64>, RequestError> {
-    crate::script::int_array(value).map_err(|detail| RequestError::Reply { script, detail })
+    crate::script::int_array(value).map_err(|e| RequestError::Reply {
+        script,
+        detail: e.to_string(),
+    })
 }
 
 #[cfg(test)]

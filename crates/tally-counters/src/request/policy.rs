@@ -90,32 +90,54 @@ pub const MAX_LOG_LIMIT: u64 = 1_000_000;
 /// script, so a cost of 1M held Redis for about a second.
 pub const MAX_LOG_COST: u64 = 1_000;
 
+/// Why a policy's numbers cannot be used; the message names the field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// An empty name.
+    #[error("name: must not be empty")]
+    EmptyName,
+    /// A limit of 0, or too large to count in microunits.
+    #[error("limit: {0} is out of range")]
+    LimitOutOfRange(u64),
+    /// A window of 0 or over 366 days.
+    #[error("window: must be between 1ms and 366 days")]
+    WindowOutOfRange,
+    /// A sliding log longer than [`MAX_LOG_LIMIT`] entries.
+    #[error("limit: a sliding_log keeps one entry per unit; at most {MAX_LOG_LIMIT}")]
+    LogTooLong,
+    /// A GCRA emission interval under a microsecond.
+    #[error("window / limit must be at least 1µs")]
+    GcraTooFine,
+    /// A burst of 0.
+    #[error("burst: must be at least 1")]
+    ZeroBurst,
+    /// A burst on an algorithm that has none.
+    #[error("burst: only the gcra algorithm has a burst")]
+    BurstWithoutGcra,
+}
+
 impl LimitPolicy {
     /// Check the policy's numbers; the error names the field.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), PolicyError> {
         if self.name.is_empty() {
-            return Err("name: must not be empty".into());
+            return Err(PolicyError::EmptyName);
         }
         if self.limit == 0 || self.limit > i64::MAX as u64 / 1_000_000 {
-            return Err(format!("limit: {} is out of range", self.limit));
+            return Err(PolicyError::LimitOutOfRange(self.limit));
         }
         let ms = self.window.as_millis();
         if ms == 0 || ms > 366 * 86_400_000 {
-            return Err("window: must be between 1ms and 366 days".into());
+            return Err(PolicyError::WindowOutOfRange);
         }
         if self.algorithm == Algorithm::SlidingLog && self.limit > MAX_LOG_LIMIT {
-            return Err(format!(
-                "limit: a sliding_log keeps one entry per unit; at most {MAX_LOG_LIMIT}"
-            ));
+            return Err(PolicyError::LogTooLong);
         }
         if self.algorithm == Algorithm::Gcra && (ms * 1000) / u128::from(self.limit) == 0 {
-            return Err("window / limit must be at least 1µs".into());
+            return Err(PolicyError::GcraTooFine);
         }
         match self.burst {
-            Some(0) => Err("burst: must be at least 1".into()),
-            Some(_) if self.algorithm != Algorithm::Gcra => {
-                Err("burst: only the gcra algorithm has a burst".into())
-            }
+            Some(0) => Err(PolicyError::ZeroBurst),
+            Some(_) if self.algorithm != Algorithm::Gcra => Err(PolicyError::BurstWithoutGcra),
             _ => Ok(()),
         }
     }

@@ -27,7 +27,7 @@ pub use reserve::{
 };
 
 use super::batch::ScriptPair;
-pub use super::policy::{Algorithm, FailureMode, LimitPolicy, MAX_LOG_COST};
+pub use super::policy::{Algorithm, FailureMode, LimitPolicy, PolicyError, MAX_LOG_COST};
 use super::{Client, RequestError};
 use crate::script::Script;
 use protocol::{AskFlags, AskKind, PolicyArgs};
@@ -299,7 +299,7 @@ pub async fn decide_settling(
     let mut slot_of = Vec::with_capacity(asks.len());
     for a in asks {
         if let Some(r) = &a.reservation {
-            r.validate(a.policy).map_err(RequestError::Invalid)?;
+            r.validate(a.policy)?;
             if a.refund {
                 return Err(RequestError::Invalid(format!(
                     "limit `{}`: a reserving limit refunds by its settle, not by a refund",

@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use super::{Algorithm, LimitPolicy};
+use crate::request::RequestError;
 
 /// What a reserving call does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,21 +110,22 @@ impl Reservation<'_> {
         ("limit.fixed.reserve", "limit.fixed.reserve.index");
 
     /// Check what the script cannot: the id's size, the expiry's range.
-    pub(super) fn validate(&self, policy: &LimitPolicy) -> Result<(), String> {
+    pub(super) fn validate(&self, policy: &LimitPolicy) -> Result<(), RequestError> {
+        let invalid = |why: String| Err(RequestError::Invalid(why));
         if let Some(why) = unsupported(policy) {
-            return Err(format!("limit `{}`: {why}", policy.name));
+            return invalid(format!("limit `{}`: {why}", policy.name));
         }
         if self.id.len() > MAX_ID_BYTES {
-            return Err(format!(
+            return invalid(format!(
                 "request id of {} bytes; at most {MAX_ID_BYTES} are accepted",
                 self.id.len()
             ));
         }
         if self.phase == Phase::Settle && self.id.is_empty() {
-            return Err("a settle needs the request's id".into());
+            return invalid("a settle needs the request's id".into());
         }
         if self.expiry.is_zero() || self.expiry > MAX_RESERVATION {
-            return Err("reservation expiry: must be between 1ms and 1 day".into());
+            return invalid("reservation expiry: must be between 1ms and 1 day".into());
         }
         Ok(())
     }
