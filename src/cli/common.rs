@@ -10,10 +10,21 @@ use tally::config::{Config, Model};
 
 use crate::config_error;
 
-pub(crate) fn parse_dim(s: &str) -> Result<(String, String), String> {
+/// A command-line value clap cannot take (its message is clap's error).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ArgError {
+    /// Not `name=value`.
+    #[error("`{0}` is not name=value")]
+    NotNameValue(String),
+    /// Not an action of the limiter.
+    #[error("`{0}`: use apply, peek, reset, release or fill")]
+    UnknownAction(String),
+}
+
+pub(crate) fn parse_dim(s: &str) -> Result<(String, String), ArgError> {
     s.split_once('=')
         .map(|(k, v)| (k.to_string(), v.to_string()))
-        .ok_or_else(|| format!("`{s}` is not name=value"))
+        .ok_or_else(|| ArgError::NotNameValue(s.to_string()))
 }
 
 /// Options shared by the commands that read a configuration.

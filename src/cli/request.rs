@@ -262,9 +262,9 @@ async fn lock(config: &Config, a: LockArgs, shutdown: &CancellationToken) -> any
     Ok(())
 }
 
-fn parse_action(s: &str) -> Result<Action, String> {
+fn parse_action(s: &str) -> Result<Action, super::common::ArgError> {
     serde_json::from_value(serde_json::Value::String(s.to_string()))
-        .map_err(|_| format!("`{s}`: use apply, peek, reset, release or fill"))
+        .map_err(|_| super::common::ArgError::UnknownAction(s.to_string()))
 }
 
 /// Run one request-path command with a validated configuration; `shutdown` (SIGINT, SIGTERM)

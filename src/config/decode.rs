@@ -66,21 +66,27 @@ pub struct RegistryConfig {
 
 impl RegistryConfig {
     /// The certificates of `ca_file` (none without one); an error names the file and why.
-    fn ca_certificates(&self) -> Result<Vec<ureq::tls::Certificate<'static>>, String> {
+    fn ca_certificates(&self) -> Result<Vec<ureq::tls::Certificate<'static>>, ConfigError> {
         let Some(path) = &self.ca_file else {
             return Ok(Vec::new());
         };
-        let pem = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let why = |e: &dyn std::fmt::Display| {
+            invalid(
+                "decode.schema_registry.ca_file",
+                format!("{}: {e}", path.display()),
+            )
+        };
+        let pem = std::fs::read(path).map_err(|e| why(&e))?;
         let mut certs = Vec::new();
         for item in ureq::tls::parse_pem(&pem) {
             match item {
                 Ok(ureq::tls::PemItem::Certificate(c)) => certs.push(c),
                 Ok(_) => {}
-                Err(e) => return Err(format!("{}: {e}", path.display())),
+                Err(e) => return Err(why(&e)),
             }
         }
         match certs.is_empty() {
-            true => Err(format!("{}: no PEM certificate in it", path.display())),
+            true => Err(why(&"no PEM certificate in it")),
             false => Ok(certs),
         }
     }
@@ -206,7 +212,7 @@ impl DecodeConfig {
         for (name, source) in &self.fields {
             let key = || format!("decode.fields.{name}");
             ensure(!name.is_empty(), key(), "a field name is not empty")?;
-            let parsed = FieldSource::parse(source).map_err(|e| invalid(key(), e))?;
+            let parsed = FieldSource::parse(source).map_err(|e| invalid(key(), e.to_string()))?;
             sources.insert(name.clone(), parsed);
         }
         let schema = self.compile_format()?;
@@ -257,7 +263,7 @@ impl DecodeConfig {
                     Format::Protobuf => {
                         let name = self.message.as_deref().unwrap_or_default();
                         let message = super::proto::message(&bytes, name, self.max_schema_nodes)
-                            .map_err(why)?;
+                            .map_err(|e| why(e.to_string()))?;
                         Ok(SchemaSource::ProtobufFile(message))
                     }
                     _ => {
@@ -333,9 +339,7 @@ impl RegistryConfig {
                 "is for an https:// url",
             )?;
         }
-        let ca = self
-            .ca_certificates()
-            .map_err(|e| invalid("decode.schema_registry.ca_file", e))?;
+        let ca = self.ca_certificates()?;
         Ok(RegistrySettings {
             config: self.clone(),
             ca,

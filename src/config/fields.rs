@@ -45,19 +45,17 @@ impl FieldSource {
     }
 
     /// Parses one `[decode.fields]` value; the error says what is wrong with it.
-    pub fn parse(text: &str) -> Result<FieldSource, String> {
+    pub fn parse(text: &str) -> Result<FieldSource, SourceError> {
         match text {
-            "" => Err("empty source; write a field path such as `request.method`".into()),
+            "" => Err(SourceError::Empty),
             "$key" => Ok(FieldSource::Key),
             "$topic" => Ok(FieldSource::Topic),
             "$partition" => Ok(FieldSource::Partition),
             _ if text.starts_with("$header.") => match &text["$header.".len()..] {
-                "" => Err("`$header.` needs a header name, e.g. `$header.x-region`".into()),
+                "" => Err(SourceError::NoHeaderName),
                 name => Ok(FieldSource::Header(name.into())),
             },
-            _ if text.starts_with('$') => Err(format!(
-                "unknown source `{text}`: the record's own sources are $key, $header.<name>, $topic and $partition"
-            )),
+            _ if text.starts_with('$') => Err(SourceError::UnknownSource(text.to_string())),
             _ if text.starts_with('/') => pointer(text).map(FieldSource::Payload),
             _ => dotted(text).map(FieldSource::Payload),
         }
@@ -84,6 +82,29 @@ impl fmt::Display for FieldSource {
     }
 }
 
+/// Why a `[decode.fields]` value names no source (the value quoted).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SourceError {
+    /// An empty value.
+    #[error("empty source; write a field path such as `request.method`")]
+    Empty,
+    /// `$header.` without a name.
+    #[error("`$header.` needs a header name, e.g. `$header.x-region`")]
+    NoHeaderName,
+    /// A `$` source that the record does not have.
+    #[error("unknown source `{0}`: the record's own sources are $key, $header.<name>, $topic and $partition")]
+    UnknownSource(String),
+    /// A JSON Pointer with a `~` not followed by 0 or 1.
+    #[error("`{0}`: `~` must be followed by 0 or 1 in a JSON Pointer")]
+    BadEscape(String),
+    /// A dotted path with an empty segment.
+    #[error("`{0}`: empty segment; write keys separated by single dots (a JSON Pointer such as `/a.b` reads a key with a dot)")]
+    EmptySegment(String),
+    /// A `[` that holds no array index.
+    #[error("`{0}`: `[` must hold an array index, e.g. `items[0].sku`")]
+    BadIndex(String),
+}
+
 /// A numeric segment without leading zeros is an index too.
 fn segment(key: &str) -> Segment {
     let numeric = !key.is_empty()
@@ -96,7 +117,7 @@ fn segment(key: &str) -> Segment {
 }
 
 /// RFC 6901: `/a/b`, with `~1` for `/` and `~0` for `~`.
-fn pointer(text: &str) -> Result<Vec<Segment>, String> {
+fn pointer(text: &str) -> Result<Vec<Segment>, SourceError> {
     text[1..]
         .split('/')
         .map(|token| {
@@ -108,11 +129,7 @@ fn pointer(text: &str) -> Result<Vec<Segment>, String> {
                     (_, true) => match chars.next() {
                         Some('0') => out.push('~'),
                         Some('1') => out.push('/'),
-                        _ => {
-                            return Err(format!(
-                                "`{text}`: `~` must be followed by 0 or 1 in a JSON Pointer"
-                            ))
-                        }
+                        _ => return Err(SourceError::BadEscape(text.to_string())),
                     },
                 }
             }
@@ -122,15 +139,13 @@ fn pointer(text: &str) -> Result<Vec<Segment>, String> {
 }
 
 /// `a.b[0].c`: keys separated by dots, each followed by any number of `[n]` indexes.
-fn dotted(text: &str) -> Result<Vec<Segment>, String> {
+fn dotted(text: &str) -> Result<Vec<Segment>, SourceError> {
     let mut path = Vec::new();
     for part in text.split('.') {
         let (key, mut rest) = part.split_at(part.find('[').unwrap_or(part.len()));
         // `a..b`, `.a`, `a.` and a leading `[0]` (the payload is an object) name no key.
         if key.is_empty() && (rest.is_empty() || path.is_empty()) {
-            return Err(format!(
-                "`{text}`: empty segment; write keys separated by single dots (a JSON Pointer such as `/a.b` reads a key with a dot)"
-            ));
+            return Err(SourceError::EmptySegment(text.to_string()));
         }
         if !key.is_empty() {
             path.push(segment(key));
@@ -143,11 +158,7 @@ fn dotted(text: &str) -> Result<Vec<Segment>, String> {
                     path.push(Segment::Index(i));
                     rest = &rest[c + 1..];
                 }
-                _ => {
-                    return Err(format!(
-                        "`{text}`: `[` must hold an array index, e.g. `items[0].sku`"
-                    ))
-                }
+                _ => return Err(SourceError::BadIndex(text.to_string())),
             }
         }
     }
@@ -215,7 +226,7 @@ mod tests {
             ("$header.", "needs a header name"),
             ("$offset", "unknown source"),
         ] {
-            let e = FieldSource::parse(text).unwrap_err();
+            let e = FieldSource::parse(text).unwrap_err().to_string();
             assert!(e.contains(says), "{text}: {e}");
         }
     }

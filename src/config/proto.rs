@@ -7,19 +7,43 @@ use prost_reflect::{DescriptorPool, MessageDescriptor};
 /// The message type `name` (`package.Message`, a leading `.` allowed) of the descriptor set
 /// `bytes` (a serialized `FileDescriptorSet`, as `protoc --descriptor_set_out` writes it), if
 /// the set holds at most `max_nodes` nodes (see [`within_budget`]).
-pub fn message(bytes: &[u8], name: &str, max_nodes: usize) -> Result<MessageDescriptor, String> {
-    let pool =
-        DescriptorPool::decode(bytes).map_err(|e| format!("not a protobuf descriptor set: {e}"))?;
-    within_budget(&pool, max_nodes).map_err(|e| e.to_string())?;
+pub fn message(
+    bytes: &[u8],
+    name: &str,
+    max_nodes: usize,
+) -> Result<MessageDescriptor, DescriptorError> {
+    let pool = DescriptorPool::decode(bytes).map_err(DescriptorError::NotDescriptors)?;
+    within_budget(&pool, max_nodes)?;
     let name = name.trim_start_matches('.');
-    pool.get_message_by_name(name).ok_or_else(|| {
-        let known: Vec<String> = pool
-            .all_messages()
-            .take(10)
-            .map(|m| m.full_name().to_string())
-            .collect();
-        format!("no message `{name}` in it (it has: {})", known.join(", "))
-    })
+    pool.get_message_by_name(name)
+        .ok_or_else(|| DescriptorError::NoMessage {
+            name: name.to_string(),
+            known: pool
+                .all_messages()
+                .take(10)
+                .map(|m| m.full_name().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
+}
+
+/// Why a descriptor file gives no message type.
+#[derive(Debug, thiserror::Error)]
+pub enum DescriptorError {
+    /// Not a serialized `FileDescriptorSet`.
+    #[error("not a protobuf descriptor set: {0}")]
+    NotDescriptors(prost_reflect::DescriptorError),
+    /// Over the node budget.
+    #[error(transparent)]
+    TooLarge(#[from] TooLarge),
+    /// No message type of that name (the first ten it has).
+    #[error("no message `{name}` in it (it has: {known})")]
+    NoMessage {
+        /// The name asked for.
+        name: String,
+        /// Message types it has, the first ten.
+        known: String,
+    },
 }
 
 /// A descriptor pool over the node budget.
@@ -71,5 +95,9 @@ fn a_descriptor_set_over_the_node_budget_is_refused() {
     assert_eq!(within_budget(&pool, 97).unwrap(), 97);
     assert!(message(&bytes, "t.E1", 97).is_ok());
     let e = message(&bytes, "t.E1", 96).unwrap_err();
-    assert!(e.contains("over decode.max_schema_nodes"), "{e}");
+    assert!(matches!(e, DescriptorError::TooLarge(_)), "{e:?}");
+    assert!(
+        e.to_string().contains("over decode.max_schema_nodes"),
+        "{e}"
+    );
 }

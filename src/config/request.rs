@@ -230,7 +230,8 @@ impl RequestConfig {
         for (i, o) in self.once.iter().enumerate() {
             let at = |f: &str| format!("request.once[{i}].{f}");
             check_name(&at("name"), &o.name, &mut names, "once")?;
-            self.once_window(o).map_err(|e| invalid(at("window"), e))?;
+            self.once_window(o)
+                .map_err(|e| invalid(at("window"), e.to_string()))?;
         }
         for (i, u) in self.unique.iter().enumerate() {
             let at = |f: &str| format!("request.unique[{i}].{f}");
@@ -252,13 +253,24 @@ impl RequestConfig {
     pub fn once_window(
         &self,
         o: &OnceConfig,
-    ) -> Result<tally_counters::window::WindowSpec, String> {
+    ) -> Result<tally_counters::window::WindowSpec, OnceWindowError> {
         let tz: chrono_tz::Tz = o
             .timezone
             .parse()
-            .map_err(|_| format!("`{}` is not an IANA time zone", o.timezone))?;
-        tally_counters::window::WindowSpec::new(o.window, tz).map_err(|e| e.to_string())
+            .map_err(|_| OnceWindowError::UnknownTimeZone(o.timezone.clone()))?;
+        Ok(tally_counters::window::WindowSpec::new(o.window, tz)?)
     }
+}
+
+/// Why a once family's window cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum OnceWindowError {
+    /// Not a time zone of the IANA database.
+    #[error("`{0}` is not an IANA time zone")]
+    UnknownTimeZone(String),
+    /// A window size the key's time pattern cannot name.
+    #[error(transparent)]
+    Window(#[from] tally_counters::window::WindowError),
 }
 
 fn check_name<'a>(

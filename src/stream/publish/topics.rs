@@ -90,7 +90,7 @@ pub async fn create_missing(
         match exists {
             Ok(true) => {}
             Ok(false) => missing.push(topic),
-            Err(reason) => return Err(TopicError::Create { topic, reason }),
+            Err(e) => return Err(e),
         }
     }
     if missing.is_empty() {
@@ -148,16 +148,20 @@ pub async fn create_missing(
 }
 
 /// Whether the cluster has `topic` (with partitions); Err: why its metadata is unknown.
-fn exists(consumer: &BaseConsumer, topic: &str) -> Result<bool, String> {
+fn exists(consumer: &BaseConsumer, topic: &str) -> Result<bool, TopicError> {
+    let unknown = |reason: String| TopicError::Create {
+        topic: topic.to_string(),
+        reason,
+    };
     let meta = consumer
         .fetch_metadata(Some(topic), TIMEOUT)
-        .map_err(|e| format!("its metadata could not be read: {e}"))?;
+        .map_err(|e| unknown(format!("its metadata could not be read: {e}")))?;
     let Some(t) = meta.topics().iter().find(|t| t.name() == topic) else {
         return Ok(false);
     };
     match t.error() {
         None => Ok(!t.partitions().is_empty()),
         Some(RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART) => Ok(false),
-        Some(e) => Err(format!("its metadata has an error: {e:?}")),
+        Some(e) => Err(unknown(format!("its metadata has an error: {e:?}"))),
     }
 }

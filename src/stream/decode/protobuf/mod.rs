@@ -188,7 +188,9 @@ fn build(files: Files, root: &Node, max_nodes: usize) -> Result<Messages, Unusab
     resolver.add(GoogleFileResolver::new());
     let mut compiler = protox::Compiler::with_file_resolver(resolver);
     compiler.include_imports(true);
-    compiler.open_file(MAIN).map_err(|e| e.to_string())?;
+    compiler
+        .open_file(MAIN)
+        .map_err(|e| Unusable::Bad(e.to_string()))?;
     let pool = compiler.descriptor_pool();
     crate::config::descriptor_within_budget(&pool, max_nodes)
         .map_err(|e| Unusable::TooLarge(e.to_string()))?;
@@ -208,13 +210,14 @@ fn messages(
     path: SmallVec<[u32; 2]>,
     root: &Node,
     out: &mut Vec<(SmallVec<[u32; 2]>, Plan)>,
-) -> Result<(), String> {
+) -> Result<(), Unusable> {
     if out.len() >= MAX_MESSAGES || path.len() > plan::MAX_DEPTH {
-        return Err(format!(
+        return Err(Unusable::Bad(format!(
             "more than {MAX_MESSAGES} message types, or nested too deep"
-        ));
+        )));
     }
-    out.push((path.clone(), plan::compile(message, root)?));
+    let plan = plan::compile(message, root).map_err(|e| Unusable::Bad(e.to_string()))?;
+    out.push((path.clone(), plan));
     for (i, child) in message.child_messages().enumerate() {
         let mut p = path.clone();
         p.push(i as u32);

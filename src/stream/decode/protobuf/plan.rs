@@ -100,13 +100,18 @@ impl Kind {
 }
 
 /// The plan of `message` for the fields of `root`.
-pub(super) fn compile(message: &MessageDescriptor, root: &Node) -> Result<Plan, String> {
+pub(super) fn compile(message: &MessageDescriptor, root: &Node) -> Result<Plan, TooDeep> {
     plan(message, Some(root), 0)
 }
 
-fn plan(message: &MessageDescriptor, node: Option<&Node>, depth: usize) -> Result<Plan, String> {
+/// Field paths deeper than [`MAX_DEPTH`]: the schema is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("field paths deeper than {MAX_DEPTH}")]
+pub(super) struct TooDeep;
+
+fn plan(message: &MessageDescriptor, node: Option<&Node>, depth: usize) -> Result<Plan, TooDeep> {
     if depth > MAX_DEPTH {
-        return Err(format!("field paths deeper than {MAX_DEPTH}"));
+        return Err(TooDeep);
     }
     let mut out = Plan::default();
     let Some(node) = node else {
@@ -129,7 +134,7 @@ fn plan(message: &MessageDescriptor, node: Option<&Node>, depth: usize) -> Resul
     Ok(out)
 }
 
-fn field(field: &FieldDescriptor, entry: &Entry, depth: usize) -> Result<Field, String> {
+fn field(field: &FieldDescriptor, entry: &Entry, depth: usize) -> Result<Field, TooDeep> {
     let kind = match field.kind() {
         Type::Int32 => Kind::Int32,
         Type::Int64 => Kind::Int64,
