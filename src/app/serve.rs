@@ -114,9 +114,12 @@ impl Ports<'_> {
             metrics.clone(),
             shutdown.clone(),
         );
-        tasks.spawn("the jobs", jobs);
+        tasks.spawn("the jobs", async move { Ok(jobs.await?) });
         let sampler = metrics.status.clone().run_sampler(shutdown.clone());
-        tasks.spawn("the status sampler", sampler);
+        tasks.spawn("the status sampler", async move {
+            sampler.await;
+            Ok(())
+        });
         // With Kafka, the sinks report Redis's reachability; without, the probe does.
         let readiness = (self.role == Role::Serve).then(|| self.health.clone());
         if readiness.is_some() || rls_health.is_some() {

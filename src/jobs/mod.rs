@@ -8,13 +8,16 @@
 //!   mismatches are reported (metric and log naming the key), never "fixed".
 //! - [`crate::stream::publish`]: closed windows of counters with an output go to Kafka.
 
+mod error;
 pub mod reconcile;
 pub mod ttl_audit;
+
+pub use error::JobError;
 
 use std::future::Future;
 use std::time::Duration;
 
-use tally_counters::lock::Locks;
+use tally_counters::lock::{LockGuard, Locks};
 use tally_counters::request::Client;
 use tokio_util::sync::CancellationToken;
 
@@ -30,114 +33,114 @@ pub async fn run(
     client: Client,
     metrics: Metrics,
     stop: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), JobError> {
     let config = &model.config;
     let locks = Locks::new(client.clone());
-    let audit = &config.jobs.ttl_audit;
-    let recount = &config.jobs.reconcile;
+    let (audit, recount) = (&config.jobs.ttl_audit, &config.jobs.reconcile);
+    let leader = |job, lease, interval| Leadership {
+        job,
+        locks: &locks,
+        lease,
+        interval,
+        metrics: &metrics,
+        stop: &stop,
+    };
     let a = async {
         if audit.enabled {
             let pass =
                 || ttl_audit::pass(&client, &model.counters, audit.keys_per_second, &metrics);
-            lead(
-                "ttl_audit",
-                &locks,
-                audit.lease,
-                audit.interval,
-                &metrics,
-                &stop,
-                pass,
-                || {},
-            )
-            .await;
+            let l = leader("ttl_audit", audit.lease, audit.interval);
+            l.run(pass, || {}).await;
         }
     };
     let r = async {
         if recount.enabled {
             let job = reconcile::Reconciler::new(model.clone(), &client, &metrics);
-            let pass = || job.pass();
-            lead(
-                "reconcile",
-                &locks,
-                recount.lease,
-                recount.interval,
-                &metrics,
-                &stop,
-                pass,
-                || {},
-            )
-            .await;
+            let l = leader("reconcile", recount.lease, recount.interval);
+            l.run(|| job.pass(), || {}).await;
         }
-        anyhow::Ok(())
     };
     let p = async {
         if model.has_outputs() {
             let publish = &config.jobs.publish;
             let job = crate::stream::publish::Publisher::new(model.clone(), &client, &metrics)?;
-            let pass = || job.pass();
-            lead(
-                "publish",
-                &locks,
-                publish.lease,
-                publish.interval,
-                &metrics,
-                &stop,
-                pass,
-                || job.step_down(),
-            )
-            .await;
+            let l = leader("publish", publish.lease, publish.interval);
+            l.run(|| job.pass(), || job.step_down()).await;
         }
-        anyhow::Ok(())
+        Ok::<(), JobError>(())
     };
-    let ((), r, p) = tokio::join!(a, r, p);
-    r?;
+    let ((), (), p) = tokio::join!(a, r, p);
     p?;
     // With no job enabled there is nothing to lead: wait with the other tasks.
     stop.cancelled().await;
     Ok(())
 }
 
-/// Hold `job`'s leadership when it can, and run `pass` every `interval` while holding it;
-/// `step_down` runs when the leadership ends (a former leader's gauges must not linger).
-#[allow(clippy::too_many_arguments)]
-async fn lead<F, Fut>(
+/// One job's leadership: its lock (`job:<job>`), held for `lease` and renewed, and a pass
+/// every `interval` while it is held, until `stop`.
+struct Leadership<'a> {
     job: &'static str,
-    locks: &Locks,
+    locks: &'a Locks,
     lease: Duration,
     interval: Duration,
-    metrics: &Metrics,
-    stop: &CancellationToken,
-    pass: F,
-    step_down: impl Fn(),
-) where
-    F: Fn() -> Fut,
-    Fut: Future<Output = anyhow::Result<()>>,
-{
-    let name = format!("job:{job}");
-    // A pass that fails fails again at every interval until its cause is gone: one line per
-    // 10 s says so (the status page has the last error).
-    let failed = LogLimiter::new();
-    let leader = metrics.jobs.leader.with_label_values(&[job]);
-    let runs = metrics.jobs.runs.with_label_values(&[job]);
-    // Listed on the status page from the start, as a follower until it leads.
-    metrics.status.job_leader(job, false);
-    while !stop.is_cancelled() {
-        let held = match locks.try_acquire(&name, lease).await {
-            Ok(Ok(held)) => held,
-            Ok(Err(_busy)) => {
-                pause(lease / 3, stop).await;
-                continue;
+    metrics: &'a Metrics,
+    stop: &'a CancellationToken,
+}
+
+impl Leadership<'_> {
+    /// Hold the leadership when it can, and run `pass` every interval while holding it;
+    /// `step_down` runs when the leadership ends (a former leader's gauges must not linger).
+    async fn run<F, Fut, E>(&self, pass: F, step_down: impl Fn())
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: std::fmt::Display,
+    {
+        let (job, metrics, stop) = (self.job, self.metrics, self.stop);
+        let name = format!("job:{job}");
+        let leader = metrics.jobs.leader.with_label_values(&[job]);
+        // Listed on the status page from the start, as a follower until it leads.
+        metrics.status.job_leader(job, false);
+        while !stop.is_cancelled() {
+            let held = match self.locks.try_acquire(&name, self.lease).await {
+                Ok(Ok(held)) => held,
+                Ok(Err(_busy)) => {
+                    pause(self.lease / 3, stop).await;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(job, error = %e, "cannot reach redis for leadership");
+                    pause(self.lease / 3, stop).await;
+                    continue;
+                }
+            };
+            tracing::info!(job, fence = held.fence, "leading");
+            leader.set(1);
+            metrics.status.job_leader(job, true);
+            let mut guard = self.locks.guard(held, None);
+            self.lead(&mut guard, &pass).await;
+            leader.set(0);
+            metrics.status.job_leader(job, false);
+            step_down();
+            if guard.is_lost() {
+                tracing::warn!(job, "leadership lost");
             }
-            Err(e) => {
-                tracing::warn!(job, error = %e, "cannot reach redis for leadership");
-                pause(lease / 3, stop).await;
-                continue;
-            }
-        };
-        tracing::info!(job, fence = held.fence, "leading");
-        leader.set(1);
-        metrics.status.job_leader(job, true);
-        let mut guard = locks.guard(held, None);
+            let _ = guard.release().await;
+        }
+    }
+
+    /// While `guard` holds the lock: a pass, then the interval, until stopped or lost.
+    async fn lead<F, Fut, E>(&self, guard: &mut LockGuard, pass: &F)
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<(), E>>,
+        E: std::fmt::Display,
+    {
+        let (job, metrics, stop) = (self.job, self.metrics, self.stop);
+        // A pass that fails fails again at every interval until its cause is gone: one line
+        // per 10 s says so (the status page has the last error).
+        let failed = LogLimiter::new();
+        let runs = metrics.jobs.runs.with_label_values(&[job]);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => break,
@@ -161,16 +164,9 @@ async fn lead<F, Fut>(
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = guard.lost() => break,
-                _ = tokio::time::sleep(interval) => {}
+                _ = tokio::time::sleep(self.interval) => {}
             }
         }
-        leader.set(0);
-        metrics.status.job_leader(job, false);
-        step_down();
-        if guard.is_lost() {
-            tracing::warn!(job, "leadership lost");
-        }
-        let _ = guard.release().await;
     }
 }
 

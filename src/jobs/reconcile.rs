@@ -13,6 +13,7 @@
 //! start was deleted is reported as partial); events arriving after the snapshot are not in
 //! either figure; distinct and leaderboard counters are not recounted.
 
+use super::JobError;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -82,7 +83,7 @@ impl Reconciler {
     }
 
     /// One pass.
-    pub async fn pass(&self) -> anyhow::Result<()> {
+    pub async fn pass(&self) -> Result<(), JobError> {
         let now = chrono::Utc::now().timestamp_millis();
         let targets = self.targets(now);
         if targets.is_empty() {
@@ -109,7 +110,7 @@ impl Reconciler {
 
     /// How far Redis applied each partition of `topic` (the minimum over its shards; absent:
     /// skipped).
-    async fn applied(&self, topic: &Topic) -> anyhow::Result<BTreeMap<i32, i64>> {
+    async fn applied(&self, topic: &Topic) -> Result<BTreeMap<i32, i64>, JobError> {
         let consumer = self.consumer()?;
         let scope = &topic.scope;
         let topic = &topic.name;
@@ -140,7 +141,7 @@ impl Reconciler {
         Ok(out)
     }
 
-    fn consumer(&self) -> anyhow::Result<BaseConsumer> {
+    fn consumer(&self) -> Result<BaseConsumer, JobError> {
         let mut c = ClientConfig::new();
         for (k, v) in &self.model.config.kafka.properties {
             c.set(k, v);
@@ -164,7 +165,7 @@ impl Reconciler {
         targets: &[(usize, Vec<i64>)],
         applied: &BTreeMap<i32, i64>,
         truth: &mut Recount,
-    ) -> anyhow::Result<Vec<i32>> {
+    ) -> Result<Vec<i32>, JobError> {
         let consumer = self.consumer()?;
         let topic = &topic.name;
         let mut tpl = TopicPartitionList::new();
@@ -183,10 +184,9 @@ impl Reconciler {
         consumer.assign(&tpl)?;
         let deadline = std::time::Instant::now() + Duration::from_secs(300);
         while !left.is_empty() {
-            anyhow::ensure!(
-                std::time::Instant::now() < deadline,
-                "recount took over 5 minutes"
-            );
+            if std::time::Instant::now() >= deadline {
+                return Err(JobError::RecountTooSlow { minutes: 5 });
+            }
             let Some(msg) = consumer.poll(Duration::from_millis(200)) else {
                 continue;
             };
@@ -212,7 +212,7 @@ impl Reconciler {
                     Ok(event) => event,
                     // The schema registry did not answer: this recount would come out short.
                     Err(crate::stream::decode::DecodeError::Unavailable) => {
-                        anyhow::bail!("schema registry unavailable: recount abandoned")
+                        return Err(JobError::RegistryUnavailable)
                     }
                     Err(_) => continue,
                 };
@@ -243,7 +243,7 @@ impl Reconciler {
         Ok(partial)
     }
 
-    async fn compare(&self, truth: &Recount) -> anyhow::Result<()> {
+    async fn compare(&self, truth: &Recount) -> Result<(), JobError> {
         let cmds = truth
             .keys()
             .map(|(key, field)| {

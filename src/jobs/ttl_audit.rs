@@ -4,6 +4,7 @@
 //! implies (`PEXPIREAT … NX`: a key that got an expiry meanwhile keeps it). tally never writes a
 //! counter without expiry; such keys come from other writers, `PERSIST`, or restores.
 
+use super::JobError;
 use crate::key::glob_prefix;
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,7 @@ pub async fn pass(
     specs: &[CounterSpec],
     keys_per_second: u64,
     metrics: &Metrics,
-) -> anyhow::Result<()> {
+) -> Result<(), JobError> {
     let mut conn = client.conn().await?;
     let nodes = conn.primaries().await?;
     let mut repaired = 0;
@@ -40,7 +41,7 @@ async fn audit_counter(
     spec: &CounterSpec,
     keys_per_second: u64,
     metrics: &Metrics,
-) -> anyhow::Result<u64> {
+) -> Result<u64, JobError> {
     let pattern = glob_prefix(spec.written_template().literal_prefix());
     let scanned = metrics.jobs.keys_scanned.with_label_values(&[&spec.name]);
     let fixed = metrics.jobs.keys_repaired.with_label_values(&[&spec.name]);

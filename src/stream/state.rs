@@ -2,10 +2,11 @@
 //! the applied offset (fence) of every (topic, partition, shard): fences are per topic-partition. A running tally retries halted
 //! partitions every few seconds, so a repair takes effect without a restart.
 
-use anyhow::{bail, Context as _};
 use redis::Value;
 
-use crate::config::Config;
+use rdkafka::error::KafkaError;
+
+use crate::config::{Config, ConfigError};
 use crate::stream::sink::conn::{Conn, Connector};
 use crate::stream::sink::{script, FenceScope};
 
@@ -36,14 +37,62 @@ impl FenceRow {
     }
 }
 
-async fn connect(config: &Config) -> anyhow::Result<Conn> {
-    let connector = Connector::new(&config.redis).context("redis configuration")?;
-    connector.connect().await.context("cannot connect to redis")
+/// Why `tally state` cannot inspect or repair.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    /// The configuration does not compile.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// `[redis]` names no usable server.
+    #[error("redis configuration: {0}")]
+    RedisConfig(redis::RedisError),
+    /// No connection to Redis.
+    #[error("cannot connect to redis: {0}")]
+    Connect(redis::RedisError),
+    /// A Redis command failed.
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    /// Kafka's topics could not be listed (for `kafka.topics[].pattern`).
+    #[error("cannot list kafka's topics for kafka.topics[].pattern: {0}")]
+    Kafka(#[from] KafkaError),
+    /// The listing thread ended without an answer.
+    #[error("cannot list kafka's topics: {0}")]
+    Listing(#[from] tokio::task::JoinError),
+    /// Several topics are read and none was named.
+    #[error("several topics are read: name one with --topic")]
+    TopicNeeded,
+    /// `--topic` names a topic tally does not read.
+    #[error("--topic {0}: not a topic tally reads (kafka.topic, kafka.topics[].name, or matched by kafka.topics[].pattern)")]
+    NotRead(String),
+    /// A negative `--offset`.
+    #[error("--offset {0}: offsets are not negative")]
+    NegativeOffset(i64),
+    /// The marker's copy of the fence is not an offset.
+    #[error("shard {shard}: the marker's copy `{copy}` is not an offset; pass --offset")]
+    BadCopy {
+        /// The shard.
+        shard: u32,
+        /// What the marker holds.
+        copy: String,
+    },
+    /// The marker holds no copy of the partition's fence.
+    #[error("shard {shard}: the state marker holds no copy of partition {partition}'s offset; pass --offset N (e.g. Kafka's committed offset, accepting that events between it and the lost offset are counted again)")]
+    NoCopy {
+        /// The shard.
+        shard: u32,
+        /// The partition.
+        partition: i32,
+    },
+}
+
+async fn connect(config: &Config) -> Result<Conn, StateError> {
+    let connector = Connector::new(&config.redis).map_err(StateError::RedisConfig)?;
+    connector.connect().await.map_err(StateError::Connect)
 }
 
 /// The fences of `partitions` of every topic read, plus every partition a state marker names.
 /// The topics of `kafka.topics[].pattern` are those the cluster has now (asked of Kafka).
-pub async fn inspect(config: &Config, partitions: &[i32]) -> anyhow::Result<Vec<FenceRow>> {
+pub async fn inspect(config: &Config, partitions: &[i32]) -> Result<Vec<FenceRow>, StateError> {
     let mut names: Vec<String> = config
         .topics()
         .iter()
@@ -61,18 +110,17 @@ pub async fn inspect(config: &Config, partitions: &[i32]) -> anyhow::Result<Vec<
 }
 
 /// The topics the patterns of `kafka.topics` read now (none without a pattern).
-async fn pattern_topics(config: &Config) -> anyhow::Result<Vec<String>> {
+async fn pattern_topics(config: &Config) -> Result<Vec<String>, StateError> {
     let model = crate::config::Model::compile(config.clone())?;
     if model.patterns.is_empty() {
         return Ok(Vec::new());
     }
     let kafka = config.kafka.clone();
-    let names = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<String>> {
+    let names = tokio::task::spawn_blocking(move || -> Result<Vec<String>, KafkaError> {
         let lister = crate::stream::consumer::discover::TopicLister::new(&kafka)?;
-        Ok(lister.list(std::time::Duration::from_secs(10))?)
+        lister.list(std::time::Duration::from_secs(10))
     })
-    .await?
-    .context("cannot list kafka's topics for kafka.topics[].pattern")?;
+    .await??;
     let found = crate::stream::consumer::discover::matches(&model, &names);
     Ok(found.read.into_iter().map(|(name, _)| name).collect())
 }
@@ -83,7 +131,7 @@ async fn inspect_topic(
     scope: &FenceScope,
     partitions: &[i32],
     rows: &mut Vec<FenceRow>,
-) -> anyhow::Result<()> {
+) -> Result<(), StateError> {
     for shard in 0..scope.layout.shards() {
         let marker = scope.marker(shard);
         let kind: String = conn.query(redis::cmd("TYPE").arg(&marker)).await?;
@@ -128,16 +176,16 @@ pub async fn repair(
     topic: Option<&str>,
     partition: i32,
     offset: Option<i64>,
-) -> anyhow::Result<Vec<(u32, i64)>> {
+) -> Result<Vec<(u32, i64)>, StateError> {
     let topics = config.topics();
     let patterns = config.topic_patterns();
     let topic = match (topic, &topics[..]) {
         (None, [only]) if !only.pattern => only.name,
-        (None, _) => bail!("several topics are read: name one with --topic"),
+        (None, _) => return Err(StateError::TopicNeeded),
         (Some(name), _) => match topics.iter().find(|t| !t.pattern && t.name == name) {
             Some(t) => t.name,
             None if config.pattern_for(&patterns, name).is_some() => name,
-            None => bail!("--topic {name}: not a topic tally reads (kafka.topic, kafka.topics[].name, or matched by kafka.topics[].pattern)"),
+            None => return Err(StateError::NotRead(name.to_string())),
         },
     };
     let scope = FenceScope::new(&config.redis, &config.kafka.group_id, topic);
@@ -150,14 +198,13 @@ pub async fn repair(
             .find(|r| r.partition == partition && r.shard == shard);
         let value = match offset {
             Some(n) if n >= 0 => n,
-            Some(n) => bail!("--offset {n}: offsets are not negative"),
+            Some(n) => return Err(StateError::NegativeOffset(n)),
             None => match row.and_then(|r| r.marker_copy.as_deref()) {
-                Some(copy) => copy.parse::<i64>().with_context(|| {
-                    format!("shard {shard}: the marker's copy `{copy}` is not an offset; pass --offset")
+                Some(copy) => copy.parse::<i64>().map_err(|_| StateError::BadCopy {
+                    shard,
+                    copy: copy.to_string(),
                 })?,
-                None => bail!(
-                    "shard {shard}: the state marker holds no copy of partition {partition}'s offset; pass --offset N (e.g. Kafka's committed offset, accepting that events between it and the lost offset are counted again)"
-                ),
+                None => return Err(StateError::NoCopy { shard, partition }),
             },
         };
         plan.push((shard, value));

@@ -326,15 +326,12 @@ impl Status {
     }
 
     /// Sample every second until `stop`.
-    pub async fn run_sampler(
-        self: std::sync::Arc<Self>,
-        stop: CancellationToken,
-    ) -> anyhow::Result<()> {
+    pub async fn run_sampler(self: std::sync::Arc<Self>, stop: CancellationToken) {
         let mut every = tokio::time::interval(Duration::from_secs(1));
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
-                _ = stop.cancelled() => return Ok(()),
+                _ = stop.cancelled() => return,
                 _ = every.tick() => self.sample(),
             }
         }

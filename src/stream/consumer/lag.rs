@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
@@ -38,7 +39,7 @@ pub struct LagProbe {
 
 impl LagProbe {
     /// A probe with its own Kafka client: `kafka.properties` (SASL, SSL) apply; small fetches.
-    pub fn new(kafka: &KafkaConfig, metrics: Metrics) -> anyhow::Result<LagProbe> {
+    pub fn new(kafka: &KafkaConfig, metrics: Metrics) -> Result<LagProbe, KafkaError> {
         let mut c = ClientConfig::new();
         for (k, v) in &kafka.properties {
             c.set(k, v);
@@ -88,7 +89,7 @@ impl LagProbe {
     }
 
     /// One round: per topic, the ends, then the age of each backlog's first message.
-    fn round(&mut self) -> anyhow::Result<()> {
+    fn round(&mut self) -> Result<(), KafkaError> {
         let mut now_reported = BTreeSet::new();
         for (topic, owned) in self.metrics.status.owned() {
             self.round_of(&topic, &owned, &mut now_reported)?;
@@ -109,7 +110,7 @@ impl LagProbe {
         topic: &str,
         owned: &[(i32, Option<i64>)],
         reported: &mut BTreeSet<(String, i32)>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), KafkaError> {
         let parts: Vec<i32> = owned.iter().map(|(p, _)| *p).collect();
         let ends = self.ends(topic, &parts)?;
         let mut behind = BTreeMap::new();
@@ -144,7 +145,7 @@ impl LagProbe {
     }
 
     /// The end offset of each of `parts`, in one ListOffsets request (the one reopening sends).
-    fn ends(&self, topic: &str, parts: &[i32]) -> anyhow::Result<BTreeMap<i32, i64>> {
+    fn ends(&self, topic: &str, parts: &[i32]) -> Result<BTreeMap<i32, i64>, KafkaError> {
         if parts.is_empty() {
             return Ok(BTreeMap::new());
         }

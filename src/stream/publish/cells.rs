@@ -4,6 +4,7 @@
 //! flush to enumerate them. The cost is on the publisher: one walk over the counter's keys per
 //! pass that has a window to close or corrections to look for.
 
+use super::PublishError;
 use std::collections::BTreeMap;
 
 use redis::Value;
@@ -80,7 +81,7 @@ impl Cell {
 pub type Found = BTreeMap<i64, (Window, Vec<Vec<u8>>)>;
 
 /// Every stored key of `spec` on every node, grouped by window.
-pub async fn scan(conn: &mut Conn, spec: &CounterSpec) -> anyhow::Result<Found> {
+pub async fn scan(conn: &mut Conn, spec: &CounterSpec) -> Result<Found, PublishError> {
     let pattern = glob_prefix(spec.written_template().literal_prefix());
     let mut found = Found::new();
     for node in conn.primaries().await? {
@@ -117,7 +118,7 @@ pub async fn read(
     spec: &CounterSpec,
     window: &Window,
     keys: &[Vec<u8>],
-) -> anyhow::Result<Vec<Cell>> {
+) -> Result<Vec<Cell>, PublishError> {
     let mut time = String::new();
     spec.template.format_time(window.local_start, &mut time);
     let mut cells = match &spec.kind {
@@ -157,7 +158,7 @@ async fn read_boards(
     conn: &mut Conn,
     spec: &CounterSpec,
     keys: &[Vec<u8>],
-) -> anyhow::Result<Vec<Cell>> {
+) -> Result<Vec<Cell>, PublishError> {
     let top = spec
         .output
         .as_ref()
@@ -193,7 +194,7 @@ async fn read_hashes(
     spec: &CounterSpec,
     time: &str,
     keys: &[Vec<u8>],
-) -> anyhow::Result<Vec<Cell>> {
+) -> Result<Vec<Cell>, PublishError> {
     let mut cells = Vec::new();
     let mut rendered = Vec::new();
     for hash in keys {

@@ -3,6 +3,7 @@
 //! the window's hash. [`Emitter`] borrows the publisher's producer, metrics and key scope; the
 //! publisher decides which windows to publish ([`super::Publisher`]).
 
+use super::PublishError;
 use tally_counters::config::OutputLate;
 use tally_counters::conn::Conn;
 use tally_counters::model::state_keys::FenceScope;
@@ -37,7 +38,7 @@ impl Emitter<'_> {
         window: &Window,
         cells: Vec<Cell>,
         wm: i64,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), PublishError> {
         let output = spec
             .output
             .as_ref()
@@ -66,7 +67,7 @@ impl Emitter<'_> {
         cells: Vec<Cell>,
         wm: i64,
         how: Emit,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), PublishError> {
         if cells.is_empty() {
             return Ok(());
         }
@@ -100,7 +101,7 @@ impl Emitter<'_> {
         cells: &[Cell],
         wm: i64,
         progress_key: &str,
-    ) -> anyhow::Result<Option<snapshot::Taken>> {
+    ) -> Result<Option<snapshot::Taken>, PublishError> {
         let hash = self.values_hash(spec, window);
         let closed_by = snapshot::start(conn, spec, window, &hash, wm, Emit::Final).await?;
         let taken = snapshot::take(conn, spec, window, &hash, cells).await?;
@@ -136,7 +137,7 @@ impl Emitter<'_> {
         cells: &[Cell],
         wm: i64,
         how: Emit,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), PublishError> {
         if cells.is_empty() {
             return Ok(());
         }
@@ -167,7 +168,7 @@ impl Emitter<'_> {
         cells: &[Cell],
         closed_by: i64,
         how: Emit,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), PublishError> {
         let output = spec
             .output
             .as_ref()

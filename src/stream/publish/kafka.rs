@@ -2,6 +2,7 @@
 //! results, late records, tombstones), a metadata client (watermarks, topics), and with
 //! `jobs.publish.create_topics` an admin client that creates the topics that are missing.
 
+use super::PublishError;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -44,7 +45,7 @@ pub struct Kafka {
 }
 
 impl Kafka {
-    pub fn new(model: &Model) -> anyhow::Result<Kafka> {
+    pub fn new(model: &Model) -> Result<Kafka, PublishError> {
         let kafka = &model.config.kafka;
         let publish = &model.config.jobs.publish;
         let mut c = ClientConfig::new();

@@ -8,6 +8,7 @@
 //! keeps holding what the output topic holds (the tombstones are produced from it). A late
 //! record is produced, acknowledged, then remembered: at least once.
 
+use super::PublishError;
 use rdkafka::message::{Header, OwnedHeaders};
 use tally_counters::conn::Conn;
 use tally_counters::model::CounterSpec;
@@ -46,7 +47,7 @@ impl Dropper<'_> {
         spec: &CounterSpec,
         window: &Window,
         cells: Vec<Cell>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), PublishError> {
         if cells.is_empty() {
             return Ok(());
         }
@@ -82,7 +83,7 @@ impl Dropper<'_> {
         window: &Window,
         topic: &str,
         cells: &[Cell],
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), PublishError> {
         let closed_by: Option<i64> = conn
             .query(redis::cmd("HGET").arg(self.hash).arg("@watermark"))
             .await?;
@@ -139,7 +140,11 @@ fn header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
 }
 
 /// The answers `hash` records for `cells`' keys.
-async fn hmget(conn: &mut Conn, hash: &str, cells: &[Cell]) -> anyhow::Result<Vec<Option<String>>> {
+async fn hmget(
+    conn: &mut Conn,
+    hash: &str,
+    cells: &[Cell],
+) -> Result<Vec<Option<String>>, PublishError> {
     let mut cmd = redis::cmd("HMGET");
     cmd.arg(hash);
     for c in cells {

@@ -34,6 +34,9 @@
 
 pub mod cells;
 mod emit;
+mod error;
+
+pub use error::PublishError;
 pub mod kafka;
 pub mod late;
 pub mod progress;
@@ -87,7 +90,11 @@ pub struct Snapshot {
 
 impl Publisher {
     /// The publisher of `model`'s counters with an output.
-    pub fn new(model: Arc<Model>, client: &Client, metrics: &Metrics) -> anyhow::Result<Self> {
+    pub fn new(
+        model: Arc<Model>,
+        client: &Client,
+        metrics: &Metrics,
+    ) -> Result<Self, PublishError> {
         let kafka = Kafka::new(&model)?;
         Ok(Publisher {
             model,
@@ -103,8 +110,8 @@ impl Publisher {
     /// One pass: read the watermarks, then for every counter with an output publish the windows
     /// that closed and the corrections found. A counter that fails does not stop the others;
     /// the pass returns the first error. Topic errors are logged here, at ERROR (rate limited).
-    pub async fn pass(&self) -> anyhow::Result<()> {
-        let mut first_error: Option<anyhow::Error> = None;
+    pub async fn pass(&self) -> Result<(), PublishError> {
+        let mut first_error: Option<PublishError> = None;
         // Whether the topics exist, checked when the first counter has something to produce.
         let mut ready = None;
         let mut conn = self.client.conn().await?;
@@ -128,7 +135,7 @@ impl Publisher {
             self.metrics.status.counter_watermark(&spec.name, wm);
             let result = self.counter(&mut conn, i, spec, wm, now, &mut ready).await;
             if let Err(e) = result {
-                if let Some(topic) = e.downcast_ref::<TopicError>() {
+                if let PublishError::Topic(topic) = &e {
                     self.alarm.report(topic);
                 }
                 first_error.get_or_insert(e);
@@ -148,7 +155,7 @@ impl Publisher {
         wm: Option<i64>,
         now: i64,
         topics: &mut Option<bool>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), PublishError> {
         if let Some(wm) = wm {
             self.metrics
                 .publish
@@ -244,7 +251,7 @@ impl Publisher {
         wm: i64,
         now: i64,
         topics: &mut Option<bool>,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), PublishError> {
         let output = spec
             .output
             .as_ref()
@@ -325,7 +332,7 @@ impl Publisher {
         cells: Vec<Cell>,
         wm: i64,
         progress_key: &str,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), PublishError> {
         let emitter = self.emitter();
         let attempt = emitter.emit_final(conn, spec, window, &cells, wm, progress_key);
         // None: another publisher finished it meanwhile.
@@ -363,7 +370,7 @@ impl Publisher {
 }
 
 /// Redis' clock (the one `seen:` times are written with), Unix ms.
-async fn redis_now_ms(conn: &mut Conn) -> anyhow::Result<i64> {
+async fn redis_now_ms(conn: &mut Conn) -> Result<i64, PublishError> {
     let (secs, micros): (i64, i64) = conn.query(&redis::cmd("TIME")).await?;
     Ok(secs * 1000 + micros / 1000)
 }

@@ -6,16 +6,17 @@
 //! window on, whatever keeps the publisher from producing it (a topic that cannot be created or
 //! written, Kafka down, nothing ever published yet), and is 0 once every closed window is out.
 
+use super::PublishError;
 use tally_counters::conn::Conn;
 
 /// The end of the last window published for the counter of `key` (None: none ever was).
-pub async fn read(conn: &mut Conn, key: &str) -> anyhow::Result<Option<i64>> {
+pub async fn read(conn: &mut Conn, key: &str) -> Result<Option<i64>, PublishError> {
     Ok(conn.query(redis::cmd("GET").arg(key)).await?)
 }
 
 /// Raise the progress `key` to `end` (never lower it: a replica that lost the leadership and
 /// still finishes a window cannot move it back).
-pub async fn advance(conn: &mut Conn, key: &str, end: i64) -> anyhow::Result<()> {
+pub async fn advance(conn: &mut Conn, key: &str, end: i64) -> Result<(), PublishError> {
     let mut cmd = redis::cmd("EVAL");
     cmd.arg(
         "local have = tonumber(redis.call('GET', KEYS[1])) \

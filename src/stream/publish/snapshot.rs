@@ -10,6 +10,7 @@
 //! set the hash is read back and that is what is produced: two publishers (a former leader
 //! still finishing) that wrote chunks concurrently both produce what the hash froze.
 
+use super::PublishError;
 use std::collections::BTreeMap;
 
 use tally_counters::conn::Conn;
@@ -59,7 +60,7 @@ pub async fn take(
     window: &Window,
     hash: &str,
     cells: &[Cell],
-) -> anyhow::Result<Taken> {
+) -> Result<Taken, PublishError> {
     let again: bool = conn
         .query(redis::cmd("HEXISTS").arg(hash).arg("@snap"))
         .await?;
@@ -81,7 +82,7 @@ pub async fn record(
     hash: &str,
     cells: &[Cell],
     open: bool,
-) -> anyhow::Result<()> {
+) -> Result<(), PublishError> {
     let expire = expire_at(spec, window);
     for chunk in cells.chunks(CHUNK) {
         let mut cmd = redis::cmd("EVAL");
@@ -104,7 +105,12 @@ pub async fn record(
 }
 
 /// Write `cells` into `hash` unless a snapshot is complete there, then mark it complete.
-async fn write(conn: &mut Conn, hash: &str, expire: i64, cells: &[Cell]) -> anyhow::Result<()> {
+async fn write(
+    conn: &mut Conn,
+    hash: &str,
+    expire: i64,
+    cells: &[Cell],
+) -> Result<(), PublishError> {
     for chunk in cells.chunks(CHUNK) {
         let mut cmd = redis::cmd("EVAL");
         cmd.arg(
@@ -138,7 +144,7 @@ async fn write(conn: &mut Conn, hash: &str, expire: i64, cells: &[Cell]) -> anyh
 
 /// The snapshot in `hash` (HSCAN, so that a large window does not block Redis), its
 /// [`STATE`] fields left out.
-async fn read(conn: &mut Conn, spec: &CounterSpec, hash: &str) -> anyhow::Result<Vec<Cell>> {
+async fn read(conn: &mut Conn, spec: &CounterSpec, hash: &str) -> Result<Vec<Cell>, PublishError> {
     let fields = answers(conn, hash).await?;
     Ok(fields
         .into_iter()
@@ -150,7 +156,10 @@ async fn read(conn: &mut Conn, spec: &CounterSpec, hash: &str) -> anyhow::Result
 }
 
 /// Every record key of `hash` and the answer it records (HSCAN), [`STATE`] left out.
-pub async fn answers(conn: &mut Conn, hash: &str) -> anyhow::Result<BTreeMap<String, String>> {
+pub async fn answers(
+    conn: &mut Conn,
+    hash: &str,
+) -> Result<BTreeMap<String, String>, PublishError> {
     let mut fields = BTreeMap::new();
     let mut cursor: u64 = 0;
     loop {
@@ -193,7 +202,7 @@ pub async fn start(
     hash: &str,
     wm: i64,
     how: Emit,
-) -> anyhow::Result<i64> {
+) -> Result<i64, PublishError> {
     let mut first = redis::cmd("EVAL");
     first
         .arg(

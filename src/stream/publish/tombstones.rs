@@ -10,6 +10,7 @@
 //! harmless). Corrections of a window stop at its expiry (see the caller), so none follows its
 //! tombstones.
 
+use super::PublishError;
 use tally_counters::conn::Conn;
 use tally_counters::model::CounterSpec;
 use tally_counters::window::Window;
@@ -35,7 +36,7 @@ pub async fn note(
     spec: &CounterSpec,
     window: &Window,
     progress_key: &str,
-) -> anyhow::Result<()> {
+) -> Result<(), PublishError> {
     let mut zadd = redis::cmd("ZADD");
     zadd.arg(index_key(progress_key))
         .arg("NX")
@@ -63,7 +64,7 @@ impl Tombstoner<'_> {
         spec: &CounterSpec,
         progress_key: &str,
         now: i64,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), PublishError> {
         let output = spec
             .output
             .as_ref()

@@ -7,6 +7,7 @@
 //! rule that turns them into the topic-wide event time up to which every partition has shown
 //! its events.
 
+use super::PublishError;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -98,7 +99,7 @@ pub async fn read(
     model: &Model,
     conn: &mut Conn,
     consumer: &BaseConsumer,
-) -> anyhow::Result<BTreeMap<TopicPartition, Mark>> {
+) -> Result<BTreeMap<TopicPartition, Mark>, PublishError> {
     let mut all = BTreeMap::new();
     for (index, topic) in model.topics.iter().enumerate() {
         let marks = read_topic(model, topic, conn, consumer).await?;
@@ -119,9 +120,9 @@ async fn read_topic(
     topic: &Topic,
     conn: &mut Conn,
     consumer: &BaseConsumer,
-) -> anyhow::Result<BTreeMap<i32, Mark>> {
+) -> Result<BTreeMap<i32, Mark>, PublishError> {
     let name = topic.name.clone();
-    let offsets = tokio::task::block_in_place(|| -> anyhow::Result<Vec<(i32, i64, i64)>> {
+    let offsets = tokio::task::block_in_place(|| -> Result<Vec<(i32, i64, i64)>, PublishError> {
         let timeout = Duration::from_secs(10);
         let meta = consumer.fetch_metadata(Some(&name), timeout)?;
         let mut out = Vec::new();
@@ -133,7 +134,9 @@ async fn read_topic(
         }
         Ok(out)
     })?;
-    anyhow::ensure!(!offsets.is_empty(), "topic {name} has no partitions");
+    if offsets.is_empty() {
+        return Err(PublishError::NoPartitions(name.to_string()));
+    }
     let mut marks: BTreeMap<i32, Mark> = offsets
         .into_iter()
         .map(|(p, low, high)| {
