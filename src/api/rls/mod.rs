@@ -4,7 +4,10 @@
 //!
 //! * [`crate::config::limits`]: the limits file as written (envoyproxy/ratelimit's YAML plus
 //!   tally's keys), compiled into one descriptor tree per domain, and the lookup (its rules);
-//! * [`decide`]: one call: descriptors → limits → one atomic limiter call → Envoy's response;
+//! * one call, in three steps ([`answer`]): [`call`] parses the request into domain types,
+//!   [`decide`] matches the limits and turns one atomic limiter call into the answer (pure but
+//!   for that call), [`render`] writes the protobuf response (or the gRPC status of an
+//!   [`RlsError`]);
 //! * this module: the gRPC server (with `grpc.health.v1.Health`, `NOT_SERVING` while Redis is
 //!   unreachable: [`HealthStatus`]) and the reload of the file (on change or SIGHUP; an invalid
 //!   file keeps the previous limits).
@@ -27,13 +30,20 @@ use parking_lot::RwLock;
 use tally_counters::request::Client;
 use tokio_util::sync::CancellationToken;
 
+mod answer;
+pub mod call;
 mod client_cert;
 pub mod decide;
+mod error;
 mod metadata;
+mod render;
 mod reserve;
 mod server;
 mod sizes;
 mod spread;
+
+pub use error::{RlsError, RlsErrorKind};
+pub use sizes::{MAX_DESCRIPTORS, MAX_ENTRIES, MAX_VALUE_BYTES};
 
 pub use crate::config::limits::{Limits, LimitsError, Rule, Unit};
 
@@ -42,8 +52,8 @@ use crate::api::edge::tls::Tls;
 use crate::config::{RlsConfig, Spread, Tokens};
 use crate::ops::metrics::Metrics;
 
-/// The largest `ShouldRateLimit` message decoded: [`decide::MAX_DESCRIPTORS`] descriptors of
-/// [`decide::MAX_ENTRIES`] entries of [`decide::MAX_VALUE_BYTES`] fit in about 2 MiB; real
+/// The largest `ShouldRateLimit` message decoded: [`MAX_DESCRIPTORS`] descriptors of
+/// [`MAX_ENTRIES`] entries of [`MAX_VALUE_BYTES`] fit in about 2 MiB; real
 /// calls are far below. Beyond it the call fails with RESOURCE_EXHAUSTED.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 
@@ -117,7 +127,7 @@ impl RateLimitService for Rls {
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let limits = self.limits();
         let req = request.into_inner();
-        decide::should_rate_limit(&limits, &self.client, &self.metrics, self.spread, &req)
+        answer::should_rate_limit(&limits, &self.client, &self.metrics, self.spread, &req)
             .await
             .map(tonic::Response::new)
     }
