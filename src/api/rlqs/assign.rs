@@ -35,6 +35,10 @@
 
 use std::time::Duration;
 
+use tally_counters::request::{LedgerAsk, Need, Standing};
+
+use crate::config::RlqsBucket;
+
 /// What one Envoy asks of a bucket: its measured demand and when it reports again.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Demand {
@@ -111,6 +115,54 @@ pub fn desired(budget: Budget, me: Demand, others: &[Demand], t: Tuning) -> u64 
         return mine as u64;
     }
     (left * mine).div_ceil(total.max(1)) as u64
+}
+
+/// A report's demand, as its session measured it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measured {
+    /// The reporting Envoy's demand.
+    pub demand: Demand,
+    /// The bucket's first report on the stream: no demand measured yet ([`first_rate`]).
+    pub first: bool,
+}
+
+/// The decision after a report: what the ledger is asked to store for the reporting Envoy of
+/// `bucket`, from its demand (`me`), the window's `standing` (what is used, the other Envoys'
+/// needs) and the `tuning`. The reservation lasts until `expires_at_ms`. The ledger applies
+/// [`cap`] to it atomically.
+pub fn next_grant(
+    bucket: &RlqsBucket,
+    me: Measured,
+    standing: &Standing,
+    tuning: Tuning,
+    expires_at_ms: i64,
+) -> LedgerAsk {
+    let others: Vec<Demand> = standing
+        .others
+        .iter()
+        .map(|n| Demand {
+            rate: n.rate_milli as f64 / 1000.0,
+            period: Duration::from_millis(n.period_ms),
+        })
+        .collect();
+    let mut demand = me.demand;
+    if me.first {
+        demand.rate = first_rate(demand.rate, &others, bucket.limit, bucket.window);
+    }
+    let budget = Budget {
+        limit: bucket.limit,
+        used: standing.used,
+    };
+    LedgerAsk {
+        desired: desired(budget, demand, &others, tuning),
+        gap: demand.gap(),
+        limit: bucket.limit,
+        expires_at_ms,
+        need: Need {
+            rate_milli: (demand.rate * 1000.0).min(1e15) as u64,
+            period_ms: demand.period.as_millis() as u64,
+        },
+    }
 }
 
 /// What the ledger stores and sends after a report.

@@ -10,11 +10,13 @@
 //! from what is left by its demand ([`assign`], whose doc states the invariant and the bound
 //! on the overshoot). The data flow of one report:
 //!
+//! * [`usage`]: the report of one bucket parsed and bounded by its grants;
 //! * [`session`]: one stream (one Envoy): its domain, its buckets, the demand it measures;
-//! * [`assign`]: the pure share (and the cap the grant script applies);
+//! * [`assign`]: the pure decision, [`assign::next_grant`] (and the cap the grant script
+//!   applies);
 //! * `tally_counters::request::Ledger`: the report and grant scripts in Redis;
-//! * [`session`] again: the grant as Envoy's token bucket (or `DENY_ALL`), `AbandonAction`
-//!   for buckets idle for `rlqs.abandon_after`.
+//! * `render`: the grant as Envoy's token bucket (or `DENY_ALL`), `AbandonAction` for buckets
+//!   idle for `rlqs.abandon_after`.
 //!
 //! Every client is trusted within its grants, and no further: a report counts at most what its
 //! stream was granted plus `rlqs.report_slack` ([`usage`]); a stream that stops reporting is
@@ -34,6 +36,7 @@ use futures::stream::BoxStream;
 use tally_counters::request::{Client, Ledger};
 
 pub mod assign;
+mod render;
 mod session;
 pub mod slots;
 pub mod usage;
@@ -154,12 +157,7 @@ impl RateLimitQuotaService for Rlqs {
         let permit = match self.streams.take(&connection) {
             Ok(p) => p,
             Err(refusal) => {
-                self.metrics
-                    .rls
-                    .quota
-                    .skipped
-                    .with_label_values(&[refusal.reason()])
-                    .inc();
+                self.metrics.rls.quota.skip(refusal.reason());
                 if let Some(suppressed) = self.refusals.allow() {
                     tracing::warn!(%client, peer = %client.peer, suppressed, "rlqs stream refused: {}", refusal.message());
                 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::api::edge::peer::Peer;
+use crate::ops::metrics::QuotaSkip;
 
 /// The connection a stream comes on, as the port knows it: put in the call's extensions by the
 /// server, one per connection.
@@ -84,11 +85,11 @@ pub enum Refusal {
 
 impl Refusal {
     /// `tally_rlqs_skipped_total{reason}`.
-    pub fn reason(self) -> &'static str {
+    pub fn reason(self) -> QuotaSkip {
         match self {
-            Refusal::Replica => "too_many_streams",
-            Refusal::Peer => "too_many_streams_per_peer",
-            Refusal::Connection => "too_many_streams_per_connection",
+            Refusal::Replica => QuotaSkip::TooManyStreams,
+            Refusal::Peer => QuotaSkip::TooManyStreamsPerPeer,
+            Refusal::Connection => QuotaSkip::TooManyStreamsPerConnection,
         }
     }
 

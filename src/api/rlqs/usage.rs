@@ -18,6 +18,7 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usag
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
 
 use super::{MAX_BUCKET_BYTES, MAX_BUCKET_KEYS};
+use crate::ops::metrics::QuotaSkip;
 
 /// A bucket id as a sorted list of its pairs.
 pub type Id = Vec<(String, String)>;
@@ -46,9 +47,9 @@ pub enum Unreadable {
 }
 
 impl Unreadable {
-    pub fn reason(self) -> &'static str {
+    pub fn reason(self) -> QuotaSkip {
         match self {
-            Unreadable::InvalidBucket => "invalid_bucket",
+            Unreadable::InvalidBucket => QuotaSkip::InvalidBucket,
         }
     }
 }
