@@ -82,7 +82,9 @@ impl Ports<'_> {
             });
         }
         let mut rls_health = None;
-        if let Some(limits) = &model.rls_limits {
+        // Validation requires `rls.limits_file` with `rls.listen`, and the model loads it.
+        let rls_file = model.rls_limits.clone().zip(config.rls.limits_file.clone());
+        if let Some((limits, path)) = rls_file {
             // Envoy's quota service rides on the same port when limits are configured.
             let rlqs = (!config.rlqs.buckets.is_empty()).then(|| {
                 crate::api::rlqs::Rlqs::new(
@@ -93,7 +95,7 @@ impl Ports<'_> {
             });
             let rls = crate::api::rls::serve(
                 &config.rls,
-                limits.clone(),
+                crate::api::rls::LimitsFile { path, limits },
                 rlqs,
                 model.tokens.clone(),
                 client.durable(config.request.durability),
@@ -103,8 +105,12 @@ impl Ports<'_> {
             .await
             .context("rls")?;
             tracing::info!(local = %rls.local, "serving envoy's rate limit service");
-            tasks.spawn("the rls server", rls.server);
-            tasks.spawn("the rls limits reloader", rls.reloader);
+            let (server, reloader) = (rls.server, rls.reloader);
+            tasks.spawn("the rls server", async move { Ok(server.await?) });
+            tasks.spawn(
+                "the rls limits reloader",
+                async move { Ok(reloader.await?) },
+            );
             rls_health = Some(rls.health);
         }
         // Jobs are led by one replica at a time.

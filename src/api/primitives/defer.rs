@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 use serde::Serialize;
@@ -35,7 +36,7 @@ use crate::stream::decode::Decoder;
 pub struct Deferral {
     /// Made on the first deferred hit (Redis outages are rare; an idle producer would keep
     /// connections to the brokers).
-    producer: std::sync::OnceLock<Result<FutureProducer, String>>,
+    producer: std::sync::OnceLock<Result<FutureProducer, KafkaError>>,
     settings: ClientConfig,
     topic: String,
     decoder: Decoder,
@@ -45,22 +46,37 @@ pub struct Deferral {
     counters: Vec<String>,
 }
 
+/// Why a deferred event cannot hold a field where the stream path reads it.
+#[derive(Debug, thiserror::Error)]
+enum Unplaceable {
+    /// The field is read from the record's metadata (its key, a header).
+    #[error("{field}; a deferred hit writes only the payload")]
+    NotPayload { field: String },
+    /// The field's path has an array index.
+    #[error("{field}, an array index a deferred hit cannot set")]
+    Index { field: String },
+    /// The field's path goes through a field that is not an object.
+    #[error("{field}, inside a field that is not an object")]
+    NotObject { field: String },
+}
+
 /// Stores `value` where the stream path reads it: at its path in the payload (objects made on
-/// the way). The error names a source a deferred event cannot set (the record's metadata, an
-/// array index).
+/// the way).
 fn put_at(
     event: &mut serde_json::Map<String, serde_json::Value>,
     source: &FieldSource,
     value: serde_json::Value,
-) -> Result<(), String> {
+) -> Result<(), Unplaceable> {
     let FieldSource::Payload(path) = source else {
-        return Err(format!("{source}; a deferred hit writes only the payload"));
+        return Err(Unplaceable::NotPayload {
+            field: source.to_string(),
+        });
     };
     let key = |s: &Segment| match s {
         Segment::Key(k) | Segment::KeyOrIndex(k, _) => Ok(k.to_string()),
-        Segment::Index(_) => Err(format!(
-            "{source}, an array index a deferred hit cannot set"
-        )),
+        Segment::Index(_) => Err(Unplaceable::Index {
+            field: source.to_string(),
+        }),
     };
     let (last, inner) = path.split_last().expect("a payload path has a segment");
     let mut at = event;
@@ -68,9 +84,9 @@ fn put_at(
         let slot = at
             .entry(key(s)?)
             .or_insert_with(|| serde_json::Value::Object(Default::default()));
-        at = slot
-            .as_object_mut()
-            .ok_or_else(|| format!("{source}, inside a field that is not an object"))?;
+        at = slot.as_object_mut().ok_or_else(|| Unplaceable::NotObject {
+            field: source.to_string(),
+        })?;
     }
     at.insert(key(last)?, value);
     Ok(())
@@ -126,7 +142,7 @@ impl Deferral {
 
     fn producer(&self) -> Result<&FutureProducer, RequestError> {
         self.producer
-            .get_or_init(|| self.settings.create().map_err(|e| e.to_string()))
+            .get_or_init(|| self.settings.create())
             .as_ref()
             .map_err(|e| RequestError::Invalid(format!("cannot defer: kafka producer: {e}")))
     }

@@ -8,7 +8,7 @@
 //! window) and, per Envoy, the *reservation* it holds: the grant it was last sent plus a
 //! reserve for what it may still admit from its previous assignment while its report travels
 //! (until its answer is applied). A grant is an Envoy token bucket that admits at most the
-//! grant in its lifetime ([`Shape`]).
+//! grant in its lifetime ([`BucketShape`]).
 //! [`cap`] keeps, at every report,
 //!
 //! ```text
@@ -201,27 +201,27 @@ pub fn cap(desired: u64, gap: u64, budget: Budget, others_reserved: u64) -> Capp
 /// time under 14 × ttl (140 s with the default ttl); a host up for less could get empty buckets,
 /// which admit less, never more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shape {
+pub struct BucketShape {
     pub max_tokens: u32,
     pub tokens_per_fill: u32,
     pub fill_interval_s: u64,
 }
 
-impl Shape {
+impl BucketShape {
     /// The bucket for `grant` requests over an assignment that lives `ttl` (whole seconds, at
     /// least one); `None` for no request (`DENY_ALL`).
-    pub fn of(grant: u64, ttl: Duration) -> Option<Shape> {
+    pub fn of(grant: u64, ttl: Duration) -> Option<BucketShape> {
         let grant = u32::try_from(grant).unwrap_or(u32::MAX);
         let ttl_s = ttl.as_secs().max(1);
         match (grant, grant / 8) {
             (0, _) => None,
             // Half a token in the ttl: it never completes one.
-            (g, 0) => Some(Shape {
+            (g, 0) => Some(BucketShape {
                 max_tokens: g,
                 tokens_per_fill: 1,
                 fill_interval_s: 2 * ttl_s,
             }),
-            (g, refill) => Some(Shape {
+            (g, refill) => Some(BucketShape {
                 max_tokens: g - refill,
                 tokens_per_fill: refill,
                 fill_interval_s: ttl_s,

@@ -364,7 +364,7 @@ fn a_grant_bucket_admits_the_grant_in_its_life_and_fills_in_under_14_ttls() {
     for ttl_s in [2, 10, 600] {
         let ttl = Duration::from_secs(ttl_s);
         for grant in (1..200).chain([1_000, 123_457, u64::from(u32::MAX)]) {
-            let shape = Shape::of(grant, ttl).unwrap();
+            let shape = BucketShape::of(grant, ttl).unwrap();
             assert_eq!(
                 shape.admits(ttl),
                 grant,
@@ -383,5 +383,5 @@ fn a_grant_bucket_admits_the_grant_in_its_life_and_fills_in_under_14_ttls() {
             );
         }
     }
-    assert_eq!(Shape::of(0, Duration::from_secs(10)), None);
+    assert_eq!(BucketShape::of(0, Duration::from_secs(10)), None);
 }

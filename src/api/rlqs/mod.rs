@@ -58,7 +58,7 @@ pub const MAX_BUCKET_KEYS: usize = 16;
 pub const MAX_BUCKET_BYTES: usize = 256;
 
 /// The configuration as the sessions use it.
-pub(crate) struct Rules {
+pub(crate) struct QuotaRules {
     /// The limits, first match wins.
     buckets: Vec<RlqsBucket>,
     tuning: assign::Tuning,
@@ -70,9 +70,9 @@ pub(crate) struct Rules {
     slack: u64,
 }
 
-impl Rules {
-    fn new(config: &RlqsConfig) -> Rules {
-        Rules {
+impl QuotaRules {
+    fn new(config: &RlqsConfig) -> QuotaRules {
+        QuotaRules {
             buckets: config.buckets.clone(),
             tuning: assign::Tuning {
                 headroom: config.headroom,
@@ -99,7 +99,7 @@ impl Rules {
 
 /// The service: its rules, the ledger, the metrics, and the stream slots.
 pub struct Rlqs {
-    rules: Arc<Rules>,
+    rules: Arc<QuotaRules>,
     ledger: Ledger,
     metrics: Metrics,
     /// One per open stream: `rlqs.max_streams`, per peer and per connection.
@@ -114,7 +114,7 @@ impl Rlqs {
     /// A service for `config`'s limits (validated), over `client`'s Redis.
     pub fn new(config: &RlqsConfig, client: Client, metrics: Metrics) -> Rlqs {
         Rlqs {
-            rules: Arc::new(Rules::new(config)),
+            rules: Arc::new(QuotaRules::new(config)),
             ledger: Ledger::new(client),
             metrics,
             streams: StreamSlots::new(
@@ -148,7 +148,7 @@ impl RateLimitQuotaService for Rlqs {
             .extensions()
             .get::<Connection>()
             .cloned()
-            .zip(request.extensions().get::<slots::Client>().cloned())
+            .zip(request.extensions().get::<slots::StreamClient>().cloned())
         else {
             return Err(tonic::Status::internal(
                 "the call's connection is not known",

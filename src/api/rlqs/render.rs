@@ -26,7 +26,7 @@ impl Assignment {
     /// The actions for `bucket_id`.
     ///
     /// A grant is a token bucket that admits at most the grant within `ttl`
-    /// ([`assign::Shape`]); `DENY_ALL` for none. It goes after a `DENY_ALL` of the same bucket
+    /// ([`assign::BucketShape`]); `DENY_ALL` for none. It goes after a `DENY_ALL` of the same bucket
     /// in the same answer. Envoy applies an answer's actions in order and publishes the result
     /// once, so no request sees the `DENY_ALL`; but Envoy starts a token bucket that replaces
     /// another with the other's remaining share (1.40), which would turn a fresh grant after a
@@ -58,7 +58,7 @@ impl Assignment {
             )),
         };
         let deny = action(Strategy::BlanketRule(BlanketRule::DenyAll as i32));
-        match assign::Shape::of(grant, ttl) {
+        match assign::BucketShape::of(grant, ttl) {
             None => vec![deny],
             Some(shape) => vec![
                 deny,

@@ -16,16 +16,16 @@ use tally_counters::request::{Granted, Ledger};
 
 use super::assign::{self, Demand, Measured};
 use super::render::Assignment;
-use super::slots::{Client, StreamPermit};
+use super::slots::{StreamClient, StreamPermit};
 use super::usage::{self, Id};
-use super::Rules;
+use super::QuotaRules;
 use crate::config::RlqsBucket;
 use crate::ops::log_limit::LogLimiter;
 use crate::ops::metrics::{Metrics, QuotaAction, QuotaSkip, ReportedOutcome};
 
 /// What the stream knows of one of its buckets.
 struct Tracked {
-    /// Index of its limit in [`Rules::buckets`].
+    /// Index of its limit in [`QuotaRules::buckets`].
     limit: usize,
     /// When it last reported, to measure its demand.
     last_report: Instant,
@@ -40,7 +40,7 @@ struct Tracked {
 
 /// One Envoy's stream.
 pub(super) struct Session {
-    rules: Arc<Rules>,
+    rules: Arc<QuotaRules>,
     ledger: Ledger,
     metrics: Metrics,
     /// This stream's name in the ledger (random, so replicas never share one).
@@ -49,18 +49,18 @@ pub(super) struct Session {
     domain: Option<String>,
     buckets: HashMap<Id, Tracked>,
     /// Who opened the stream, for the log of a report beyond its grants.
-    client: Client,
+    client: StreamClient,
     /// Limits those lines, across every stream of the replica.
     log: Arc<LogLimiter>,
 }
 
 /// Counts the stream open until dropped, holding its slot.
-struct Open {
+struct OpenStream {
     metrics: Metrics,
     _permit: StreamPermit,
 }
 
-impl Drop for Open {
+impl Drop for OpenStream {
     fn drop(&mut self) {
         self.metrics.rls.quota.streams.dec();
     }
@@ -68,10 +68,10 @@ impl Drop for Open {
 
 impl Session {
     pub(super) fn new(
-        rules: Arc<Rules>,
+        rules: Arc<QuotaRules>,
         ledger: Ledger,
         metrics: Metrics,
-        client: Client,
+        client: StreamClient,
         log: Arc<LogLimiter>,
     ) -> Session {
         Session {
@@ -100,7 +100,7 @@ impl Session {
         permit: StreamPermit,
     ) -> BoxStream<'static, Result<RateLimitQuotaResponse, tonic::Status>> {
         self.metrics.rls.quota.streams.inc();
-        let open = Open {
+        let open = OpenStream {
             metrics: self.metrics.clone(),
             _permit: permit,
         };
