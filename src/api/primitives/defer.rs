@@ -330,7 +330,7 @@ retention = "1d"
         values: &[(&str, &str)],
         extra: serde_json::Value,
         delta: i64,
-    ) -> Result<serde_json::Value, String> {
+    ) -> Result<serde_json::Value, RequestError> {
         event_of(&model(), name, values, extra, delta)
     }
 
@@ -340,7 +340,7 @@ retention = "1d"
         values: &[(&str, &str)],
         extra: serde_json::Value,
         delta: i64,
-    ) -> Result<serde_json::Value, String> {
+    ) -> Result<serde_json::Value, RequestError> {
         let deferral = Deferral::new(model).unwrap();
         let spec = model.counters.iter().find(|c| c.name == name).unwrap();
         let values = values
@@ -352,7 +352,6 @@ retention = "1d"
         deferral
             .event(spec, &values, &extra, delta, at)
             .map(|p| serde_json::from_slice(&p).unwrap())
-            .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -366,13 +365,17 @@ retention = "1d"
                 1,
             );
             assert!(
-                e.as_ref().is_err_and(|e| e.contains(&format!("`{field}`"))),
+                e.as_ref()
+                    .is_err_and(|e| e.to_string().contains(&format!("`{field}`"))),
                 "{field}: {e:?}"
             );
         }
         // daily has no device_id, which flow reads: the stream path would skip it, refused.
         let e = event("daily", &[("app_id", "a")], serde_json::json!({}), 5);
-        assert!(e.as_ref().is_err_and(|e| e.contains("missing")), "{e:?}");
+        assert!(
+            e.as_ref().is_err_and(|e| e.to_string().contains("missing")),
+            "{e:?}"
+        );
         // traffic has every field the topic reads; a field no counter reads travels along.
         let e = event(
             "traffic",
@@ -417,7 +420,7 @@ ts = "meta.at""#,
             serde_json::json!({"client": {}}),
             7,
         );
-        assert!(e.is_err_and(|e| e.contains("`client`")));
+        assert!(e.is_err_and(|e| e.to_string().contains("`client`")));
         // A field read from the record's key or an array cannot be written by a deferred hit.
         for source in ["$key", "$header.dev", "list[0]"] {
             let model = model_with(&format!("device_id = \"{source}\""));
@@ -430,7 +433,7 @@ ts = "meta.at""#,
             );
             assert!(
                 e.as_ref()
-                    .is_err_and(|e| e.contains("reads `device_id` from")),
+                    .is_err_and(|e| e.to_string().contains("reads `device_id` from")),
                 "{source}: {e:?}"
             );
         }
@@ -461,6 +464,6 @@ filter = "status >= 500"
             serde_json::json!({}),
             1,
         );
-        assert!(e.is_err_and(|e| e.contains("would skip this event")));
+        assert!(e.is_err_and(|e| e.to_string().contains("would skip this event")));
     }
 }

@@ -15,14 +15,14 @@ use super::assign;
 
 /// A bucket's answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Assignment {
+pub(super) enum BucketAssignment {
     /// So many requests until the next report (0: `DENY_ALL`), for `ttl`.
     Grant { grant: u64, ttl: Duration },
     /// The bucket was idle for `rlqs.abandon_after`: Envoy drops it.
     Abandon,
 }
 
-impl Assignment {
+impl BucketAssignment {
     /// The actions for `bucket_id`.
     ///
     /// A grant is a token bucket that admits at most the grant within `ttl`
@@ -33,7 +33,7 @@ impl Assignment {
     /// spent one into an empty bucket. After a blanket rule, it starts full.
     pub(super) fn to_pb(self, bucket_id: BucketId) -> Vec<BucketAction> {
         let (grant, ttl) = match self {
-            Assignment::Abandon => {
+            BucketAssignment::Abandon => {
                 return vec![BucketAction {
                     bucket_id: Some(bucket_id),
                     bucket_action: Some(bucket_action::BucketAction::AbandonAction(
@@ -41,7 +41,7 @@ impl Assignment {
                     )),
                 }]
             }
-            Assignment::Grant { grant, ttl } => (grant, ttl),
+            BucketAssignment::Grant { grant, ttl } => (grant, ttl),
         };
         let action = |strategy: Strategy| BucketAction {
             bucket_id: Some(bucket_id.clone()),

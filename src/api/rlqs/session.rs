@@ -15,7 +15,7 @@ use futures::stream::{BoxStream, StreamExt as _};
 use tally_counters::request::{Granted, Ledger};
 
 use super::assign::{self, Demand, Measured};
-use super::render::Assignment;
+use super::render::BucketAssignment;
 use super::slots::{StreamClient, StreamPermit};
 use super::usage::{self, Id};
 use super::QuotaRules;
@@ -201,7 +201,7 @@ impl Session {
 
     /// One bucket's report, in steps: parsed ([`usage::read`]), matched to its limit, measured
     /// (its allowed requests bounded by its grants, its demand), recorded in the ledger with
-    /// the grant [`assign::next_grant`] decides, answered ([`Assignment`]). A report that
+    /// the grant [`assign::next_grant`] decides, answered ([`BucketAssignment`]). A report that
     /// cannot be answered is skipped and counted.
     async fn on_usage(&mut self, usage: BucketQuotaUsage) -> Vec<BucketAction> {
         let report = match usage::read(usage) {
@@ -224,7 +224,7 @@ impl Session {
         let Some(round) = self.measure(&report, limit, labels, Instant::now()) else {
             self.abandon(&report.id, bucket, &domain).await;
             self.metrics.rls.quota.act(labels, QuotaAction::Abandon);
-            return Assignment::Abandon.to_pb(report.bucket_id);
+            return BucketAssignment::Abandon.to_pb(report.bucket_id);
         };
         let Some((granted, desired)) = self.grant(&report.id, bucket, &domain, round).await else {
             return Vec::new();
@@ -250,7 +250,7 @@ impl Session {
         m.used
             .with_label_values(&labels)
             .set(granted.used.min(i64::MAX as u64) as i64);
-        let assignment = Assignment::Grant {
+        let assignment = BucketAssignment::Grant {
             grant: granted.grant,
             ttl: rules.ttl,
         };

@@ -9,7 +9,7 @@ use tally_counters::clock::unix_secs;
 use tally_counters::request::{Client, Settled};
 use tonic::Status;
 
-use super::call::Call;
+use super::call::RlsCall;
 use super::decide::{self, Matched, Ruling};
 use super::error::RlsError;
 use super::{render, reserve};
@@ -42,7 +42,7 @@ async fn answer(
     spread: Spread,
     req: &RateLimitRequest,
 ) -> Result<RateLimitResponse, RlsError> {
-    let call = Call::from_pb(req)?;
+    let call = RlsCall::from_pb(req)?;
     let matched = decide::resolve(limits, &call)?;
     let asks = matched.asks();
     let decision = if asks.is_empty() {

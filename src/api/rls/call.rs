@@ -14,7 +14,7 @@ use crate::config::limits::Unit;
 
 /// One call, checked.
 #[derive(Debug)]
-pub struct Call<'a> {
+pub struct RlsCall<'a> {
     /// The domain (not empty, within the caps).
     pub domain: &'a str,
     /// The request's `hits_addend` (0 when unset), for descriptors without their own.
@@ -43,10 +43,10 @@ pub struct LimitOverride {
     pub unit: Unit,
 }
 
-impl<'a> Call<'a> {
+impl<'a> RlsCall<'a> {
     /// `req`, checked: a domain, at least one descriptor, the caps of [`super::sizes`], limit
     /// overrides with a known unit and a limit above 0.
-    pub fn from_pb(req: &'a RateLimitRequest) -> Result<Call<'a>, RlsError> {
+    pub fn from_pb(req: &'a RateLimitRequest) -> Result<RlsCall<'a>, RlsError> {
         if req.domain.is_empty() {
             return Err(RlsError::NoDomain);
         }
@@ -66,7 +66,7 @@ impl<'a> Call<'a> {
                 })
             })
             .collect::<Result<_, RlsError>>()?;
-        Ok(Call {
+        Ok(RlsCall {
             domain: &req.domain,
             hits_addend: req.hits_addend,
             descriptors,

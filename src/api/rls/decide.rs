@@ -1,7 +1,7 @@
 //! Decide: the pure middle of a `ShouldRateLimit` call, on domain types only (no protobuf, no
 //! gRPC status, no I/O).
 //!
-//! * [`resolve`]: every descriptor of a [`Call`] matched to its limit (the limits file's tree,
+//! * [`resolve`]: every descriptor of a [`RlsCall`] matched to its limit (the limits file's tree,
 //!   a reserving limit's phase entry, or the descriptor's own override), `replaces` applied,
 //!   each limit's subject and addend: a [`Matched`], whose [`Matched::asks`] go to the limiter
 //!   in one atomic call (`super::spread`): a denial charges none;
@@ -13,7 +13,7 @@ use std::borrow::Cow;
 
 use tally_counters::request::{Ask, Decision, PolicyVerdict, Reservation};
 
-use super::call::{Call, Descriptor};
+use super::call::{Descriptor, RlsCall};
 use super::error::RlsError;
 use super::reserve;
 use crate::config::limits::{Limits, Rule};
@@ -47,7 +47,7 @@ pub struct Matched<'a> {
 
 /// Each descriptor of `call` resolved against `limits`, after `replaces` (a descriptor's entry
 /// becomes [`Resolved::Nothing`] once every limit is known and one of them replaces it).
-pub fn resolve<'a>(limits: &'a Limits, call: &Call<'a>) -> Result<Matched<'a>, RlsError> {
+pub fn resolve<'a>(limits: &'a Limits, call: &RlsCall<'a>) -> Result<Matched<'a>, RlsError> {
     let n = call.descriptors.len();
     let mut resolved = Vec::with_capacity(n);
     let mut reservations = Vec::with_capacity(n);
@@ -74,7 +74,7 @@ pub fn resolve<'a>(limits: &'a Limits, call: &Call<'a>) -> Result<Matched<'a>, R
 /// entry) and its reservation.
 fn resolve_one<'a>(
     limits: &'a Limits,
-    call: &Call<'a>,
+    call: &RlsCall<'a>,
     d: &Descriptor<'a>,
 ) -> Result<(Resolved<'a>, Option<Reservation<'a>>), RlsError> {
     let mut phase = None;

@@ -95,7 +95,7 @@ fn descriptors_match_their_limits_by_entries() {
         ],
         0,
     );
-    let call = Call::from_pb(&req).unwrap();
+    let call = RlsCall::from_pb(&req).unwrap();
     let m = resolve(&limits, &call).unwrap();
     assert_eq!(
         shape(&m),
@@ -117,7 +117,7 @@ fn descriptors_match_their_limits_by_entries() {
 fn a_shadow_block_list_entry_does_not_block() {
     let limits = limits();
     let req = request(vec![descriptor(&[("ip", "10.0.0.2")])], 0);
-    let m = resolve(&limits, &Call::from_pb(&req).unwrap()).unwrap();
+    let m = resolve(&limits, &RlsCall::from_pb(&req).unwrap()).unwrap();
     assert!(!m.blocked);
     let ruling = rule(&m, None, 1_000);
     let d = &ruling.descriptors[0];
@@ -138,7 +138,7 @@ fn addends_are_the_descriptors_own_else_at_least_one_of_the_requests() {
             vec![own.clone(), seven.clone(), plain.clone()],
             request_addend,
         );
-        let m = resolve(&limits, &Call::from_pb(&req).unwrap()).unwrap();
+        let m = resolve(&limits, &RlsCall::from_pb(&req).unwrap()).unwrap();
         let costs: Vec<u64> = m.asks().iter().map(|a| a.cost).collect();
         assert_eq!(costs, [0, 7, plain_cost], "request addend {request_addend}");
     }
@@ -154,7 +154,7 @@ fn a_reservation_without_an_addend_reserves_the_limits_default() {
         ],
         0,
     );
-    let m = resolve(&limits, &Call::from_pb(&req).unwrap()).unwrap();
+    let m = resolve(&limits, &RlsCall::from_pb(&req).unwrap()).unwrap();
     // The phase entry is not part of the subject: reserve and settle count on one counter.
     assert_eq!(
         shape(&m),
@@ -183,7 +183,7 @@ fn an_override_is_its_own_limit_and_bad_ones_are_refused() {
         unit: Unit::Hour.code(),
     });
     let req = request(vec![d.clone()], 0);
-    let m = resolve(&limits, &Call::from_pb(&req).unwrap()).unwrap();
+    let m = resolve(&limits, &RlsCall::from_pb(&req).unwrap()).unwrap();
     assert_eq!(shape(&m), ["override|d:user:alice|1"]);
     assert_eq!(m.asks()[0].policy.limit, 3);
     for (unit, requests, says) in [
@@ -195,7 +195,7 @@ fn an_override_is_its_own_limit_and_bad_ones_are_refused() {
             unit,
         });
         let req = request(vec![d.clone()], 0);
-        let e = Call::from_pb(&req).unwrap_err();
+        let e = RlsCall::from_pb(&req).unwrap_err();
         assert_eq!(
             (e.kind(), e.to_string()),
             (RlsErrorKind::Invalid, says.into())
@@ -206,10 +206,13 @@ fn an_override_is_its_own_limit_and_bad_ones_are_refused() {
 #[test]
 fn a_call_without_domain_or_descriptors_is_refused() {
     let mut req = request(vec![], 0);
-    assert!(matches!(Call::from_pb(&req), Err(RlsError::NoDescriptors)));
+    assert!(matches!(
+        RlsCall::from_pb(&req),
+        Err(RlsError::NoDescriptors)
+    ));
     req.domain.clear();
     req.descriptors.push(descriptor(&[("user", "a")]));
-    assert!(matches!(Call::from_pb(&req), Err(RlsError::NoDomain)));
+    assert!(matches!(RlsCall::from_pb(&req), Err(RlsError::NoDomain)));
 }
 
 #[test]
@@ -222,10 +225,10 @@ fn a_limit_another_replaces_is_dropped() {
         ],
         0,
     );
-    let m = resolve(&limits, &Call::from_pb(&both).unwrap()).unwrap();
+    let m = resolve(&limits, &RlsCall::from_pb(&both).unwrap()).unwrap();
     assert_eq!(shape(&m), ["none", "d.key_2.user|d:key_2:y:user:u|1"]);
     let alone = request(vec![descriptor(&[("key_1", "x"), ("user", "u")])], 0);
-    let m = resolve(&limits, &Call::from_pb(&alone).unwrap()).unwrap();
+    let m = resolve(&limits, &RlsCall::from_pb(&alone).unwrap()).unwrap();
     assert_eq!(shape(&m), ["specific_limit|d:key_1:x:user:u|1"]);
 }
 
@@ -253,7 +256,7 @@ fn the_answer_follows_the_limiters_decision() {
         ],
         0,
     );
-    let m = resolve(&limits, &Call::from_pb(&req).unwrap()).unwrap();
+    let m = resolve(&limits, &RlsCall::from_pb(&req).unwrap()).unwrap();
     let admitted = Decision {
         admitted: true,
         policies: vec![verdict(true, 4, 1_500)],
@@ -301,7 +304,7 @@ fn the_answer_follows_the_limiters_decision() {
 fn a_block_list_entry_resets_at_the_end_of_its_window() {
     let limits = limits();
     let req = request(vec![descriptor(&[("ip", "10.0.0.1")])], 0);
-    let m = resolve(&limits, &Call::from_pb(&req).unwrap()).unwrap();
+    let m = resolve(&limits, &RlsCall::from_pb(&req).unwrap()).unwrap();
     let ruling = rule(&m, None, 1_000);
     let d = &ruling.descriptors[0];
     assert!(ruling.over);
