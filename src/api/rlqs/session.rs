@@ -17,7 +17,7 @@ use tally_counters::request::{Granted, Ledger};
 use super::assign::{self, Demand, Measured};
 use super::render::BucketAssignment;
 use super::slots::{StreamClient, StreamPermit};
-use super::usage::{self, Id};
+use super::usage::{self, Id, Report};
 use super::QuotaRules;
 use crate::config::RlqsBucket;
 use crate::ops::log_limit::LogLimiter;
@@ -166,7 +166,7 @@ impl Session {
     /// excess is counted and logged with the client.
     fn counted(
         &self,
-        usage: &usage::Usage,
+        usage: &Report,
         granted: u64,
         since_previous: Option<Duration>,
         labels: [&str; 2],
@@ -199,12 +199,12 @@ impl Session {
         counted
     }
 
-    /// One bucket's report, in steps: parsed ([`usage::read`]), matched to its limit, measured
+    /// One bucket's report, in steps: parsed ([`Report::from_pb`]), matched to its limit, measured
     /// (its allowed requests bounded by its grants, its demand), recorded in the ledger with
     /// the grant [`assign::next_grant`] decides, answered ([`BucketAssignment`]). A report that
     /// cannot be answered is skipped and counted.
     async fn on_usage(&mut self, usage: BucketQuotaUsage) -> Vec<BucketAction> {
-        let report = match usage::read(usage) {
+        let report = match Report::from_pb(usage) {
             Ok(u) => u,
             Err(e) => {
                 self.skip(e.reason());
@@ -280,7 +280,7 @@ impl Session {
     /// report nor since).
     fn measure(
         &mut self,
-        report: &usage::Usage,
+        report: &Report,
         limit: usize,
         labels: [&str; 2],
         now: Instant,

@@ -303,3 +303,30 @@ fn content(path: &Path) -> Vec<u8> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, Model};
+
+    /// [`super::serve`] takes the limits file as given: the configuration never asks for the
+    /// service without one, and the model holds the limits whenever it does.
+    #[test]
+    fn rls_listen_needs_a_limits_file_before_anything_is_served() {
+        let config = |rls: &str| -> Config {
+            toml::from_str(&format!(
+                "[kafka]\nbrokers = \"127.0.0.1:9\"\ntopic = \"t\"\ngroup_id = \"g\"\n\
+                 [[counters]]\nname = \"c\"\ndimensions = [\"a\"]\nkey = \"c:{{a}}:{{yyyyMMddHH}}\"\n\
+                 window = \"1h\"\n[rls]\n{rls}"
+            ))
+            .unwrap()
+        };
+        let e = Model::compile(config("listen = \"127.0.0.1:0\"\n")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`rls.limits_file`: required when rls.listen is set"),
+            "{e}"
+        );
+        let model = Model::compile(config("")).unwrap();
+        assert!(model.rls_limits.is_none());
+    }
+}
