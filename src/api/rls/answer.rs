@@ -44,7 +44,7 @@ async fn answer(
 ) -> Result<RateLimitResponse, RlsError> {
     let call = RlsCall::from_pb(req)?;
     let matched = decide::resolve(limits, &call)?;
-    let asks = matched.asks();
+    let asks = matched.asks(&call);
     let decision = if asks.is_empty() {
         None
     } else {

@@ -1,12 +1,12 @@
 //! Parse: a `ShouldRateLimit` request read into the call the decision takes. Everything a
 //! caller can get wrong is refused here (no domain, no descriptor, past the caps, a limit
-//! override Envoy does not define); what is left borrows from the message, so a call allocates
-//! one vector for it.
+//! override Envoy does not define); what is left borrows from the message.
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use smallvec::SmallVec;
 
 use super::error::RlsError;
 use super::sizes::{MAX_DESCRIPTORS, MAX_ENTRIES, MAX_VALUE_BYTES};
@@ -19,8 +19,9 @@ pub struct RlsCall<'a> {
     pub domain: &'a str,
     /// The request's `hits_addend` (0 when unset), for descriptors without their own.
     pub hits_addend: u32,
-    /// One per descriptor, in order (at least one).
-    pub descriptors: Vec<Descriptor<'a>>,
+    /// One per descriptor, in order (at least one; inline up to four: no allocation per call
+    /// for the usual few).
+    pub descriptors: SmallVec<[Descriptor<'a>; 4]>,
 }
 
 /// One descriptor of a call.

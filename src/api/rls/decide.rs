@@ -11,6 +11,7 @@
 
 use std::borrow::Cow;
 
+use smallvec::SmallVec;
 use tally_counters::request::{Ask, Decision, PolicyVerdict, Reservation};
 
 use super::call::{Descriptor, RlsCall};
@@ -39,8 +40,6 @@ pub struct Matched<'a> {
     pub resolved: Vec<Resolved<'a>>,
     /// Beside each, its reservation (a limit with `reserve`: see `reserve.rs`).
     reservations: Vec<Option<Reservation<'a>>>,
-    /// Beside each, Envoy's `is_negative_hits`.
-    refunds: Vec<bool>,
     /// An enforced block list entry matched: the request is denied, the others only read.
     pub blocked: bool,
 }
@@ -65,7 +64,6 @@ pub fn resolve<'a>(limits: &'a Limits, call: &RlsCall<'a>) -> Result<Matched<'a>
     Ok(Matched {
         resolved,
         reservations,
-        refunds: call.descriptors.iter().map(|d| d.refund).collect(),
         blocked,
     })
 }
@@ -163,13 +161,14 @@ fn subject<'e>(
 }
 
 impl<'a> Matched<'a> {
-    /// The limiter's asks: one per [`Resolved::Limited`], in descriptor order.
-    pub fn asks(&self) -> Vec<Ask<'_>> {
+    /// The limiter's asks: one per [`Resolved::Limited`] of `call` (the call resolved), in
+    /// descriptor order.
+    pub fn asks(&self, call: &RlsCall) -> Vec<Ask<'_>> {
         self.resolved
             .iter()
             .zip(&self.reservations)
-            .zip(&self.refunds)
-            .filter_map(|((r, reservation), refund)| match r {
+            .zip(&call.descriptors)
+            .filter_map(|((r, reservation), d)| match r {
                 Resolved::Limited(rule, subject, cost) => Some(Ask {
                     policy: &rule.policy,
                     subject,
@@ -178,7 +177,7 @@ impl<'a> Matched<'a> {
                     quota: rule.quota,
                     reservation: *reservation,
                     // Envoy's `is_negative_hits`: the addend is given back.
-                    refund: *refund,
+                    refund: d.refund,
                 }),
                 _ => None,
             })
@@ -260,8 +259,8 @@ pub struct DescriptorRuling<'r> {
 pub struct Ruling<'r> {
     /// The request is over the limit.
     pub over: bool,
-    /// One per descriptor, in order.
-    pub descriptors: Vec<DescriptorRuling<'r>>,
+    /// One per descriptor, in order (inline up to four).
+    pub descriptors: SmallVec<[DescriptorRuling<'r>; 4]>,
     /// The `RateLimit-Policy` field, when a limit was asked; and the `RateLimit` field, when
     /// Redis counted (without Redis nothing was counted: `r=0;t=0` would be a lie).
     pub headers: Option<(String, Option<String>)>,
@@ -288,7 +287,7 @@ pub fn rule<'r>(matched: &'r Matched, decision: Option<Decision>, now_s: u64) ->
     let over = matched.blocked || decision.as_ref().is_some_and(|d| !d.admitted);
     let mut verdicts = decision.map(|d| d.policies).unwrap_or_default().into_iter();
     let mut shown: Vec<PolicyVerdict> = Vec::new();
-    let mut descriptors = Vec::with_capacity(matched.resolved.len());
+    let mut descriptors = SmallVec::with_capacity(matched.resolved.len());
     for r in &matched.resolved {
         let ruling = match r {
             Resolved::Nothing => DescriptorRuling::open(None, DescriptorCode::Ok, 0),

@@ -109,7 +109,7 @@ fn descriptors_match_their_limits_by_entries() {
     );
     // An enforced block list entry denies the call; only the limited descriptor is asked.
     assert!(m.blocked);
-    assert_eq!(m.asks().len(), 1);
+    assert_eq!(m.asks(&call).len(), 1);
     assert!(m.needs_redis());
 }
 
@@ -138,8 +138,9 @@ fn addends_are_the_descriptors_own_else_at_least_one_of_the_requests() {
             vec![own.clone(), seven.clone(), plain.clone()],
             request_addend,
         );
-        let m = resolve(&limits, &RlsCall::from_pb(&req).unwrap()).unwrap();
-        let costs: Vec<u64> = m.asks().iter().map(|a| a.cost).collect();
+        let call = RlsCall::from_pb(&req).unwrap();
+        let m = resolve(&limits, &call).unwrap();
+        let costs: Vec<u64> = m.asks(&call).iter().map(|a| a.cost).collect();
         assert_eq!(costs, [0, 7, plain_cost], "request addend {request_addend}");
     }
 }
@@ -154,13 +155,14 @@ fn a_reservation_without_an_addend_reserves_the_limits_default() {
         ],
         0,
     );
-    let m = resolve(&limits, &RlsCall::from_pb(&req).unwrap()).unwrap();
+    let call = RlsCall::from_pb(&req).unwrap();
+    let m = resolve(&limits, &call).unwrap();
     // The phase entry is not part of the subject: reserve and settle count on one counter.
     assert_eq!(
         shape(&m),
         ["d.tokens|d:tokens:u|40", "d.tokens|d:tokens:u|40"]
     );
-    let asks = m.asks();
+    let asks = m.asks(&call);
     let phases: Vec<_> = asks
         .iter()
         .map(|a| a.reservation.map(|r| (r.phase, r.id)))
@@ -183,9 +185,10 @@ fn an_override_is_its_own_limit_and_bad_ones_are_refused() {
         unit: Unit::Hour.code(),
     });
     let req = request(vec![d.clone()], 0);
-    let m = resolve(&limits, &RlsCall::from_pb(&req).unwrap()).unwrap();
+    let call = RlsCall::from_pb(&req).unwrap();
+    let m = resolve(&limits, &call).unwrap();
     assert_eq!(shape(&m), ["override|d:user:alice|1"]);
-    assert_eq!(m.asks()[0].policy.limit, 3);
+    assert_eq!(m.asks(&call)[0].policy.limit, 3);
     for (unit, requests, says) in [
         (99, 3, "limit override: unknown unit 99"),
         (Unit::Hour.code(), 0, "limit override: requests_per_unit 0"),
