@@ -43,7 +43,6 @@ impl Ports<'_> {
     /// Bind the ports (a taken port fails start-up) and start every task under `tasks`.
     pub(super) async fn start(&self, tasks: &mut Supervisor) -> anyhow::Result<()> {
         let (model, metrics) = (self.model, self.metrics);
-        let config = &model.config;
         let shutdown = tasks.shutdown().clone();
         let client = super::request_client(model)?;
         let mut requests = Primitives::new(model, client.clone(), metrics.clone())?;
@@ -63,50 +62,8 @@ impl Ports<'_> {
                 }
             });
         }
-        if !config.http.listen.is_empty() {
-            let query = Arc::new(Query::new(model.clone(), client.clone()));
-            let (local, server) = crate::api::http::serve(
-                &config.http,
-                metrics.clone(),
-                self.health.clone(),
-                Some(query),
-                Some(requests.clone()),
-                model.tokens.clone(),
-                shutdown.clone(),
-            )
-            .await
-            .context("http")?;
-            tracing::info!(%local, page = %format!("http://{local}/"), "serving the request path, /metrics, /health and the status page");
-            tasks.spawn("the http server", async move {
-                server.await.context("http server")
-            });
-        }
-        let mut rls_health = None;
-        if let Some(limits) = &model.rls_limits {
-            // Envoy's quota service rides on the same port when limits are configured.
-            let rlqs = (!config.rlqs.buckets.is_empty()).then(|| {
-                crate::api::rlqs::Rlqs::new(
-                    &config.rlqs,
-                    client.durable(config.request.durability),
-                    metrics.clone(),
-                )
-            });
-            let rls = crate::api::rls::serve(
-                &config.rls,
-                limits.clone(),
-                rlqs,
-                model.tokens.clone(),
-                client.durable(config.request.durability),
-                metrics.clone(),
-                shutdown.clone(),
-            )
-            .await
-            .context("rls")?;
-            tracing::info!(local = %rls.local, "serving envoy's rate limit service");
-            tasks.spawn("the rls server", rls.server);
-            tasks.spawn("the rls limits reloader", rls.reloader);
-            rls_health = Some(rls.health);
-        }
+        self.start_http(tasks, &client, &requests).await?;
+        let rls_health = self.start_rls(tasks, &client).await?;
         // Jobs are led by one replica at a time.
         let jobs = crate::jobs::run(
             model.clone(),
@@ -128,6 +85,85 @@ impl Ports<'_> {
             tasks.spawn("the redis probe", probe);
         }
         Ok(())
+    }
+
+    /// The HTTP port (`http.listen`, when set): the request path, queries, metrics and status.
+    async fn start_http(
+        &self,
+        tasks: &mut Supervisor,
+        client: &Client,
+        requests: &Arc<Primitives>,
+    ) -> anyhow::Result<()> {
+        let (model, metrics) = (self.model, self.metrics);
+        let config = &model.config;
+        let shutdown = tasks.shutdown().clone();
+        if config.http.listen.is_empty() {
+            return Ok(());
+        }
+        {
+            let query = Arc::new(Query::new(model.clone(), client.clone()));
+            let (local, server) = crate::api::http::serve(
+                &config.http,
+                metrics.clone(),
+                self.health.clone(),
+                Some(query),
+                Some(requests.clone()),
+                model.tokens.clone(),
+                shutdown.clone(),
+            )
+            .await
+            .context("http")?;
+            tracing::info!(%local, page = %format!("http://{local}/"), "serving the request path, /metrics, /health and the status page");
+            tasks.spawn("the http server", async move {
+                server.await.context("http server")
+            });
+        }
+        Ok(())
+    }
+
+    /// Envoy's rate limit service (and its quota service), when `rls.listen` is set; its
+    /// health, for the Redis probe.
+    async fn start_rls(
+        &self,
+        tasks: &mut Supervisor,
+        client: &Client,
+    ) -> anyhow::Result<Option<crate::api::rls::HealthStatus>> {
+        let (model, metrics) = (self.model, self.metrics);
+        let config = &model.config;
+        let shutdown = tasks.shutdown().clone();
+        let mut rls_health = None;
+        // Validation requires `rls.limits_file` with `rls.listen`, and the model loads it.
+        let rls_file = model.rls_limits.clone().zip(config.rls.limits_file.clone());
+        if let Some((limits, path)) = rls_file {
+            // Envoy's quota service rides on the same port when limits are configured.
+            let rlqs = (!config.rlqs.buckets.is_empty()).then(|| {
+                crate::api::rlqs::Rlqs::new(
+                    &config.rlqs,
+                    client.durable(config.request.durability),
+                    metrics.clone(),
+                )
+            });
+            let rls = crate::api::rls::serve(
+                &config.rls,
+                crate::api::rls::LimitsFile { path, limits },
+                rlqs,
+                model.tokens.clone(),
+                client.durable(config.request.durability),
+                metrics.clone(),
+                shutdown.clone(),
+            )
+            .await
+            .context("rls")?;
+            tracing::info!(local = %rls.local, "serving envoy's rate limit service");
+            let (server, reloader) = (rls.server, rls.reloader);
+            tasks.spawn("the rls server", async move { Ok(server.await?) });
+            tasks.spawn(
+                "the rls limits reloader",
+                async move { Ok(reloader.await?) },
+            );
+            rls_health = Some(rls.health);
+        }
+        Ok(rls_health)
     }
 }
 

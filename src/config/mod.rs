@@ -56,7 +56,9 @@ pub use proto::{
     message as descriptor_message, within_budget as descriptor_within_budget,
     TooLarge as DescriptorTooLarge,
 };
-pub use request::{BatchConfig, OnceConfig, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig};
+pub use request::{
+    BatchConfig, OnceConfig, OnceWindowError, PoolConfig, QuotaConfig, RequestConfig, UniqueConfig,
+};
 pub use rlqs::{RlqsBucket, RlqsConfig};
 pub use rls::{RlsConfig, Spread};
 pub use status::StatusConfig;

@@ -34,3 +34,50 @@ pub(crate) async fn accept(
         }
     }
 }
+
+/// Why a port did not start; the message names the setting.
+#[derive(Debug, thiserror::Error)]
+pub enum PortError {
+    /// The setting is not an address.
+    #[error("{key}: `{value}` is not an ip:port address ({source})")]
+    Address {
+        key: &'static str,
+        value: String,
+        source: std::net::AddrParseError,
+    },
+    /// The address cannot be bound (taken, not this host's, not allowed).
+    #[error("{key}: cannot listen on {addr}: {source}")]
+    Bind {
+        key: &'static str,
+        addr: String,
+        source: std::io::Error,
+    },
+    /// The port's TLS files do not load.
+    #[error(transparent)]
+    Tls(#[from] super::tls::TlsError),
+}
+
+/// Bind `addr` (the value of setting `key`); the bound listener and its address (the port
+/// chosen when it was 0).
+pub(crate) async fn bind(
+    key: &'static str,
+    addr: &str,
+) -> Result<(TcpListener, SocketAddr), PortError> {
+    let bind_error = |source| PortError::Bind {
+        key,
+        addr: addr.to_string(),
+        source,
+    };
+    let listener = TcpListener::bind(addr).await.map_err(bind_error)?;
+    let local = listener.local_addr().map_err(bind_error)?;
+    Ok((listener, local))
+}
+
+/// `value` (of setting `key`) as an address.
+pub(crate) fn address(key: &'static str, value: &str) -> Result<SocketAddr, PortError> {
+    value.parse().map_err(|source| PortError::Address {
+        key,
+        value: value.to_string(),
+        source,
+    })
+}

@@ -34,7 +34,7 @@ pub(crate) struct Slots {
     /// `http`, `probe` or `rls`: the logs' and the metrics' name of the port.
     port: &'static str,
     limits: SlotLimits,
-    state: parking_lot::Mutex<State>,
+    state: parking_lot::Mutex<SlotsState>,
     /// The port's series of [`ConnectionMetrics`].
     open: IntGauge,
     refused_full: IntCounter,
@@ -47,7 +47,7 @@ pub(crate) struct Slots {
 
 /// The connections held, by age.
 #[derive(Default)]
-struct State {
+struct SlotsState {
     /// Every connection holding a slot, by id; ids grow, so the first is the oldest.
     held: BTreeMap<u64, Held>,
     /// Slots held per peer (absent: none).
@@ -177,7 +177,7 @@ fn setting(why: Refusal) -> &'static str {
     }
 }
 
-impl State {
+impl SlotsState {
     /// The connection to close to make room: one without an admitted call, of peer `among` or
     /// else of the peer holding the most such (a flood that reconnects as fast as it is closed
     /// then closes its own, not a real client's connection in the middle of its handshake); the

@@ -18,6 +18,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::either::Either;
 use tokio_util::sync::CancellationToken;
 
+use super::watch::WatchError;
 use crate::config::TlsFiles;
 use crate::ops::metrics::RequestMetrics;
 
@@ -28,7 +29,7 @@ use crate::ops::metrics::RequestMetrics;
 const SETTLE: Duration = Duration::from_secs(1);
 
 /// A connection of a port: plain TCP, or TLS over it.
-pub(crate) type Conn = Either<TcpStream, TlsStream<TcpStream>>;
+pub(crate) type PortStream = Either<TcpStream, TlsStream<TcpStream>>;
 
 /// Why a port's TLS files do not load. The message names the setting and the file.
 #[derive(Debug, thiserror::Error)]
@@ -135,9 +136,9 @@ impl Tls {
     }
 
     /// Reload when the files change (read every `reload_interval`) or on SIGHUP, until `stop`.
-    pub(crate) async fn watch(self: Arc<Self>, stop: CancellationToken) -> anyhow::Result<()> {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut hup = signal(SignalKind::hangup())?;
+    pub(crate) async fn watch(self: Arc<Self>, stop: CancellationToken) -> Result<(), WatchError> {
+        let what = self.port;
+        let mut hup = super::watch::hangup(what)?;
         let mut tick = tokio::time::interval(self.files.reload_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
@@ -149,13 +150,15 @@ impl Tls {
             };
             let tls = self.clone();
             // File reads and key parsing off the async workers.
-            tokio::task::spawn_blocking(move || tls.reload(forced)).await?;
+            tokio::task::spawn_blocking(move || tls.reload(forced))
+                .await
+                .map_err(|source| WatchError::Reload { what, source })?;
         }
     }
 
     /// The TLS handshake of `stream`, within `deadline`; None (counted) when it fails or takes
     /// longer: the caller drops the connection.
-    async fn handshake(&self, stream: TcpStream, deadline: Duration) -> Option<Conn> {
+    async fn handshake(&self, stream: TcpStream, deadline: Duration) -> Option<PortStream> {
         let acceptor = TlsAcceptor::from(self.current.read().0.clone());
         let reason = match tokio::time::timeout(deadline, acceptor.accept(stream)).await {
             Ok(Ok(tls)) => return Some(Either::Right(tls)),
@@ -179,7 +182,7 @@ pub(crate) async fn secure(
     tls: Option<&Tls>,
     stream: TcpStream,
     deadline: Duration,
-) -> Option<Conn> {
+) -> Option<PortStream> {
     match tls {
         Some(tls) => tls.handshake(stream, deadline).await,
         None => Some(Either::Left(stream)),
@@ -240,7 +243,7 @@ fn build(
             what,
         };
     let certs = certificates(parts[0])
-        .map_err(|what| content_error("cert_file", &files.cert_file, what))?;
+        .map_err(|what| content_error("cert_file", &files.cert_file, what.to_string()))?;
     let key = PrivateKeyDer::from_pem_slice(parts[1]).map_err(|e| {
         content_error(
             "key_file",
@@ -259,9 +262,9 @@ fn build(
     let mut config = match parts.get(2) {
         Some(ca) => {
             let mut roots = RootCertStore::empty();
-            for cert in certificates(ca)
-                .map_err(|what| content_error("client_ca_file", &files.client_ca_file, what))?
-            {
+            for cert in certificates(ca).map_err(|what| {
+                content_error("client_ca_file", &files.client_ca_file, what.to_string())
+            })? {
                 roots.add(cert).map_err(|e| {
                     content_error("client_ca_file", &files.client_ca_file, e.to_string())
                 })?;
@@ -280,13 +283,22 @@ fn build(
     Ok(config)
 }
 
+/// Why a file holds no certificate.
+#[derive(Debug, thiserror::Error)]
+enum NoCertificate {
+    #[error("not PEM certificates ({0})")]
+    NotPem(rustls::pki_types::pem::Error),
+    #[error("no PEM certificate in it")]
+    Empty,
+}
+
 /// The PEM certificates of a file (at least one).
-fn certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+fn certificates(pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, NoCertificate> {
     let certs = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("not PEM certificates ({e})"))?;
+        .map_err(NoCertificate::NotPem)?;
     if certs.is_empty() {
-        return Err("no PEM certificate in it".into());
+        return Err(NoCertificate::Empty);
     }
     Ok(certs)
 }

@@ -11,7 +11,7 @@ use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::problem::{Kind, Problem};
+use super::problem::{Problem, ProblemKind};
 use crate::api::edge::auth::{self, Access};
 use crate::config::Tokens;
 
@@ -50,9 +50,9 @@ impl Scope {
         };
         let detail = format!("{what} needs the admin token (http.admin_token)");
         Some(if sent_credentials {
-            Problem::new(Kind::Forbidden, detail).into_response()
+            Problem::new(ProblemKind::Forbidden, detail).into_response()
         } else {
-            unauthorized(Problem::new(Kind::Unauthorized, detail))
+            unauthorized(Problem::new(ProblemKind::Unauthorized, detail))
         })
     }
 }
@@ -74,7 +74,7 @@ pub async fn authorize(
     let scope = match auth::check(&gate.tokens, request.headers()) {
         Access::Denied => {
             return unauthorized(Problem::new(
-                Kind::Unauthorized,
+                ProblemKind::Unauthorized,
                 "missing or wrong bearer token",
             ))
         }

@@ -27,14 +27,13 @@ mod status;
 mod write_timeout;
 
 pub use locks::MAX_LOCK_WAIT_MS;
-pub use problem::{Body, Kind, Problem};
+pub use problem::{Body, Problem, ProblemKind};
 pub use request::{MAX_COST, MAX_LOCK_TTL_MS, MAX_POLICIES};
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
@@ -44,8 +43,10 @@ use axum::Router;
 use futures::future::OptionFuture;
 use tokio_util::sync::CancellationToken;
 
+use crate::api::edge::listener::{self as edge_listener, PortError};
 use crate::api::edge::slots::{SlotLimits, Slots};
 use crate::api::edge::tls::Tls;
+use crate::api::primitives::Primitives;
 use crate::api::query::{parse_time, Query};
 use crate::config::{HttpConfig, Tokens};
 use crate::ops::health::Health;
@@ -58,63 +59,61 @@ struct AppState {
     query: Option<Arc<Query>>,
 }
 
-/// Bind `config.listen` now (so a taken port fails start-up) and serve until `shutdown`.
-pub async fn serve(
-    config: &HttpConfig,
-    metrics: Metrics,
-    health: Arc<Health>,
-    query: Option<Arc<Query>>,
-    requests: Option<Arc<crate::api::primitives::Primitives>>,
-    tokens: Tokens,
-    shutdown: CancellationToken,
-) -> anyhow::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let addr: SocketAddr = config.listen.parse().context("http.listen")?;
-    if tokens.token.is_none() && !addr.ip().is_loopback() {
-        tracing::warn!(%addr, "serving /v1/count beyond loopback without http.token");
-    }
-    // The certificate files are read before the port is bound: a bad file fails start-up.
-    let tls = Tls::load("http", &config.tls, &[b"http/1.1"], &metrics.request)?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {addr}"))?;
-    let local = listener.local_addr()?;
-    let probe = probe::bind(config).await?;
+/// What the routes answer from: everything but the sockets, so that a test can build the
+/// [`router`] and call it without a port.
+#[derive(Clone)]
+pub struct HttpState {
+    /// Rendered at `/metrics`; the request metrics count every answer.
+    pub metrics: Metrics,
+    /// `/health/*` and the status page.
+    pub health: Arc<Health>,
+    /// `GET /v1/count` and the counter routes (none: 404).
+    pub query: Option<Arc<Query>>,
+    /// The request path's primitives and locks (none: their routes are absent).
+    pub requests: Option<Arc<Primitives>>,
+    /// Who may call `/v1/*` (and the admin routes).
+    pub tokens: Arc<Tokens>,
+}
+
+/// Every route of the port, with the token check, the request timeout and the answer counting:
+/// what [`serve`] serves on its connections.
+pub fn router(config: &HttpConfig, state: HttpState) -> Router {
     let mut v1 = Router::new()
         .route("/v1/count", get(count_handler))
         .route("/v1/status", get(status_handler));
-    if let Some(query) = &query {
+    if let Some(query) = &state.query {
         v1 = v1.merge(counters::routes(query.clone()));
     }
-    if let Some(requests) = requests {
+    if let Some(requests) = state.requests {
         v1 = v1
             .merge(locks::routes(requests.clone()))
             .merge(request::routes(requests));
     }
-    let tokens = Arc::new(tokens);
     let gate = auth::Gate {
-        tokens: Tokens::clone(&tokens),
+        tokens: Tokens::clone(&state.tokens),
         max_value: config.max_value,
     };
     v1 = v1.route_layer(middleware::from_fn_with_state(
         Arc::new(gate),
         auth::authorize,
     ));
+    let counted = state.metrics.request.clone();
     let state = AppState {
-        metrics,
-        health,
-        query,
+        metrics: state.metrics,
+        health: state.health,
+        query: state.query,
     };
-    let app = Router::new()
+    Router::new()
         .route("/metrics", get(metrics_handler))
         .merge(health_routes())
         .route("/openapi.json", get(openapi::handler))
         .route("/", get(status::page))
         .merge(v1)
         .route_layer(middleware::from_fn(answers::name_route))
-        .fallback(|| async { Problem::new(Kind::NotFound, "no such route") })
+        .fallback(|| async { Problem::new(ProblemKind::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async {
             Problem::new(
-                Kind::MethodNotAllowed,
+                ProblemKind::MethodNotAllowed,
                 "this route does not take that method",
             )
         })
@@ -122,11 +121,36 @@ pub async fn serve(
             config.request_timeout,
             limit_time,
         ))
-        .layer(middleware::from_fn_with_state(
-            state.metrics.request.clone(),
-            answers::count,
-        ))
-        .with_state(state.clone());
+        .layer(middleware::from_fn_with_state(counted, answers::count))
+        .with_state(state)
+}
+
+/// Bind `config.listen` now (so a taken port fails start-up) and serve until `shutdown`.
+pub async fn serve(
+    config: &HttpConfig,
+    metrics: Metrics,
+    health: Arc<Health>,
+    query: Option<Arc<Query>>,
+    requests: Option<Arc<Primitives>>,
+    tokens: Tokens,
+    shutdown: CancellationToken,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), PortError> {
+    let addr = edge_listener::address("http.listen", &config.listen)?;
+    if tokens.token.is_none() && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "serving /v1/count beyond loopback without http.token");
+    }
+    // The certificate files are read before the port is bound: a bad file fails start-up.
+    let tls = Tls::load("http", &config.tls, &[b"http/1.1"], &metrics.request)?;
+    let (listener, local) = edge_listener::bind("http.listen", &config.listen).await?;
+    let probe = probe::bind(config).await?;
+    let tokens = Arc::new(tokens);
+    let state = HttpState {
+        metrics,
+        health,
+        query,
+        requests,
+        tokens: tokens.clone(),
+    };
     let limits = listener::ConnLimits {
         header_timeout: config.header_timeout,
         request_timeout: config.request_timeout,
@@ -145,7 +169,13 @@ pub async fn serve(
         &state.metrics.request.connections,
     );
     let watcher = tls.map(|tls| tls.watch(shutdown.clone()));
-    let probe = probe.map(|p| p.serve(config, state, tokens, shutdown.clone()));
+    let probe_state = AppState {
+        metrics: state.metrics.clone(),
+        health: state.health.clone(),
+        query: state.query.clone(),
+    };
+    let probe = probe.map(|p| p.serve(config, probe_state, tokens, shutdown.clone()));
+    let app = router(config, state);
     let server = listener::run(listener, app, slots, limits, shutdown);
     let handle = tokio::spawn(async move {
         let probe = async move {
@@ -176,7 +206,7 @@ async fn limit_time(State(limit): State<Duration>, request: Request, next: Next)
     match tokio::time::timeout(limit, next.run(request)).await {
         Ok(response) => response,
         Err(_) => Problem::new(
-            Kind::Timeout,
+            ProblemKind::Timeout,
             format!("no answer within http.request_timeout ({limit:?})"),
         )
         .into_response(),
@@ -218,7 +248,7 @@ async fn count_handler(
     >,
 ) -> Response {
     let Some(query) = state.query else {
-        return Problem::new(Kind::NotFound, "queries are not enabled").into_response();
+        return Problem::new(ProblemKind::NotFound, "queries are not enabled").into_response();
     };
     let counter = match query.counter_named(params.remove("counter")) {
         Ok(counter) => counter,
@@ -233,3 +263,6 @@ async fn count_handler(
         Err(e) => Problem::from_query(e).into_response(),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -3,14 +3,13 @@
 //! `http.max_connections`; here a flood of that port (or a full one) cannot make a liveness
 //! probe fail and restart a healthy process.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
-use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::{listener, AppState};
+use crate::api::edge::listener::{self as edge_listener, PortError};
 use crate::api::edge::slots::{SlotLimits, Slots};
 use crate::config::{HttpConfig, Tokens};
 
@@ -27,15 +26,14 @@ pub(super) struct Probe {
 
 /// Bind `http.probe_listen` (None when empty): a taken address fails start-up, as the main
 /// port's does.
-pub(super) async fn bind(config: &HttpConfig) -> anyhow::Result<Option<Probe>> {
+pub(super) async fn bind(config: &HttpConfig) -> Result<Option<Probe>, PortError> {
+    const KEY: &str = "http.probe_listen";
     if config.probe_listen.is_empty() {
         return Ok(None);
     }
-    let addr: SocketAddr = config.probe_listen.parse().context("http.probe_listen")?;
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("http.probe_listen: cannot listen on {addr}"))?;
-    tracing::info!(addr = %listener.local_addr()?, "serving /health/live and /health/ready for probes");
+    let addr = edge_listener::address(KEY, &config.probe_listen)?;
+    let (listener, local) = edge_listener::bind(KEY, &addr.to_string()).await?;
+    tracing::info!(addr = %local, "serving /health/live and /health/ready for probes");
     Ok(Some(Probe { listener }))
 }
 

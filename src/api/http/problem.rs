@@ -22,7 +22,7 @@ use crate::api::query::QueryError;
 
 /// What went wrong, as a problem type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub enum ProblemKind {
     /// The request cannot be used as sent (400).
     InvalidInput,
     /// `/v1` needs the bearer token (401).
@@ -50,30 +50,36 @@ pub enum Kind {
     NotReplicated,
 }
 
-impl Kind {
+impl ProblemKind {
     fn describe(self) -> (StatusCode, &'static str, &'static str) {
         use StatusCode as S;
         match self {
-            Kind::InvalidInput => (S::BAD_REQUEST, "invalid-input", "Invalid input"),
-            Kind::Unauthorized => (S::UNAUTHORIZED, "unauthorized", "Bearer token required"),
-            Kind::Forbidden => (S::FORBIDDEN, "forbidden", "Admin token required"),
-            Kind::NotFound => (S::NOT_FOUND, "not-found", "Not found"),
-            Kind::MethodNotAllowed => (
+            ProblemKind::InvalidInput => (S::BAD_REQUEST, "invalid-input", "Invalid input"),
+            ProblemKind::Unauthorized => (S::UNAUTHORIZED, "unauthorized", "Bearer token required"),
+            ProblemKind::Forbidden => (S::FORBIDDEN, "forbidden", "Admin token required"),
+            ProblemKind::NotFound => (S::NOT_FOUND, "not-found", "Not found"),
+            ProblemKind::MethodNotAllowed => (
                 S::METHOD_NOT_ALLOWED,
                 "method-not-allowed",
                 "Method not allowed",
             ),
-            Kind::PayloadTooLarge => (S::PAYLOAD_TOO_LARGE, "payload-too-large", "Body too large"),
-            Kind::Conflict => (S::CONFLICT, "conflict", "Conflict"),
-            Kind::RedisUnavailable => (
+            ProblemKind::PayloadTooLarge => {
+                (S::PAYLOAD_TOO_LARGE, "payload-too-large", "Body too large")
+            }
+            ProblemKind::Conflict => (S::CONFLICT, "conflict", "Conflict"),
+            ProblemKind::RedisUnavailable => (
                 S::SERVICE_UNAVAILABLE,
                 "redis-unavailable",
                 "Redis is unavailable",
             ),
-            Kind::BadReply => (S::BAD_GATEWAY, "bad-reply", "Unexpected reply from Redis"),
-            Kind::OutcomeUnknown => (S::SERVICE_UNAVAILABLE, "outcome-unknown", "Outcome unknown"),
-            Kind::Timeout => (S::SERVICE_UNAVAILABLE, "timeout", "Request timed out"),
-            Kind::NotReplicated => (S::SERVICE_UNAVAILABLE, "not-replicated", "Not replicated"),
+            ProblemKind::BadReply => (S::BAD_GATEWAY, "bad-reply", "Unexpected reply from Redis"),
+            ProblemKind::OutcomeUnknown => {
+                (S::SERVICE_UNAVAILABLE, "outcome-unknown", "Outcome unknown")
+            }
+            ProblemKind::Timeout => (S::SERVICE_UNAVAILABLE, "timeout", "Request timed out"),
+            ProblemKind::NotReplicated => {
+                (S::SERVICE_UNAVAILABLE, "not-replicated", "Not replicated")
+            }
         }
     }
 }
@@ -81,7 +87,7 @@ impl Kind {
 /// One problem answer.
 #[derive(Debug)]
 pub struct Problem {
-    kind: Kind,
+    kind: ProblemKind,
     /// For the caller: what to change (quotes only the caller's input).
     detail: String,
     /// The body field (JSON path) or parameter the problem is about.
@@ -104,7 +110,7 @@ static START: std::sync::LazyLock<u32> =
 
 impl Problem {
     /// A problem of `kind` with `detail` for the caller.
-    pub fn new(kind: Kind, detail: impl Into<String>) -> Problem {
+    pub fn new(kind: ProblemKind, detail: impl Into<String>) -> Problem {
         Problem {
             kind,
             detail: detail.into(),
@@ -115,7 +121,7 @@ impl Problem {
 
     /// Bad input in `field`.
     pub fn invalid(field: &str, detail: impl Into<String>) -> Problem {
-        Problem::new(Kind::InvalidInput, detail).field(field)
+        Problem::new(ProblemKind::InvalidInput, detail).field(field)
     }
 
     /// Name the field the problem is about.
@@ -133,10 +139,10 @@ impl Problem {
     pub fn from_request(e: RequestError) -> Problem {
         use tally_counters::model::LookupError;
         match e {
-            RequestError::Invalid(detail) => Problem::new(Kind::InvalidInput, detail),
+            RequestError::Invalid(detail) => Problem::new(ProblemKind::InvalidInput, detail),
             RequestError::InvalidField { field, detail } => Problem::invalid(field, detail),
             RequestError::Conflict(detail) => {
-                Problem::new(Kind::Conflict, detail).field("idempotency_key")
+                Problem::new(ProblemKind::Conflict, detail).field("idempotency_key")
             }
             RequestError::Overflow { counter, delta } => Problem::invalid(
                 "value",
@@ -148,10 +154,10 @@ impl Problem {
                 ),
             ),
             e @ RequestError::NotReplicated { .. } => {
-                Problem::new(Kind::NotReplicated, e.to_string())
+                Problem::new(ProblemKind::NotReplicated, e.to_string())
             }
             e @ RequestError::AboveMax { .. } => {
-                Problem::new(Kind::Forbidden, e.to_string()).field("value")
+                Problem::new(ProblemKind::Forbidden, e.to_string()).field("value")
             }
             RequestError::Lookup(l) => {
                 let field = match &l {
@@ -171,7 +177,7 @@ impl Problem {
                     "the connection to Redis was lost before it answered"
                 };
                 Problem::new(
-                    Kind::OutcomeUnknown,
+                    ProblemKind::OutcomeUnknown,
                     format!(
                         "{cause}: the request may or may not have taken effect (a hit counted, a \
                          unit taken, an item given, a lease acquired); a hit retried with the same \
@@ -181,7 +187,7 @@ impl Problem {
                 .internal(r.to_string())
             }
             RequestError::Reply { script, detail } => Problem::new(
-                Kind::BadReply,
+                ProblemKind::BadReply,
                 "Redis answered what tally cannot read; see the log",
             )
             .internal(format!("{script}: {detail}")),
@@ -194,12 +200,16 @@ impl Problem {
             QueryError::Redis(r) => Problem::redis(r.to_string()),
             QueryError::BadTime(_) => Problem::invalid("at", e.to_string()),
             QueryError::BadRange { field, detail } => Problem::invalid(field, detail),
-            QueryError::Lookup(_) => Problem::new(Kind::InvalidInput, e.to_string()),
+            QueryError::Lookup(_) => Problem::new(ProblemKind::InvalidInput, e.to_string()),
         }
     }
 
     fn redis(internal: String) -> Problem {
-        Problem::new(Kind::RedisUnavailable, "Redis is unavailable; retry later").internal(internal)
+        Problem::new(
+            ProblemKind::RedisUnavailable,
+            "Redis is unavailable; retry later",
+        )
+        .internal(internal)
     }
 }
 
@@ -258,18 +268,18 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for Body<T> {
         let bytes = Bytes::from_request(req, state).await.map_err(|e| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 Problem::new(
-                    Kind::PayloadTooLarge,
+                    ProblemKind::PayloadTooLarge,
                     "the body is larger than this route takes",
                 )
             } else {
-                Problem::new(Kind::InvalidInput, "the body could not be read")
+                Problem::new(ProblemKind::InvalidInput, "the body could not be read")
             }
         })?;
         // serde reads a struct from an array too, by position: `["flash","u1"]` would take a
         // quota unit. Every body of this API is an object, and the schema says so.
         if bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'[') {
             return Err(Problem::new(
-                Kind::InvalidInput,
+                ProblemKind::InvalidInput,
                 "body: must be a JSON object, not an array",
             ));
         }
@@ -283,7 +293,7 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let detail = plain(&e.into_inner().to_string());
-        let problem = Problem::new(Kind::InvalidInput, format!("body: {detail}"));
+        let problem = Problem::new(ProblemKind::InvalidInput, format!("body: {detail}"));
         if path == "." || path == "?" {
             problem
         } else {
@@ -291,7 +301,7 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Problem> {
         }
     })?;
     de.end()
-        .map_err(|_| Problem::new(Kind::InvalidInput, "body: text after the JSON value"))?;
+        .map_err(|_| Problem::new(ProblemKind::InvalidInput, "body: text after the JSON value"))?;
     Ok(value)
 }
 

@@ -2,7 +2,7 @@
 
 use tally_counters::request::{Claim, QuotaReply, RequestError};
 
-use super::{Action, Answer, Primitives};
+use super::{Action, Primitives, RequestAnswer};
 use crate::ops::metrics::{Outcome, Primitive};
 
 impl Primitives {
@@ -12,7 +12,7 @@ impl Primitives {
         name: &str,
         user: Option<&str>,
         action: Action,
-    ) -> Result<Answer, RequestError> {
+    ) -> Result<RequestAnswer, RequestError> {
         let call = async {
             let (quota, ttl) = self
                 .quotas
@@ -20,13 +20,13 @@ impl Primitives {
                 .ok_or_else(|| RequestError::Invalid(format!("unknown quota `{name}`")))?;
             let quota = quota.clone().expiring_in(*ttl);
             Ok(match action {
-                Action::Apply => Answer::Quota(quota.take(user).await?),
-                Action::Release => Answer::Flag {
+                Action::Apply => RequestAnswer::Quota(quota.take(user).await?),
+                Action::Release => RequestAnswer::Flag {
                     ok: quota.release(user).await?,
                 },
                 Action::Peek => {
                     let taken = quota.peek().await?;
-                    Answer::QuotaState {
+                    RequestAnswer::QuotaState {
                         taken,
                         size: quota.size(),
                         left: quota.size().saturating_sub(taken),
@@ -34,7 +34,7 @@ impl Primitives {
                 }
                 Action::Reset => {
                     quota.reset().await?;
-                    Answer::Count { count: 0 }
+                    RequestAnswer::Count { count: 0 }
                 }
                 Action::Fill => {
                     return Err(RequestError::Invalid(
@@ -44,9 +44,9 @@ impl Primitives {
             })
         };
         self.instrument(Primitive::Quota, name, call, |a| match a {
-            Answer::Quota(QuotaReply::Admitted { .. }) => Outcome::Allowed,
-            Answer::Quota(QuotaReply::SoldOut { .. }) => Outcome::Denied,
-            Answer::Quota(QuotaReply::AlreadyTaken { .. }) => Outcome::Duplicate,
+            RequestAnswer::Quota(QuotaReply::Admitted { .. }) => Outcome::Allowed,
+            RequestAnswer::Quota(QuotaReply::SoldOut { .. }) => Outcome::Denied,
+            RequestAnswer::Quota(QuotaReply::AlreadyTaken { .. }) => Outcome::Duplicate,
             _ if action == Action::Peek => Outcome::Peek,
             _ if action == Action::Reset => Outcome::Reset,
             _ => Outcome::Allowed,
@@ -61,7 +61,7 @@ impl Primitives {
         subject: &str,
         at_ms: Option<i64>,
         action: Action,
-    ) -> Result<Answer, RequestError> {
+    ) -> Result<RequestAnswer, RequestError> {
         let call = async {
             let once = self
                 .once
@@ -85,12 +85,12 @@ impl Primitives {
                     ))
                 }
             };
-            Ok(Answer::Flag { ok })
+            Ok(RequestAnswer::Flag { ok })
         };
         self.instrument(Primitive::Once, name, call, |a| match (action, a) {
             (Action::Peek, _) => Outcome::Peek,
             (Action::Reset, _) => Outcome::Reset,
-            (_, Answer::Flag { ok: true }) => Outcome::Allowed,
+            (_, RequestAnswer::Flag { ok: true }) => Outcome::Allowed,
             _ => Outcome::Denied,
         })
         .await
@@ -103,7 +103,7 @@ impl Primitives {
         subject: &str,
         item: Option<&str>,
         action: Action,
-    ) -> Result<Answer, RequestError> {
+    ) -> Result<RequestAnswer, RequestError> {
         let call = async {
             let unique = self
                 .unique
@@ -125,7 +125,7 @@ impl Primitives {
                     ))
                 }
             };
-            Ok(Answer::Count { count })
+            Ok(RequestAnswer::Count { count })
         };
         self.instrument(Primitive::Unique, name, call, |_| match action {
             Action::Peek => Outcome::Peek,
@@ -142,7 +142,7 @@ impl Primitives {
         user: Option<&str>,
         items: &[String],
         action: Action,
-    ) -> Result<Answer, RequestError> {
+    ) -> Result<RequestAnswer, RequestError> {
         let call = async {
             let (pool, ttl) = self
                 .pools
@@ -154,20 +154,20 @@ impl Primitives {
                     let user = user
                         .filter(|u| !u.is_empty())
                         .ok_or_else(|| RequestError::Invalid("name the user".into()))?;
-                    Answer::Claim(pool.claim(user).await?)
+                    RequestAnswer::Claim(pool.claim(user).await?)
                 }
                 Action::Fill => {
                     let items: Vec<&str> = items.iter().map(String::as_str).collect();
-                    Answer::Count {
+                    RequestAnswer::Count {
                         count: pool.fill(&items).await?,
                     }
                 }
-                Action::Peek => Answer::Count {
+                Action::Peek => RequestAnswer::Count {
                     count: pool.peek().await?,
                 },
                 Action::Reset => {
                     pool.reset().await?;
-                    Answer::Count { count: 0 }
+                    RequestAnswer::Count { count: 0 }
                 }
                 Action::Release => {
                     return Err(RequestError::Invalid(
@@ -177,9 +177,9 @@ impl Primitives {
             })
         };
         self.instrument(Primitive::Pool, name, call, |a| match a {
-            Answer::Claim(Claim::Given { .. }) => Outcome::Allowed,
-            Answer::Claim(Claim::AlreadyGiven { .. }) => Outcome::Duplicate,
-            Answer::Claim(Claim::Empty) => Outcome::Denied,
+            RequestAnswer::Claim(Claim::Given { .. }) => Outcome::Allowed,
+            RequestAnswer::Claim(Claim::AlreadyGiven { .. }) => Outcome::Duplicate,
+            RequestAnswer::Claim(Claim::Empty) => Outcome::Denied,
             _ if action == Action::Peek => Outcome::Peek,
             _ if action == Action::Reset => Outcome::Reset,
             _ => Outcome::Allowed,

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 use serde::Serialize;
@@ -35,7 +36,7 @@ use crate::stream::decode::Decoder;
 pub struct Deferral {
     /// Made on the first deferred hit (Redis outages are rare; an idle producer would keep
     /// connections to the brokers).
-    producer: std::sync::OnceLock<Result<FutureProducer, String>>,
+    producer: std::sync::OnceLock<Result<FutureProducer, KafkaError>>,
     settings: ClientConfig,
     topic: String,
     decoder: Decoder,
@@ -45,22 +46,37 @@ pub struct Deferral {
     counters: Vec<String>,
 }
 
+/// Why a deferred event cannot hold a field where the stream path reads it.
+#[derive(Debug, thiserror::Error)]
+enum Unplaceable {
+    /// The field is read from the record's metadata (its key, a header).
+    #[error("{field}; a deferred hit writes only the payload")]
+    NotPayload { field: String },
+    /// The field's path has an array index.
+    #[error("{field}, an array index a deferred hit cannot set")]
+    Index { field: String },
+    /// The field's path goes through a field that is not an object.
+    #[error("{field}, inside a field that is not an object")]
+    NotObject { field: String },
+}
+
 /// Stores `value` where the stream path reads it: at its path in the payload (objects made on
-/// the way). The error names a source a deferred event cannot set (the record's metadata, an
-/// array index).
+/// the way).
 fn put_at(
     event: &mut serde_json::Map<String, serde_json::Value>,
     source: &FieldSource,
     value: serde_json::Value,
-) -> Result<(), String> {
+) -> Result<(), Unplaceable> {
     let FieldSource::Payload(path) = source else {
-        return Err(format!("{source}; a deferred hit writes only the payload"));
+        return Err(Unplaceable::NotPayload {
+            field: source.to_string(),
+        });
     };
     let key = |s: &Segment| match s {
         Segment::Key(k) | Segment::KeyOrIndex(k, _) => Ok(k.to_string()),
-        Segment::Index(_) => Err(format!(
-            "{source}, an array index a deferred hit cannot set"
-        )),
+        Segment::Index(_) => Err(Unplaceable::Index {
+            field: source.to_string(),
+        }),
     };
     let (last, inner) = path.split_last().expect("a payload path has a segment");
     let mut at = event;
@@ -68,9 +84,9 @@ fn put_at(
         let slot = at
             .entry(key(s)?)
             .or_insert_with(|| serde_json::Value::Object(Default::default()));
-        at = slot
-            .as_object_mut()
-            .ok_or_else(|| format!("{source}, inside a field that is not an object"))?;
+        at = slot.as_object_mut().ok_or_else(|| Unplaceable::NotObject {
+            field: source.to_string(),
+        })?;
     }
     at.insert(key(last)?, value);
     Ok(())
@@ -126,7 +142,7 @@ impl Deferral {
 
     fn producer(&self) -> Result<&FutureProducer, RequestError> {
         self.producer
-            .get_or_init(|| self.settings.create().map_err(|e| e.to_string()))
+            .get_or_init(|| self.settings.create())
             .as_ref()
             .map_err(|e| RequestError::Invalid(format!("cannot defer: kafka producer: {e}")))
     }
@@ -314,7 +330,7 @@ retention = "1d"
         values: &[(&str, &str)],
         extra: serde_json::Value,
         delta: i64,
-    ) -> Result<serde_json::Value, String> {
+    ) -> Result<serde_json::Value, RequestError> {
         event_of(&model(), name, values, extra, delta)
     }
 
@@ -324,7 +340,7 @@ retention = "1d"
         values: &[(&str, &str)],
         extra: serde_json::Value,
         delta: i64,
-    ) -> Result<serde_json::Value, String> {
+    ) -> Result<serde_json::Value, RequestError> {
         let deferral = Deferral::new(model).unwrap();
         let spec = model.counters.iter().find(|c| c.name == name).unwrap();
         let values = values
@@ -336,7 +352,6 @@ retention = "1d"
         deferral
             .event(spec, &values, &extra, delta, at)
             .map(|p| serde_json::from_slice(&p).unwrap())
-            .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -350,13 +365,17 @@ retention = "1d"
                 1,
             );
             assert!(
-                e.as_ref().is_err_and(|e| e.contains(&format!("`{field}`"))),
+                e.as_ref()
+                    .is_err_and(|e| e.to_string().contains(&format!("`{field}`"))),
                 "{field}: {e:?}"
             );
         }
         // daily has no device_id, which flow reads: the stream path would skip it, refused.
         let e = event("daily", &[("app_id", "a")], serde_json::json!({}), 5);
-        assert!(e.as_ref().is_err_and(|e| e.contains("missing")), "{e:?}");
+        assert!(
+            e.as_ref().is_err_and(|e| e.to_string().contains("missing")),
+            "{e:?}"
+        );
         // traffic has every field the topic reads; a field no counter reads travels along.
         let e = event(
             "traffic",
@@ -401,7 +420,7 @@ ts = "meta.at""#,
             serde_json::json!({"client": {}}),
             7,
         );
-        assert!(e.is_err_and(|e| e.contains("`client`")));
+        assert!(e.is_err_and(|e| e.to_string().contains("`client`")));
         // A field read from the record's key or an array cannot be written by a deferred hit.
         for source in ["$key", "$header.dev", "list[0]"] {
             let model = model_with(&format!("device_id = \"{source}\""));
@@ -414,7 +433,7 @@ ts = "meta.at""#,
             );
             assert!(
                 e.as_ref()
-                    .is_err_and(|e| e.contains("reads `device_id` from")),
+                    .is_err_and(|e| e.to_string().contains("reads `device_id` from")),
                 "{source}: {e:?}"
             );
         }
@@ -445,6 +464,6 @@ filter = "status >= 500"
             serde_json::json!({}),
             1,
         );
-        assert!(e.is_err_and(|e| e.contains("would skip this event")));
+        assert!(e.is_err_and(|e| e.to_string().contains("would skip this event")));
     }
 }

@@ -9,8 +9,8 @@ use std::time::Instant;
 use serde::Serialize;
 use tally_counters::model::check_at;
 use tally_counters::request::{
-    Claim, Client, Counters, Decision, Hit, HitReply, Once, Pool, Quota, QuotaReply, RateLimiter,
-    RequestError, Unique,
+    Claim, Client, Counters, Decision, Durability, Hit, HitReply, Once, Pool, Quota, QuotaReply,
+    RateLimiter, RequestError, Unique,
 };
 
 mod claims;
@@ -18,7 +18,7 @@ mod defer;
 
 pub use defer::{Deferral, HitOutcome};
 
-use crate::config::Model;
+use crate::config::{Model, RequestConfig};
 use crate::ops::metrics::{Metrics, Outcome, Primitive};
 
 /// What to do with a primitive's state.
@@ -40,9 +40,8 @@ pub enum Action {
 
 /// The answer of a quota, once, unique or pool call.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-#[schema(as = RequestAnswer)]
 #[serde(untagged)]
-pub enum Answer {
+pub enum RequestAnswer {
     /// A quota's take.
     Quota(QuotaReply),
     /// A quota's state (peek): units taken, its size, units left.
@@ -66,6 +65,35 @@ pub enum Answer {
         /// The number.
         count: u64,
     },
+}
+
+/// Why the request path's primitives cannot be built from a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum PrimitivesError {
+    /// A `[[request.once]]` whose window or time zone cannot be used.
+    #[error("request.once `{name}`: {reason}")]
+    Once {
+        name: String,
+        reason: crate::config::OnceWindowError,
+    },
+    /// The rate limiter refused the `[[request.limits]]` policies.
+    #[error("request.limits: {0}")]
+    Limits(RequestError),
+}
+
+/// Series for every configured policy, so dashboards show zeroes rather than no data.
+fn register_limit_series(metrics: &Metrics, r: &RequestConfig) {
+    let m = &metrics.request;
+    for p in &r.limits {
+        for outcome in [Outcome::Allowed, Outcome::Denied] {
+            m.decisions
+                .with_label_values(&[Primitive::Limit.label(), &p.name, outcome.label()]);
+        }
+        for decision in ["allowed", "denied"] {
+            m.without_redis.with_label_values(&[&p.name, decision]);
+        }
+        m.near_limit.with_label_values(&[&p.name]);
+    }
 }
 
 /// Every configured request-path primitive over one shared connection.
@@ -92,85 +120,48 @@ pub struct Primitives {
 impl Primitives {
     /// Build from a validated configuration over the process's request-side `client` (made
     /// with `request.batch`'s batching); connects on first use.
-    pub fn new(model: &Model, client: Client, metrics: Metrics) -> anyhow::Result<Primitives> {
+    pub fn new(
+        model: &Model,
+        client: Client,
+        metrics: Metrics,
+    ) -> Result<Primitives, PrimitivesError> {
         let config = &model.config;
         let r = &config.request;
+        // Each primitive's own durability, else `request.durability`.
+        let durable = |own: Option<Durability>| client.durable(own.unwrap_or(r.durability));
         let once = r
             .once
             .iter()
             .map(|o| {
-                let w = r.once_window(o).map_err(anyhow::Error::msg)?;
-                let client = client.durable(o.durability.unwrap_or(r.durability));
-                Ok((o.name.clone(), Once::new(client, &o.name, w)))
+                let w = r.once_window(o).map_err(|reason| PrimitivesError::Once {
+                    name: o.name.clone(),
+                    reason,
+                })?;
+                Ok((o.name.clone(), Once::new(durable(o.durability), &o.name, w)))
             })
-            .collect::<anyhow::Result<_>>()?;
-        // Series for every configured policy, so dashboards show zeroes rather than no data.
-        let m = &metrics.request;
-        for p in &r.limits {
-            for outcome in [Outcome::Allowed, Outcome::Denied] {
-                m.decisions.with_label_values(&[
-                    Primitive::Limit.label(),
-                    &p.name,
-                    outcome.label(),
-                ]);
-            }
-            for decision in ["allowed", "denied"] {
-                m.without_redis.with_label_values(&[&p.name, decision]);
-            }
-            m.near_limit.with_label_values(&[&p.name]);
-        }
+            .collect::<Result<_, PrimitivesError>>()?;
+        let quotas = r.quotas.iter().map(|q| {
+            let quota = Quota::new(durable(q.durability), &q.name, q.size, q.once_per_user, 0);
+            (q.name.clone(), (quota, q.ttl))
+        });
+        let unique = r.unique.iter().map(|u| {
+            let unique = Unique::new(durable(u.durability), &u.name, u.window);
+            (u.name.clone(), unique.with_max_items(u.max_items))
+        });
+        let pools = r.pools.iter().map(|p| {
+            let pool = Pool::new(durable(p.durability), &p.name, 0);
+            (p.name.clone(), (pool, p.ttl))
+        });
+        register_limit_series(&metrics, r);
         Ok(Primitives {
-            counters: Counters::new(
-                client.durable(r.durability),
-                model.counters.clone(),
-                model.layout.clone(),
-            ),
-            limiter: RateLimiter::new(client.durable(r.durability), r.limits.clone())?,
-            quotas: r
-                .quotas
-                .iter()
-                .map(|q| {
-                    let client = client.durable(q.durability.unwrap_or(r.durability));
-                    let quota = Quota::new(client, &q.name, q.size, q.once_per_user, 0);
-                    (q.name.clone(), (quota, q.ttl))
-                })
-                .collect(),
+            counters: Counters::new(durable(None), model.counters.clone(), model.layout.clone()),
+            limiter: RateLimiter::new(durable(None), r.limits.clone())
+                .map_err(PrimitivesError::Limits)?,
+            quotas: quotas.collect(),
             once,
-            unique: r
-                .unique
-                .iter()
-                .map(|u| {
-                    (
-                        u.name.clone(),
-                        Unique::new(
-                            client.durable(u.durability.unwrap_or(r.durability)),
-                            &u.name,
-                            u.window,
-                        )
-                        .with_max_items(u.max_items),
-                    )
-                })
-                .collect(),
-            pools: r
-                .pools
-                .iter()
-                .map(|p| {
-                    (
-                        p.name.clone(),
-                        (
-                            Pool::new(
-                                client.durable(p.durability.unwrap_or(r.durability)),
-                                &p.name,
-                                0,
-                            ),
-                            p.ttl,
-                        ),
-                    )
-                })
-                .collect(),
-            locks: tally_counters::lock::Locks::new(
-                client.durable(r.locks.durability.unwrap_or(r.durability)),
-            ),
+            unique: unique.collect(),
+            pools: pools.collect(),
+            locks: tally_counters::lock::Locks::new(durable(r.locks.durability)),
             client,
             metrics,
             deferral: None,

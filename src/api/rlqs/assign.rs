@@ -8,7 +8,7 @@
 //! window) and, per Envoy, the *reservation* it holds: the grant it was last sent plus a
 //! reserve for what it may still admit from its previous assignment while its report travels
 //! (until its answer is applied). A grant is an Envoy token bucket that admits at most the
-//! grant in its lifetime ([`Shape`]).
+//! grant in its lifetime ([`BucketShape`]).
 //! [`cap`] keeps, at every report,
 //!
 //! ```text
@@ -34,6 +34,10 @@
 //! (`expired_assignment_behavior`) — configure both to deny, or to a small bucket.
 
 use std::time::Duration;
+
+use tally_counters::request::{LedgerAsk, Need, Standing};
+
+use crate::config::RlqsBucket;
 
 /// What one Envoy asks of a bucket: its measured demand and when it reports again.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -113,6 +117,54 @@ pub fn desired(budget: Budget, me: Demand, others: &[Demand], t: Tuning) -> u64 
     (left * mine).div_ceil(total.max(1)) as u64
 }
 
+/// A report's demand, as its session measured it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measured {
+    /// The reporting Envoy's demand.
+    pub demand: Demand,
+    /// The bucket's first report on the stream: no demand measured yet ([`first_rate`]).
+    pub first: bool,
+}
+
+/// The decision after a report: what the ledger is asked to store for the reporting Envoy of
+/// `bucket`, from its demand (`me`), the window's `standing` (what is used, the other Envoys'
+/// needs) and the `tuning`. The reservation lasts until `expires_at_ms`. The ledger applies
+/// [`cap`] to it atomically.
+pub fn next_grant(
+    bucket: &RlqsBucket,
+    me: Measured,
+    standing: &Standing,
+    tuning: Tuning,
+    expires_at_ms: i64,
+) -> LedgerAsk {
+    let others: Vec<Demand> = standing
+        .others
+        .iter()
+        .map(|n| Demand {
+            rate: n.rate_milli as f64 / 1000.0,
+            period: Duration::from_millis(n.period_ms),
+        })
+        .collect();
+    let mut demand = me.demand;
+    if me.first {
+        demand.rate = first_rate(demand.rate, &others, bucket.limit, bucket.window);
+    }
+    let budget = Budget {
+        limit: bucket.limit,
+        used: standing.used,
+    };
+    LedgerAsk {
+        desired: desired(budget, demand, &others, tuning),
+        gap: demand.gap(),
+        limit: bucket.limit,
+        expires_at_ms,
+        need: Need {
+            rate_milli: (demand.rate * 1000.0).min(1e15) as u64,
+            period_ms: demand.period.as_millis() as u64,
+        },
+    }
+}
+
 /// What the ledger stores and sends after a report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capped {
@@ -149,27 +201,27 @@ pub fn cap(desired: u64, gap: u64, budget: Budget, others_reserved: u64) -> Capp
 /// time under 14 × ttl (140 s with the default ttl); a host up for less could get empty buckets,
 /// which admit less, never more.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Shape {
+pub struct BucketShape {
     pub max_tokens: u32,
     pub tokens_per_fill: u32,
     pub fill_interval_s: u64,
 }
 
-impl Shape {
+impl BucketShape {
     /// The bucket for `grant` requests over an assignment that lives `ttl` (whole seconds, at
     /// least one); `None` for no request (`DENY_ALL`).
-    pub fn of(grant: u64, ttl: Duration) -> Option<Shape> {
+    pub fn of(grant: u64, ttl: Duration) -> Option<BucketShape> {
         let grant = u32::try_from(grant).unwrap_or(u32::MAX);
         let ttl_s = ttl.as_secs().max(1);
         match (grant, grant / 8) {
             (0, _) => None,
             // Half a token in the ttl: it never completes one.
-            (g, 0) => Some(Shape {
+            (g, 0) => Some(BucketShape {
                 max_tokens: g,
                 tokens_per_fill: 1,
                 fill_interval_s: 2 * ttl_s,
             }),
-            (g, refill) => Some(Shape {
+            (g, refill) => Some(BucketShape {
                 max_tokens: g - refill,
                 tokens_per_fill: refill,
                 fill_interval_s: ttl_s,

@@ -91,6 +91,78 @@ fn the_cap_keeps_used_plus_reservations_within_the_limit() {
     );
 }
 
+fn bucket(limit: u64, window: Duration) -> RlqsBucket {
+    RlqsBucket {
+        domain: "d".into(),
+        name: "b".into(),
+        matches: Default::default(),
+        limit,
+        window,
+    }
+}
+
+fn need(rate: f64) -> Need {
+    Need {
+        rate_milli: (rate * 1000.0) as u64,
+        period_ms: 1000,
+    }
+}
+
+#[test]
+fn the_next_grant_is_the_need_while_the_window_has_room() {
+    let b = bucket(1000, Duration::from_secs(60));
+    let standing = Standing {
+        used: 0,
+        others: vec![need(5.0)],
+    };
+    let me = Measured {
+        demand: demand(10.0),
+        first: false,
+    };
+    let ask = next_grant(&b, me, &standing, T, 42);
+    // 10/s over 1 s, doubled, plus the floor; the gap is 100 ms of its rate.
+    assert_eq!((ask.desired, ask.gap, ask.limit), (21, 1, 1000));
+    assert_eq!(ask.expires_at_ms, 42);
+    assert_eq!(
+        (ask.need.rate_milli, ask.need.period_ms),
+        (10_000, 1000),
+        "its own need, for the other Envoys' shares"
+    );
+}
+
+#[test]
+fn a_first_report_asks_for_its_peers_mean_and_a_spent_window_for_nothing() {
+    let b = bucket(1200, Duration::from_secs(60));
+    let standing = Standing {
+        used: 0,
+        others: vec![need(40.0), need(20.0)],
+    };
+    let first = Measured {
+        demand: demand(0.2),
+        first: true,
+    };
+    let ask = next_grant(&b, first, &standing, T, 0);
+    // Assumed 30/s (the peers' mean), not the 0.2/s measured.
+    assert_eq!(ask.need.rate_milli, 30_000);
+    assert_eq!(ask.desired, 61);
+    let later = next_grant(
+        &b,
+        Measured {
+            first: false,
+            ..first
+        },
+        &standing,
+        T,
+        0,
+    );
+    assert_eq!(later.need.rate_milli, 200);
+    let spent = Standing {
+        used: 1200,
+        others: vec![],
+    };
+    assert_eq!(next_grant(&b, first, &spent, T, 0).desired, 0);
+}
+
 /// One Envoy in the simulation: its token bucket, the answer on its way, what it counted since
 /// its last report.
 #[derive(Default)]
@@ -109,7 +181,7 @@ struct Sim {
     demand: Option<Demand>,
 }
 
-struct Outcome {
+struct SimRun {
     /// Admitted per window (ground truth).
     admitted: Vec<u64>,
     /// Per window: Σ max(0, gap used − gap reserved) of the reports whose gap began in it.
@@ -129,7 +201,7 @@ fn simulate(
     windows: u64,
     rtt_ms: u64,
     rates: impl Fn(usize, u64) -> f64,
-) -> Outcome {
+) -> SimRun {
     let period_ms = 1000;
     let mut envoys: Vec<Sim> = (0..n).map(|_| Sim::default()).collect();
     let mut used: HashMap<u64, u64> = HashMap::new();
@@ -209,7 +281,7 @@ fn simulate(
             full[k] += v;
         }
     }
-    Outcome {
+    SimRun {
         admitted,
         bound,
         per_envoy,
@@ -292,7 +364,7 @@ fn a_grant_bucket_admits_the_grant_in_its_life_and_fills_in_under_14_ttls() {
     for ttl_s in [2, 10, 600] {
         let ttl = Duration::from_secs(ttl_s);
         for grant in (1..200).chain([1_000, 123_457, u64::from(u32::MAX)]) {
-            let shape = Shape::of(grant, ttl).unwrap();
+            let shape = BucketShape::of(grant, ttl).unwrap();
             assert_eq!(
                 shape.admits(ttl),
                 grant,
@@ -311,5 +383,5 @@ fn a_grant_bucket_admits_the_grant_in_its_life_and_fills_in_under_14_ttls() {
             );
         }
     }
-    assert_eq!(Shape::of(0, Duration::from_secs(10)), None);
+    assert_eq!(BucketShape::of(0, Duration::from_secs(10)), None);
 }

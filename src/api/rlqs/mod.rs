@@ -10,11 +10,13 @@
 //! from what is left by its demand ([`assign`], whose doc states the invariant and the bound
 //! on the overshoot). The data flow of one report:
 //!
+//! * [`usage`]: the report of one bucket parsed and bounded by its grants;
 //! * [`session`]: one stream (one Envoy): its domain, its buckets, the demand it measures;
-//! * [`assign`]: the pure share (and the cap the grant script applies);
+//! * [`assign`]: the pure decision, [`assign::next_grant`] (and the cap the grant script
+//!   applies);
 //! * `tally_counters::request::Ledger`: the report and grant scripts in Redis;
-//! * [`session`] again: the grant as Envoy's token bucket (or `DENY_ALL`), `AbandonAction`
-//!   for buckets idle for `rlqs.abandon_after`.
+//! * `render`: the grant as Envoy's token bucket (or `DENY_ALL`), `AbandonAction` for buckets
+//!   idle for `rlqs.abandon_after`.
 //!
 //! Every client is trusted within its grants, and no further: a report counts at most what its
 //! stream was granted plus `rlqs.report_slack` ([`usage`]); a stream that stops reporting is
@@ -34,6 +36,7 @@ use futures::stream::BoxStream;
 use tally_counters::request::{Client, Ledger};
 
 pub mod assign;
+mod render;
 mod session;
 pub mod slots;
 pub mod usage;
@@ -55,7 +58,7 @@ pub const MAX_BUCKET_KEYS: usize = 16;
 pub const MAX_BUCKET_BYTES: usize = 256;
 
 /// The configuration as the sessions use it.
-pub(crate) struct Rules {
+pub(crate) struct QuotaRules {
     /// The limits, first match wins.
     buckets: Vec<RlqsBucket>,
     tuning: assign::Tuning,
@@ -67,9 +70,9 @@ pub(crate) struct Rules {
     slack: u64,
 }
 
-impl Rules {
-    fn new(config: &RlqsConfig) -> Rules {
-        Rules {
+impl QuotaRules {
+    fn new(config: &RlqsConfig) -> QuotaRules {
+        QuotaRules {
             buckets: config.buckets.clone(),
             tuning: assign::Tuning {
                 headroom: config.headroom,
@@ -96,7 +99,7 @@ impl Rules {
 
 /// The service: its rules, the ledger, the metrics, and the stream slots.
 pub struct Rlqs {
-    rules: Arc<Rules>,
+    rules: Arc<QuotaRules>,
     ledger: Ledger,
     metrics: Metrics,
     /// One per open stream: `rlqs.max_streams`, per peer and per connection.
@@ -111,7 +114,7 @@ impl Rlqs {
     /// A service for `config`'s limits (validated), over `client`'s Redis.
     pub fn new(config: &RlqsConfig, client: Client, metrics: Metrics) -> Rlqs {
         Rlqs {
-            rules: Arc::new(Rules::new(config)),
+            rules: Arc::new(QuotaRules::new(config)),
             ledger: Ledger::new(client),
             metrics,
             streams: StreamSlots::new(
@@ -145,7 +148,7 @@ impl RateLimitQuotaService for Rlqs {
             .extensions()
             .get::<Connection>()
             .cloned()
-            .zip(request.extensions().get::<slots::Client>().cloned())
+            .zip(request.extensions().get::<slots::StreamClient>().cloned())
         else {
             return Err(tonic::Status::internal(
                 "the call's connection is not known",
@@ -154,12 +157,7 @@ impl RateLimitQuotaService for Rlqs {
         let permit = match self.streams.take(&connection) {
             Ok(p) => p,
             Err(refusal) => {
-                self.metrics
-                    .rls
-                    .quota
-                    .skipped
-                    .with_label_values(&[refusal.reason()])
-                    .inc();
+                self.metrics.rls.quota.skip(refusal.reason());
                 if let Some(suppressed) = self.refusals.allow() {
                     tracing::warn!(%client, peer = %client.peer, suppressed, "rlqs stream refused: {}", refusal.message());
                 }

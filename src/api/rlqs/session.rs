@@ -6,30 +6,26 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
-use envoy_types::pb::envoy::r#type::v3::{RateLimitStrategy, TokenBucket};
-use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::bucket_action::{
-    self, AbandonAction, QuotaAssignmentAction,
-};
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_response::BucketAction;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::{
-    BucketId, RateLimitQuotaResponse, RateLimitQuotaUsageReports,
+    RateLimitQuotaResponse, RateLimitQuotaUsageReports,
 };
-use envoy_types::pb::google::protobuf::{Duration as PbDuration, UInt32Value};
 use futures::stream::{BoxStream, StreamExt as _};
-use tally_counters::request::{Ledger, LedgerAsk, Need};
+use tally_counters::request::{Granted, Ledger};
 
-use super::assign::{self, Budget, Demand};
-use super::slots::{Client, StreamPermit};
-use super::usage::{self, Id};
-use super::Rules;
+use super::assign::{self, Demand, Measured};
+use super::render::BucketAssignment;
+use super::slots::{StreamClient, StreamPermit};
+use super::usage::{self, Id, Report};
+use super::QuotaRules;
+use crate::config::RlqsBucket;
 use crate::ops::log_limit::LogLimiter;
-use crate::ops::metrics::Metrics;
+use crate::ops::metrics::{Metrics, QuotaAction, QuotaSkip, ReportedOutcome};
 
 /// What the stream knows of one of its buckets.
 struct Tracked {
-    /// Index of its limit in [`Rules::buckets`].
+    /// Index of its limit in [`QuotaRules::buckets`].
     limit: usize,
     /// When it last reported, to measure its demand.
     last_report: Instant,
@@ -44,7 +40,7 @@ struct Tracked {
 
 /// One Envoy's stream.
 pub(super) struct Session {
-    rules: Arc<Rules>,
+    rules: Arc<QuotaRules>,
     ledger: Ledger,
     metrics: Metrics,
     /// This stream's name in the ledger (random, so replicas never share one).
@@ -53,18 +49,18 @@ pub(super) struct Session {
     domain: Option<String>,
     buckets: HashMap<Id, Tracked>,
     /// Who opened the stream, for the log of a report beyond its grants.
-    client: Client,
+    client: StreamClient,
     /// Limits those lines, across every stream of the replica.
     log: Arc<LogLimiter>,
 }
 
 /// Counts the stream open until dropped, holding its slot.
-struct Open {
+struct OpenStream {
     metrics: Metrics,
     _permit: StreamPermit,
 }
 
-impl Drop for Open {
+impl Drop for OpenStream {
     fn drop(&mut self) {
         self.metrics.rls.quota.streams.dec();
     }
@@ -72,10 +68,10 @@ impl Drop for Open {
 
 impl Session {
     pub(super) fn new(
-        rules: Arc<Rules>,
+        rules: Arc<QuotaRules>,
         ledger: Ledger,
         metrics: Metrics,
-        client: Client,
+        client: StreamClient,
         log: Arc<LogLimiter>,
     ) -> Session {
         Session {
@@ -104,7 +100,7 @@ impl Session {
         permit: StreamPermit,
     ) -> BoxStream<'static, Result<RateLimitQuotaResponse, tonic::Status>> {
         self.metrics.rls.quota.streams.inc();
-        let open = Open {
+        let open = OpenStream {
             metrics: self.metrics.clone(),
             _permit: permit,
         };
@@ -113,7 +109,7 @@ impl Session {
             let deadline = session.rules.ttl;
             loop {
                 let Ok(next) = tokio::time::timeout(deadline, inbound.message()).await else {
-                    session.skip("report_timeout");
+                    session.skip(QuotaSkip::ReportTimeout);
                     tracing::debug!(client = %session.client, "rlqs stream closed: no report within rlqs.assignment_ttl");
                     let status = tonic::Status::deadline_exceeded(
                         "no report within rlqs.assignment_ttl: the stream is closed",
@@ -145,7 +141,7 @@ impl Session {
     ) -> Result<Option<RateLimitQuotaResponse>, tonic::Status> {
         if self.domain.is_none() {
             if reports.domain.is_empty() {
-                self.skip("no_domain");
+                self.skip(QuotaSkip::NoDomain);
                 return Err(tonic::Status::invalid_argument(
                     "the stream's first report names no domain",
                 ));
@@ -161,13 +157,8 @@ impl Session {
         }))
     }
 
-    fn skip(&self, reason: &str) {
-        self.metrics
-            .rls
-            .quota
-            .skipped
-            .with_label_values(&[reason])
-            .inc();
+    fn skip(&self, reason: QuotaSkip) {
+        self.metrics.rls.quota.skip(reason);
     }
 
     /// The allowed requests of `usage` that count: at most what the stream was `granted` since
@@ -175,7 +166,7 @@ impl Session {
     /// excess is counted and logged with the client.
     fn counted(
         &self,
-        usage: &usage::Usage,
+        usage: &Report,
         granted: u64,
         since_previous: Option<Duration>,
         labels: [&str; 2],
@@ -208,50 +199,99 @@ impl Session {
         counted
     }
 
-    /// One bucket's report: bounded by its grants, recorded, then answered with a grant
-    /// (none: skipped, counted).
+    /// One bucket's report, in steps: parsed ([`Report::from_pb`]), matched to its limit, measured
+    /// (its allowed requests bounded by its grants, its demand), recorded in the ledger with
+    /// the grant [`assign::next_grant`] decides, answered ([`BucketAssignment`]). A report that
+    /// cannot be answered is skipped and counted.
     async fn on_usage(&mut self, usage: BucketQuotaUsage) -> Vec<BucketAction> {
-        let usage = match usage::read(usage) {
+        let report = match Report::from_pb(usage) {
             Ok(u) => u,
             Err(e) => {
                 self.skip(e.reason());
                 return Vec::new();
             }
         };
-        let (bucket_id, id) = (usage.bucket_id.clone(), usage.id.clone());
-        let rules = self.rules.clone();
-        let domain = self.domain.clone().unwrap_or_default();
-        let now = Instant::now();
-        let limit = match self.buckets.get(&id) {
-            Some(t) => t.limit,
-            None if self.buckets.len() >= rules.max_buckets => {
-                self.skip("too_many_buckets");
-                return Vec::new();
-            }
-            None => match rules.find(&domain, &id) {
-                Some(i) => i,
-                None => {
-                    self.skip("no_limit");
-                    return Vec::new();
-                }
-            },
+        let Some(limit) = self.limit_of(&report.id) else {
+            return Vec::new();
         };
-        let rule = &rules.buckets[limit];
-        let labels = [domain.as_str(), rule.name.as_str()];
+        let rules = self.rules.clone();
+        let bucket = &rules.buckets[limit];
+        let domain = self.domain.clone().unwrap_or_default();
+        let labels = [domain.as_str(), bucket.name.as_str()];
         let m = &self.metrics.rls.quota;
-        let denied = usage.denied;
-        m.reported
-            .with_label_values(&[labels[0], labels[1], "allowed"])
-            .inc_by(usage.allowed);
-        m.reported
-            .with_label_values(&[labels[0], labels[1], "denied"])
-            .inc_by(denied);
-        let (first, granted, since_previous) = match self.buckets.get(&id) {
+        m.report(labels, ReportedOutcome::Allowed, report.allowed);
+        m.report(labels, ReportedOutcome::Denied, report.denied);
+        let Some(round) = self.measure(&report, limit, labels, Instant::now()) else {
+            self.abandon(&report.id, bucket, &domain).await;
+            self.metrics.rls.quota.act(labels, QuotaAction::Abandon);
+            return BucketAssignment::Abandon.to_pb(report.bucket_id);
+        };
+        let Some((granted, desired)) = self.grant(&report.id, bucket, &domain, round).await else {
+            return Vec::new();
+        };
+        tracing::debug!(
+            domain,
+            limit = %bucket.name,
+            allowed = round.allowed,
+            denied = report.denied,
+            used = granted.used,
+            desired,
+            grant = granted.grant,
+            "rlqs grant"
+        );
+        let m = &self.metrics.rls.quota;
+        let action = if granted.grant == 0 {
+            QuotaAction::DenyAll
+        } else {
+            QuotaAction::Grant
+        };
+        m.act(labels, action);
+        m.granted.with_label_values(&labels).inc_by(granted.grant);
+        m.used
+            .with_label_values(&labels)
+            .set(granted.used.min(i64::MAX as u64) as i64);
+        let assignment = BucketAssignment::Grant {
+            grant: granted.grant,
+            ttl: rules.ttl,
+        };
+        assignment.to_pb(report.bucket_id)
+    }
+
+    /// The index of the limit of bucket `id`: its own once seen, else the first that matches
+    /// (`None`, counted: no limit, or the stream holds `max_buckets` already).
+    fn limit_of(&self, id: &Id) -> Option<usize> {
+        if let Some(t) = self.buckets.get(id) {
+            return Some(t.limit);
+        }
+        if self.buckets.len() >= self.rules.max_buckets {
+            self.skip(QuotaSkip::TooManyBuckets);
+            return None;
+        }
+        let domain = self.domain.as_deref().unwrap_or_default();
+        let found = self.rules.find(domain, id);
+        if found.is_none() {
+            self.skip(QuotaSkip::NoLimit);
+        }
+        found
+    }
+
+    /// The report's round: its allowed requests bounded by its grants, what goes to the ledger,
+    /// its demand. `None` when the bucket has been idle for `abandon_after` (no request in this
+    /// report nor since).
+    fn measure(
+        &mut self,
+        report: &Report,
+        limit: usize,
+        labels: [&str; 2],
+        now: Instant,
+    ) -> Option<Round> {
+        let rules = self.rules.clone();
+        let (first, granted, since_previous) = match self.buckets.get(&report.id) {
             Some(t) => (false, t.granted, Some(now.duration_since(t.last_report))),
             None => (true, 0, None),
         };
-        let allowed = self.counted(&usage, granted, since_previous, labels);
-        let tracked = self.buckets.entry(id.clone()).or_insert(Tracked {
+        let allowed = self.counted(report, granted, since_previous, labels);
+        let tracked = self.buckets.entry(report.id.clone()).or_insert(Tracked {
             limit,
             last_report: now.checked_sub(rules.report_interval).unwrap_or(now),
             last_active: now,
@@ -260,110 +300,102 @@ impl Session {
         });
         // Demand from what counts: a report cannot claim the budget with requests it was
         // never granted.
-        let offered = allowed.saturating_add(denied);
+        let offered = allowed.saturating_add(report.denied);
         if offered > 0 {
             tracked.last_active = now;
         } else if now.duration_since(tracked.last_active) >= rules.abandon_after {
-            let (keys, _) = window_keys(&self.ledger, &domain, &id, rule.window);
-            if self.ledger.release(&keys, &self.holder).await.is_err() {
-                // The reservation lapses at its expiry anyway.
-                self.skip("redis");
-            }
-            self.buckets.remove(&id);
-            m.actions
-                .with_label_values(&[labels[0], labels[1], "abandon"])
-                .inc();
-            return vec![BucketAction {
-                bucket_id: Some(bucket_id),
-                bucket_action: Some(bucket_action::BucketAction::AbandonAction(AbandonAction {})),
-            }];
+            return None;
         }
         // Measured here, or as Envoy says (whole seconds) when longer: a report delayed on its
         // way must not look like a burst.
-        let elapsed = now.duration_since(tracked.last_report).max(usage.said);
-        let period = elapsed.max(rules.report_interval).min(rules.ttl);
-        let mut me = Demand {
-            rate: offered as f64 / elapsed.as_secs_f64().max(0.001),
-            period,
-        };
+        let elapsed = now.duration_since(tracked.last_report).max(report.said);
         tracked.last_report = now;
-        let recorded = allowed.saturating_add(tracked.unrecorded);
-        let (keys, now_ms) = window_keys(&self.ledger, &domain, &id, rule.window);
-        let standing = match self
+        let demand = Demand {
+            rate: offered as f64 / elapsed.as_secs_f64().max(0.001),
+            period: elapsed.max(rules.report_interval).min(rules.ttl),
+        };
+        Some(Round {
+            allowed,
+            recorded: allowed.saturating_add(tracked.unrecorded),
+            measured: Measured { demand, first },
+        })
+    }
+
+    /// Forget an idle bucket and release its reservation.
+    async fn abandon(&mut self, id: &Id, bucket: &RlqsBucket, domain: &str) {
+        let (keys, _) = window_keys(&self.ledger, domain, id, bucket.window);
+        if self.ledger.release(&keys, &self.holder).await.is_err() {
+            // The reservation lapses at its expiry anyway.
+            self.skip(QuotaSkip::Redis);
+        }
+        self.buckets.remove(id);
+    }
+
+    /// The ledger's two calls: the round recorded, then the grant [`assign::next_grant`] asks
+    /// for stored; the grant and what was asked for. `None` (counted) when Redis takes either
+    /// not: the Envoy keeps its assignment, and a report not recorded is added to the next.
+    async fn grant(
+        &mut self,
+        id: &Id,
+        bucket: &RlqsBucket,
+        domain: &str,
+        round: Round,
+    ) -> Option<(Granted, u64)> {
+        let (keys, now_ms) = window_keys(&self.ledger, domain, id, bucket.window);
+        let report = self
             .ledger
-            .report(&keys, &self.holder, recorded, now_ms)
-            .await
-        {
+            .report(&keys, &self.holder, round.recorded, now_ms)
+            .await;
+        let standing = match report {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(error = %e, "rlqs report not recorded");
-                tracked.unrecorded = recorded;
-                self.skip("redis");
-                return Vec::new();
+                self.track(id, |t| t.unrecorded = round.recorded);
+                self.skip(QuotaSkip::Redis);
+                return None;
             }
         };
-        tracked.unrecorded = 0;
-        let others: Vec<Demand> = standing
-            .others
-            .iter()
-            .map(|n| Demand {
-                rate: n.rate_milli as f64 / 1000.0,
-                period: Duration::from_millis(n.period_ms),
-            })
-            .collect();
-        if first {
-            me.rate = assign::first_rate(me.rate, &others, rule.limit, rule.window);
-        }
-        let budget = Budget {
-            limit: rule.limit,
-            used: standing.used,
-        };
-        let ask = LedgerAsk {
-            desired: assign::desired(budget, me, &others, rules.tuning),
-            gap: me.gap(),
-            limit: rule.limit,
-            // Envoy applies it a round trip from now and keeps it `ttl`: reserved a second more.
-            expires_at_ms: now_ms + rules.ttl.as_millis() as i64 + 1000,
-            need: Need {
-                rate_milli: (me.rate * 1000.0).min(1e15) as u64,
-                period_ms: period.as_millis() as u64,
-            },
-        };
-        let desired = ask.desired;
+        self.track(id, |t| t.unrecorded = 0);
+        let rules = &self.rules;
+        // Envoy applies it a round trip from now and keeps it `ttl`: reserved a second more.
+        let expires_at_ms = now_ms + rules.ttl.as_millis() as i64 + 1000;
+        let ask = assign::next_grant(
+            bucket,
+            round.measured,
+            &standing,
+            rules.tuning,
+            expires_at_ms,
+        );
         let granted = match self.ledger.grant(&keys, &self.holder, ask, now_ms).await {
             Ok(g) => g,
             Err(e) => {
                 // Its allowed requests are in the window; the Envoy keeps its assignment.
                 tracing::debug!(error = %e, "rlqs grant not stored");
-                self.skip("redis");
-                return Vec::new();
+                self.skip(QuotaSkip::Redis);
+                return None;
             }
         };
-        tracked.granted = granted.reserved;
-        tracing::debug!(
-            domain,
-            limit = %rule.name,
-            allowed,
-            denied,
-            used = granted.used,
-            desired,
-            grant = granted.grant,
-            "rlqs grant"
-        );
-        let action = if granted.grant == 0 {
-            "deny_all"
-        } else {
-            "grant"
-        };
-        m.actions
-            .with_label_values(&[labels[0], labels[1], action])
-            .inc();
-        m.granted.with_label_values(&labels).inc_by(granted.grant);
-        m.used
-            .with_label_values(&labels)
-            .set(granted.used.min(i64::MAX as u64) as i64);
-        assignment(bucket_id, granted.grant, rules.ttl)
+        self.track(id, |t| t.granted = granted.reserved);
+        Some((granted, ask.desired))
     }
+
+    /// Change what the stream knows of bucket `id`.
+    fn track(&mut self, id: &Id, change: impl FnOnce(&mut Tracked)) {
+        if let Some(t) = self.buckets.get_mut(id) {
+            change(t);
+        }
+    }
+}
+
+/// One report of a bucket, measured.
+#[derive(Debug, Clone, Copy)]
+struct Round {
+    /// Its allowed requests that count (bounded by its grants).
+    allowed: u64,
+    /// What the ledger is sent: `allowed` and what Redis did not take before.
+    recorded: u64,
+    /// Its demand.
+    measured: Measured,
 }
 
 /// The bucket's ledger keys in the window (of length `window`) holding now, and now (Unix ms).
@@ -378,46 +410,4 @@ fn window_keys(
     let start = now_ms - now_ms.rem_euclid(len);
     let pairs: Vec<(&str, &str)> = id.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     (ledger.keys(domain, &pairs, start, start + len), now_ms)
-}
-
-/// The assignment of `grant` requests: a token bucket that admits at most them within
-/// `ttl` ([`assign::Shape`]); `DENY_ALL` for none.
-///
-/// A grant goes after a `DENY_ALL` of the same bucket in the same answer. Envoy applies an
-/// answer's actions in order and publishes the result once, so no request sees the `DENY_ALL`;
-/// but Envoy starts a token bucket that replaces another with the other's remaining share
-/// (1.40), which would turn a fresh grant after a spent one into an empty bucket. After a
-/// blanket rule, it starts full.
-fn assignment(bucket_id: BucketId, grant: u64, ttl: Duration) -> Vec<BucketAction> {
-    let action = |strategy: Strategy| BucketAction {
-        bucket_id: Some(bucket_id.clone()),
-        bucket_action: Some(bucket_action::BucketAction::QuotaAssignmentAction(
-            QuotaAssignmentAction {
-                assignment_time_to_live: Some(PbDuration {
-                    seconds: ttl.as_secs() as i64,
-                    nanos: 0,
-                }),
-                rate_limit_strategy: Some(RateLimitStrategy {
-                    strategy: Some(strategy),
-                }),
-            },
-        )),
-    };
-    let deny = action(Strategy::BlanketRule(BlanketRule::DenyAll as i32));
-    match assign::Shape::of(grant, ttl) {
-        None => vec![deny],
-        Some(shape) => vec![
-            deny,
-            action(Strategy::TokenBucket(TokenBucket {
-                max_tokens: shape.max_tokens,
-                tokens_per_fill: Some(UInt32Value {
-                    value: shape.tokens_per_fill,
-                }),
-                fill_interval: Some(PbDuration {
-                    seconds: shape.fill_interval_s as i64,
-                    nanos: 0,
-                }),
-            })),
-        ],
-    }
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::api::edge::peer::Peer;
+use crate::ops::metrics::QuotaSkip;
 
 /// The connection a stream comes on, as the port knows it: put in the call's extensions by the
 /// server, one per connection.
@@ -39,8 +40,8 @@ impl Connection {
     }
 
     /// Who makes a call on it, having sent `token` (the name of the bearer token it carried).
-    pub fn client(&self, token: Option<&'static str>) -> Client {
-        Client {
+    pub fn client(&self, token: Option<&'static str>) -> StreamClient {
+        StreamClient {
             peer: self.peer,
             certificate: self.certificate.clone(),
             token,
@@ -52,7 +53,7 @@ impl Connection {
 /// the token it sent, else its address (always logged beside). Not a metric label: one
 /// certificate or address per Envoy is a label without bound.
 #[derive(Clone, Debug)]
-pub struct Client {
+pub struct StreamClient {
     /// The peer's address.
     pub peer: IpAddr,
     /// The client certificate's first subject alternative name.
@@ -61,7 +62,7 @@ pub struct Client {
     pub token: Option<&'static str>,
 }
 
-impl fmt::Display for Client {
+impl fmt::Display for StreamClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (&self.certificate, self.token) {
             (Some(name), _) => write!(f, "certificate {name}"),
@@ -73,7 +74,7 @@ impl fmt::Display for Client {
 
 /// Why a stream was refused: the metric's reason and the setting to raise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum StreamRefusal {
     /// `rlqs.max_streams` are open on this replica.
     Replica,
     /// `rlqs.max_streams_per_peer` are open from this peer.
@@ -82,22 +83,22 @@ pub enum Refusal {
     Connection,
 }
 
-impl Refusal {
+impl StreamRefusal {
     /// `tally_rlqs_skipped_total{reason}`.
-    pub fn reason(self) -> &'static str {
+    pub fn reason(self) -> QuotaSkip {
         match self {
-            Refusal::Replica => "too_many_streams",
-            Refusal::Peer => "too_many_streams_per_peer",
-            Refusal::Connection => "too_many_streams_per_connection",
+            StreamRefusal::Replica => QuotaSkip::TooManyStreams,
+            StreamRefusal::Peer => QuotaSkip::TooManyStreamsPerPeer,
+            StreamRefusal::Connection => QuotaSkip::TooManyStreamsPerConnection,
         }
     }
 
     /// What the client is told.
     pub fn message(self) -> &'static str {
         match self {
-            Refusal::Replica => "rlqs.max_streams streams are open",
-            Refusal::Peer => "rlqs.max_streams_per_peer streams are open from this peer",
-            Refusal::Connection => {
+            StreamRefusal::Replica => "rlqs.max_streams streams are open",
+            StreamRefusal::Peer => "rlqs.max_streams_per_peer streams are open from this peer",
+            StreamRefusal::Connection => {
                 "rlqs.max_streams_per_connection streams are open on this connection"
             }
         }
@@ -131,16 +132,16 @@ impl StreamSlots {
     }
 
     /// A slot for a stream on `connection`, or why not.
-    pub fn take(self: &Arc<Self>, connection: &Connection) -> Result<StreamPermit, Refusal> {
+    pub fn take(self: &Arc<Self>, connection: &Connection) -> Result<StreamPermit, StreamRefusal> {
         let total = self
             .total
             .clone()
             .try_acquire_owned()
-            .map_err(|_| Refusal::Replica)?;
+            .map_err(|_| StreamRefusal::Replica)?;
         let on_connection = connection.streams.fetch_add(1, Ordering::Relaxed);
         if on_connection >= self.max_per_connection {
             connection.streams.fetch_sub(1, Ordering::Relaxed);
-            return Err(Refusal::Connection);
+            return Err(StreamRefusal::Connection);
         }
         let group = connection.group;
         let mut counts = self.per_peer.lock();
@@ -148,7 +149,7 @@ impl StreamSlots {
         if *n >= self.max_per_peer {
             drop(counts);
             connection.streams.fetch_sub(1, Ordering::Relaxed);
-            return Err(Refusal::Peer);
+            return Err(StreamRefusal::Peer);
         }
         *n += 1;
         Ok(StreamPermit {
@@ -188,11 +189,11 @@ mod tests {
         let (a1, a2, b) = (on("10.0.0.1"), on("10.0.0.1"), on("10.0.0.2"));
         let first = slots.take(&a1).expect("1 on a1");
         let _second = slots.take(&a1).expect("2 on a1");
-        assert_eq!(slots.take(&a1).err(), Some(Refusal::Connection));
+        assert_eq!(slots.take(&a1).err(), Some(StreamRefusal::Connection));
         let _third = slots.take(&a2).expect("3 from 10.0.0.1");
-        assert_eq!(slots.take(&a2).err(), Some(Refusal::Peer));
+        assert_eq!(slots.take(&a2).err(), Some(StreamRefusal::Peer));
         let _fourth = slots.take(&b).expect("another peer has its own");
-        assert_eq!(slots.take(&b).err(), Some(Refusal::Replica));
+        assert_eq!(slots.take(&b).err(), Some(StreamRefusal::Replica));
         drop(first);
         assert!(slots.take(&a1).is_ok(), "a closed stream frees its slot");
     }

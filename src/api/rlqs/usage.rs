@@ -18,13 +18,14 @@ use envoy_types::pb::envoy::service::rate_limit_quota::v3::rate_limit_quota_usag
 use envoy_types::pb::envoy::service::rate_limit_quota::v3::BucketId;
 
 use super::{MAX_BUCKET_BYTES, MAX_BUCKET_KEYS};
+use crate::ops::metrics::QuotaSkip;
 
 /// A bucket id as a sorted list of its pairs.
 pub type Id = Vec<(String, String)>;
 
-/// One bucket's usage, read.
+/// One bucket's report, read.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Usage {
+pub struct Report {
     /// The id as sent (answers carry it back).
     pub bucket_id: BucketId,
     /// Its pairs, sorted: the stream's key for it.
@@ -46,29 +47,37 @@ pub enum Unreadable {
 }
 
 impl Unreadable {
-    pub fn reason(self) -> &'static str {
+    pub fn reason(self) -> QuotaSkip {
         match self {
-            Unreadable::InvalidBucket => "invalid_bucket",
+            Unreadable::InvalidBucket => QuotaSkip::InvalidBucket,
         }
     }
 }
 
-/// `usage`, its id checked against the caps.
-pub fn read(usage: BucketQuotaUsage) -> Result<Usage, Unreadable> {
-    let (bucket_id, id) = usage
-        .bucket_id
-        .and_then(checked)
-        .ok_or(Unreadable::InvalidBucket)?;
-    let said = usage.time_elapsed.map_or(Duration::ZERO, |d| {
-        Duration::from_secs(d.seconds.max(0) as u64)
-    });
-    Ok(Usage {
-        bucket_id,
-        id,
-        allowed: usage.num_requests_allowed,
-        denied: usage.num_requests_denied,
-        said,
-    })
+/// `usage`, its id checked against the caps ([`Report::from_pb`]).
+pub fn read(usage: BucketQuotaUsage) -> Result<Report, Unreadable> {
+    Report::from_pb(usage)
+}
+
+impl Report {
+    /// The parse step of a bucket's report: its id checked against the caps and sorted, the
+    /// time it covers in whole seconds.
+    pub fn from_pb(usage: BucketQuotaUsage) -> Result<Report, Unreadable> {
+        let (bucket_id, id) = usage
+            .bucket_id
+            .and_then(checked)
+            .ok_or(Unreadable::InvalidBucket)?;
+        let said = usage.time_elapsed.map_or(Duration::ZERO, |d| {
+            Duration::from_secs(d.seconds.max(0) as u64)
+        });
+        Ok(Report {
+            bucket_id,
+            id,
+            allowed: usage.num_requests_allowed,
+            denied: usage.num_requests_denied,
+            said,
+        })
+    }
 }
 
 /// The bucket id, and its pairs sorted, if within the caps and not empty.

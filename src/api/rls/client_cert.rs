@@ -12,7 +12,7 @@ const MAX_NAME: usize = 256;
 pub(super) fn name(der: &[u8]) -> Option<Arc<str>> {
     let (_, certificate, _) = tlv(der)?;
     let (_, tbs, _) = tlv(certificate)?;
-    let mut fields = Fields(tbs);
+    let mut fields = DerFields(tbs);
     if fields.next()?.0 == 0xa0 {
         // [0] version came first: then serialNumber.
         fields.next()?;
@@ -35,8 +35,8 @@ pub(super) fn name(der: &[u8]) -> Option<Arc<str>> {
 fn alternative_name(explicit: &[u8]) -> Option<&str> {
     const SAN: &[u8] = &[0x55, 0x1d, 0x11];
     let (_, extensions, _) = tlv(explicit)?;
-    Fields(extensions).find_map(|(_, extension)| {
-        let mut parts = Fields(extension);
+    DerFields(extensions).find_map(|(_, extension)| {
+        let mut parts = DerFields(extension);
         let (_, oid) = parts.next()?;
         if oid != SAN {
             return None;
@@ -44,7 +44,7 @@ fn alternative_name(explicit: &[u8]) -> Option<&str> {
         // critical BOOLEAN DEFAULT FALSE, then the OCTET STRING holding GeneralNames.
         let (_, value) = parts.find(|(tag, _)| *tag == 0x04)?;
         let (_, names, _) = tlv(value)?;
-        Fields(names)
+        DerFields(names)
             .find(|(tag, _)| matches!(tag, 0x82 | 0x86))
             .and_then(|(_, n)| printable(n))
     })
@@ -53,9 +53,9 @@ fn alternative_name(explicit: &[u8]) -> Option<&str> {
 /// The commonName (2.5.4.3) of a Name.
 fn common_name(name: &[u8]) -> Option<&str> {
     const CN: &[u8] = &[0x55, 0x04, 0x03];
-    Fields(name).find_map(|(_, set)| {
-        Fields(set).find_map(|(_, pair)| {
-            let mut parts = Fields(pair);
+    DerFields(name).find_map(|(_, set)| {
+        DerFields(set).find_map(|(_, pair)| {
+            let mut parts = DerFields(pair);
             let (_, oid) = parts.next()?;
             (oid == CN)
                 .then(|| parts.next())
@@ -71,9 +71,9 @@ fn printable(bytes: &[u8]) -> Option<&str> {
 }
 
 /// The elements of a constructed value's contents, in order: (tag, contents).
-struct Fields<'a>(&'a [u8]);
+struct DerFields<'a>(&'a [u8]);
 
-impl<'a> Iterator for Fields<'a> {
+impl<'a> Iterator for DerFields<'a> {
     type Item = (u8, &'a [u8]);
 
     fn next(&mut self) -> Option<Self::Item> {

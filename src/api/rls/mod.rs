@@ -4,7 +4,10 @@
 //!
 //! * [`crate::config::limits`]: the limits file as written (envoyproxy/ratelimit's YAML plus
 //!   tally's keys), compiled into one descriptor tree per domain, and the lookup (its rules);
-//! * [`decide`]: one call: descriptors → limits → one atomic limiter call → Envoy's response;
+//! * one call, in three steps ([`answer`]): [`call`] parses the request into domain types,
+//!   [`decide`] matches the limits and turns one atomic limiter call into the answer (pure but
+//!   for that call), [`render`] writes the protobuf response (or the gRPC status of an
+//!   [`RlsError`]);
 //! * this module: the gRPC server (with `grpc.health.v1.Health`, `NOT_SERVING` while Redis is
 //!   unreachable: [`HealthStatus`]) and the reload of the file (on change or SIGHUP; an invalid
 //!   file keeps the previous limits).
@@ -17,7 +20,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
@@ -27,23 +29,32 @@ use parking_lot::RwLock;
 use tally_counters::request::Client;
 use tokio_util::sync::CancellationToken;
 
+mod answer;
+pub mod call;
 mod client_cert;
 pub mod decide;
+mod error;
 mod metadata;
+mod render;
 mod reserve;
 mod server;
 mod sizes;
 mod spread;
 
+pub use error::{RlsError, RlsErrorKind};
+pub use sizes::{MAX_DESCRIPTORS, MAX_ENTRIES, MAX_VALUE_BYTES};
+
 pub use crate::config::limits::{Limits, LimitsError, Rule, Unit};
 
+use crate::api::edge::listener::{self, PortError};
 use crate::api::edge::slots::{SlotLimits, Slots};
 use crate::api::edge::tls::Tls;
+use crate::api::edge::watch::{hangup, WatchError};
 use crate::config::{RlsConfig, Spread, Tokens};
 use crate::ops::metrics::Metrics;
 
-/// The largest `ShouldRateLimit` message decoded: [`decide::MAX_DESCRIPTORS`] descriptors of
-/// [`decide::MAX_ENTRIES`] entries of [`decide::MAX_VALUE_BYTES`] fit in about 2 MiB; real
+/// The largest `ShouldRateLimit` message decoded: [`MAX_DESCRIPTORS`] descriptors of
+/// [`MAX_ENTRIES`] entries of [`MAX_VALUE_BYTES`] fit in about 2 MiB; real
 /// calls are far below. Beyond it the call fails with RESOURCE_EXHAUSTED.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 
@@ -117,7 +128,7 @@ impl RateLimitService for Rls {
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
         let limits = self.limits();
         let req = request.into_inner();
-        decide::should_rate_limit(&limits, &self.client, &self.metrics, self.spread, &req)
+        answer::should_rate_limit(&limits, &self.client, &self.metrics, self.spread, &req)
             .await
             .map(tonic::Response::new)
     }
@@ -152,53 +163,47 @@ pub struct Serving {
     pub rls: Arc<Rls>,
     /// Its gRPC health status (`SERVING` until told otherwise).
     pub health: HealthStatus,
-    /// The gRPC server, until the shutdown token.
-    pub server: BoxFuture<'static, anyhow::Result<()>>,
+    /// The gRPC server (and the reloader of its TLS files), until the shutdown token.
+    pub server: BoxFuture<'static, Result<(), WatchError>>,
     /// The reloader of the limits file, until the shutdown token.
-    pub reloader: BoxFuture<'static, anyhow::Result<()>>,
+    pub reloader: BoxFuture<'static, Result<(), WatchError>>,
 }
 
-/// Bind `config.listen` and answer from `limits` (the file as the configuration loaded it) until
-/// a reload replaces them.
-#[allow(clippy::too_many_arguments)]
+/// The limits file: where it is (`rls.limits_file`, which validation requires with
+/// `rls.listen`) and the limits it held when the configuration loaded it.
+pub struct LimitsFile {
+    pub path: PathBuf,
+    pub limits: Arc<Limits>,
+}
+
+/// Bind `config.listen` and answer from the limits `file` held at start until a reload
+/// replaces them.
 pub async fn serve(
     config: &RlsConfig,
-    limits: Arc<Limits>,
+    file: LimitsFile,
     rlqs: Option<crate::api::rlqs::Rlqs>,
     tokens: Tokens,
     client: Client,
     metrics: Metrics,
     shutdown: CancellationToken,
-) -> anyhow::Result<Serving> {
-    let path = config
-        .limits_file
-        .clone()
-        .context("rls.limits_file is required")?;
-    let rls = Arc::new(Rls::new(limits, client, metrics.clone(), config.spread));
+) -> Result<Serving, PortError> {
+    let rls = Arc::new(Rls::new(
+        file.limits,
+        client,
+        metrics.clone(),
+        config.spread,
+    ));
     metrics.rls.reloads.with_label_values(&["ok"]).inc();
     // The certificate files are read before the port is bound: a bad file fails start-up.
     let tls = Tls::load("rls", &config.tls, &[b"h2"], &metrics.request)?;
-    let listener = tokio::net::TcpListener::bind(&config.listen)
-        .await
-        .with_context(|| format!("rls: bind {}", config.listen))?;
-    let local = listener.local_addr()?;
+    let (listener, local) = listener::bind("rls.listen", &config.listen).await?;
     if tokens.token.is_none() && !local.ip().is_loopback() {
         tracing::warn!(%local, "serving envoy's rate limit service beyond loopback without http.token");
     }
     let (reporter, health) = tonic_health::server::health_reporter();
     let health_status = HealthStatus(reporter);
     health_status.set(true).await;
-    let routes = server::Routes {
-        // A call within the caps of `decide` is a few KiB; a larger message is refused before
-        // it is decoded (tonic's default lets 4 MiB in).
-        rls: RateLimitServiceServer::from_arc(rls.clone())
-            .max_decoding_message_size(MAX_MESSAGE_BYTES),
-        rlqs: rlqs.map(crate::api::rlqs::Rlqs::into_service),
-        health,
-        admitted: Default::default(),
-        tokens,
-        connection: None,
-    };
+    let routes = server::Routes::new(rls.clone(), rlqs, health, tokens);
     let slots = Slots::new(
         "rls",
         SlotLimits {
@@ -218,12 +223,12 @@ pub async fn serve(
     let tls_watch = tls.map(|tls| tls.watch(shutdown.clone()));
     let server = async move {
         let Some(watch) = tls_watch else {
-            return server.await;
+            server.await;
+            return Ok(());
         };
-        let (served, watched) = tokio::join!(server, watch);
-        served.and(watched)
+        tokio::join!(server, watch).1
     };
-    let reloader = watch(rls.clone(), path, config.reload_interval, shutdown);
+    let reloader = watch(rls.clone(), file.path, config.reload_interval, shutdown);
     Ok(Serving {
         local,
         rls,
@@ -239,9 +244,8 @@ async fn watch(
     path: PathBuf,
     every: Duration,
     stop: CancellationToken,
-) -> anyhow::Result<()> {
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-        .context("rls: listen for SIGHUP")?;
+) -> Result<(), WatchError> {
+    let mut hup = hangup("rls.limits_file")?;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut seen = content(&path);
@@ -298,4 +302,31 @@ fn content(path: &Path) -> Vec<u8> {
         out.push(0);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Config, Model};
+
+    /// [`super::serve`] takes the limits file as given: the configuration never asks for the
+    /// service without one, and the model holds the limits whenever it does.
+    #[test]
+    fn rls_listen_needs_a_limits_file_before_anything_is_served() {
+        let config = |rls: &str| -> Config {
+            toml::from_str(&format!(
+                "[kafka]\nbrokers = \"127.0.0.1:9\"\ntopic = \"t\"\ngroup_id = \"g\"\n\
+                 [[counters]]\nname = \"c\"\ndimensions = [\"a\"]\nkey = \"c:{{a}}:{{yyyyMMddHH}}\"\n\
+                 window = \"1h\"\n[rls]\n{rls}"
+            ))
+            .unwrap()
+        };
+        let e = Model::compile(config("listen = \"127.0.0.1:0\"\n")).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`rls.limits_file`: required when rls.listen is set"),
+            "{e}"
+        );
+        let model = Model::compile(config("")).unwrap();
+        assert!(model.rls_limits.is_none());
+    }
 }

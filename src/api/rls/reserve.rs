@@ -8,39 +8,31 @@
 //! the `hits_addend`. A descriptor with the limit's entries alone is a plain check (addend 0) or
 //! charge on the same count, live reservations included.
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use tally_counters::request::{Phase, Reservation, Settled};
 
+use super::call::Descriptor;
 use crate::config::limits::{Found, Limits, Rule};
 use crate::ops::metrics::Metrics;
 
 /// A descriptor that ends with a reserving limit's `reserve_key` or `settle_key` entry: the limit
 /// (found by the entries before it) and the phase. Asked only when the whole descriptor matched
 /// no limit, so a tree that has such a key as a level of its own keeps its meaning.
-pub fn lookup<'a>(
-    limits: &'a Limits,
-    domain: &str,
-    d: &RateLimitDescriptor,
-) -> Option<(Found<'a>, Phase)> {
-    let (last, rest) = d.entries.split_last()?;
-    if rest.is_empty() {
+pub fn lookup<'a>(limits: &'a Limits, domain: &str, d: &Descriptor) -> Option<(Found<'a>, Phase)> {
+    let n = d.entry_count();
+    if n < 2 {
         return None;
     }
-    let found = limits.lookup(
-        domain,
-        rest.iter().map(|e| (e.key.as_str(), e.value.as_str())),
-    )?;
-    let phase = found.rule.reserve.as_ref()?.phase_of(&last.key)?;
+    let (last_key, _) = d.last()?;
+    let found = limits.lookup(domain, d.entries().take(n - 1))?;
+    let phase = found.rule.reserve.as_ref()?.phase_of(last_key)?;
     Some((found, phase))
 }
 
-/// The entries that make the counter's subject: all but the phase's entry.
-pub fn subject_entries(d: &RateLimitDescriptor, phase: Option<Phase>) -> &[Entry] {
+/// How many of the entries make the counter's subject: all but the phase's entry.
+pub fn subject_entries(d: &Descriptor, phase: Option<Phase>) -> usize {
     match phase {
-        Some(_) => &d.entries[..d.entries.len() - 1],
-        None => &d.entries,
+        Some(_) => d.entry_count() - 1,
+        None => d.entry_count(),
     }
 }
 
@@ -48,12 +40,12 @@ pub fn subject_entries(d: &RateLimitDescriptor, phase: Option<Phase>) -> &[Entry
 /// what [`lookup`] found; a descriptor without the phase entry reserves without an id.
 pub fn reservation<'a>(
     rule: &Rule,
-    d: &'a RateLimitDescriptor,
+    d: &Descriptor<'a>,
     phase: Option<Phase>,
 ) -> Option<Reservation<'a>> {
     let r = rule.reserve.as_ref()?;
     let id = match phase {
-        Some(_) => d.entries.last().map_or("", |e| e.value.as_str()),
+        Some(_) => d.last().map_or("", |(_, value)| value),
         None => "",
     };
     Some(Reservation {
@@ -65,10 +57,11 @@ pub fn reservation<'a>(
 }
 
 /// Units of a reserving descriptor: a reservation without its own `hits_addend` reserves the
-/// limit's `default` (when set); otherwise as any descriptor (`addend`).
-pub fn cost(rule: &Rule, req: &RateLimitRequest, d: &RateLimitDescriptor, addend: u64) -> u64 {
-    match (&rule.reserve, &d.hits_addend) {
-        (Some(r), None) => r.default.unwrap_or(addend.max(u64::from(req.hits_addend))),
+/// limit's `default` (when set); otherwise as any descriptor (`addend`; `request_addend`: the
+/// request's `hits_addend`).
+pub fn cost(rule: &Rule, request_addend: u32, d: &Descriptor, addend: u64) -> u64 {
+    match (&rule.reserve, d.hits_addend) {
+        (Some(r), None) => r.default.unwrap_or(addend.max(u64::from(request_addend))),
         _ => addend,
     }
 }

@@ -28,7 +28,7 @@ use super::Rls;
 use crate::api::edge::auth::{self, Access};
 use crate::api::edge::listener::accept;
 use crate::api::edge::slots::Slots;
-use crate::api::edge::tls::{secure, Conn, Tls};
+use crate::api::edge::tls::{secure, PortStream, Tls};
 use crate::api::rlqs::slots::Connection;
 use crate::api::rlqs::Rlqs;
 use crate::config::Tokens;
@@ -93,6 +93,21 @@ impl<S> GrpcService for S where
 }
 
 impl<H> Routes<H> {
+    /// The routes of a port, for a connection not yet accepted.
+    pub fn new(rls: Arc<Rls>, rlqs: Option<Rlqs>, health: H, tokens: Tokens) -> Routes<H> {
+        Routes {
+            // A call within the caps of `call` is a few KiB; a larger message is refused before
+            // it is decoded (tonic's default lets 4 MiB in).
+            rls: RateLimitServiceServer::from_arc(rls)
+                .max_decoding_message_size(super::MAX_MESSAGE_BYTES),
+            rlqs: rlqs.map(Rlqs::into_service),
+            health,
+            admitted: Default::default(),
+            tokens,
+            connection: None,
+        }
+    }
+
     /// A call of a token-guarded service: UNAUTHENTICATED without the token; else the connection
     /// is admitted (it made an admitted call) and `Ok` lets the call through with its access.
     fn authorize(
@@ -200,7 +215,7 @@ pub(super) async fn run<H: GrpcService>(
     slots: Arc<Slots>,
     limits: GrpcLimits,
     stop: CancellationToken,
-) -> anyhow::Result<()> {
+) {
     let mut http = http2::Builder::new(TokioExecutor::new());
     http.timer(TokioTimer::new())
         .keep_alive_interval(limits.keepalive_interval)
@@ -218,66 +233,102 @@ pub(super) async fn run<H: GrpcService>(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let (admitted, evicted, group) = (slot.admitted(), slot.evicted(), slot.peer());
         let mut routes = routes.clone();
-        routes.admitted = admitted.clone();
+        routes.admitted = slot.admitted();
+        let accepted = Accepted {
+            stream,
+            peer: peer.ip(),
+            slot,
+            first_call: limits.first_call_timeout,
+            tls: limits.tls.clone(),
+        };
         let (stop, open, http) = (stop.clone(), open.clone(), http.clone());
-        let (first_call, tls) = (limits.first_call_timeout, limits.tls.clone());
         tokio::spawn(async move {
-            let _held = (open, slot);
-            // A peer that sends no preface, or never makes an admitted call, would hold its
-            // slot for good (hyper has no deadline for the preface): closed at the deadline,
-            // which the TLS handshake (in this task, not the accept loop) counts in.
-            let deadline = tokio::time::Instant::now() + first_call;
-            let stream = tokio::select! {
-                stream = secure(tls.as_deref(), stream, first_call) => stream,
-                _ = evicted.cancelled() => None,
-            };
-            let Some(stream) = stream else {
-                return;
-            };
-            if routes.rlqs.is_some() {
-                routes.connection =
-                    Some(Connection::new(peer.ip(), group, certificate_name(&stream)));
-            }
-            let connection = http.serve_connection(TokioIo::new(stream), routes);
-            tokio::pin!(connection);
-            let deadline = tokio::time::sleep_until(deadline);
-            tokio::pin!(deadline);
-            let result = loop {
-                tokio::select! {
-                    result = connection.as_mut() => break result,
-                    _ = stop.cancelled() => {
-                        connection.as_mut().graceful_shutdown();
-                        break tokio::time::timeout(DRAIN, connection).await.unwrap_or(Ok(()));
-                    }
-                    // Evicted only while it has made no admitted call: nothing in flight is lost.
-                    _ = evicted.cancelled() => {
-                        tracing::debug!("rls connection closed to make room");
-                        break Ok(());
-                    }
-                    _ = &mut deadline, if !admitted.load(Ordering::Relaxed) => {
-                        if !admitted.load(Ordering::Relaxed) {
-                            tracing::debug!("rls connection closed: no admitted call within rls.first_call_timeout");
-                            break Ok(());
-                        }
-                    }
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "rls connection closed");
-            }
+            let _held = open;
+            connection(accepted, routes, http, stop).await;
         });
     }
     // The port closes now; the connections drain.
     drop(listener);
     drop(open);
     let _ = closed.recv().await;
-    Ok(())
+}
+
+/// A connection accepted, with its slot.
+struct Accepted {
+    stream: tokio::net::TcpStream,
+    peer: std::net::IpAddr,
+    slot: crate::api::edge::slots::Slot,
+    /// It must have made an admitted call by then (TLS handshake included).
+    first_call: Duration,
+    tls: Option<Arc<Tls>>,
+}
+
+/// Serve one connection until it closes, `stop` (then drained up to [`DRAIN`]), its eviction,
+/// or its first call deadline without an admitted call.
+async fn connection<H: GrpcService>(
+    accepted: Accepted,
+    mut routes: Routes<H>,
+    http: http2::Builder<TokioExecutor>,
+    stop: CancellationToken,
+) {
+    let Accepted {
+        stream,
+        peer,
+        slot,
+        first_call,
+        tls,
+    } = accepted;
+    let (admitted, evicted) = (slot.admitted(), slot.evicted());
+    // A peer that sends no preface, or never makes an admitted call, would hold its slot for
+    // good (hyper has no deadline for the preface): closed at the deadline, which the TLS
+    // handshake (in this task, not the accept loop) counts in.
+    let deadline = tokio::time::Instant::now() + first_call;
+    let stream = tokio::select! {
+        stream = secure(tls.as_deref(), stream, first_call) => stream,
+        _ = evicted.cancelled() => None,
+    };
+    let Some(stream) = stream else {
+        return;
+    };
+    if routes.rlqs.is_some() {
+        routes.connection = Some(Connection::new(
+            peer,
+            slot.peer(),
+            certificate_name(&stream),
+        ));
+    }
+    let connection = http.serve_connection(TokioIo::new(stream), routes);
+    tokio::pin!(connection);
+    let deadline = tokio::time::sleep_until(deadline);
+    tokio::pin!(deadline);
+    let result = loop {
+        tokio::select! {
+            result = connection.as_mut() => break result,
+            _ = stop.cancelled() => {
+                connection.as_mut().graceful_shutdown();
+                break tokio::time::timeout(DRAIN, connection).await.unwrap_or(Ok(()));
+            }
+            // Evicted only while it has made no admitted call: nothing in flight is lost.
+            _ = evicted.cancelled() => {
+                tracing::debug!("rls connection closed to make room");
+                break Ok(());
+            }
+            _ = &mut deadline, if !admitted.load(Ordering::Relaxed) => {
+                if !admitted.load(Ordering::Relaxed) {
+                    tracing::debug!("rls connection closed: no admitted call within rls.first_call_timeout");
+                    break Ok(());
+                }
+            }
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "rls connection closed");
+    }
 }
 
 /// The client certificate's name (with mutual TLS), for the quota service's log.
-fn certificate_name(stream: &Conn) -> Option<Arc<str>> {
+fn certificate_name(stream: &PortStream) -> Option<Arc<str>> {
     match stream {
         tokio_util::either::Either::Right(tls) => tls
             .get_ref()

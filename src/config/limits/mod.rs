@@ -16,7 +16,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 
-use tally_counters::request::{Algorithm, LimitPolicy};
+use tally_counters::request::{Algorithm, LimitPolicy, PolicyError};
 
 mod error;
 pub mod file;
@@ -70,7 +70,7 @@ impl Rule {
     /// counted under a policy of its own per unit and limit (`override-minute-10`), so two
     /// overrides on one descriptor never share (and reset) one state. No path of the limits file
     /// has that shape (paths have a `.`).
-    pub fn overridden(requests_per_unit: u32, unit: Unit) -> Result<Rule, String> {
+    pub fn overridden(requests_per_unit: u32, unit: Unit) -> Result<Rule, PolicyError> {
         let policy = LimitPolicy {
             name: format!("override-{}-{requests_per_unit}", unit.name()),
             algorithm: Algorithm::Fixed,
@@ -81,7 +81,7 @@ impl Rule {
             on_redis_error: Default::default(),
             durability: None,
         };
-        policy.validate().map_err(|e| e.to_string())?;
+        policy.validate()?;
         Ok(Rule {
             policy,
             label: "override".into(),

@@ -32,7 +32,7 @@ pub use publish::PublishMetrics;
 pub use recovery::{HaltReason, RecoveryMetrics, ResetReason, Rollback};
 pub use redis::{RedisErrorKind, RedisMetrics};
 pub use request::{Outcome, Primitive, RequestMetrics};
-pub use rlqs::RlqsMetrics;
+pub use rlqs::{QuotaAction, QuotaSkip, ReportedOutcome, RlqsMetrics};
 pub use rls::RlsMetrics;
 pub use share::{GaugeShare, LaneGauges};
 pub use sink::{RejectReason, SinkMetrics};

@@ -3,6 +3,52 @@
 
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Registry};
 
+super::labels::labels!(
+    /// Why a bucket report or a stream was not answered (`tally_rlqs_skipped_total{reason}`).
+    QuotaSkip {
+        /// No `[[rlqs.buckets]]` limit matches the bucket.
+        NoLimit => "no_limit",
+        /// A bucket id that is missing, empty, or past the caps.
+        InvalidBucket => "invalid_bucket",
+        /// The stream reports more buckets than `rlqs.max_buckets_per_stream`.
+        TooManyBuckets => "too_many_buckets",
+        /// Redis did not take the report or the grant.
+        Redis => "redis",
+        /// Stream refused: `rlqs.max_streams` are open.
+        TooManyStreams => "too_many_streams",
+        /// Stream refused: `rlqs.max_streams_per_peer` are open from the peer.
+        TooManyStreamsPerPeer => "too_many_streams_per_peer",
+        /// Stream refused: `rlqs.max_streams_per_connection` are open on the connection.
+        TooManyStreamsPerConnection => "too_many_streams_per_connection",
+        /// Stream closed: no report within `rlqs.assignment_ttl`.
+        ReportTimeout => "report_timeout",
+        /// The stream's first report names no domain.
+        NoDomain => "no_domain",
+    }
+);
+
+super::labels::labels!(
+    /// What an Envoy reported of its requests (`tally_rlqs_reported_requests_total{outcome}`).
+    ReportedOutcome {
+        /// Admitted by the Envoy.
+        Allowed => "allowed",
+        /// Denied by the Envoy.
+        Denied => "denied",
+    }
+);
+
+super::labels::labels!(
+    /// A bucket action sent (`tally_rlqs_actions_total{action}`).
+    QuotaAction {
+        /// A token bucket of the grant.
+        Grant => "grant",
+        /// `DENY_ALL`: nothing granted.
+        DenyAll => "deny_all",
+        /// `AbandonAction`: the bucket was idle for `rlqs.abandon_after`.
+        Abandon => "abandon",
+    }
+);
+
 /// Metrics of `StreamRateLimitQuotas`.
 #[derive(Clone)]
 pub struct RlqsMetrics {
@@ -75,19 +121,28 @@ impl RlqsMetrics {
                 &["domain", "limit"],
             ),
         };
-        for reason in [
-            "no_limit",
-            "invalid_bucket",
-            "too_many_buckets",
-            "redis",
-            "too_many_streams",
-            "too_many_streams_per_peer",
-            "too_many_streams_per_connection",
-            "report_timeout",
-            "no_domain",
-        ] {
-            m.skipped.with_label_values(&[reason]);
+        for reason in QuotaSkip::ALL {
+            m.skipped.with_label_values(&[reason.label()]);
         }
         m
+    }
+
+    /// Count a report or stream not answered.
+    pub fn skip(&self, reason: QuotaSkip) {
+        self.skipped.with_label_values(&[reason.label()]).inc();
+    }
+
+    /// Count `n` requests reported by `outcome` for `[domain, limit]`.
+    pub fn report(&self, labels: [&str; 2], outcome: ReportedOutcome, n: u64) {
+        self.reported
+            .with_label_values(&[labels[0], labels[1], outcome.label()])
+            .inc_by(n);
+    }
+
+    /// Count a bucket action sent for `[domain, limit]`.
+    pub fn act(&self, labels: [&str; 2], action: QuotaAction) {
+        self.actions
+            .with_label_values(&[labels[0], labels[1], action.label()])
+            .inc();
     }
 }

@@ -10,7 +10,7 @@ use crate::api::http::locks::{LockAnswer, LockBody};
 use crate::api::http::problem::ProblemBody;
 use crate::api::http::request::{HitBody, LimitBody, OnceBody, PoolBody};
 use crate::api::http::request::{QuotaBody, UniqueBody};
-use crate::api::primitives::{Answer, HitOutcome};
+use crate::api::primitives::{HitOutcome, RequestAnswer};
 use tally_counters::request::Decision;
 
 /// Tag of the request-path routes.
@@ -64,7 +64,7 @@ fn limit() {}
 /// at most one (a retry answers `already_taken` with the same unit).
 #[utoipa::path(post, path = "/v1/quota", tag = REQUEST, request_body(content = QuotaBody, example = json!({"quota": "flash", "user": "u42"})),
     responses((status = 200, description = "The take (`outcome`), a release (`ok`) or a peek \
-        (`count`)", body = Answer)))]
+        (`count`)", body = RequestAnswer)))]
 fn quota() {}
 
 /// Is this the subject's first call in the window?
@@ -72,7 +72,7 @@ fn quota() {}
 /// `ok` is true the first time a subject calls in the window (aligned in the policy's time zone),
 /// false after; the marker expires with the window.
 #[utoipa::path(post, path = "/v1/once", tag = REQUEST, request_body(content = OnceBody, example = json!({"name": "welcome", "subject": "u42"})),
-    responses((status = 200, description = "`ok`: true the first time in the window", body = Answer)))]
+    responses((status = 200, description = "`ok`: true the first time in the window", body = RequestAnswer)))]
 fn once() {}
 
 /// Count the distinct items of a subject in a sliding window.
@@ -80,7 +80,7 @@ fn once() {}
 /// Adds `item` to the subject's set for the window and answers how many distinct items it holds,
 /// exactly (up to `max_items`).
 #[utoipa::path(post, path = "/v1/unique", tag = REQUEST, request_body(content = UniqueBody, example = json!({"name": "visitors", "subject": "page:home", "item": "device-7"})),
-    responses((status = 200, description = "`count`: the distinct items so far", body = Answer)))]
+    responses((status = 200, description = "`count`: the distinct items so far", body = RequestAnswer)))]
 fn unique() {}
 
 /// Claim an item of a pool, fill it, or peek.
@@ -89,7 +89,7 @@ fn unique() {}
 /// items, `peek` counts what is left.
 #[utoipa::path(post, path = "/v1/pool", tag = REQUEST, request_body(content = PoolBody, example = json!({"pool": "coupons", "user": "u42"})),
     responses((status = 200, description = "A claim (`outcome`), or a count (`fill`: items \
-        added, `peek`: items left)", body = Answer)))]
+        added, `peek`: items left)", body = RequestAnswer)))]
 fn pool() {}
 
 /// Acquire, release or extend a lock with a fencing token.
