@@ -155,8 +155,13 @@ impl Prepared {
         })
     }
 
-    async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        match self {
+    /// Run the command. `Ok(Err(lock))`: it ran, and the lock it needed (`tally lock`) was not
+    /// acquired or was lost, which has an exit code of its own.
+    async fn run(
+        self,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Result<(), request_cli::LockError>> {
+        let done = match self {
             Prepared::Run(model, path) => {
                 let tally = tally::app::Tally::new(model);
                 if let Some(path) = path {
@@ -204,13 +209,14 @@ impl Prepared {
             Prepared::Request(model, command) => {
                 let redis = model.config.redis_target();
                 let result = request_cli::run(model, command, shutdown).await;
-                result.with_context(|| format!("redis {redis}"))
+                return result.with_context(|| format!("redis {redis}"));
             }
             Prepared::Version => {
                 print!("{}", tally::ops::build_info::describe());
                 Ok(())
             }
-        }
+        };
+        done.map(Ok)
     }
 }
 
@@ -263,13 +269,14 @@ fn main() -> ExitCode {
     // Whatever still runs (a Kafka client that would not close) must not keep the process.
     runtime.shutdown_timeout(Duration::from_secs(1));
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Ok(())) => ExitCode::SUCCESS,
+        Ok(Err(lock)) => {
+            eprintln!("tally: {lock}");
+            lock.exit_code()
+        }
         Err(e) => {
             eprintln!("tally: {}", describe(&e));
-            match e.downcast_ref::<request_cli::LockError>() {
-                Some(lock) => lock.exit_code(),
-                None => ExitCode::FAILURE,
-            }
+            ExitCode::FAILURE
         }
     }
 }

@@ -200,23 +200,28 @@ impl LockError {
 }
 
 /// `tally lock`: each step is printed as one JSON line as it happens.
-async fn lock(config: &Config, a: LockArgs, shutdown: &CancellationToken) -> anyhow::Result<()> {
+/// `Ok(Err(_))`: the lock was not acquired, or was lost while held.
+async fn lock(
+    config: &Config,
+    a: LockArgs,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Result<(), LockError>> {
     use tally_counters::lock::{Lease, Locks};
     let locks = Locks::new(tally_counters::request::Client::new(&config.redis)?);
     if let Some(token) = &a.release_token {
         let released = locks.release(&Lease::known(&locks, &a.name, token)).await?;
         println!("{}", serde_json::json!({ "released": released }));
-        return Ok(());
+        return Ok(Ok(()));
     }
     if let Some(token) = &a.extend_token {
         let extended = locks
             .extend(&Lease::known(&locks, &a.name, token), a.ttl)
             .await?;
         println!("{}", serde_json::json!({ "extended": extended }));
-        return match extended {
+        return Ok(match extended {
             true => Ok(()),
-            false => Err(LockError::Lost(a.name).into()),
-        };
+            false => Err(LockError::Lost(a.name)),
+        });
     }
     // A signal ends the wait. An attempt cut off in flight may still have taken the lock;
     // nobody knows its token then, and it runs out after --ttl.
@@ -224,7 +229,7 @@ async fn lock(config: &Config, a: LockArgs, shutdown: &CancellationToken) -> any
         acquired = locks.acquire(&a.name, a.ttl, a.wait) => acquired?,
         _ = shutdown.cancelled() => {
             println!("{}", serde_json::json!({ "acquired": false }));
-            return Err(LockError::NotAcquired(a.name).into());
+            return Ok(Err(LockError::NotAcquired(a.name)));
         }
     };
     let lease = match acquired {
@@ -234,14 +239,16 @@ async fn lock(config: &Config, a: LockArgs, shutdown: &CancellationToken) -> any
                 "{}",
                 serde_json::json!({ "acquired": false, "held_for_ms": busy.held_for_ms })
             );
-            return Err(LockError::NotAcquired(a.name).into());
+            return Ok(Err(LockError::NotAcquired(a.name)));
         }
     };
     println!(
         "{}",
         serde_json::json!({ "acquired": true, "fence": lease.fence, "token": lease.token })
     );
-    let Some(hold) = a.hold else { return Ok(()) };
+    let Some(hold) = a.hold else {
+        return Ok(Ok(()));
+    };
     let mut guard = locks.guard(lease, None);
     // --hold running out and a signal are both the normal end of a hold.
     let lost = tokio::select! {
@@ -255,11 +262,11 @@ async fn lock(config: &Config, a: LockArgs, shutdown: &CancellationToken) -> any
         if let Ok(released) = guard.release().await {
             println!("{}", serde_json::json!({ "released": released }));
         }
-        return Err(LockError::Lost(a.name).into());
+        return Ok(Err(LockError::Lost(a.name)));
     }
     let released = guard.release().await?;
     println!("{}", serde_json::json!({ "released": released }));
-    Ok(())
+    Ok(Ok(()))
 }
 
 fn parse_action(s: &str) -> Result<Action, super::common::ArgError> {
@@ -273,7 +280,7 @@ pub async fn run(
     model: Arc<Model>,
     command: RequestCommand,
     shutdown: CancellationToken,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Result<(), LockError>> {
     let requests = Primitives::new(
         &model,
         tally::app::request_client(&model)?,
@@ -311,5 +318,5 @@ pub async fn run(
         RequestCommand::Lock(a) => return lock(&model.config, a, &shutdown).await,
     };
     println!("{answer}");
-    Ok(())
+    Ok(Ok(()))
 }

@@ -26,9 +26,12 @@ pub struct ReadmeDoctests;
 pub mod clock;
 pub mod config;
 pub mod conn;
+mod error;
 pub mod key;
 pub mod lock;
 pub mod model;
 pub mod request;
 pub mod script;
 pub mod window;
+
+pub use error::Error;

@@ -128,6 +128,20 @@ pub enum RequestError {
 }
 
 impl RequestError {
+    /// Whether the same call may succeed later without a change on the caller's side: Redis
+    /// was unavailable or slow (the outcome unknown: retry with the same idempotency key), or
+    /// the write did not reach its replicas in time. Bad input, conflicts and replies outside
+    /// the script's contract are permanent.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            RequestError::Redis(e) => crate::error::redis_is_transient(e),
+            RequestError::Unreachable(_)
+            | RequestError::OutcomeUnknown(_)
+            | RequestError::NotReplicated { .. } => true,
+            _ => false,
+        }
+    }
+
     /// Whether the error says Redis was unavailable (as opposed to bad input or a bad reply).
     pub fn is_unavailable(&self) -> bool {
         matches!(
