@@ -19,7 +19,7 @@ use crate::ops::log_limit::LogLimiter;
 use crate::ops::metrics::Metrics;
 use crate::stream::consumer::discover::{self, TopicLister};
 
-use super::lane::{CloseGate, Lane, Shared, StartGate};
+use super::lane::{CloseGate, Lane, LaneShared, StartGate};
 
 /// The pattern topics' lanes of one process.
 pub(super) struct Discovery {
@@ -111,7 +111,7 @@ impl Discovery {
         // The topic's lanes join the group together, once all are built.
         let start_gate = Arc::new(StartGate::new());
         let _open = OpenOnDrop(&start_gate);
-        let shared = Shared {
+        let shared = LaneShared {
             model: &self.model,
             lanes: self.lanes,
             metrics: &self.metrics,

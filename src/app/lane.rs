@@ -133,7 +133,7 @@ impl StartGate {
 }
 
 /// What a lane needs from the process.
-pub(super) struct Shared<'a> {
+pub(super) struct LaneShared<'a> {
     pub(super) model: &'a Model,
     pub(super) lanes: usize,
     pub(super) metrics: &'a Metrics,
@@ -150,7 +150,7 @@ impl Lane {
     /// Build lane `index`, a consumer of `topic`, and start its sink task and consumer
     /// thread. Lane 0 checks Redis first (an unsafe eviction policy refuses the start).
     pub(super) async fn start(
-        shared: &Shared<'_>,
+        shared: &LaneShared<'_>,
         index: usize,
         topic: &Topic,
     ) -> anyhow::Result<Lane> {
@@ -250,7 +250,7 @@ fn lane_flush(process: &FlushConfig, lanes: usize) -> FlushConfig {
 /// The consumer's worker of lane `index` reading `topic`: its aggregator and decoder, the
 /// sender to its sink, and a dead-letter producer if the topic's decoding names one.
 fn lane_worker(
-    shared: &Shared<'_>,
+    shared: &LaneShared<'_>,
     (index, topic): (usize, &Topic),
     agg: Aggregator,
     decoder: Decoder,

@@ -22,7 +22,7 @@ mod lane;
 pub mod serve;
 mod supervisor;
 
-use lane::{Lane, Shared};
+use lane::{Lane, LaneShared};
 pub use supervisor::Supervisor;
 
 /// librdkafka settings: tally's required ones, sensible defaults, then the user's properties.
@@ -179,7 +179,7 @@ impl Tally {
         };
         let close_gate = Arc::new(lane::CloseGate::new(listed));
         let start_gate = Arc::new(lane::StartGate::new());
-        let shared = Shared {
+        let shared = LaneShared {
             model: &self.model,
             lanes,
             metrics: &self.metrics,

@@ -40,10 +40,10 @@ pub struct Reconciler {
 }
 
 /// A key (and hash field) and how to read it.
-type Cell = (Vec<u8>, Option<Vec<u8>>);
+type RecountCell = (Vec<u8>, Option<Vec<u8>>);
 
 /// The recount: per cell, the counter index and the sum of its events.
-type Recount = BTreeMap<Cell, (usize, i64)>;
+type Recount = BTreeMap<RecountCell, (usize, i64)>;
 
 impl Reconciler {
     /// For a validated configuration.

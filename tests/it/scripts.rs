@@ -2,7 +2,7 @@
 //! fence scripts, parsed into the types the sink uses.
 
 use redis::Value;
-use tally::stream::aggregate::{Delta, Unit};
+use tally::stream::aggregate::{Delta, FlushUnit};
 use tally::stream::sink::script::{
     apply_cmd, ApplyReply, FenceState, StateKeys, APPLY_LUA, INIT_LUA, SET_FENCE_LUA,
 };
@@ -15,9 +15,9 @@ fn keys() -> StateKeys {
     }
 }
 
-fn unit(start: i64, end: i64, deltas: &[(&str, i64)]) -> Unit {
+fn unit(start: i64, end: i64, deltas: &[(&str, i64)]) -> FlushUnit {
     let far = chrono::Utc::now().timestamp_millis() + 3_600_000;
-    Unit {
+    FlushUnit {
         partition: 3,
         shard: 0,
         start,
@@ -39,7 +39,7 @@ fn unit(start: i64, end: i64, deltas: &[(&str, i64)]) -> Unit {
     }
 }
 
-fn apply(conn: &mut redis::Connection, sha: &str, u: &Unit) -> ApplyReply {
+fn apply(conn: &mut redis::Connection, sha: &str, u: &FlushUnit) -> ApplyReply {
     let value: Value = apply_cmd(sha, &keys(), u, false).query(conn).unwrap();
     ApplyReply::parse(&value).unwrap()
 }

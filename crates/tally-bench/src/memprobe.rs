@@ -54,7 +54,7 @@ pub fn role_memprobe(keys: u64, partitions: i32, capped: bool, whole: bool) -> a
     let flush_keys = batch.keys as u64;
     let sha = "0".repeat(40);
     let scope = fence_scope(&config);
-    let encode = |pipe: &mut redis::Pipeline, u: &tally::stream::aggregate::Unit| {
+    let encode = |pipe: &mut redis::Pipeline, u: &tally::stream::aggregate::FlushUnit| {
         pipe.add_command(apply_cmd(&sha, &scope.keys(u.partition, u.shard), u, false));
     };
     let mut encoded = 0;

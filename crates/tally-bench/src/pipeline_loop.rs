@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use tally::config::{Config, RedisMode};
 use tally::model::layout::Layout;
-use tally::stream::aggregate::{Aggregator, Unit};
+use tally::stream::aggregate::{Aggregator, FlushUnit};
 use tally::stream::consumer::policy::{FlushPolicy, Pending};
 use tally::stream::sink::script::{apply_cmd, ApplyReply, APPLY_LUA};
 use tally::stream::sink::FenceScope;
@@ -109,7 +109,7 @@ pub struct LoopResult {
 /// pipeline per flush, like the sink (which also checks existing keys for a missing expiry only
 /// on every `flush.ttl_check_every`-th flush, the first one included).
 pub struct Flusher {
-    pub tx: mpsc::Sender<Vec<Unit>>,
+    pub tx: mpsc::Sender<Vec<FlushUnit>>,
     pub done: mpsc::Receiver<anyhow::Result<(f64, u64)>>,
     pub thread: std::thread::JoinHandle<()>,
 }
@@ -146,7 +146,7 @@ impl Flusher {
         let scope = fence_scope(config);
         reset_fences(&mut conn, &scope, partitions)?;
         let ttl_check_every = config.flush.ttl_check_every;
-        let (tx, rx) = mpsc::channel::<Vec<Unit>>();
+        let (tx, rx) = mpsc::channel::<Vec<FlushUnit>>();
         let (done_tx, done) = mpsc::channel();
         let thread = std::thread::spawn(move || {
             for (flushes, units) in (0u64..).zip(rx) {
@@ -170,7 +170,7 @@ pub fn apply_units(
     conn: &mut redis::Connection,
     scope: &FenceScope,
     sha: &str,
-    units: &[Unit],
+    units: &[FlushUnit],
     fenced: bool,
     check_ttl: bool,
 ) -> anyhow::Result<u64> {

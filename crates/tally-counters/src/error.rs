@@ -51,7 +51,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Request(e) => e.is_transient(),
-            Error::Redis(e) => redis_is_transient(e),
+            Error::Redis(e) => crate::request::redis_is_transient(e),
             Error::RedisConfig(_)
             | Error::Spec(_)
             | Error::Template(_)
@@ -62,20 +62,6 @@ impl Error {
             | Error::ReplyShape(_) => false,
         }
     }
-}
-
-/// A Redis error that a later try may not meet: the connection, a timeout, a failover, a busy
-/// or loading server; not a command Redis refuses for what it is (a wrong type, a bad script).
-pub(crate) fn redis_is_transient(e: &redis::RedisError) -> bool {
-    e.is_io_error()
-        || e.is_timeout()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || e.is_cluster_error()
-        || matches!(
-            e.code(),
-            Some("LOADING" | "BUSY" | "MASTERDOWN" | "READONLY" | "TRYAGAIN" | "CLUSTERDOWN")
-        )
 }
 
 #[cfg(test)]

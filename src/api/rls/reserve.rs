@@ -11,13 +11,17 @@
 use tally_counters::request::{Phase, Reservation, Settled};
 
 use super::call::Descriptor;
-use crate::config::limits::{Found, Limits, Rule};
+use crate::config::limits::{FoundRule, Limits, Rule};
 use crate::ops::metrics::Metrics;
 
 /// A descriptor that ends with a reserving limit's `reserve_key` or `settle_key` entry: the limit
 /// (found by the entries before it) and the phase. Asked only when the whole descriptor matched
 /// no limit, so a tree that has such a key as a level of its own keeps its meaning.
-pub fn lookup<'a>(limits: &'a Limits, domain: &str, d: &Descriptor) -> Option<(Found<'a>, Phase)> {
+pub fn lookup<'a>(
+    limits: &'a Limits,
+    domain: &str,
+    d: &Descriptor,
+) -> Option<(FoundRule<'a>, Phase)> {
     let n = d.entry_count();
     if n < 2 {
         return None;

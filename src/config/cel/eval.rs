@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 use std::cmp::Ordering;
 
-use super::{Arith, Cmp, Func, Node};
+use super::{Arith, CelNode, Cmp, Func};
 
 /// A value: a decoded field, a literal or an intermediate result.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,37 +41,37 @@ pub enum EvalError {
     NotBool,
 }
 
-type Out<'v> = Result<Val<'v>, EvalError>;
+type EvalOut<'v> = Result<Val<'v>, EvalError>;
 
 /// Runs `node`; `var(i)` is the value of `Var(i)` (read when the expression needs it).
-pub(super) fn eval<'v, F: Fn(usize) -> Val<'v>>(node: &'v Node, vars: &F) -> Out<'v> {
+pub(super) fn eval<'v, F: Fn(usize) -> Val<'v>>(node: &'v CelNode, vars: &F) -> EvalOut<'v> {
     match node {
-        Node::Lit(v) => Ok(borrow(v)),
-        Node::Var(i) => Ok(vars(*i)),
-        Node::Has(i) => Ok(Val::Bool(vars(*i) != Val::Null)),
-        Node::Not(a) => match eval(a, vars)? {
+        CelNode::Lit(v) => Ok(borrow(v)),
+        CelNode::Var(i) => Ok(vars(*i)),
+        CelNode::Has(i) => Ok(Val::Bool(vars(*i) != Val::Null)),
+        CelNode::Not(a) => match eval(a, vars)? {
             Val::Bool(b) => Ok(Val::Bool(!b)),
             _ => Err(EvalError::Type),
         },
-        Node::Neg(a) => match eval(a, vars)? {
+        CelNode::Neg(a) => match eval(a, vars)? {
             Val::Int(n) => n.checked_neg().map(Val::Int).ok_or(EvalError::Arithmetic),
             Val::Double(d) => Ok(Val::Double(-d)),
             _ => Err(EvalError::Type),
         },
-        Node::And(a, b) => logic(eval(a, vars), || eval(b, vars), false),
-        Node::Or(a, b) => logic(eval(a, vars), || eval(b, vars), true),
-        Node::Cond(c, a, b) => match eval(c, vars)? {
+        CelNode::And(a, b) => logic(eval(a, vars), || eval(b, vars), false),
+        CelNode::Or(a, b) => logic(eval(a, vars), || eval(b, vars), true),
+        CelNode::Cond(c, a, b) => match eval(c, vars)? {
             Val::Bool(true) => eval(a, vars),
             Val::Bool(false) => eval(b, vars),
             _ => Err(EvalError::Type),
         },
-        Node::Cmp(op, a, b) => compare(*op, &eval(a, vars)?, &eval(b, vars)?).map(Val::Bool),
-        Node::Arith(op, a, b) => arith(*op, eval(a, vars)?, eval(b, vars)?),
-        Node::In(a, items) => {
+        CelNode::Cmp(op, a, b) => compare(*op, &eval(a, vars)?, &eval(b, vars)?).map(Val::Bool),
+        CelNode::Arith(op, a, b) => arith(*op, eval(a, vars)?, eval(b, vars)?),
+        CelNode::In(a, items) => {
             let v = eval(a, vars)?;
             Ok(Val::Bool(items.iter().any(|i| equal(&v, i))))
         }
-        Node::Call(f, args) => {
+        CelNode::Call(f, args) => {
             let a = eval(&args[0], vars)?;
             match args.get(1) {
                 Some(b) => call2(*f, &a, &eval(b, vars)?),
@@ -93,7 +93,7 @@ fn borrow<'v>(v: &'v Val<'_>) -> Val<'v> {
 }
 
 /// `&&` (`short` false) and `||` (`short` true), commutative over errors as CEL defines them.
-fn logic<'v>(a: Out<'v>, b: impl FnOnce() -> Out<'v>, short: bool) -> Out<'v> {
+fn logic<'v>(a: EvalOut<'v>, b: impl FnOnce() -> EvalOut<'v>, short: bool) -> EvalOut<'v> {
     let a = match a {
         Ok(Val::Bool(x)) if x == short => return Ok(Val::Bool(short)),
         Ok(Val::Bool(_)) => Ok(()),
@@ -151,7 +151,7 @@ fn compare(op: Cmp, a: &Val<'_>, b: &Val<'_>) -> Result<bool, EvalError> {
     })
 }
 
-fn arith<'v>(op: Arith, a: Val<'v>, b: Val<'v>) -> Out<'v> {
+fn arith<'v>(op: Arith, a: Val<'v>, b: Val<'v>) -> EvalOut<'v> {
     let int = |r: Option<i64>| r.map(Val::Int).ok_or(EvalError::Arithmetic);
     let uint = |r: Option<u64>| r.map(Val::UInt).ok_or(EvalError::Arithmetic);
     match (a, b) {
@@ -183,7 +183,7 @@ fn arith<'v>(op: Arith, a: Val<'v>, b: Val<'v>) -> Out<'v> {
     }
 }
 
-fn call1(f: Func, a: Val<'_>) -> Out<'_> {
+fn call1(f: Func, a: Val<'_>) -> EvalOut<'_> {
     match (f, a) {
         (Func::Size, Val::Str(s)) => Ok(Val::Int(s.chars().count() as i64)),
         (Func::Lower, Val::Str(s)) => Ok(Val::Str(Cow::Owned(s.to_ascii_lowercase()))),
@@ -221,7 +221,7 @@ fn call1(f: Func, a: Val<'_>) -> Out<'_> {
     }
 }
 
-fn call2<'v>(f: Func, a: &Val<'_>, b: &Val<'_>) -> Out<'v> {
+fn call2<'v>(f: Func, a: &Val<'_>, b: &Val<'_>) -> EvalOut<'v> {
     let (Val::Str(a), Val::Str(b)) = (a, b) else {
         return Err(EvalError::Type);
     };

@@ -22,8 +22,8 @@ pub use eval::{EvalError, Val};
 /// A compiled expression and the fields it reads.
 #[derive(Debug, Clone)]
 pub struct Program {
-    node: Node,
-    /// The field names it reads, in `Node::Var` order.
+    node: CelNode,
+    /// The field names it reads, in `CelNode::Var` order.
     vars: Vec<String>,
 }
 
@@ -64,24 +64,24 @@ pub(crate) enum Func {
 
 /// The compiled tree.
 #[derive(Debug, Clone)]
-pub(crate) enum Node {
+pub(crate) enum CelNode {
     Lit(Val<'static>),
     Var(usize),
     Has(usize),
-    Not(Box<Node>),
-    Neg(Box<Node>),
-    And(Box<Node>, Box<Node>),
-    Or(Box<Node>, Box<Node>),
-    Cmp(Cmp, Box<Node>, Box<Node>),
-    Arith(Arith, Box<Node>, Box<Node>),
-    Cond(Box<Node>, Box<Node>, Box<Node>),
-    In(Box<Node>, Vec<Val<'static>>),
-    Call(Func, Vec<Node>),
+    Not(Box<CelNode>),
+    Neg(Box<CelNode>),
+    And(Box<CelNode>, Box<CelNode>),
+    Or(Box<CelNode>, Box<CelNode>),
+    Cmp(Cmp, Box<CelNode>, Box<CelNode>),
+    Arith(Arith, Box<CelNode>, Box<CelNode>),
+    Cond(Box<CelNode>, Box<CelNode>, Box<CelNode>),
+    In(Box<CelNode>, Vec<Val<'static>>),
+    Call(Func, Vec<CelNode>),
 }
 
 /// What an expression is known to give before it runs (`None`: depends on the event).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+enum ExprKind {
     Bool,
     Number,
     Text,
@@ -163,10 +163,10 @@ impl Program {
     pub fn filter(text: &str) -> Result<Program, CelError> {
         let p = Program::compile(text)?;
         match kind(&p.node) {
-            Some(Kind::Bool) | None => Ok(p),
+            Some(ExprKind::Bool) | None => Ok(p),
             Some(k) => Err(CelError::NotACondition(match k {
-                Kind::Number => "number",
-                Kind::Text => "string",
+                ExprKind::Number => "number",
+                ExprKind::Text => "string",
                 _ => "null",
             })),
         }
@@ -242,20 +242,20 @@ impl<F: Fn(u64) -> Position> Compiler<F> {
         }
     }
 
-    fn boxed(&mut self, e: &IdedExpr) -> Result<Box<Node>, CelError> {
+    fn boxed(&mut self, e: &IdedExpr) -> Result<Box<CelNode>, CelError> {
         self.node(e).map(Box::new)
     }
 
-    fn node(&mut self, e: &IdedExpr) -> Result<Node, CelError> {
+    fn node(&mut self, e: &IdedExpr) -> Result<CelNode, CelError> {
         match &e.expr {
-            Expr::Literal(l) => literal(l).map(Node::Lit).or_else(|w| self.refuse(e, w)),
-            Expr::Ident(name) => Ok(Node::Var(self.var(name.clone()))),
+            Expr::Literal(l) => literal(l).map(CelNode::Lit).or_else(|w| self.refuse(e, w)),
+            Expr::Ident(name) => Ok(CelNode::Var(self.var(name.clone()))),
             Expr::Select(s) if s.test => match dotted(&s.operand.expr) {
-                Some(path) => Ok(Node::Has(self.var(format!("{path}.{}", s.field)))),
+                Some(path) => Ok(CelNode::Has(self.var(format!("{path}.{}", s.field)))),
                 None => self.refuse(e, "has() takes a field name such as `has(request.method)`"),
             },
             Expr::Select(_) => match dotted(&e.expr) {
-                Some(path) => Ok(Node::Var(self.var(path))),
+                Some(path) => Ok(CelNode::Var(self.var(path))),
                 None => self.refuse(e, "a field is selected from a field name only"),
             },
             Expr::List(_) => self.refuse(e, "a list is allowed only after `in`"),
@@ -274,19 +274,19 @@ impl<F: Fn(u64) -> Position> Compiler<F> {
         name: &str,
         target: Option<&IdedExpr>,
         args: &[IdedExpr],
-    ) -> Result<Node, CelError> {
+    ) -> Result<CelNode, CelError> {
         use cel::common::ast::operators as op;
-        let two = |c: &mut Self| -> Result<(Box<Node>, Box<Node>), CelError> {
+        let two = |c: &mut Self| -> Result<(Box<CelNode>, Box<CelNode>), CelError> {
             Ok((c.boxed(&args[0])?, c.boxed(&args[1])?))
         };
-        let cmp = |c: &mut Self, o| two(c).map(|(a, b)| Node::Cmp(o, a, b));
-        let arith = |c: &mut Self, o| two(c).map(|(a, b)| Node::Arith(o, a, b));
+        let cmp = |c: &mut Self, o| two(c).map(|(a, b)| CelNode::Cmp(o, a, b));
+        let arith = |c: &mut Self, o| two(c).map(|(a, b)| CelNode::Arith(o, a, b));
         match (name, target, args.len()) {
-            (op::LOGICAL_AND, None, 2) => two(self).map(|(a, b)| Node::And(a, b)),
-            (op::LOGICAL_OR, None, 2) => two(self).map(|(a, b)| Node::Or(a, b)),
-            (op::LOGICAL_NOT, None, 1) => Ok(Node::Not(self.boxed(&args[0])?)),
-            (op::NEGATE, None, 1) => Ok(Node::Neg(self.boxed(&args[0])?)),
-            (op::CONDITIONAL, None, 3) => Ok(Node::Cond(
+            (op::LOGICAL_AND, None, 2) => two(self).map(|(a, b)| CelNode::And(a, b)),
+            (op::LOGICAL_OR, None, 2) => two(self).map(|(a, b)| CelNode::Or(a, b)),
+            (op::LOGICAL_NOT, None, 1) => Ok(CelNode::Not(self.boxed(&args[0])?)),
+            (op::NEGATE, None, 1) => Ok(CelNode::Neg(self.boxed(&args[0])?)),
+            (op::CONDITIONAL, None, 3) => Ok(CelNode::Cond(
                 self.boxed(&args[0])?,
                 self.boxed(&args[1])?,
                 self.boxed(&args[2])?,
@@ -313,7 +313,7 @@ impl<F: Fn(u64) -> Position> Compiler<F> {
                         _ => return self.refuse(item, "`in` takes a list of literals"),
                     }
                 }
-                Ok(Node::In(self.boxed(&args[0])?, items))
+                Ok(CelNode::In(self.boxed(&args[0])?, items))
             }
             (op::INDEX, ..) => self.refuse(
                 e,
@@ -341,7 +341,7 @@ impl<F: Fn(u64) -> Position> Compiler<F> {
                     Func::StartsWith | Func::EndsWith | Func::Contains => 2,
                     _ => 1,
                 };
-                let mut all: Vec<Node> = Vec::with_capacity(arity);
+                let mut all: Vec<CelNode> = Vec::with_capacity(arity);
                 if let Some(t) = target {
                     all.push(self.node(t)?);
                 }
@@ -356,7 +356,7 @@ impl<F: Fn(u64) -> Position> Compiler<F> {
                             if method_only { format!("`path.{name}(…)`") } else { format!("`{name}(x)`") }),
                     );
                 }
-                Ok(Node::Call(func, all))
+                Ok(CelNode::Call(func, all))
             }
         }
     }
@@ -385,28 +385,30 @@ fn literal(l: &LiteralValue) -> Result<Val<'static>, &'static str> {
 }
 
 /// What `node` gives whatever the event (for refusing a filter that is no condition).
-fn kind(node: &Node) -> Option<Kind> {
+fn kind(node: &CelNode) -> Option<ExprKind> {
     match node {
-        Node::Lit(Val::Bool(_)) => Some(Kind::Bool),
-        Node::Lit(Val::Str(_)) => Some(Kind::Text),
-        Node::Lit(Val::Null) => Some(Kind::Null),
-        Node::Lit(_) | Node::Neg(_) => Some(Kind::Number),
-        Node::Has(_)
-        | Node::Not(_)
-        | Node::And(..)
-        | Node::Or(..)
-        | Node::Cmp(..)
-        | Node::In(..) => Some(Kind::Bool),
-        Node::Call(Func::StartsWith | Func::EndsWith | Func::Contains, _) => Some(Kind::Bool),
-        Node::Call(Func::Size | Func::Int | Func::Double, _) => Some(Kind::Number),
-        Node::Call(Func::String | Func::Lower | Func::Upper, _) => Some(Kind::Text),
-        Node::Cond(_, a, b) => kind(a).filter(|k| Some(*k) == kind(b)),
+        CelNode::Lit(Val::Bool(_)) => Some(ExprKind::Bool),
+        CelNode::Lit(Val::Str(_)) => Some(ExprKind::Text),
+        CelNode::Lit(Val::Null) => Some(ExprKind::Null),
+        CelNode::Lit(_) | CelNode::Neg(_) => Some(ExprKind::Number),
+        CelNode::Has(_)
+        | CelNode::Not(_)
+        | CelNode::And(..)
+        | CelNode::Or(..)
+        | CelNode::Cmp(..)
+        | CelNode::In(..) => Some(ExprKind::Bool),
+        CelNode::Call(Func::StartsWith | Func::EndsWith | Func::Contains, _) => {
+            Some(ExprKind::Bool)
+        }
+        CelNode::Call(Func::Size | Func::Int | Func::Double, _) => Some(ExprKind::Number),
+        CelNode::Call(Func::String | Func::Lower | Func::Upper, _) => Some(ExprKind::Text),
+        CelNode::Cond(_, a, b) => kind(a).filter(|k| Some(*k) == kind(b)),
         // Arithmetic gives a number or a string, or fails: either known side tells which.
-        Node::Arith(_, a, b) => [kind(a), kind(b)]
+        CelNode::Arith(_, a, b) => [kind(a), kind(b)]
             .into_iter()
             .flatten()
-            .find(|k| matches!(k, Kind::Number | Kind::Text)),
-        Node::Var(_) => None,
+            .find(|k| matches!(k, ExprKind::Number | ExprKind::Text)),
+        CelNode::Var(_) => None,
     }
 }
 

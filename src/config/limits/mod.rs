@@ -101,14 +101,14 @@ impl Rule {
 
 /// One level of a domain's tree.
 #[derive(Debug, Default)]
-struct Node {
+struct DescriptorNode {
     /// key → value → child (nested, so a lookup borrows the request's strings: no allocation
     /// per entry on the hot path).
-    exact: HashMap<String, HashMap<String, Node>>,
+    exact: HashMap<String, HashMap<String, DescriptorNode>>,
     /// key → child that matches any value.
-    any: HashMap<String, Node>,
+    any: HashMap<String, DescriptorNode>,
     /// (key, the value split on `*`, child), in file order.
-    wildcards: Vec<(String, Vec<String>, Node)>,
+    wildcards: Vec<(String, Vec<String>, DescriptorNode)>,
     rule: Option<Rule>,
     /// Reached through a wildcard with `share_threshold`: the pattern that stands for the
     /// entry's value in the counter's subject, so every value it matches shares one count.
@@ -116,7 +116,7 @@ struct Node {
 }
 
 /// A descriptor's limit, and the entries whose value a shared wildcard stands for (by index).
-pub struct Found<'a> {
+pub struct FoundRule<'a> {
     pub rule: &'a Rule,
     pub shared: smallvec::SmallVec<[(usize, &'a str); 2]>,
 }
@@ -124,7 +124,7 @@ pub struct Found<'a> {
 /// Every domain's tree.
 #[derive(Debug, Default)]
 pub struct Limits {
-    domains: HashMap<String, Node>,
+    domains: HashMap<String, DescriptorNode>,
     /// Domains with a `metadata` somewhere: their answers carry Envoy dynamic metadata.
     with_metadata: HashSet<String>,
 }
@@ -179,7 +179,7 @@ impl Limits {
         if self.domains.contains_key(&domain) {
             return invalid(format!("domain `{domain}` is defined twice"));
         }
-        let mut root = Node::default();
+        let mut root = DescriptorNode::default();
         build(&mut root, &domain, &descriptors)?;
         let mut rules = Vec::new();
         collect(&root, &domain, &mut rules);
@@ -225,7 +225,7 @@ impl Limits {
         &'a self,
         domain: &str,
         entries: impl IntoIterator<Item = (&'e str, &'e str)>,
-    ) -> Option<Found<'a>> {
+    ) -> Option<FoundRule<'a>> {
         let mut node = self.domains.get(domain)?;
         let mut shared = smallvec::SmallVec::new();
         let mut entries = entries.into_iter().enumerate().peekable();
@@ -245,7 +245,7 @@ impl Limits {
                 shared.push((i, pattern.as_str()));
             }
             if entries.peek().is_none() {
-                return next.rule.as_ref().map(|rule| Found { rule, shared });
+                return next.rule.as_ref().map(|rule| FoundRule { rule, shared });
             }
             node = next;
         }
@@ -253,7 +253,7 @@ impl Limits {
     }
 }
 
-fn collect<'a>(node: &'a Node, domain: &'a str, out: &mut Vec<(&'a str, &'a Rule)>) {
+fn collect<'a>(node: &'a DescriptorNode, domain: &'a str, out: &mut Vec<(&'a str, &'a Rule)>) {
     let children = node
         .exact
         .values()
@@ -269,7 +269,11 @@ fn collect<'a>(node: &'a Node, domain: &'a str, out: &mut Vec<(&'a str, &'a Rule
 }
 
 /// Add `descriptors` under `node`; `path` names `node` (`<domain>.<key>_<value>…`).
-fn build(node: &mut Node, path: &str, descriptors: &[DescriptorYaml]) -> Result<(), LimitsProblem> {
+fn build(
+    node: &mut DescriptorNode,
+    path: &str,
+    descriptors: &[DescriptorYaml],
+) -> Result<(), LimitsProblem> {
     for d in descriptors {
         if d.key.is_empty() {
             return invalid(format!("`{path}`: a descriptor has an empty key"));
@@ -279,7 +283,7 @@ fn build(node: &mut Node, path: &str, descriptors: &[DescriptorYaml]) -> Result<
             Some(v) => format!("{path}.{}_{v}", d.key),
             None => format!("{path}.{}", d.key),
         };
-        let mut child = Node::default();
+        let mut child = DescriptorNode::default();
         if d.share_threshold {
             match value {
                 Some(v) if v.contains('*') => child.share = Some(v.to_string()),

@@ -39,7 +39,7 @@ type Map<K, V> = HashMap<K, V, ahash::RandomState>;
 
 /// One held key.
 #[derive(Debug, Clone)]
-struct Entry {
+struct HotEntry {
     /// The lower bound of the key's sum.
     count: u64,
     /// When Redis expires the key (Unix ms).
@@ -51,7 +51,7 @@ struct Entry {
 pub struct HotKeys {
     /// Keys held at most (between batches).
     capacity: usize,
-    held: Map<Box<[u8]>, Entry>,
+    held: Map<Box<[u8]>, HotEntry>,
     /// Sum of every delta fed (`N`).
     total: u64,
     /// Sum the cuts and expiry removed from the counts so far (at most `N − held`).
@@ -95,7 +95,7 @@ impl HotKeys {
         let (cut1, live) = self.batch_cut(batch.clone(), repeats, now_ms);
         // The survivors of the first cut (at most L entries), summed per key, borrowed until
         // they survive the second.
-        let mut fresh: Map<&[u8], Entry> = Map::default();
+        let mut fresh: Map<&[u8], HotEntry> = Map::default();
         let mut survived = 0u64;
         for (key, delta, expire_at_ms) in batch {
             let Ok(delta) = u64::try_from(delta) else {
@@ -108,7 +108,7 @@ impl HotKeys {
             survived += left;
             let entry = match self.held.get_mut(key) {
                 Some(e) => e,
-                None => fresh.entry(key).or_insert(Entry {
+                None => fresh.entry(key).or_insert(HotEntry {
                     count: 0,
                     expire_at_ms,
                 }),
@@ -164,7 +164,7 @@ impl HotKeys {
     }
 
     /// The second cut: drop expired keys, add `fresh` and keep at most `capacity` keys.
-    fn merge(&mut self, mut fresh: Map<&[u8], Entry>, now_ms: i64) {
+    fn merge(&mut self, mut fresh: Map<&[u8], HotEntry>, now_ms: i64) {
         self.held.retain(|_, e| {
             let keep = e.expire_at_ms > now_ms;
             if !keep {
@@ -212,7 +212,7 @@ impl HotKeys {
 
     /// The `n` heaviest keys not expired at `now_ms`, heaviest first.
     pub fn top(&self, n: usize, now_ms: i64) -> Vec<HotKey> {
-        let mut top: Vec<(&Box<[u8]>, &Entry)> = self
+        let mut top: Vec<(&Box<[u8]>, &HotEntry)> = self
             .held
             .iter()
             .filter(|(_, e)| e.expire_at_ms > now_ms)

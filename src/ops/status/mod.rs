@@ -35,14 +35,14 @@ struct Partition {
     /// Age of the oldest message not yet counted, in seconds (the lag probe).
     lag_seconds: Option<f64>,
     /// Why it is halted or waiting, if it is.
-    halt: Option<Halt>,
+    halt: Option<HaltedPartition>,
     /// Being replayed from Kafka up to this offset, after Redis took its applied offset back.
     replaying_until: Option<i64>,
 }
 
 /// A halted (or waiting) partition.
 #[derive(Debug, Clone)]
-pub struct Halt {
+pub struct HaltedPartition {
     /// The reason's label (as `tally_partitions_halted{reason}`).
     pub reason: &'static str,
     /// What happened and what to do.
@@ -246,7 +246,11 @@ impl Status {
     }
 
     /// Replace what `lane` reports as halted.
-    pub fn set_halted(&self, lane: usize, halted: impl IntoIterator<Item = (i32, Halt)>) {
+    pub fn set_halted(
+        &self,
+        lane: usize,
+        halted: impl IntoIterator<Item = (i32, HaltedPartition)>,
+    ) {
         let topic = self.of_lane(lane, 0).0;
         let mut parts = self.stream.partitions.lock();
         for p in parts.values_mut().filter(|p| p.lane == lane) {

@@ -20,7 +20,7 @@ pub(crate) const MAX_KEY_BYTES: usize = 1 << 30;
 
 /// One key: where its bytes are in `Keys::bytes`, and its delta.
 #[derive(Clone, Copy)]
-struct Entry {
+struct KeyEntry {
     start: u32,
     len: u32,
     delta: Delta,
@@ -30,7 +30,7 @@ struct Entry {
 #[derive(Default, Clone)]
 pub struct Keys {
     bytes: Vec<u8>,
-    entries: Vec<Entry>,
+    entries: Vec<KeyEntry>,
 }
 
 impl Keys {
@@ -61,7 +61,7 @@ impl Keys {
     pub fn push(&mut self, key: &[u8], delta: Delta) {
         let start = self.bytes.len();
         self.bytes.extend_from_slice(key);
-        self.entries.push(Entry {
+        self.entries.push(KeyEntry {
             start: u32::try_from(start).expect("a unit is cut before MAX_KEY_BYTES"),
             len: u32::try_from(key.len()).expect("a key is shorter than 4 GiB"),
             delta,
@@ -82,7 +82,7 @@ impl Keys {
         self.text(&self.entries[i as usize])
     }
 
-    fn text(&self, e: &Entry) -> &[u8] {
+    fn text(&self, e: &KeyEntry) -> &[u8] {
         &self.bytes[e.start as usize..(e.start + e.len) as usize]
     }
 }

@@ -34,7 +34,7 @@ pub use keys::Keys;
 pub(crate) use keys::{KeyTable, MAX_KEY_BYTES};
 pub use kinds::{Op, Other};
 pub use seal::{max_units_per_key, Batch};
-pub use unit::{Delta, Unit};
+pub use unit::{Delta, FlushUnit};
 
 use check::Weights;
 use counter::HotKind;
@@ -171,7 +171,7 @@ impl Aggregator {
         if let Some(state) = self.partitions.remove(&partition) {
             for shard in &state.shards {
                 self.pending_keys -= shard.open.items();
-                self.pending_keys -= shard.sealed.iter().map(Unit::items).sum::<usize>();
+                self.pending_keys -= shard.sealed.iter().map(FlushUnit::items).sum::<usize>();
             }
         }
     }
@@ -329,7 +329,10 @@ impl Aggregator {
             // Every open unit is empty now: nothing is pending to bound.
             state.bound = 0;
             if batch.units.len() > before {
-                batch.keys += batch.units[before..].iter().map(Unit::items).sum::<usize>();
+                batch.keys += batch.units[before..]
+                    .iter()
+                    .map(FlushUnit::items)
+                    .sum::<usize>();
                 batch.ends.push((p, end));
             }
         }

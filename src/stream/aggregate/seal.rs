@@ -1,13 +1,13 @@
 //! What sealing gives a flush: the [`Batch`] of units cut from the owned partitions (cut by
 //! `Aggregator::seal_up_to`), and how many of its units one key can appear in.
 
-use super::Unit;
+use super::FlushUnit;
 
 /// Units sealed for one flush.
 #[derive(Debug, Default)]
 pub struct Batch {
     /// Units in apply order per (partition, shard).
-    pub units: Vec<Unit>,
+    pub units: Vec<FlushUnit>,
     /// Partitions covered and the offset each is complete up to once the batch lands.
     pub ends: Vec<(i32, i64)>,
     /// Total keys in `units`.
@@ -34,7 +34,7 @@ impl Batch {
 /// How many units of a batch one key can appear in: a key belongs to one shard, so to the units
 /// of one (partition, shard) per partition; those are adjacent in a batch (sealed ones, then the
 /// open one). The sum over partitions of the longest run of one (partition, shard).
-pub fn max_units_per_key(units: &[Unit]) -> usize {
+pub fn max_units_per_key(units: &[FlushUnit]) -> usize {
     let (mut total, mut longest, mut run) = (0usize, 0usize, 0usize);
     let mut prev: Option<(i32, u32)> = None;
     for u in units {
@@ -56,10 +56,10 @@ pub fn max_units_per_key(units: &[Unit]) -> usize {
 
 #[cfg(test)]
 mod units_per_key_tests {
-    use super::super::{Keys, Unit};
+    use super::super::{FlushUnit, Keys};
 
-    fn unit(partition: i32, shard: u32) -> Unit {
-        Unit {
+    fn unit(partition: i32, shard: u32) -> FlushUnit {
+        FlushUnit {
             partition,
             shard,
             start: 0,

@@ -110,7 +110,7 @@ fn text(key: &[u8]) -> String {
 }
 
 /// Delta per key summed over `units`.
-fn totals(units: &[Unit]) -> BTreeMap<String, i64> {
+fn totals(units: &[FlushUnit]) -> BTreeMap<String, i64> {
     let mut out = BTreeMap::new();
     for (key, d) in units.iter().flat_map(|u| &u.keys) {
         *out.entry(text(key)).or_insert(0) += d.delta;
@@ -119,7 +119,7 @@ fn totals(units: &[Unit]) -> BTreeMap<String, i64> {
 }
 
 /// `[start, end)` of each unit per (partition, shard), in batch order.
-fn chains(units: &[Unit]) -> BTreeMap<(i32, u32), Vec<(i64, i64)>> {
+fn chains(units: &[FlushUnit]) -> BTreeMap<(i32, u32), Vec<(i64, i64)>> {
     let mut out: BTreeMap<(i32, u32), Vec<(i64, i64)>> = BTreeMap::new();
     for u in units {
         out.entry((u.partition, u.shard))

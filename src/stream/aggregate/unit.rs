@@ -1,4 +1,4 @@
-//! A flush unit: [`Unit`], sealed and sent, and the open unit of one (partition, shard) that
+//! A flush unit: [`FlushUnit`], sealed and sent, and the open unit of one (partition, shard) that
 //! events are added to ([`OpenUnit`]) until it is sealed.
 
 use ahash::RandomState;
@@ -21,7 +21,7 @@ pub struct Delta {
 
 /// The atomic flush unit: all contributions of offsets `[start, end)` of a partition to a shard.
 #[derive(Debug)]
-pub struct Unit {
+pub struct FlushUnit {
     /// Kafka partition.
     pub partition: i32,
     /// Shard within the partition (0 on standalone Redis).
@@ -40,7 +40,7 @@ pub struct Unit {
     pub max_event_ms: Option<i64>,
 }
 
-impl Unit {
+impl FlushUnit {
     /// Entries the unit writes: keys, plus each hash field, member and score.
     pub fn items(&self) -> usize {
         self.keys.len() + self.other.iter().map(|(_, o)| o.items()).sum::<usize>()
@@ -152,11 +152,11 @@ pub(super) struct ShardState {
     /// The unit events are added to.
     pub(super) open: OpenUnit,
     /// Units cut because they reached `max_keys_per_call`, oldest first.
-    pub(super) sealed: Vec<Unit>,
+    pub(super) sealed: Vec<FlushUnit>,
 }
 
 impl ShardState {
-    /// Cut the open unit at `end` into a [`Unit`] of `partition`'s `shard` (carrying the
+    /// Cut the open unit at `end` into a [`FlushUnit`] of `partition`'s `shard` (carrying the
     /// partition's highest event time where watermarks are on); the next unit starts at `end`.
     pub(super) fn seal(
         &mut self,
@@ -165,12 +165,12 @@ impl ShardState {
         end: i64,
         max_event_ms: Option<i64>,
         hasher: &RandomState,
-    ) -> Unit {
+    ) -> FlushUnit {
         // The next unit likely sees as many keys: `take` sizes its buffers up front.
         let keys = self.open.keys.take();
         let other = std::mem::replace(&mut self.open.other, OtherMap::with_hasher(hasher.clone()));
         self.open.other_items = 0;
-        let unit = Unit {
+        let unit = FlushUnit {
             partition,
             shard,
             start: self.open.start,

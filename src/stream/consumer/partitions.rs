@@ -331,7 +331,7 @@ impl PartitionStates {
         self.status.set_halted(
             self.access.lane,
             self.parked.iter().map(|(&p, h)| {
-                let halt = crate::ops::status::Halt {
+                let halt = crate::ops::status::HaltedPartition {
                     reason: h.reason().label(),
                     detail: self.named(h.describe(p)),
                     repair: h.repair_args(p).map(|a| self.with_topic_arg(a)),

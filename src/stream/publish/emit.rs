@@ -11,7 +11,7 @@ use tally_counters::model::CounterSpec;
 use tally_counters::window::Window;
 
 use super::cells::Cell;
-use super::kafka::{Kafka, Out};
+use super::kafka::{Kafka, Outgoing};
 use super::record::{self, Emit};
 use super::{late, progress, snapshot, tombstones};
 use crate::ops::metrics::Metrics;
@@ -179,7 +179,7 @@ impl Emitter<'_> {
             .collect();
         // The record's time is its window's end, as Kafka Streams and Flink stamp a window's
         // result: a consumer joining on time sees when the window closed.
-        let records = cells.iter().zip(&payloads).map(|(c, payload)| Out {
+        let records = cells.iter().zip(&payloads).map(|(c, payload)| Outgoing {
             key: &c.key,
             payload: Some(payload),
             headers: None,

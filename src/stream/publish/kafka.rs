@@ -18,7 +18,7 @@ use super::topics::TopicError;
 use crate::config::Model;
 
 /// One record to produce.
-pub struct Out<'a> {
+pub struct Outgoing<'a> {
     /// The record key (a counter key).
     pub key: &'a str,
     /// The value; None: a tombstone.
@@ -107,7 +107,7 @@ impl Kafka {
     }
 
     /// Produce `records` to `topic` and wait for Kafka's acknowledgement of every one.
-    pub async fn send(&self, topic: &str, records: Vec<Out<'_>>) -> Result<(), TopicError> {
+    pub async fn send(&self, topic: &str, records: Vec<Outgoing<'_>>) -> Result<(), TopicError> {
         let sends = records.into_iter().map(|r| {
             let mut rec = FutureRecord::<str, str>::to(topic)
                 .key(r.key)

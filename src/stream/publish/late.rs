@@ -15,7 +15,7 @@ use tally_counters::model::CounterSpec;
 use tally_counters::window::Window;
 
 use super::cells::Cell;
-use super::kafka::{Kafka, Out};
+use super::kafka::{Kafka, Outgoing};
 use super::record::{self, Emit};
 use super::snapshot;
 use crate::ops::metrics::Metrics;
@@ -99,7 +99,7 @@ impl Dropper<'_> {
                 .iter()
                 .map(|c| record::value(spec, window, c, closed_by, Emit::Late))
                 .collect();
-            let records = chunk.iter().zip(&payloads).map(|(c, p)| Out {
+            let records = chunk.iter().zip(&payloads).map(|(c, p)| Outgoing {
                 key: &c.key,
                 payload: Some(p),
                 headers: Some(headers.clone()),

@@ -15,7 +15,7 @@ use tally_counters::conn::Conn;
 use tally_counters::model::CounterSpec;
 use tally_counters::window::Window;
 
-use super::kafka::{Kafka, Out};
+use super::kafka::{Kafka, Outgoing};
 use super::record::Emit;
 use super::snapshot;
 use crate::ops::metrics::Metrics;
@@ -89,7 +89,7 @@ impl Tombstoner<'_> {
                 );
             }
             for chunk in keys.keys().collect::<Vec<_>>().chunks(10_000) {
-                let records = chunk.iter().map(|key| Out {
+                let records = chunk.iter().map(|key| Outgoing {
                     key,
                     payload: None,
                     headers: None,

@@ -11,7 +11,7 @@
 use super::link::Scripts;
 use super::reply::{ReplyError, UnitMeta};
 use super::{conn, merge, script, AttemptError, FenceScope};
-use crate::stream::aggregate::Unit;
+use crate::stream::aggregate::FlushUnit;
 
 /// Keys encoded into one pipeline (at least one call): large enough that the round trips
 /// between chunks cost little (ten per 100,000-key flush), small enough that a chunk's
@@ -28,7 +28,7 @@ pub(super) struct Plan {
 impl Plan {
     /// Plan `units` into script calls grouped by shard (merging up to `max_merged_keys` keys
     /// into one call). Units of one (partition, shard) stay in order inside their group.
-    pub(super) fn new(units: Vec<Unit>, max_merged_keys: usize, check_ttl: bool) -> Plan {
+    pub(super) fn new(units: Vec<FlushUnit>, max_merged_keys: usize, check_ttl: bool) -> Plan {
         let mut groups: Vec<Vec<merge::Call>> = Vec::new();
         let mut group_of_shard: std::collections::HashMap<u32, usize> =
             std::collections::HashMap::new();
@@ -101,7 +101,7 @@ fn encode_call(
 ) -> (redis::Cmd, UnitMeta) {
     let shard = call.shard();
     match call {
-        merge::Call::Unit(unit) => {
+        merge::Call::FlushUnit(unit) => {
             let keys = scope.keys(unit.partition, unit.shard);
             let cmd = if unit.other.is_empty() {
                 script::apply_cmd(scripts.apply.sha(), &keys, unit, check_ttl)
@@ -143,7 +143,7 @@ fn encode_call(
 /// Keys (and other entries) a call writes, for sizing chunks.
 pub(super) fn call_keys(call: &merge::Call) -> usize {
     match call {
-        merge::Call::Unit(u) => u.items(),
+        merge::Call::FlushUnit(u) => u.items(),
         merge::Call::Merged(m) => m.keys.len(),
     }
 }

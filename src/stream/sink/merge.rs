@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use ahash::RandomState;
 
-use crate::stream::aggregate::{KeyTable, Keys, Unit, MAX_KEY_BYTES};
+use crate::stream::aggregate::{FlushUnit, KeyTable, Keys, MAX_KEY_BYTES};
 
 /// One partition's offsets in a merged call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -19,7 +19,7 @@ pub struct Range {
     pub partition: i32,
     pub start: i64,
     pub end: i64,
-    /// The partition's highest event time up to `end` (see [`Unit::max_event_ms`]).
+    /// The partition's highest event time up to `end` (see [`FlushUnit::max_event_ms`]).
     pub max_event_ms: Option<i64>,
 }
 
@@ -35,14 +35,14 @@ pub struct Merged {
 #[derive(Debug)]
 pub enum Call {
     /// A unit on its own (it holds other kinds, or merging is off).
-    Unit(Unit),
+    FlushUnit(FlushUnit),
     Merged(Merged),
 }
 
 impl Call {
     pub fn shard(&self) -> u32 {
         match self {
-            Call::Unit(u) => u.shard,
+            Call::FlushUnit(u) => u.shard,
             Call::Merged(m) => m.shard,
         }
     }
@@ -68,7 +68,7 @@ impl Open {
 
     /// Whether `unit` can join without passing `cap` keys, overflowing a sum, or leaving a gap
     /// in its partition's offsets.
-    fn fits(&self, unit: &Unit, cap: usize) -> bool {
+    fn fits(&self, unit: &FlushUnit, cap: usize) -> bool {
         if let Some(r) = self.ranges.iter().find(|r| r.partition == unit.partition) {
             if r.end != unit.start {
                 return false;
@@ -86,7 +86,7 @@ impl Open {
             && self.keys.bytes_len() + unit.keys.bytes_len() < MAX_KEY_BYTES
     }
 
-    fn add(&mut self, unit: Unit) {
+    fn add(&mut self, unit: FlushUnit) {
         match self
             .ranges
             .iter_mut()
@@ -130,9 +130,9 @@ impl Open {
 /// The calls of one flush: count-only units merged per shard up to `cap` keys per call (0: no
 /// merging). Per (partition, shard) the order of the units is kept: a unit that cannot be
 /// merged, or does not fit, first sends the call its partition is in.
-pub fn plan(units: Vec<Unit>, cap: usize) -> Vec<Call> {
+pub fn plan(units: Vec<FlushUnit>, cap: usize) -> Vec<Call> {
     if cap == 0 {
-        return units.into_iter().map(Call::Unit).collect();
+        return units.into_iter().map(Call::FlushUnit).collect();
     }
     let hasher = RandomState::new();
     let mut calls = Vec::new();
@@ -144,7 +144,7 @@ pub fn plan(units: Vec<Unit>, cap: usize) -> Vec<Call> {
             if o.holds(unit.partition) {
                 calls.extend(o.close(shard, &hasher));
             }
-            calls.push(Call::Unit(unit));
+            calls.push(Call::FlushUnit(unit));
             continue;
         }
         if !o.fits(&unit, cap) {
@@ -167,8 +167,8 @@ mod tests {
     use super::*;
     use crate::stream::aggregate::Delta;
 
-    fn unit(partition: i32, start: i64, end: i64, keys: &[(&str, i64)]) -> Unit {
-        Unit {
+    fn unit(partition: i32, start: i64, end: i64, keys: &[(&str, i64)]) -> FlushUnit {
+        FlushUnit {
             partition,
             shard: 0,
             start,
@@ -199,7 +199,7 @@ mod tests {
                     .map(|(k, d)| (String::from_utf8(k.to_vec()).unwrap(), d.delta))
                     .collect(),
             ),
-            Call::Unit(u) => panic!("unmerged unit {u:?}"),
+            Call::FlushUnit(u) => panic!("unmerged unit {u:?}"),
         }
     }
 
@@ -285,7 +285,7 @@ mod tests {
         );
         assert_eq!(calls.len(), 3, "{calls:?}");
         assert_eq!(merged(&calls[0]).0[0].end, 5);
-        assert!(matches!(&calls[1], Call::Unit(u) if u.start == 5));
+        assert!(matches!(&calls[1], Call::FlushUnit(u) if u.start == 5));
         let (ranges, keys) = merged(&calls[2]);
         assert_eq!(ranges.len(), 2);
         assert_eq!(keys["a"], 2);
@@ -297,6 +297,6 @@ mod tests {
             vec![unit(0, 0, 1, &[("a", 1)]), unit(1, 0, 1, &[("a", 1)])],
             0,
         );
-        assert!(calls.iter().all(|c| matches!(c, Call::Unit(_))));
+        assert!(calls.iter().all(|c| matches!(c, Call::FlushUnit(_))));
     }
 }

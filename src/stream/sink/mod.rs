@@ -37,7 +37,7 @@ use crate::config::{FlushConfig, RedisConfig, RedisMode};
 pub use crate::model::state_keys::FenceScope;
 use crate::ops::health::Health;
 use crate::ops::metrics::{Metrics, RedisErrorKind};
-use crate::stream::aggregate::Unit;
+use crate::stream::aggregate::FlushUnit;
 use encode::Plan;
 use link::{Link, Probing, Scripts};
 pub use reply::{FlushOutcome, Refusal, ReplyError};
@@ -187,7 +187,11 @@ impl Sink {
     }
 
     /// Apply `units`, retrying until they land; None when aborted first.
-    async fn flush(&mut self, units: Vec<Unit>, abort: &CancellationToken) -> Option<FlushOutcome> {
+    async fn flush(
+        &mut self,
+        units: Vec<FlushUnit>,
+        abort: &CancellationToken,
+    ) -> Option<FlushOutcome> {
         let started = Instant::now();
         let keys: usize = units.iter().map(|u| u.items()).sum();
         let check_ttl = self
@@ -475,7 +479,7 @@ impl Sink {
 
     /// [`reapply::Kept::reapply_if_lost`] on `conn`.
     async fn reapply_if_lost(&mut self, conn: &conn::Conn) -> Result<(), AttemptError> {
-        let target = reapply::Target {
+        let target = reapply::ReapplyTarget {
             scripts: &self.scripts,
             scope: &self.scope,
         };

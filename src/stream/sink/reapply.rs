@@ -85,7 +85,7 @@ impl Kept {
 /// (partition, shard, start, end) of each range `call` applies.
 fn ranges(call: &merge::Call) -> Vec<(i32, u32, i64, i64)> {
     match call {
-        merge::Call::Unit(u) => vec![(u.partition, u.shard, u.start, u.end)],
+        merge::Call::FlushUnit(u) => vec![(u.partition, u.shard, u.start, u.end)],
         merge::Call::Merged(m) => m
             .ranges
             .iter()
@@ -107,7 +107,7 @@ pub(super) struct Reapplied {
 
 /// What sending the kept calls needs besides the connection: the scripts' SHAs and the names
 /// of the fences.
-pub(super) struct Target<'a> {
+pub(super) struct ReapplyTarget<'a> {
     pub(super) scripts: &'a Scripts,
     pub(super) scope: &'a FenceScope,
 }
@@ -119,7 +119,7 @@ impl Kept {
     pub(super) async fn reapply_if_lost(
         &mut self,
         conn: &conn::Conn,
-        target: Target<'_>,
+        target: ReapplyTarget<'_>,
         metrics: &Metrics,
     ) -> Result<(), AttemptError> {
         match self.reapply_lost(conn, &target).await {
@@ -139,7 +139,7 @@ impl Kept {
     async fn reapply_lost(
         &self,
         conn: &conn::Conn,
-        target: &Target<'_>,
+        target: &ReapplyTarget<'_>,
     ) -> Result<Option<Reapplied>, AttemptError> {
         let last = self.last_ends();
         if last.is_empty() {
@@ -237,7 +237,7 @@ async fn behind(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::stream::aggregate::{Delta, Keys, Unit};
+    use crate::stream::aggregate::{Delta, FlushUnit, Keys};
 
     /// A unit of partition `partition` writing `keys` keys.
     fn unit(partition: i32, start: i64, end: i64, keys: usize) -> merge::Call {
@@ -249,7 +249,7 @@ mod tests {
             };
             k.push(format!("k{i}").as_bytes(), delta);
         }
-        merge::Call::Unit(Unit {
+        merge::Call::FlushUnit(FlushUnit {
             partition,
             shard: 0,
             start,

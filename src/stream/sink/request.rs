@@ -7,7 +7,7 @@ use redis::RedisError;
 
 use super::reply::{FlushOutcome, ReplyError};
 use super::script::FenceState;
-use crate::stream::aggregate::Unit;
+use crate::stream::aggregate::FlushUnit;
 
 /// Work for the sink task. Replies go over std channels so the consumer thread can wait
 /// with a timeout without a runtime.
@@ -15,7 +15,7 @@ pub enum SinkRequest {
     /// Apply these units, in order.
     Flush {
         /// Units to apply.
-        units: Vec<Unit>,
+        units: Vec<FlushUnit>,
         /// Receives the outcome; dropped without a reply if the sink was aborted.
         reply: std_mpsc::Sender<FlushOutcome>,
     },

@@ -1,7 +1,7 @@
 //! The Lua scripts tally runs in Redis and the commands that call them; their replies are
 //! parsed into the types of `reply.rs` (re-exported here).
 //!
-//! One call of [`APPLY_LUA`] applies one [`Unit`]: it checks the partition's applied offset for
+//! One call of [`APPLY_LUA`] applies one [`FlushUnit`]: it checks the partition's applied offset for
 //! the unit's shard (compare-and-set), adds every delta, sets each new key's absolute expiry, and
 //! records the new applied offset — atomically, because Redis runs a script without interleaving
 //! other commands.
@@ -23,7 +23,7 @@ use redis::Cmd;
 
 pub use super::reply::{ApplyReply, FenceCode, FenceState, MergedReply};
 pub use crate::model::state_keys::StateKeys;
-use crate::stream::aggregate::{Keys, Unit};
+use crate::stream::aggregate::{FlushUnit, Keys};
 
 /// Applies a unit. KEYS: fence, marker, then the counter keys. ARGV: start, end, check (`1`: look
 /// for existing keys without expiry), partition, the earliest expire-at of the counter keys, then
@@ -108,7 +108,7 @@ pub const SET_FENCE_LUA: &str = include_str!("lua/set_fence.lua");
 
 /// The EVALSHA command applying `unit` with [`APPLY_LUA`] (`sha`); `check_ttl` says whether
 /// existing keys are checked for a missing expiry.
-pub fn apply_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool) -> Cmd {
+pub fn apply_cmd(sha: &str, keys: &StateKeys, unit: &FlushUnit, check_ttl: bool) -> Cmd {
     let mut cmd = evalsha(
         sha,
         unit.keys.len() + 2,
@@ -122,7 +122,7 @@ pub fn apply_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool) -> C
 
 /// The EVALSHA command applying `unit` with [`APPLY_KINDS_LUA`] (`sha`): for units holding
 /// other kinds than counts.
-pub fn apply_kinds_cmd(sha: &str, keys: &StateKeys, unit: &Unit, check_ttl: bool) -> Cmd {
+pub fn apply_kinds_cmd(sha: &str, keys: &StateKeys, unit: &FlushUnit, check_ttl: bool) -> Cmd {
     use crate::stream::aggregate::Op;
     let numkeys = unit.keys.len() + unit.other.len() + 2;
     let mut cmd = evalsha(sha, numkeys, [&*keys.fence, &*keys.marker], &unit.keys);
@@ -225,7 +225,7 @@ fn evalsha<'a>(
 
 /// A unit's ARGV for [`APPLY_LUA`] and [`APPLY_KINDS_LUA`]: its range, the check flag, its
 /// partition, the earliest expiry, then its counter keys' (delta, expire-at) pairs.
-fn push_unit_args(cmd: &mut Cmd, unit: &Unit, check_ttl: bool) {
+fn push_unit_args(cmd: &mut Cmd, unit: &FlushUnit, check_ttl: bool) {
     cmd.arg(unit.start)
         .arg(unit.end)
         .arg(check_arg(check_ttl))

@@ -49,7 +49,7 @@ pub use limit::{
 pub use once::Once;
 pub use pool::{Claim, Pool};
 pub use quota::{Quota, QuotaReply, MAX_QUOTA_SIZE};
-pub use rlqs::{Ask as LedgerAsk, BucketKeys, Granted, Ledger, Need, Standing};
+pub use rlqs::{BucketKeys, Granted, Ledger, LedgerAsk, Need, Standing};
 pub use unique::{Unique, DEFAULT_MAX_ITEMS, MAX_ITEM_BYTES};
 
 /// Why a request-path call has no answer.
@@ -134,7 +134,7 @@ impl RequestError {
     /// the script's contract are permanent.
     pub fn is_transient(&self) -> bool {
         match self {
-            RequestError::Redis(e) => crate::error::redis_is_transient(e),
+            RequestError::Redis(e) => redis_is_transient(e),
             RequestError::Unreachable(_)
             | RequestError::OutcomeUnknown(_)
             | RequestError::NotReplicated { .. } => true,
@@ -161,6 +161,20 @@ impl RequestError {
             _ => false,
         }
     }
+}
+
+/// A Redis error that a later try may not meet: the connection, a timeout, a failover, a busy
+/// or loading server; not a command Redis refuses for what it is (a wrong type, a bad script).
+pub(crate) fn redis_is_transient(e: &redis::RedisError) -> bool {
+    e.is_io_error()
+        || e.is_timeout()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_cluster_error()
+        || matches!(
+            e.code(),
+            Some("LOADING" | "BUSY" | "MASTERDOWN" | "READONLY" | "TRYAGAIN" | "CLUSTERDOWN")
+        )
 }
 
 /// An error of a command that was sent: unless Redis refused it, it may have run.

@@ -109,7 +109,7 @@ pub struct Granted {
 
 /// What a grant asks for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ask {
+pub struct LedgerAsk {
     /// The share the caller computed.
     pub desired: u64,
     /// The reserve for the gap, taken first.
@@ -186,7 +186,7 @@ impl Ledger {
         &self,
         keys: &BucketKeys,
         holder: &str,
-        ask: Ask,
+        ask: LedgerAsk,
         now_ms: i64,
     ) -> Result<Granted, RequestError> {
         let mut cmd = GRANT.cmd(&keys.both());

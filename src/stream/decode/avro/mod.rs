@@ -22,11 +22,11 @@ use crate::config::SchemaSource;
 use super::paths::Node;
 use super::schema::{Cache, Compile, SchemaNews, Source, Unusable};
 use super::{DecodeError, FieldValue};
-use plan::{Plan, Refused};
+use plan::{AvroPlan, Refused};
 
 /// Where schemas come from, and the compiled ones.
 pub(super) struct Avro {
-    source: Source<Plan>,
+    source: Source<AvroPlan>,
 }
 
 impl Avro {
@@ -42,7 +42,7 @@ impl Avro {
         let source = match schema {
             SchemaSource::Registry(r) => {
                 let root = root.clone();
-                let compile: Compile<Plan> = Arc::new(move |s, _| match s.is("AVRO") {
+                let compile: Compile<AvroPlan> = Arc::new(move |s, _| match s.is("AVRO") {
                     true => compile(&s.schema, &root, max_nodes),
                     false => Err(format!("a {:?} schema, not avro", s.schema_type).into()),
                 });
@@ -83,7 +83,7 @@ impl Avro {
 
 /// The plan of the Avro schema `text` for the wanted fields of `root`: the text refused as
 /// `tally check` refuses a schema file, then its plan within the same budget.
-fn compile(text: &str, root: &Node, max_nodes: usize) -> Result<Plan, Unusable> {
+fn compile(text: &str, root: &Node, max_nodes: usize) -> Result<AvroPlan, Unusable> {
     let schema = crate::config::avro_schema(text, max_nodes).map_err(|e| match e {
         crate::config::AvroSchemaError::TooLarge { .. } => Unusable::TooLarge(e.to_string()),
         e => Unusable::Bad(e.to_string()),
@@ -105,12 +105,12 @@ impl From<Refused> for Unusable {
 }
 
 fn run<'a>(
-    plan: &Plan,
+    plan: &AvroPlan,
     datum: &'a [u8],
     out: &mut [Option<FieldValue<'a>>],
 ) -> Result<(), DecodeError> {
-    let mut r = read::Reader::new(datum);
-    let refused = |r: &read::Reader| match r.over_budget {
+    let mut r = read::AvroReader::new(datum);
+    let refused = |r: &read::AvroReader| match r.over_budget {
         true => DecodeError::TooComplex,
         false => DecodeError::NotAvro,
     };

@@ -22,8 +22,8 @@ const MAX_DEPTH: usize = 32;
 
 /// How to read one value, and which slots take it.
 #[derive(Debug)]
-pub(super) struct Plan {
-    pub(super) kind: Kind,
+pub(super) struct AvroPlan {
+    pub(super) kind: AvroKind,
     pub(super) slots: SmallVec<[usize; 1]>,
     /// Something in it is wanted (its slots or a descendant's): else it is only skipped.
     pub(super) wanted: bool,
@@ -33,7 +33,7 @@ pub(super) struct Plan {
 }
 
 #[derive(Debug)]
-pub(super) enum Kind {
+pub(super) enum AvroKind {
     Null,
     Bool,
     /// int or long; a timestamp in micro- or nanoseconds is divided down to milliseconds.
@@ -47,12 +47,12 @@ pub(super) enum Kind {
     Str,
     Fixed(usize),
     Enum(Vec<Box<str>>),
-    Record(Vec<Arc<Plan>>),
+    Record(Vec<Arc<AvroPlan>>),
     /// The element plan, and the plans of wanted indexes.
-    Array(Arc<Plan>, Vec<(usize, Arc<Plan>)>),
+    Array(Arc<AvroPlan>, Vec<(usize, Arc<AvroPlan>)>),
     /// The value plan, and the plans of wanted keys.
-    Map(Arc<Plan>, Vec<(Box<str>, Arc<Plan>)>),
-    Union(Vec<Arc<Plan>>),
+    Map(Arc<AvroPlan>, Vec<(Box<str>, Arc<AvroPlan>)>),
+    Union(Vec<Arc<AvroPlan>>),
 }
 
 /// Why a schema was not compiled.
@@ -66,7 +66,7 @@ pub(super) enum Refused {
 
 /// A compiled plan: the top-level record's, and how many nodes were built for it.
 pub(super) struct Compiled {
-    pub(super) plan: Plan,
+    pub(super) plan: AvroPlan,
     pub(super) nodes: usize,
 }
 
@@ -80,14 +80,14 @@ pub(super) fn compile(schema: &Schema, root: &Node, max_nodes: usize) -> Result<
     };
     let mut names = HashMap::new();
     collect(schema, &mut names, 0);
-    let mut c = Compiler {
+    let mut c = AvroCompiler {
         names,
         shared: HashMap::new(),
         open: HashSet::new(),
         nodes: 0,
         max_nodes,
-        null: Arc::new(Plan {
-            kind: Kind::Null,
+        null: Arc::new(AvroPlan {
+            kind: AvroKind::Null,
             slots: SmallVec::new(),
             wanted: false,
             zero_width: true,
@@ -98,7 +98,7 @@ pub(super) fn compile(schema: &Schema, root: &Node, max_nodes: usize) -> Result<
     let (kind, _) = c.composite(schema, Some(root), 0)?;
     c.spend(1)?;
     Ok(Compiled {
-        plan: Plan {
+        plan: AvroPlan {
             wanted: true,
             zero_width: false,
             kind,
@@ -142,9 +142,9 @@ fn key(node: Option<&Node>) -> usize {
 }
 
 /// A plan and its height (1 for a leaf): a shared plan used deeper must not pass `MAX_DEPTH`.
-type Planned = (Arc<Plan>, usize);
+type Planned = (Arc<AvroPlan>, usize);
 
-struct Compiler<'s> {
+struct AvroCompiler<'s> {
     names: HashMap<&'s Name, &'s Schema>,
     /// Named types compiled without slots, by name and wanted sub-tree: reused at every use.
     shared: HashMap<(&'s Name, usize), Planned>,
@@ -154,10 +154,10 @@ struct Compiler<'s> {
     nodes: usize,
     max_nodes: usize,
     /// The plan of every skipped value that takes no bytes.
-    null: Arc<Plan>,
+    null: Arc<AvroPlan>,
 }
 
-impl<'s> Compiler<'s> {
+impl<'s> AvroCompiler<'s> {
     /// Counts `n` more nodes against the budget.
     fn spend(&mut self, n: usize) -> Result<(), Refused> {
         self.nodes += n;
@@ -220,7 +220,7 @@ impl<'s> Compiler<'s> {
         Ok(built)
     }
 
-    /// A new plan of a value of `schema` (see [`Compiler::plan`]).
+    /// A new plan of a value of `schema` (see [`AvroCompiler::plan`]).
     fn build(
         &mut self,
         schema: &'s Schema,
@@ -233,7 +233,7 @@ impl<'s> Compiler<'s> {
             Schema::Decimal(d) => return self.plan(&d.inner, None, slots, depth),
             Schema::Enum(e) => {
                 self.spend(e.symbols.len())?;
-                (scalar(schema).unwrap_or(Kind::Null), 1)
+                (scalar(schema).unwrap_or(AvroKind::Null), 1)
             }
             _ => match scalar(schema) {
                 Some(kind) => (kind, 1),
@@ -241,22 +241,22 @@ impl<'s> Compiler<'s> {
             },
         };
         let inside = match &kind {
-            Kind::Record(fields) => fields.iter().any(|f| f.wanted),
-            Kind::Array(_, w) => !w.is_empty(),
-            Kind::Map(_, w) => !w.is_empty(),
-            Kind::Union(v) => v.iter().any(|p| p.wanted),
+            AvroKind::Record(fields) => fields.iter().any(|f| f.wanted),
+            AvroKind::Array(_, w) => !w.is_empty(),
+            AvroKind::Map(_, w) => !w.is_empty(),
+            AvroKind::Union(v) => v.iter().any(|p| p.wanted),
             _ => false,
         };
         let zero_width = match &kind {
-            Kind::Null | Kind::Fixed(0) => true,
-            Kind::Record(fields) => fields.iter().all(|f| f.zero_width),
+            AvroKind::Null | AvroKind::Fixed(0) => true,
+            AvroKind::Record(fields) => fields.iter().all(|f| f.zero_width),
             _ => false,
         };
         let wanted = inside || !slots.is_empty();
         if zero_width && !wanted {
             return Ok((self.null.clone(), 1));
         }
-        let plan = Plan {
+        let plan = AvroPlan {
             kind,
             slots,
             wanted,
@@ -285,7 +285,7 @@ impl<'s> Compiler<'s> {
         schema: &'s Schema,
         node: Option<&Node>,
         depth: usize,
-    ) -> Result<(Kind, usize), Refused> {
+    ) -> Result<(AvroKind, usize), Refused> {
         let mut height = 0;
         let mut tally = |(plan, h): Planned| {
             height = height.max(h);
@@ -298,21 +298,21 @@ impl<'s> Compiler<'s> {
                     let entry = node.and_then(|n| n.by_key(&f.name));
                     fields.push(tally(self.child(entry, &f.schema, depth)?));
                 }
-                Kind::Record(fields)
+                AvroKind::Record(fields)
             }
             Schema::Array(a) => {
                 let mut wanted = Vec::new();
                 for (i, e) in node.iter().flat_map(|n| n.indexes()) {
                     wanted.push((i, tally(self.child(Some(e), &a.items, depth)?)));
                 }
-                Kind::Array(tally(self.child(None, &a.items, depth)?), wanted)
+                AvroKind::Array(tally(self.child(None, &a.items, depth)?), wanted)
             }
             Schema::Map(m) => {
                 let mut wanted = Vec::new();
                 for (k, e) in node.iter().flat_map(|n| n.keys()) {
                     wanted.push((k.into(), tally(self.child(Some(e), &m.types, depth)?)));
                 }
-                Kind::Map(tally(self.child(None, &m.types, depth)?), wanted)
+                AvroKind::Map(tally(self.child(None, &m.types, depth)?), wanted)
             }
             // The branches are planned for what is wanted inside the union; when the union
             // itself fills slots, the reader reads the branch it finds rather than skipping it.
@@ -321,7 +321,7 @@ impl<'s> Compiler<'s> {
                 for v in u.variants() {
                     branches.push(tally(self.plan(v, node, SmallVec::new(), depth + 1)?));
                 }
-                Kind::Union(branches)
+                AvroKind::Union(branches)
             }
             other => return Err(Refused::Unreadable(format!("unsupported type {other:?}"))),
         };
@@ -330,23 +330,25 @@ impl<'s> Compiler<'s> {
 }
 
 /// The kind of a value of a primitive (or logical) type; None for the others.
-fn scalar(schema: &Schema) -> Option<Kind> {
+fn scalar(schema: &Schema) -> Option<AvroKind> {
     Some(match schema {
-        Schema::Null => Kind::Null,
-        Schema::Boolean => Kind::Bool,
+        Schema::Null => AvroKind::Null,
+        Schema::Boolean => AvroKind::Bool,
         Schema::Int | Schema::Long | Schema::Date | Schema::TimeMillis | Schema::TimeMicros => {
-            Kind::Long { divide: 1 }
+            AvroKind::Long { divide: 1 }
         }
-        Schema::TimestampMillis | Schema::LocalTimestampMillis => Kind::Long { divide: 1 },
-        Schema::TimestampMicros | Schema::LocalTimestampMicros => Kind::Long { divide: 1_000 },
-        Schema::TimestampNanos | Schema::LocalTimestampNanos => Kind::Long { divide: 1_000_000 },
-        Schema::Float => Kind::Float,
-        Schema::Double => Kind::Double,
-        Schema::Bytes | Schema::BigDecimal => Kind::Bytes,
-        Schema::String | Schema::Uuid => Kind::Str,
-        Schema::Fixed(f) => Kind::Fixed(f.size),
-        Schema::Duration => Kind::Fixed(12),
-        Schema::Enum(e) => Kind::Enum(e.symbols.iter().map(|s| s.as_str().into()).collect()),
+        Schema::TimestampMillis | Schema::LocalTimestampMillis => AvroKind::Long { divide: 1 },
+        Schema::TimestampMicros | Schema::LocalTimestampMicros => AvroKind::Long { divide: 1_000 },
+        Schema::TimestampNanos | Schema::LocalTimestampNanos => {
+            AvroKind::Long { divide: 1_000_000 }
+        }
+        Schema::Float => AvroKind::Float,
+        Schema::Double => AvroKind::Double,
+        Schema::Bytes | Schema::BigDecimal => AvroKind::Bytes,
+        Schema::String | Schema::Uuid => AvroKind::Str,
+        Schema::Fixed(f) => AvroKind::Fixed(f.size),
+        Schema::Duration => AvroKind::Fixed(12),
+        Schema::Enum(e) => AvroKind::Enum(e.symbols.iter().map(|s| s.as_str().into()).collect()),
         _ => return None,
     })
 }

@@ -1,4 +1,4 @@
-//! Reads one Avro binary datum with a [`Plan`]: wanted values into their slots (strings borrowed
+//! Reads one Avro binary datum with a [`AvroPlan`]: wanted values into their slots (strings borrowed
 //! from the message), everything else skipped without building it. Any malformed input (a
 //! length past the end, a bad union branch, invalid UTF-8 in a wanted string, bytes left over)
 //! is `None`.
@@ -6,12 +6,12 @@
 //! The work is bounded by the datum's size: every value but the zero-width ones takes a byte,
 //! an array can hold no more items than bytes remain unless its items take none, and the items
 //! of all arrays and maps together are budgeted at [`ITEMS_PER_BYTE`] per byte (plus
-//! [`ITEMS_BASE`]). Past the budget the reader stops and says so ([`Reader::over_budget`]).
+//! [`ITEMS_BASE`]). Past the budget the reader stops and says so ([`AvroReader::over_budget`]).
 
 use std::borrow::Cow;
 
 use super::super::FieldValue;
-use super::plan::{Kind, Plan};
+use super::plan::{AvroKind, AvroPlan};
 
 /// Array and map items a datum may hold in all, per byte of it and at least (8 M for a message
 /// of the default `max_message_bytes`). Only zero-width items (nulls, empty records) can come
@@ -19,7 +19,7 @@ use super::plan::{Kind, Plan};
 const ITEMS_PER_BYTE: i64 = 8;
 const ITEMS_BASE: i64 = 1024;
 
-pub(super) struct Reader<'a> {
+pub(super) struct AvroReader<'a> {
     bytes: &'a [u8],
     pos: usize,
     /// Array and map items left for the whole datum: items of a zero-width type (null, an
@@ -29,10 +29,10 @@ pub(super) struct Reader<'a> {
     pub(super) over_budget: bool,
 }
 
-impl<'a> Reader<'a> {
-    pub(super) fn new(bytes: &'a [u8]) -> Reader<'a> {
+impl<'a> AvroReader<'a> {
+    pub(super) fn new(bytes: &'a [u8]) -> AvroReader<'a> {
         let len = i64::try_from(bytes.len()).unwrap_or(i64::MAX / ITEMS_PER_BYTE);
-        Reader {
+        AvroReader {
             bytes,
             pos: 0,
             items: len
@@ -74,7 +74,7 @@ impl<'a> Reader<'a> {
     /// One value of `plan`: its slots filled, and what it is.
     pub(super) fn value(
         &mut self,
-        plan: &Plan,
+        plan: &AvroPlan,
         out: &mut [Option<FieldValue<'a>>],
     ) -> Option<FieldValue<'a>> {
         if !plan.wanted {
@@ -86,34 +86,40 @@ impl<'a> Reader<'a> {
 
     /// One value of `plan`, read (not skipped) even if nothing in it is wanted: a union that
     /// fills slots takes the value of its branch.
-    fn read(&mut self, plan: &Plan, out: &mut [Option<FieldValue<'a>>]) -> Option<FieldValue<'a>> {
+    fn read(
+        &mut self,
+        plan: &AvroPlan,
+        out: &mut [Option<FieldValue<'a>>],
+    ) -> Option<FieldValue<'a>> {
         let v = match &plan.kind {
-            Kind::Null => FieldValue::Other,
-            Kind::Bool => FieldValue::Bool(match self.take(1)?[0] {
+            AvroKind::Null => FieldValue::Other,
+            AvroKind::Bool => FieldValue::Bool(match self.take(1)?[0] {
                 0 => false,
                 1 => true,
                 _ => return None,
             }),
-            Kind::Long { divide } => FieldValue::Int(self.long()?.div_euclid(*divide)),
-            Kind::Float => {
+            AvroKind::Long { divide } => FieldValue::Int(self.long()?.div_euclid(*divide)),
+            AvroKind::Float => {
                 FieldValue::Float(f32::from_le_bytes(self.take(4)?.try_into().ok()?).into())
             }
-            Kind::Double => FieldValue::Float(f64::from_le_bytes(self.take(8)?.try_into().ok()?)),
-            Kind::Str => {
+            AvroKind::Double => {
+                FieldValue::Float(f64::from_le_bytes(self.take(8)?.try_into().ok()?))
+            }
+            AvroKind::Str => {
                 let n = self.len()?;
                 FieldValue::Str(Cow::Borrowed(std::str::from_utf8(self.take(n)?).ok()?))
             }
-            Kind::Enum(symbols) => {
+            AvroKind::Enum(symbols) => {
                 let i = usize::try_from(self.long()?).ok()?;
                 FieldValue::Str(Cow::Owned(symbols.get(i)?.to_string()))
             }
-            Kind::Record(fields) => {
+            AvroKind::Record(fields) => {
                 for f in fields {
                     self.value(f, out)?;
                 }
                 FieldValue::Other
             }
-            Kind::Array(item, wanted) => {
+            AvroKind::Array(item, wanted) => {
                 let mut index = 0;
                 self.blocks(item.zero_width, |r| {
                     let plan = wanted
@@ -125,7 +131,7 @@ impl<'a> Reader<'a> {
                 })?;
                 FieldValue::Other
             }
-            Kind::Map(value, wanted) => {
+            AvroKind::Map(value, wanted) => {
                 self.blocks(false, |r| {
                     let n = r.len()?;
                     let key = r.take(n)?;
@@ -137,14 +143,14 @@ impl<'a> Reader<'a> {
                 })?;
                 FieldValue::Other
             }
-            Kind::Union(branches) => {
+            AvroKind::Union(branches) => {
                 let branch = branches.get(usize::try_from(self.long()?).ok()?)?;
                 match plan.slots.is_empty() {
                     true => self.value(branch, out)?,
                     false => self.read(branch, out)?,
                 }
             }
-            Kind::Bytes | Kind::Fixed(_) => {
+            AvroKind::Bytes | AvroKind::Fixed(_) => {
                 self.skip(plan)?;
                 FieldValue::Other
             }
@@ -156,40 +162,40 @@ impl<'a> Reader<'a> {
     }
 
     /// Past one value of `plan`, building nothing.
-    fn skip(&mut self, plan: &Plan) -> Option<()> {
+    fn skip(&mut self, plan: &AvroPlan) -> Option<()> {
         match &plan.kind {
-            Kind::Null => {}
-            Kind::Bool => {
+            AvroKind::Null => {}
+            AvroKind::Bool => {
                 self.take(1)?;
             }
-            Kind::Long { .. } | Kind::Enum(_) => {
+            AvroKind::Long { .. } | AvroKind::Enum(_) => {
                 self.long()?;
             }
-            Kind::Float => {
+            AvroKind::Float => {
                 self.take(4)?;
             }
-            Kind::Double => {
+            AvroKind::Double => {
                 self.take(8)?;
             }
-            Kind::Bytes | Kind::Str => {
+            AvroKind::Bytes | AvroKind::Str => {
                 let n = self.len()?;
                 self.take(n)?;
             }
-            Kind::Fixed(n) => {
+            AvroKind::Fixed(n) => {
                 self.take(*n)?;
             }
-            Kind::Record(fields) => {
+            AvroKind::Record(fields) => {
                 for f in fields {
                     self.skip(f)?;
                 }
             }
-            Kind::Array(item, _) => self.blocks(item.zero_width, |r| r.skip(item))?,
-            Kind::Map(value, _) => self.blocks(false, |r| {
+            AvroKind::Array(item, _) => self.blocks(item.zero_width, |r| r.skip(item))?,
+            AvroKind::Map(value, _) => self.blocks(false, |r| {
                 let n = r.len()?;
                 r.take(n)?;
                 r.skip(value)
             })?,
-            Kind::Union(branches) => {
+            AvroKind::Union(branches) => {
                 let branch = branches.get(usize::try_from(self.long()?).ok()?)?;
                 self.skip(branch)?;
             }

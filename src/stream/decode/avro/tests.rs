@@ -100,7 +100,7 @@ fn event(region: Option<&str>) -> Value {
 }
 
 /// The plan of `schema` for `root`, within the default budget.
-pub(super) fn compiled(schema: &Schema, root: &Node) -> plan::Plan {
+pub(super) fn compiled(schema: &Schema, root: &Node) -> plan::AvroPlan {
     plan::compile(schema, root, 100_000).unwrap().plan
 }
 

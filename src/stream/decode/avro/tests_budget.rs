@@ -9,7 +9,7 @@ use serde_json::json;
 
 use super::super::paths::Node;
 use super::super::{DecodeError, FieldValue};
-use super::plan::{self, Kind, Refused};
+use super::plan::{self, AvroKind, Refused};
 use super::run;
 use crate::config::FieldSource;
 
@@ -74,11 +74,11 @@ fn values_that_take_no_bytes_are_skipped_at_once() {
     // With a null leaf, the 8^8 values take no bytes: the datum is just `app`.
     let wanted = root(&["app", "t8.f7.f0.f1.f2.f3.f4.f5.f6.x"]);
     let c = compile(&nested_eights("null"), &wanted, 100_000).unwrap();
-    let Kind::Record(fields) = &c.plan.kind else {
+    let AvroKind::Record(fields) = &c.plan.kind else {
         panic!("a record")
     };
     assert!(
-        matches!(fields[8].kind, Kind::Null),
+        matches!(fields[8].kind, AvroKind::Null),
         "t7 is skipped as a null"
     );
     let started = Instant::now();

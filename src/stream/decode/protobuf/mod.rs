@@ -37,7 +37,7 @@ use super::paths::Node;
 use super::schema::registry::{Fetch, Registry, Schema};
 use super::schema::{Cache, Compile, SchemaNews, Source, Unusable};
 use super::{DecodeError, FieldValue};
-use plan::Plan;
+use plan::ProtoPlan;
 
 /// Message types compiled per schema at most (a file declaring more is `unknown_schema`).
 const MAX_MESSAGES: usize = 10_000;
@@ -55,7 +55,7 @@ pub(super) struct Protobuf {
 
 /// One schema's message types, compiled: by their message indexes (`[]` for the one message
 /// of a descriptor file). The file's first message, the common case, is first.
-struct Messages(Vec<(SmallVec<[u32; 2]>, Plan)>);
+struct Messages(Vec<(SmallVec<[u32; 2]>, ProtoPlan)>);
 
 impl Protobuf {
     /// The reader of `schema` (compiled with the model: the descriptor file read once and
@@ -106,7 +106,7 @@ impl Protobuf {
             Source::File(_) => (&messages.0[0].1, body),
             Source::Registry(_) => messages.select(body).ok_or(DecodeError::NotProtobuf)?,
         };
-        let mut reader = read::Reader::new(message.len());
+        let mut reader = read::ProtoReader::new(message.len());
         match reader.message(message, plan, out) {
             Some(()) => Ok(()),
             None if reader.over_budget => Err(DecodeError::TooComplex),
@@ -117,7 +117,7 @@ impl Protobuf {
 
 impl Messages {
     /// The plan the message indexes at the start of `body` select, and the message after them.
-    fn select<'a>(&self, mut body: &'a [u8]) -> Option<(&Plan, &'a [u8])> {
+    fn select<'a>(&self, mut body: &'a [u8]) -> Option<(&ProtoPlan, &'a [u8])> {
         let zigzag = |b: &mut &[u8]| {
             let n = read::varint(b)?;
             i64::try_from(n >> 1).ok().map(|v| v ^ -((n & 1) as i64))
@@ -209,7 +209,7 @@ fn messages(
     message: &MessageDescriptor,
     path: SmallVec<[u32; 2]>,
     root: &Node,
-    out: &mut Vec<(SmallVec<[u32; 2]>, Plan)>,
+    out: &mut Vec<(SmallVec<[u32; 2]>, ProtoPlan)>,
 ) -> Result<(), Unusable> {
     if out.len() >= MAX_MESSAGES || path.len() > plan::MAX_DEPTH {
         return Err(Unusable::Bad(format!(

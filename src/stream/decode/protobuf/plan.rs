@@ -17,7 +17,7 @@ pub(super) const MAX_DEPTH: usize = 32;
 
 /// What is wanted of one message.
 #[derive(Debug, Default)]
-pub(super) struct Plan {
+pub(super) struct ProtoPlan {
     /// The wanted fields, in the order they were asked for (few: a linear search is fastest).
     pub(super) fields: Vec<Field>,
     /// Slots of wanted scalar fields without presence (proto3 `implicit`): a message that lacks
@@ -35,7 +35,7 @@ pub(super) struct Field {
     /// The slots the field's value fills (for a message or a repeated field: a non-scalar).
     pub(super) slots: SmallVec<[usize; 1]>,
     /// A message field: what is wanted inside it.
-    pub(super) inner: Option<Box<Plan>>,
+    pub(super) inner: Option<Box<ProtoPlan>>,
     /// A repeated field: the wanted items, by index.
     pub(super) items: Vec<Item>,
 }
@@ -45,7 +45,7 @@ pub(super) struct Field {
 pub(super) struct Item {
     pub(super) index: usize,
     pub(super) slots: SmallVec<[usize; 1]>,
-    pub(super) inner: Option<Box<Plan>>,
+    pub(super) inner: Option<Box<ProtoPlan>>,
 }
 
 /// How a field's values are written and what they read as.
@@ -100,7 +100,7 @@ impl Kind {
 }
 
 /// The plan of `message` for the fields of `root`.
-pub(super) fn compile(message: &MessageDescriptor, root: &Node) -> Result<Plan, TooDeep> {
+pub(super) fn compile(message: &MessageDescriptor, root: &Node) -> Result<ProtoPlan, TooDeep> {
     plan(message, Some(root), 0)
 }
 
@@ -109,11 +109,15 @@ pub(super) fn compile(message: &MessageDescriptor, root: &Node) -> Result<Plan, 
 #[error("field paths deeper than {MAX_DEPTH}")]
 pub(super) struct TooDeep;
 
-fn plan(message: &MessageDescriptor, node: Option<&Node>, depth: usize) -> Result<Plan, TooDeep> {
+fn plan(
+    message: &MessageDescriptor,
+    node: Option<&Node>,
+    depth: usize,
+) -> Result<ProtoPlan, TooDeep> {
     if depth > MAX_DEPTH {
         return Err(TooDeep);
     }
-    let mut out = Plan::default();
+    let mut out = ProtoPlan::default();
     let Some(node) = node else {
         return Ok(out);
     };

@@ -1,4 +1,4 @@
-//! Reads one Protobuf message with a [`Plan`]: wanted fields into their slots (strings borrowed
+//! Reads one Protobuf message with a [`ProtoPlan`]: wanted fields into their slots (strings borrowed
 //! from the message), every other field skipped by its wire type without building it. Malformed
 //! input (a truncated varint or length, field number 0, an end-group without its start, a
 //! wanted field written with another wire type, invalid UTF-8 in a wanted string) is `None`.
@@ -7,14 +7,14 @@
 //! byte); recursion follows only the plan's wanted paths, and groups are skipped in a loop. A
 //! budget of fields per byte of the message ([`ITEMS_PER_BYTE`], as the Avro reader's) and of
 //! group nesting bounds it further: past either the reader stops and says so
-//! ([`Reader::over_budget`]).
+//! ([`ProtoReader::over_budget`]).
 
 use std::borrow::Cow;
 
 use smallvec::SmallVec;
 
 use super::super::FieldValue;
-use super::plan::{Field, Kind, Plan, I32, I64, LEN, VARINT};
+use super::plan::{Field, Kind, ProtoPlan, I32, I64, LEN, VARINT};
 
 /// Fields (and packed values) a message may hold in all, per byte of it and at least (each
 /// takes a byte, so only a reader bug could reach it: a backstop).
@@ -27,7 +27,7 @@ const MAX_GROUP_DEPTH: u32 = 64;
 const START_GROUP: u8 = 3;
 const END_GROUP: u8 = 4;
 
-pub(super) struct Reader {
+pub(super) struct ProtoReader {
     /// Fields and packed values left for the whole message.
     items: u64,
     /// The budget ran out, or groups nested deeper than [`MAX_GROUP_DEPTH`]: the message is
@@ -35,11 +35,11 @@ pub(super) struct Reader {
     pub(super) over_budget: bool,
 }
 
-impl Reader {
+impl ProtoReader {
     /// A reader of a message of `len` bytes.
-    pub(super) fn new(len: usize) -> Reader {
+    pub(super) fn new(len: usize) -> ProtoReader {
         let len = u64::try_from(len).unwrap_or(u64::MAX / ITEMS_PER_BYTE);
-        Reader {
+        ProtoReader {
             items: len
                 .saturating_mul(ITEMS_PER_BYTE)
                 .saturating_add(ITEMS_BASE),
@@ -60,7 +60,7 @@ impl Reader {
     pub(super) fn message<'a>(
         &mut self,
         mut bytes: &'a [u8],
-        plan: &Plan,
+        plan: &ProtoPlan,
         out: &mut [Option<FieldValue<'a>>],
     ) -> Option<()> {
         for (slot, value) in &plan.defaults {
@@ -188,7 +188,7 @@ fn scalar<'a>(bytes: &mut &'a [u8], kind: &Kind) -> Option<FieldValue<'a>> {
     })
 }
 
-impl Reader {
+impl ProtoReader {
     /// Past one field of wire type `wire` (its key read): a group up to its matching end.
     fn skip(&mut self, bytes: &mut &[u8], number: u32, wire: u8) -> Option<()> {
         match wire {

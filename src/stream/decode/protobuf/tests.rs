@@ -149,7 +149,7 @@ fn read<'a>(
     bytes: &'a [u8],
 ) -> Result<Vec<Option<FieldValue<'a>>>, DecodeError> {
     let mut out = vec![None; PATHS.len()];
-    let mut reader = super::read::Reader::new(bytes.len());
+    let mut reader = super::read::ProtoReader::new(bytes.len());
     match reader.message(bytes, &messages.0[1].1, &mut out) {
         Some(()) => Ok(out),
         None if reader.over_budget => Err(DecodeError::TooComplex),
@@ -316,7 +316,7 @@ fn schema_versions_each_read_with_their_own() {
     let mut bytes = vec![0xf2, 0x01, 0x03, 0x0a, 0x01, b't'];
     bytes.extend([0x0a, 0x02, b'/', b'a', 0x28, 0x07, 0xfa, 0x01, 0x01, b'z']);
     let mut out = vec![None; PATHS.len()];
-    super::read::Reader::new(bytes.len())
+    super::read::ProtoReader::new(bytes.len())
         .message(&bytes, &v2.0[1].1, &mut out)
         .unwrap();
     assert_eq!(out[0], s("/a"));
@@ -339,7 +339,7 @@ fn schemas_that_do_not_compile_are_refused() {
         message E { google.protobuf.Timestamp at = 1; string route = 2; }"#;
     let m = build(files(t), &root(), BUDGET).unwrap();
     let mut out = vec![None; PATHS.len()];
-    super::read::Reader::new(3)
+    super::read::ProtoReader::new(3)
         .message(&[0x12, 0x01, b'r'], &m.0[0].1, &mut out)
         .unwrap();
     assert_eq!(out[0], s("r"), "found by name, whatever its number");

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::registry::Fetch;
-use super::state::{Compiled, Shared};
+use super::state::{CompiledSchema, Shared};
 use super::{DecodeError, Unusable};
 
 /// How long an id the registry did not know is answered `unknown_schema` without asking again.
@@ -62,7 +62,7 @@ fn ask_until_answered<P>(
     shared: &Arc<Shared<P>>,
     id: u32,
     stop: &CancellationToken,
-) -> Option<Compiled<P>> {
+) -> Option<CompiledSchema<P>> {
     let mut wait = Duration::from_secs(1);
     let mut asked = 0;
     loop {

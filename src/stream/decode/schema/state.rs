@@ -15,7 +15,7 @@ use super::registry::Registry;
 use super::{Compile, DecodeError, SchemaNews};
 
 /// One id's schema compiled, or until when and why its events are refused.
-pub(super) type Compiled<P> = Result<Arc<P>, (Instant, DecodeError)>;
+pub(super) type CompiledSchema<P> = Result<Arc<P>, (Instant, DecodeError)>;
 
 /// What the lane and its fetching threads share.
 pub(super) struct Shared<P> {
@@ -32,7 +32,7 @@ pub(super) struct Shared<P> {
 /// The schemas known, and the fetches under way.
 pub(super) struct State<P> {
     /// Compiled schemas and refusals, by id; at most `decode.max_schemas`.
-    compiled: LruCache<u32, Compiled<P>>,
+    compiled: LruCache<u32, CompiledSchema<P>>,
     /// Ids being fetched (by a thread each).
     fetching: HashSet<u32>,
     /// Fetches ended (see [`SchemaNews::settled`]).
@@ -54,7 +54,7 @@ impl<P> State<P> {
     }
 
     /// Keep what was learnt of `id`, forgetting the least recently used id when full.
-    pub(super) fn keep(&mut self, id: u32, compiled: Compiled<P>) {
+    pub(super) fn keep(&mut self, id: u32, compiled: CompiledSchema<P>) {
         if let Some((old, _)) = self.compiled.push(id, compiled) {
             self.evicted += u64::from(old != id);
         }
@@ -85,7 +85,7 @@ impl<P> State<P> {
     }
 
     /// A fetch of `id` ended (with `answer`, or none when it stopped).
-    pub(super) fn ended(&mut self, id: u32, answer: Option<Compiled<P>>) {
+    pub(super) fn ended(&mut self, id: u32, answer: Option<CompiledSchema<P>>) {
         self.fetching.remove(&id);
         if let Some(answer) = answer {
             self.keep(id, answer);
