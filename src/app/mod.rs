@@ -215,26 +215,49 @@ impl Tally {
         // Every listed lane is built: they join the group together, in one generation.
         start_gate.open();
         if !self.model.patterns.is_empty() {
-            let discovery = discover::Discovery {
-                model: self.model.clone(),
-                metrics: self.metrics.clone(),
-                health: self.health.clone(),
-                close_gate: close_gate.clone(),
-                lanes,
-                next: listed,
-            };
-            let deadline = tasks.deadline().clone();
-            tasks.spawn(
-                "the lanes of topic patterns",
-                discovery.run(shutdown.clone(), deadline),
-            );
+            self.start_discovery(tasks, &close_gate, lanes, listed);
         }
-        // The lag of every owned partition, asked of the broker on its own client and thread.
+        self.start_lag_probe(tasks)?;
+        let topics = config.topics();
+        let topics: Vec<&str> = topics.iter().map(|t| t.name).collect();
+        tracing::info!(topics = %topics.join(","), group = %config.kafka.group_id, lanes = listed, "consuming");
+        Ok(())
+    }
+
+    /// Start the lanes of the topics the patterns match, numbered from `next` (`lanes` in all;
+    /// they close at `close_gate` with the listed topics' lanes).
+    fn start_discovery(
+        &self,
+        tasks: &mut Supervisor,
+        close_gate: &Arc<lane::CloseGate>,
+        lanes: usize,
+        next: usize,
+    ) {
+        let discovery = discover::Discovery {
+            model: self.model.clone(),
+            metrics: self.metrics.clone(),
+            health: self.health.clone(),
+            close_gate: close_gate.clone(),
+            lanes,
+            next,
+        };
+        let (shutdown, deadline) = (tasks.shutdown().clone(), tasks.deadline().clone());
+        tasks.spawn(
+            "the lanes of topic patterns",
+            discovery.run(shutdown, deadline),
+        );
+    }
+
+    /// Start the probe of every owned partition's lag, asked of the broker on its own client
+    /// and thread.
+    fn start_lag_probe(&self, tasks: &mut Supervisor) -> anyhow::Result<()> {
+        let config = &self.model.config;
         let probe = crate::stream::consumer::LagProbe::new(&config.kafka, self.metrics.clone())
             .context("the lag probe's kafka client")?;
         // Its own thread, not the runtime's blocking pool: a runtime dropped without a shutdown
         // (a test's) must not wait for it; it stops when this task is gone too.
-        let (stop, (ended, task_gone)) = (shutdown.clone(), tokio::sync::oneshot::channel::<()>());
+        let stop = tasks.shutdown().clone();
+        let (ended, task_gone) = tokio::sync::oneshot::channel::<()>();
         std::thread::Builder::new()
             .name("tally-lag-probe".into())
             .spawn(move || probe.run(&stop, || !ended.is_closed()))
@@ -243,9 +266,6 @@ impl Tally {
             let _ = task_gone.await;
             Ok(())
         });
-        let topics = config.topics();
-        let topics: Vec<&str> = topics.iter().map(|t| t.name).collect();
-        tracing::info!(topics = %topics.join(","), group = %config.kafka.group_id, lanes = listed, "consuming");
         Ok(())
     }
 }

@@ -312,25 +312,46 @@ fn stream_lines(stream: &Value) -> Vec<Line<'static>> {
     // With several topics, a partition is named `topic/number`.
     let topics: std::collections::BTreeSet<&str> =
         parts.iter().filter_map(|p| p["topic"].as_str()).collect();
-    let name = |p: &serde_json::Value| match topics.len() > 1 {
+    let several = topics.len() > 1;
+    partition_lines(&parts, several, &mut lines);
+    for o in stream["outputs"].as_array().into_iter().flatten() {
+        lines.push(Line::from(format!(
+            "output {}: closed up to {}",
+            o["counter"].as_str().unwrap_or("?"),
+            time_of_day(&o["watermark"]),
+        )));
+    }
+    for h in stream["halted"].as_array().into_iter().flatten() {
+        halted_lines(h, several, &mut lines);
+    }
+    lines
+}
+
+/// A partition's name: `topic/number` when `several` topics are shown, else its number.
+fn partition_name(p: &Value, several: bool) -> String {
+    match several {
         true => format!(
             "{}/{}",
             p["topic"].as_str().unwrap_or("?"),
             number(&p["partition"])
         ),
         false => number(&p["partition"]),
-    };
+    }
+}
+
+/// The partitions' table, then their event-time watermarks.
+fn partition_lines(parts: &[Value], several: bool, lines: &mut Vec<Line<'static>>) {
     lines.push(Line::styled(
         "partition  lane     applied         end      lag  oldest  state",
         Style::new().add_modifier(Modifier::BOLD),
     ));
-    for p in &parts {
+    for p in parts {
         let age = p["lag_seconds"]
             .as_f64()
             .map_or("-".to_string(), |a| format!("{a:.1}s"));
         lines.push(Line::from(format!(
             "{:>9}  {:>4}  {:>10}  {:>10}  {:>7}  {:>6}  {}",
-            name(p),
+            partition_name(p, several),
             number(&p["lane"]),
             number(&p["applied"]),
             number(&p["end"]),
@@ -353,36 +374,30 @@ fn stream_lines(stream: &Value) -> Vec<Line<'static>> {
             } else {
                 time_of_day(&p["watermark"])
             };
-            format!("p{}:{at}", name(p))
+            format!("p{}:{at}", partition_name(p, several))
         })
         .collect();
     if !marks.is_empty() {
         lines.push(Line::from(format!("watermark  {}", marks.join(" "))));
     }
-    for o in stream["outputs"].as_array().into_iter().flatten() {
-        lines.push(Line::from(format!(
-            "output {}: closed up to {}",
-            o["counter"].as_str().unwrap_or("?"),
-            time_of_day(&o["watermark"]),
-        )));
-    }
-    for h in stream["halted"].as_array().into_iter().flatten() {
-        let red = Style::new().fg(Color::Red).add_modifier(Modifier::BOLD);
-        lines.push(Line::styled(
-            format!(
-                "HALTED partition {} ({})",
-                name(h),
-                h["reason"].as_str().unwrap_or("?")
-            ),
-            red,
-        ));
-        let fix = match h["repair"].as_str() {
-            Some(cmd) => format!("  repair: {cmd}"),
-            None => "  waiting: resumes by itself".into(),
-        };
-        lines.push(Line::styled(fix, Style::new().fg(Color::Yellow)));
-    }
-    lines
+}
+
+/// A halted partition: why, in red, and how it resumes.
+fn halted_lines(h: &Value, several: bool, lines: &mut Vec<Line<'static>>) {
+    let red = Style::new().fg(Color::Red).add_modifier(Modifier::BOLD);
+    lines.push(Line::styled(
+        format!(
+            "HALTED partition {} ({})",
+            partition_name(h, several),
+            h["reason"].as_str().unwrap_or("?")
+        ),
+        red,
+    ));
+    let fix = match h["repair"].as_str() {
+        Some(cmd) => format!("  repair: {cmd}"),
+        None => "  waiting: resumes by itself".into(),
+    };
+    lines.push(Line::styled(fix, Style::new().fg(Color::Yellow)));
 }
 
 fn hot_lines(stream: &Value) -> Vec<Line<'static>> {

@@ -90,6 +90,24 @@ impl Default for HttpConfig {
 impl HttpConfig {
     /// An address to listen on, positive limits, and one readable token source at most.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_connections()?;
+        self.validate_probe()?;
+        self.validate_tokens()?;
+        ensure(
+            (1..=MAX_SAFE).contains(&self.max_value),
+            "http.max_value",
+            format!(
+                "must be 1..={MAX_SAFE} (the hit script compares sums as doubles, exact up to it)"
+            ),
+        )?;
+        self.tls.validate("http.tls")?;
+        // The token file is read once, by `Model::compile` (missing or empty: refused there,
+        // before anything connects).
+        Ok(())
+    }
+
+    /// The listener, its timeouts and its connection bounds.
+    fn validate_connections(&self) -> Result<(), ConfigError> {
         ensure(
             self.listen.is_empty() || self.listen.parse::<SocketAddr>().is_ok(),
             "http.listen",
@@ -119,7 +137,11 @@ impl HttpConfig {
             (1..=128).contains(&self.ipv6_peer_prefix),
             "http.ipv6_peer_prefix",
             "must be 1..=128 (bits of an IPv6 address)",
-        )?;
+        )
+    }
+
+    /// The probe listener: an address of its own.
+    fn validate_probe(&self) -> Result<(), ConfigError> {
         ensure(
             self.probe_listen.is_empty() || self.probe_listen.parse::<SocketAddr>().is_ok(),
             "http.probe_listen",
@@ -129,7 +151,11 @@ impl HttpConfig {
             self.probe_listen.is_empty() || self.probe_listen != self.listen,
             "http.probe_listen",
             "must differ from http.listen",
-        )?;
+        )
+    }
+
+    /// The bearer and admin tokens: each from one source, well-formed, and not the same.
+    fn validate_tokens(&self) -> Result<(), ConfigError> {
         ensure(
             !(self.token.is_some() && self.token_file.is_some()),
             "http.token_file",
@@ -160,18 +186,7 @@ impl HttpConfig {
             self.admin_token.is_none() || self.admin_token != self.token,
             "http.admin_token",
             "must differ from http.token",
-        )?;
-        ensure(
-            (1..=MAX_SAFE).contains(&self.max_value),
-            "http.max_value",
-            format!(
-                "must be 1..={MAX_SAFE} (the hit script compares sums as doubles, exact up to it)"
-            ),
-        )?;
-        self.tls.validate("http.tls")?;
-        // The token file is read once, by `Model::compile` (missing or empty: refused there,
-        // before anything connects).
-        Ok(())
+        )
     }
 
     /// The bearer token for `/v1/*`, from `token` or `token_file`.

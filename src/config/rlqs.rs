@@ -105,6 +105,13 @@ impl RlqsConfig {
         if self.buckets.is_empty() {
             return Ok(());
         }
+        self.validate_timing()?;
+        self.validate_capacity()?;
+        self.validate_buckets()
+    }
+
+    /// The report interval and assignment lifetimes, as Envoy keeps them.
+    fn validate_timing(&self) -> Result<(), ConfigError> {
         let whole = |d: Duration| d.subsec_nanos() == 0 && !d.is_zero();
         ensure(
             whole(self.report_interval) && self.report_interval <= Duration::from_secs(60),
@@ -122,7 +129,11 @@ impl RlqsConfig {
             self.abandon_after >= self.assignment_ttl,
             "rlqs.abandon_after",
             "must be at least rlqs.assignment_ttl",
-        )?;
+        )
+    }
+
+    /// Headroom, and the bounds on buckets, streams and report slack.
+    fn validate_capacity(&self) -> Result<(), ConfigError> {
         ensure(
             (1.0..=100.0).contains(&self.headroom),
             "rlqs.headroom",
@@ -152,7 +163,11 @@ impl RlqsConfig {
             self.report_slack <= MAX_LIMIT,
             "rlqs.report_slack",
             format!("must be at most {MAX_LIMIT}"),
-        )?;
+        )
+    }
+
+    /// Each bucket: a domain, a name unique within it, its limit, window and match keys.
+    fn validate_buckets(&self) -> Result<(), ConfigError> {
         let mut names = std::collections::HashSet::new();
         for (i, b) in self.buckets.iter().enumerate() {
             let at = |field: &str| format!("rlqs.buckets[{i}].{field}");

@@ -27,7 +27,7 @@ use tally_counters::request::Client;
 
 use crate::config::{Model, Topic};
 use crate::ops::metrics::Metrics;
-use crate::stream::decode::{Decoder, Record};
+use crate::stream::decode::{Decoder, Event, Record};
 
 /// One reconciler, built once per leadership.
 pub struct Reconciler {
@@ -168,20 +168,7 @@ impl Reconciler {
     ) -> Result<Vec<i32>, JobError> {
         let consumer = self.consumer()?;
         let topic = &topic.name;
-        let mut tpl = TopicPartitionList::new();
-        let mut partial = Vec::new();
-        for (&p, &end) in applied {
-            let (low, _) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
-            if low > 0 {
-                partial.push(p);
-            }
-            if end > low {
-                tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
-            }
-        }
-        let mut left: BTreeMap<i32, i64> = applied.clone();
-        left.retain(|p, _| tpl.find_partition(topic, *p).is_some());
-        consumer.assign(&tpl)?;
+        let (mut left, partial) = assign_from_start(&consumer, topic, applied)?;
         let deadline = std::time::Instant::now() + Duration::from_secs(300);
         while !left.is_empty() {
             if std::time::Instant::now() >= deadline {
@@ -216,31 +203,42 @@ impl Reconciler {
                     }
                     Err(_) => continue,
                 };
-            for (i, starts) in targets {
-                if event.skips.all().checked_shr(*i as u32).unwrap_or(0) & 1 == 1 {
-                    continue;
-                }
-                let spec = &self.model.counters[*i];
-                let window = spec.window.window_of(event.ts_ms);
-                if !starts.contains(&window.start_ms) {
-                    continue;
-                }
-                let values: Vec<&str> = spec
-                    .dimensions
-                    .iter()
-                    .filter_map(|d| decoder.field_index(d).map(|f| &*event.dims[f]))
-                    .collect();
-                let delta = spec
-                    .value_field
-                    .as_deref()
-                    .and_then(|v| decoder.field_index(v))
-                    .map_or(1, |f| event.nums[f]);
-                let (key, field, _) = spec.location_at(&values, event.ts_ms, &self.model.layout);
-                let entry = truth.entry((key, field)).or_insert((*i, 0));
-                entry.1 = entry.1.saturating_add(delta);
-            }
+            self.add(&event, decoder, targets, truth);
         }
         Ok(partial)
+    }
+
+    /// Add `event` to `truth` under every counter whose target windows hold it.
+    fn add(
+        &self,
+        event: &Event,
+        decoder: &Decoder,
+        targets: &[(usize, Vec<i64>)],
+        truth: &mut Recount,
+    ) {
+        for (i, starts) in targets {
+            if event.skips.all().checked_shr(*i as u32).unwrap_or(0) & 1 == 1 {
+                continue;
+            }
+            let spec = &self.model.counters[*i];
+            let window = spec.window.window_of(event.ts_ms);
+            if !starts.contains(&window.start_ms) {
+                continue;
+            }
+            let values: Vec<&str> = spec
+                .dimensions
+                .iter()
+                .filter_map(|d| decoder.field_index(d).map(|f| &*event.dims[f]))
+                .collect();
+            let delta = spec
+                .value_field
+                .as_deref()
+                .and_then(|v| decoder.field_index(v))
+                .map_or(1, |f| event.nums[f]);
+            let (key, field, _) = spec.location_at(&values, event.ts_ms, &self.model.layout);
+            let entry = truth.entry((key, field)).or_insert((*i, 0));
+            entry.1 = entry.1.saturating_add(delta);
+        }
     }
 
     async fn compare(&self, truth: &Recount) -> Result<(), JobError> {
@@ -287,4 +285,29 @@ impl Reconciler {
         }
         Ok(())
     }
+}
+
+/// Assign `consumer` every partition of `topic` from its first retained offset, those with
+/// events up to their `applied` offset; answer the partitions left to read with their ends, and
+/// the partitions whose start was deleted.
+fn assign_from_start(
+    consumer: &BaseConsumer,
+    topic: &str,
+    applied: &BTreeMap<i32, i64>,
+) -> Result<(BTreeMap<i32, i64>, Vec<i32>), JobError> {
+    let mut tpl = TopicPartitionList::new();
+    let mut partial = Vec::new();
+    for (&p, &end) in applied {
+        let (low, _) = consumer.fetch_watermarks(topic, p, Duration::from_secs(10))?;
+        if low > 0 {
+            partial.push(p);
+        }
+        if end > low {
+            tpl.add_partition_offset(topic, p, Offset::Offset(low))?;
+        }
+    }
+    let mut left: BTreeMap<i32, i64> = applied.clone();
+    left.retain(|p, _| tpl.find_partition(topic, *p).is_some());
+    consumer.assign(&tpl)?;
+    Ok((left, partial))
 }

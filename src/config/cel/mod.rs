@@ -302,63 +302,92 @@ impl<F: Fn(u64) -> Position> Compiler<F> {
             (op::MULTIPLY, None, 2) => arith(self, Arith::Mul),
             (op::DIVIDE, None, 2) => arith(self, Arith::Div),
             (op::MODULO, None, 2) => arith(self, Arith::Rem),
-            (op::IN, None, 2) => {
-                let Expr::List(list) = &args[1].expr else {
-                    return self.refuse(&args[1], "`in` takes a list of literals, e.g. `method in [\"GET\", \"HEAD\"]`");
-                };
-                let mut items = Vec::with_capacity(list.elements.len());
-                for item in &list.elements {
-                    match &item.expr {
-                        Expr::Literal(l) => items.push(literal(l).or_else(|w| self.refuse(item, w))?),
-                        _ => return self.refuse(item, "`in` takes a list of literals"),
-                    }
-                }
-                Ok(CelNode::In(self.boxed(&args[0])?, items))
-            }
+            (op::IN, None, 2) => self.in_list(&args[0], &args[1]),
             (op::INDEX, ..) => self.refuse(
                 e,
                 "indexing is not supported; read the element with [decode.fields] (e.g. `items[0].sku`)",
             ),
-            _ => {
-                let func = match name {
-                    "size" => Func::Size,
-                    "startsWith" => Func::StartsWith,
-                    "endsWith" => Func::EndsWith,
-                    "contains" => Func::Contains,
-                    "lowerAscii" => Func::Lower,
-                    "upperAscii" => Func::Upper,
-                    "string" => Func::String,
-                    "int" => Func::Int,
-                    "double" => Func::Double,
-                    _ => {
-                        return self.refuse(
-                            e,
-                            format!("function `{name}` is not supported (supported: size, startsWith, endsWith, contains, lowerAscii, upperAscii, string, int, double)"),
-                        )
-                    }
-                };
-                let arity = match func {
-                    Func::StartsWith | Func::EndsWith | Func::Contains => 2,
-                    _ => 1,
-                };
-                let mut all: Vec<CelNode> = Vec::with_capacity(arity);
-                if let Some(t) = target {
-                    all.push(self.node(t)?);
-                }
-                for a in args {
-                    all.push(self.node(a)?);
-                }
-                let method_only = matches!(func, Func::StartsWith | Func::EndsWith | Func::Contains | Func::Lower | Func::Upper);
-                if all.len() != arity || (method_only && target.is_none()) {
-                    return self.refuse(
-                        e,
-                        format!("`{name}` takes {} (e.g. {})", if arity == 2 { "a receiver and one argument" } else { "one value" },
-                            if method_only { format!("`path.{name}(…)`") } else { format!("`{name}(x)`") }),
-                    );
-                }
-                Ok(CelNode::Call(func, all))
+            _ => self.function(e, name, target, args),
+        }
+    }
+
+    /// `value in [literal, ...]`.
+    fn in_list(&mut self, value: &IdedExpr, list: &IdedExpr) -> Result<CelNode, CelError> {
+        let Expr::List(list_expr) = &list.expr else {
+            return self.refuse(
+                list,
+                "`in` takes a list of literals, e.g. `method in [\"GET\", \"HEAD\"]`",
+            );
+        };
+        let mut items = Vec::with_capacity(list_expr.elements.len());
+        for item in &list_expr.elements {
+            match &item.expr {
+                Expr::Literal(l) => items.push(literal(l).or_else(|w| self.refuse(item, w))?),
+                _ => return self.refuse(item, "`in` takes a list of literals"),
             }
         }
+        Ok(CelNode::In(self.boxed(value)?, items))
+    }
+
+    /// A supported function `name`, called on `target` (a method) or with `args` alone.
+    fn function(
+        &mut self,
+        e: &IdedExpr,
+        name: &str,
+        target: Option<&IdedExpr>,
+        args: &[IdedExpr],
+    ) -> Result<CelNode, CelError> {
+        let func = match name {
+            "size" => Func::Size,
+            "startsWith" => Func::StartsWith,
+            "endsWith" => Func::EndsWith,
+            "contains" => Func::Contains,
+            "lowerAscii" => Func::Lower,
+            "upperAscii" => Func::Upper,
+            "string" => Func::String,
+            "int" => Func::Int,
+            "double" => Func::Double,
+            _ => {
+                return self.refuse(
+                    e,
+                    format!("function `{name}` is not supported (supported: size, startsWith, endsWith, contains, lowerAscii, upperAscii, string, int, double)"),
+                )
+            }
+        };
+        let arity = match func {
+            Func::StartsWith | Func::EndsWith | Func::Contains => 2,
+            _ => 1,
+        };
+        let mut all: Vec<CelNode> = Vec::with_capacity(arity);
+        if let Some(t) = target {
+            all.push(self.node(t)?);
+        }
+        for a in args {
+            all.push(self.node(a)?);
+        }
+        let method_only = matches!(
+            func,
+            Func::StartsWith | Func::EndsWith | Func::Contains | Func::Lower | Func::Upper
+        );
+        if all.len() != arity || (method_only && target.is_none()) {
+            return self.refuse(
+                e,
+                format!(
+                    "`{name}` takes {} (e.g. {})",
+                    if arity == 2 {
+                        "a receiver and one argument"
+                    } else {
+                        "one value"
+                    },
+                    if method_only {
+                        format!("`path.{name}(…)`")
+                    } else {
+                        format!("`{name}(x)`")
+                    }
+                ),
+            );
+        }
+        Ok(CelNode::Call(func, all))
     }
 }
 

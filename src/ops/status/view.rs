@@ -262,38 +262,9 @@ impl Status {
         let mut partitions = Vec::new();
         let mut halted = Vec::new();
         for ((topic, partition), p) in stream.partitions.lock().iter() {
-            let (topic, partition) = (topic.clone(), *partition);
-            let mark = marks.partitions.get(&(topic.clone(), partition));
-            // The end is asked every `kafka.lag_interval`: when the applied offset passed it
-            // since, the probe is behind, not the partition.
-            let end = match (p.applied, p.end) {
-                (Some(a), Some(e)) => Some(e.max(a)),
-                (_, e) => e,
-            };
-            let lag = p.applied.zip(end).map(|(a, e)| e - a);
-            partitions.push(PartitionView {
-                topic: topic.clone(),
-                partition,
-                lane: p.lane,
-                applied: p.applied,
-                end,
-                lag,
-                lag_seconds: p.lag_seconds,
-                watermark: mark.and_then(|m| m.0),
-                idle: mark.map(|m| m.1),
-                halted: p.halt.is_some(),
-                replaying_until: p.replaying_until,
-            });
-            if let Some(h) = &p.halt {
-                halted.push(HaltView {
-                    topic,
-                    partition,
-                    lane: p.lane,
-                    reason: h.reason,
-                    detail: h.detail.clone(),
-                    repair: h.repair.as_ref().map(|args| format!("{prefix} {args}")),
-                });
-            }
+            let mark = marks.partitions.get(&(topic.clone(), *partition));
+            partitions.push(partition_view(topic, *partition, p, mark));
+            halted.extend(halt_view(topic, *partition, p, &prefix));
         }
         let history = stream.history.lock();
         let latencies = stream.latencies.lock();
@@ -337,6 +308,48 @@ impl Status {
                 .collect(),
         }
     }
+}
+
+/// Partition `partition` of `topic`: its progress, and the publisher's watermark `mark`.
+fn partition_view(
+    topic: &str,
+    partition: i32,
+    p: &super::Partition,
+    mark: Option<&(Option<i64>, bool)>,
+) -> PartitionView {
+    // The end is asked every `kafka.lag_interval`: when the applied offset passed it since,
+    // the probe is behind, not the partition.
+    let end = match (p.applied, p.end) {
+        (Some(a), Some(e)) => Some(e.max(a)),
+        (_, e) => e,
+    };
+    PartitionView {
+        topic: topic.to_string(),
+        partition,
+        lane: p.lane,
+        applied: p.applied,
+        end,
+        lag: p.applied.zip(end).map(|(a, e)| e - a),
+        lag_seconds: p.lag_seconds,
+        watermark: mark.and_then(|m| m.0),
+        idle: mark.map(|m| m.1),
+        halted: p.halt.is_some(),
+        replaying_until: p.replaying_until,
+    }
+}
+
+/// Why partition `partition` of `topic` is halted, if it is, and the command (after `prefix`)
+/// that repairs it.
+fn halt_view(topic: &str, partition: i32, p: &super::Partition, prefix: &str) -> Option<HaltView> {
+    let h = p.halt.as_ref()?;
+    Some(HaltView {
+        topic: topic.to_string(),
+        partition,
+        lane: p.lane,
+        reason: h.reason,
+        detail: h.detail.clone(),
+        repair: h.repair.as_ref().map(|args| format!("{prefix} {args}")),
+    })
 }
 
 /// The host's name (Linux: the kernel's; elsewhere `HOSTNAME`), or `unknown`; read once.

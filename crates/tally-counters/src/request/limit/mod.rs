@@ -18,6 +18,7 @@ use std::sync::LazyLock;
 
 use serde::Serialize;
 
+mod call;
 mod protocol;
 mod reply;
 mod reserve;
@@ -30,10 +31,9 @@ use super::batch::ScriptPair;
 pub use super::policy::{Algorithm, FailureMode, LimitPolicy, PolicyError, MAX_LOG_COST};
 use super::{Client, RequestError};
 use crate::script::Script;
-use protocol::{AskFlags, AskKind, PolicyArgs};
-use reply::LimitReply;
+use call::{read_reply, LimitCall, MergedAsks};
 #[cfg(test)]
-use reply::PolicyReply;
+use reply::{LimitReply, PolicyReply};
 
 /// The limit script; see its header for the contract.
 pub const LIMIT_LUA: &str = concat!(
@@ -293,162 +293,17 @@ pub async fn decide_settling(
     if asks.is_empty() {
         return Err(RequestError::Invalid("name at least one limit".into()));
     }
-    let max = i64::MAX as u64 / 1_000_000;
-    let mut keys: Vec<String> = Vec::with_capacity(asks.len());
-    let mut merged: Vec<Ask> = Vec::with_capacity(asks.len());
-    let mut slot_of = Vec::with_capacity(asks.len());
-    for a in asks {
-        if let Some(r) = &a.reservation {
-            r.validate(a.policy)?;
-            if a.refund {
-                return Err(RequestError::Invalid(format!(
-                    "limit `{}`: a reserving limit refunds by its settle, not by a refund",
-                    a.policy.name
-                )));
-            }
-        }
-        let kind = match a.reservation {
-            Some(_) => Reservation::KINDS.0,
-            None => a.policy.algorithm.key_kind(),
-        };
-        let key = super::key(client.prefix(), kind, &a.policy.name, a.subject, tag);
-        let slot = match keys.iter().position(|k| *k == key) {
-            Some(j) if merged[j].refund != a.refund => {
-                return Err(RequestError::Invalid(format!(
-                    "limit `{}`: one call both charges and refunds one count",
-                    a.policy.name
-                )));
-            }
-            Some(j) if merged[j].reservation != a.reservation => {
-                return Err(RequestError::Invalid(format!(
-                    "limit `{}`: two descriptors of one call reserve or settle one count apart",
-                    a.policy.name
-                )));
-            }
-            Some(j) => {
-                merged[j].cost = merged[j].cost.saturating_add(a.cost);
-                j
-            }
-            None => {
-                keys.push(key);
-                merged.push(*a);
-                keys.len() - 1
-            }
-        };
-        slot_of.push(slot);
-    }
-    if let Some(a) = merged.iter().find(|a| a.cost > max) {
-        return Err(RequestError::Invalid(format!(
-            "cost {} is out of range",
-            a.cost
-        )));
-    }
-    if let Some(a) = merged
-        .iter()
-        .find(|a| a.cost > MAX_LOG_COST && a.policy.algorithm == Algorithm::SlidingLog)
-    {
-        return Err(RequestError::Invalid(format!(
-            "cost {}: a sliding_log policy takes at most {MAX_LOG_COST} units per call",
-            a.cost
-        )));
-    }
-    let mut cmd = redis::Cmd::new();
-    cmd.arg(request_id())
-        .arg(if peek { "peek" } else { "apply" });
-    // A reserving policy is followed by its index entry (`lua/reserve.lua`): its reply is at
-    // `at[j] + 1`.
-    let mut script_keys = Vec::with_capacity(keys.len());
-    let mut at = Vec::with_capacity(merged.len());
-    let mut offsets = Vec::with_capacity(merged.len());
-    for (a, key) in merged.iter().zip(keys) {
-        let p = a.policy;
-        let kind = AskKind::of(AskFlags {
-            refund: a.refund,
-            reserve: a.reservation.map(|r| r.phase == Phase::Reserve),
-            quota: a.quota,
-            shadow: p.shadow,
-            usage: a.usage,
-        });
-        PolicyArgs {
-            algorithm: p.algorithm.code(),
-            limit: p.limit,
-            window_ms: p.window_ms(),
-            burst: p.burst.unwrap_or(p.limit),
-            kind,
-            cost: a.cost,
-        }
-        .push(&mut cmd);
-        at.push(script_keys.len());
-        // The offset its window-aligned state key's expiry is spread by.
-        offsets.push(p.expiry_offset_ms(&key));
-        script_keys.push(key);
-        if let Some(r) = &a.reservation {
-            // The index entry: algorithm 5, then its own values where a policy has limit,
-            // window and burst (`lua/reserve.lua`), its policy's kind, no cost.
-            cmd.arg(5)
-                .arg(r.expiry.as_millis() as u64)
-                .arg(r.max_extra)
-                .arg(r.id)
-                .arg(kind.code())
-                .arg(0);
-            offsets.push(0);
-            script_keys.push(super::key(
-                client.prefix(),
-                Reservation::KINDS.1,
-                &p.name,
-                a.subject,
-                tag,
-            ));
-        }
-    }
-    // Then per entry the offset its window-aligned state key's expiry is spread by.
-    for off in offsets {
-        cmd.arg(off);
-    }
-    // The strictest durability of the policies (each its own, else the client's).
-    let durable = merged
-        .iter()
-        .map(|a| a.policy.durability.unwrap_or(client.durability()))
-        .max_by_key(|d| (d.replicas, d.timeout))
-        .unwrap_or(client.durability());
-    let client = match durable == client.durability() {
-        true => std::borrow::Cow::Borrowed(client),
-        false => std::borrow::Cow::Owned(client.durable(durable)),
-    };
-    let entries = script_keys.len();
-    let reply: redis::Value = match client.run_batched(&LIMIT, script_keys, cmd).await {
+    let mut merged = MergedAsks::of(client, asks, tag)?;
+    let keys = std::mem::take(&mut merged.keys);
+    let call = LimitCall::new(client, &merged.asks, keys, tag, peek);
+    let client = merged.durable(client);
+    let entries = call.keys.len();
+    let reply: redis::Value = match client.run_batched(&LIMIT, call.keys, call.cmd).await {
         Ok(v) => v,
         Err(e) if e.is_unavailable() => return Ok((without_redis(asks), vec![None; asks.len()])),
         Err(e) => return Err(e),
     };
-    let r = LimitReply::parse(&reply, entries)?;
-    let policies = asks
-        .iter()
-        .zip(&slot_of)
-        .map(|(a, &slot)| r.policies[at[slot]].verdict(a.policy))
-        .collect();
-    // A settle's answer is its index entry's; merged asks share it, so only the first tells.
-    let mut told = vec![false; merged.len()];
-    let mut settled = Vec::with_capacity(asks.len());
-    for (a, &slot) in asks.iter().zip(&slot_of) {
-        let is_settle = a.reservation.is_some_and(|r| r.phase == Phase::Settle);
-        if !is_settle || peek || std::mem::replace(&mut told[slot], true) {
-            settled.push(None);
-            continue;
-        }
-        let s = Settled::from_reply(&reply, at[slot] + 1).ok_or_else(|| RequestError::Reply {
-            script: "limit",
-            detail: format!("{reply:?}"),
-        })?;
-        settled.push(Some(s));
-    }
-    let decision = Decision {
-        admitted: r.admitted,
-        policies,
-        without_redis: false,
-        now_ms: r.now_ms,
-    };
-    Ok((decision, settled))
+    read_reply(&reply, entries, &call.at, asks, &merged, peek)
 }
 
 fn without_redis(asks: &[Ask]) -> Decision {

@@ -153,6 +153,38 @@ impl PolicyArgs {
     }
 }
 
+/// The algorithm code of a reservation index entry (`lua/reserve.lua`).
+pub(super) const INDEX_ALGORITHM: u8 = 5;
+
+/// A reserving policy's index entry (`lua/reserve.lua`), right after its policy's values and
+/// in the same [`Arg`] order: where a policy has its limit, window and burst, the entry has its
+/// own expiry, most extra units and request id; its policy's kind; no cost.
+pub(super) struct IndexArgs<'a> {
+    /// How long a reservation (and a settle's record) is kept, ms.
+    pub(super) expiry_ms: u64,
+    /// Most units a settle charges above its reservation.
+    pub(super) max_extra: u64,
+    /// The request's id ('' = none).
+    pub(super) id: &'a str,
+    /// Its policy's kind.
+    pub(super) kind: AskKind,
+}
+
+impl IndexArgs<'_> {
+    pub(super) fn push(&self, cmd: &mut redis::Cmd) {
+        for arg in Arg::ORDER {
+            match arg {
+                Arg::Algorithm => cmd.arg(INDEX_ALGORITHM),
+                Arg::Limit => cmd.arg(self.expiry_ms),
+                Arg::WindowMs => cmd.arg(self.max_extra),
+                Arg::Burst => cmd.arg(self.id),
+                Arg::Kind => cmd.arg(self.kind.code()),
+                Arg::Cost => cmd.arg(0),
+            };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,6 +256,54 @@ mod tests {
             code.contains("tonumber(ARGV[b + 4])"),
             "limit.lua reads the burst"
         );
+    }
+
+    /// The values of `cmd`, as sent.
+    fn sent(cmd: &redis::Cmd) -> Vec<String> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => String::from_utf8_lossy(b).into_owned(),
+                _ => "a cursor".into(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_reserving_policy_and_its_index_entry_are_sent_where_the_script_reads_them() {
+        let mut cmd = redis::Cmd::new();
+        PolicyArgs {
+            algorithm: 1,
+            limit: 100,
+            window_ms: 60_000,
+            burst: 100,
+            kind: AskKind::Settle,
+            cost: 7,
+        }
+        .push(&mut cmd);
+        IndexArgs {
+            expiry_ms: 30_000,
+            max_extra: 9,
+            id: "req-1",
+            kind: AskKind::Settle,
+        }
+        .push(&mut cmd);
+        assert_eq!(
+            sent(&cmd),
+            ["1", "100", "60000", "100", "7", "7", "5", "30000", "9", "req-1", "7", "0"]
+        );
+        // The script reads the entry's values one stride past its policy's: the algorithm
+        // code, then expiry, most extra units and request id where a policy has its limit,
+        // window and burst.
+        let code = code(&lua());
+        let at = |arg: Arg| format!("ARGV[b + {}]", ARGS_PER_POLICY + arg as usize);
+        assert!(code.contains(&format!("algo == {INDEX_ALGORITHM}")));
+        for arg in [Arg::Limit, Arg::WindowMs, Arg::Burst] {
+            assert!(
+                code.contains(&at(arg)),
+                "{arg:?}: the script reads {}",
+                at(arg)
+            );
+        }
     }
 
     #[test]
