@@ -1,7 +1,7 @@
 //! The shop schemas the format tests write events with (Avro in two versions; Protobuf in two
 //! versions importing a referenced schema), and the Python writers that frame events exactly as
-//! Confluent producers do (`avro/write_events.py` with fastavro, `protobuf/write_events.py`
-//! with Google's protobuf).
+//! Confluent producers do (`stream/decode/avro/write_events.py` with fastavro,
+//! `stream/decode/protobuf/write_events.py` with Google's protobuf).
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -35,7 +35,7 @@ pub fn avro_v2() -> serde_json::Value {
 /// "record"}`.
 pub fn fastavro(items: &[serde_json::Value]) -> Vec<Vec<u8>> {
     let lines: String = items.iter().map(|i| format!("{i}\n")).collect();
-    let payloads = python_writer("avro/write_events.py", lines);
+    let payloads = python_writer("stream/decode/avro/write_events.py", lines);
     assert_eq!(payloads.len(), items.len());
     payloads
 }
@@ -104,8 +104,8 @@ pub fn proto_versions() -> serde_json::Value {
     json!({"v1": hex(&descriptor_set(PROTO_V1)), "v2": hex(&descriptor_set(PROTO_V2))})
 }
 
-/// Payloads from Google's protobuf (`protobuf/write_events.py`), in input order. `schemas`:
-/// the descriptor set of each schema name the items use; `descriptor_set_out`: write that
+/// Payloads from Google's protobuf (`stream/decode/protobuf/write_events.py`), in input order.
+/// `schemas`: the descriptor set of each schema name the items use; `descriptor_set_out`: write that
 /// schema's set to that file too.
 pub fn protobuf_writer(
     schemas: serde_json::Value,
@@ -116,7 +116,7 @@ pub fn protobuf_writer(
     let head = json!({"schemas": schemas, "descriptor_set_out": out});
     let mut lines = format!("{head}\n");
     lines.extend(items.iter().map(|i| format!("{i}\n")));
-    let payloads = python_writer("protobuf/write_events.py", lines);
+    let payloads = python_writer("stream/decode/protobuf/write_events.py", lines);
     assert_eq!(payloads.len(), items.len());
     payloads
 }
