@@ -6,4 +6,4 @@ mod http;
 mod primitives;
 mod query;
 mod rlqs;
-pub(crate) mod rls;
+mod rls;

@@ -7,6 +7,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::process::{kafka_toml, BrokerProcess, TallyProcess};
+use crate::common::request::PLAYS;
 use crate::common::stream::{self, Stream, COUNTERS};
 use rand::{RngExt, SeedableRng};
 use tally_testkit::local_redis::LocalRedis;
@@ -35,11 +36,7 @@ fn serve_config(redis: &str) -> String {
         r#"
 [redis]
 url = "{redis}"
-[[counters]]
-name = "plays"
-dimensions = ["video"]
-key = "plays:{{video}}:{{yyyyMMddHH}}"
-window = "1h"
+{PLAYS}
 [jobs.ttl_audit]
 enabled = true
 interval = "100ms"

@@ -148,3 +148,31 @@ fn python_writer(script: &str, lines: String) -> Vec<Vec<u8>> {
     }
     payloads
 }
+
+/// `tally check` (and so a start) on a configuration of `decode` (a `[decode]` table naming a
+/// schema file) passes within the default budget and, with `over` (a smaller
+/// `max_schema_nodes`) added, exits 64 naming `key` and the budget. `dir` holds the file.
+pub fn check_refuses_over_budget(dir: &std::path::Path, decode: &str, over: &str, key: &str) {
+    let check = |budget: &str| {
+        let config = dir.join("tally.toml");
+        std::fs::write(&config, format!("{decode}{budget}")).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_tally"))
+            .args(["check", "--config", &config.display().to_string()])
+            .env_remove("TALLY_CONFIG")
+            .output()
+            .unwrap()
+    };
+    let fits = check("");
+    assert!(
+        fits.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fits.stderr)
+    );
+    let over = check(over);
+    let stderr = String::from_utf8_lossy(&over.stderr);
+    assert_eq!(over.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains(key) && stderr.contains("max_schema_nodes"),
+        "{stderr}"
+    );
+}

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::common::process::TallyProcess;
+use crate::common::request::PLAYS;
 use crate::common::wait_for;
 use tally::model::stored_expire_at;
 use tally_testkit::http;
@@ -16,11 +17,7 @@ fn config(redis: &LocalRedis) -> String {
 [redis]
 url = "{}"
 
-[[counters]]
-name = "plays"
-dimensions = ["video"]
-key = "plays:{{video}}:{{yyyyMMddHH}}"
-window = "1h"
+{PLAYS}
 retention = "1h"
 
 [jobs.ttl_audit]
@@ -133,11 +130,7 @@ async fn the_auditor_walks_every_cluster_primary() {
 mode = "cluster"
 nodes = [{}]
 
-[[counters]]
-name = "plays"
-dimensions = ["video"]
-key = "plays:{{video}}:{{yyyyMMddHH}}"
-window = "1h"
+{PLAYS}
 
 [jobs.ttl_audit]
 enabled = true

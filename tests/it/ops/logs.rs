@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::common::process::TallyProcess;
+use crate::common::request::PLAYS;
 use tally_testkit::local_redis::LocalRedis;
 use tally_testkit::wait::wait_until;
 
@@ -15,11 +16,7 @@ fn serve_config(redis: &str, format: Option<&str>) -> String {
 [redis]
 url = "{redis}"
 {log}
-[[counters]]
-name = "plays"
-dimensions = ["video"]
-key = "plays:{{video}}:{{yyyyMMddHH}}"
-window = "1h"
+{PLAYS}
 "#
     )
 }

@@ -5,12 +5,12 @@
 
 mod browser;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use tally_testkit::http::Client;
 use tally_testkit::local_redis::free_port;
 
+use crate::common::terminal::{self, start_top, tmux};
 use crate::common::{hourly, Harness, Running};
 
 const TOKEN: &str = "s3cret-status";
@@ -242,15 +242,6 @@ async fn the_page_shows_lag_rates_hot_keys_decisions_and_a_halted_partition() {
     running.stop().await;
 }
 
-/// tmux on a socket of its own, so the test touches no one else's sessions.
-fn tmux(socket: &str, args: &[&str]) -> std::process::Output {
-    Command::new("tmux")
-        .args(["-L", socket])
-        .args(args)
-        .output()
-        .expect("run tmux (scripts/setup.sh installs it)")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tally_top_draws_the_status_in_a_terminal_and_quits_on_q() {
     let mut h = Harness::new("status-top", 2);
@@ -264,27 +255,12 @@ async fn tally_top_draws_the_status_in_a_terminal_and_quits_on_q() {
         "TALLY_TOKEN={TOKEN} {} top http://127.0.0.1:{port}",
         env!("CARGO_BIN_EXE_tally")
     );
-    let started = tmux(
-        &socket,
-        &[
-            "new-session",
-            "-d",
-            "-s",
-            "top",
-            "-x",
-            "160",
-            "-y",
-            "45",
-            &command,
-        ],
-    );
-    assert!(started.status.success(), "{started:?}");
+    start_top(&socket, &command);
     let hour = chrono::Utc::now().format("%Y%m%d%H").to_string();
     let hottest = format!("sp:a0:d0:{hour}");
     let deadline = Instant::now() + WAIT;
     let screen = loop {
-        let shot = tmux(&socket, &["capture-pane", "-p", "-t", "top"]);
-        let screen = String::from_utf8_lossy(&shot.stdout).into_owned();
+        let screen = terminal::screen(&socket);
         let hot_line = screen.lines().find(|l| l.contains(&hottest)).unwrap_or("");
         // The watermarks come with the publisher's passes (this process leads it).
         let marks = format!("watermark  p0:{at} p1:{at}", at = time_of_day(produced_at));
@@ -327,8 +303,7 @@ async fn tally_top_draws_the_status_in_a_terminal_and_quits_on_q() {
     running.stop().await;
     let deadline = Instant::now() + WAIT;
     loop {
-        let shot = tmux(&socket, &["capture-pane", "-p", "-t", "top"]);
-        let screen = String::from_utf8_lossy(&shot.stdout).into_owned();
+        let screen = terminal::screen(&socket);
         if screen.contains("STALE since") && screen.contains("consumed/s") {
             break;
         }

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::common::process::{BrokerProcess, TallyProcess};
+use crate::common::process::{kafka_toml, BrokerProcess, TallyProcess};
 use crate::common::stream::{Stream, COUNTERS};
 use rand::RngExt;
 use tally_testkit::local_redis::LocalCluster;
@@ -19,16 +19,9 @@ pub(crate) const SHARDS: u32 = 64;
 
 pub(crate) fn config(bootstrap: &str, cluster: &LocalCluster, group: &str, topic: &str) -> String {
     let nodes: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    let kafka = kafka_toml(bootstrap, topic, group);
     format!(
-        r#"
-[kafka]
-brokers = "{bootstrap}"
-topic = "{topic}"
-group_id = "{group}"
-[kafka.properties]
-"session.timeout.ms" = "3000"
-"heartbeat.interval.ms" = "300"
-[redis]
+        r#"{kafka}[redis]
 mode = "cluster"
 nodes = [{}]
 cluster_shards = {SHARDS}

@@ -16,7 +16,7 @@ use rand::SeedableRng;
 use serde_json::json;
 use tally_testkit::local_redis::LocalRedis;
 
-use crate::common::process::{kill_somewhere, BrokerProcess, TallyProcess};
+use crate::common::process::{kill_somewhere, redis_flush_toml, BrokerProcess, TallyProcess};
 use crate::common::registry::Registry;
 use crate::common::schemas::{self, avro_v1, avro_v2, PROTO_COMMON, PROTO_V1, PROTO_V2};
 use crate::common::topics::{self, applied, dump, mismatches, no_skips, Record};
@@ -32,6 +32,7 @@ const FILTERED: &str = r#"tally_events_skipped_total{counter="json_errors",reaso
 /// its filter keeps, by route and a status class derived from the status.
 fn config(bootstrap: &str, redis: &str, registry: &str, group: &str) -> String {
     let registry = format!(r#"{{ url = "{registry}", username = "tally", password = "s3cret" }}"#);
+    let redis_flush = redis_flush_toml(redis);
     format!(
         r#"
 [kafka]
@@ -65,17 +66,7 @@ time_field = "ts"
 fields = {{ route = "req.route", method = "req.method", status = "req.status" }}
 derive = {{ class = 'string(status / 100) + "xx"' }}
 
-[redis]
-url = "{redis}"
-connect_timeout = "500ms"
-response_timeout = "2s"
-[flush]
-interval = "50ms"
-max_keys_per_call = 25
-retry_initial = "20ms"
-retry_max = "300ms"
-shutdown_grace = "20s"
-
+{redis_flush}
 [[counters]]
 name = "routes"
 dimensions = ["route"]

@@ -7,7 +7,9 @@ use crate::common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::common::process::{kill_somewhere, BrokerProcess, TallyProcess};
+use crate::common::process::{
+    kafka_toml, kill_somewhere, redis_flush_toml, BrokerProcess, TallyProcess,
+};
 use crate::common::stream::{self, Stream, COUNTERS};
 use rand::{RngExt, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -18,27 +20,9 @@ use tally_testkit::wait::wait_until;
 pub(crate) const PARTITIONS: i32 = 8;
 
 pub(crate) fn config(bootstrap: &str, redis: &str, group: &str, topic: &str) -> String {
-    format!(
-        r#"
-[kafka]
-brokers = "{bootstrap}"
-topic = "{topic}"
-group_id = "{group}"
-[kafka.properties]
-"session.timeout.ms" = "3000"
-"heartbeat.interval.ms" = "300"
-[redis]
-url = "{redis}"
-connect_timeout = "500ms"
-response_timeout = "2s"
-[flush]
-interval = "50ms"
-max_keys_per_call = 25
-retry_initial = "20ms"
-retry_max = "300ms"
-shutdown_grace = "20s"
-{COUNTERS}"#
-    )
+    let redis_flush = redis_flush_toml(redis);
+    let kafka = kafka_toml(bootstrap, topic, group);
+    format!("{kafka}{redis_flush}{COUNTERS}")
 }
 
 fn committed(bootstrap: &str, group: &str, topic: &str) -> Vec<i64> {

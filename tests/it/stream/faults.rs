@@ -163,7 +163,7 @@ async fn bad_messages_are_counted_by_reason_and_the_stream_continues() {
     ] {
         let want = 3 * bad.iter().filter(|(r, _)| *r == reason).count() as u64;
         assert_eq!(
-            m.decode.decode_errors.with_label_values(&[reason]).get(),
+            crate::common::decode_errors(&m, reason),
             want,
             "reason {reason}"
         );

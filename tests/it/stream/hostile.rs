@@ -80,14 +80,14 @@ async fn overflowing_sums_and_future_times_are_refused_and_reported() {
     got.extend(h.dump("hh:*"));
     assert_eq!(got, want, "no key for d, a not pinned by a dropped add");
 
-    let decode = |reason: &str| m.decode.decode_errors.with_label_values(&[reason]).get();
+    let decode = |reason: &str| crate::common::decode_errors(&m, reason);
     assert_eq!(decode("overflow"), 1);
     assert_eq!(decode("future_time"), 1);
     assert_eq!(
         m.sink.keys_rejected.with_label_values(&["overflow"]).get(),
         1
     );
-    let counted = |c: &str| m.aggregate.events_counted.with_label_values(&[c]).get();
+    let counted = |c: &str| crate::common::events_counted(&m, c);
     // The events refused as bad input are not counted. (c's increment was accepted in memory
     // and refused by Redis: it is reported by `tally_keys_rejected_total` and an ERROR line.)
     assert_eq!(counted("bytes"), 4);

@@ -146,13 +146,7 @@ async fn exact_counts_and_expiry_across_windows_partitions_and_counters() {
         assert!((at..=at + 300_000).contains(&stored));
         assert_eq!(got.get(k), Some(&(count, stored)), "key {k}");
     }
-    assert_eq!(
-        m.aggregate
-            .events_counted
-            .with_label_values(&["flow"])
-            .get(),
-        n
-    );
+    assert_eq!(crate::common::events_counted(&m, "flow"), n);
     assert_eq!(
         m.aggregate.late_events.with_label_values(&["daily"]).get(),
         daily_late

@@ -23,7 +23,7 @@ use rdkafka::ClientConfig;
 use tally_testkit::local_redis::{free_port, LocalRedis};
 
 use crate::common::accuracy;
-use crate::common::process::{BrokerProcess, TallyProcess};
+use crate::common::process::{kafka_toml, BrokerProcess, TallyProcess};
 use crate::common::replica::{cli, cut_replica, port_of, signal, wait_synced};
 use crate::common::sentinel::{wait_until, Sentinels};
 use crate::common::stream::{self, Stream, COUNTERS};
@@ -98,20 +98,12 @@ fn sentinel_failovers_with_lag_and_sigkills_count_exactly() {
     wait_synced(p, r);
     let sentinels = Sentinels::start(p, 1);
     // The defaults of the Redis timeouts and of the flush retries: what a user gets.
+    let kafka = kafka_toml(&bootstrap, topic, group);
     let cfg = format!(
-        r#"
-[kafka]
-brokers = "{}"
-topic = "{topic}"
-group_id = "{group}"
-[kafka.properties]
-"session.timeout.ms" = "3000"
-"heartbeat.interval.ms" = "300"
-{}[flush]
+        r#"{kafka}{}[flush]
 interval = "50ms"
 shutdown_grace = "20s"
 {COUNTERS}"#,
-        bootstrap,
         sentinels.redis_toml()
     );
     let stream = Stream {

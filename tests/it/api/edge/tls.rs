@@ -14,8 +14,9 @@ use tally_testkit::local_redis::{free_port, LocalRedis};
 use tally_testkit::scrape::Scrape;
 use tally_testkit::wait::wait_until;
 
-use crate::api::rls::service::{limits_dir, unique};
 use crate::common::process::TallyProcess;
+use crate::common::rls::{limits_dir, unique};
+use crate::common::terminal::{self, start_top, tmux};
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("tally-tls-{name}-{}", std::process::id()));
@@ -60,6 +61,32 @@ impl Served {
             self.client_ca.display()
         )
     }
+}
+
+/// `tally serve` on `redis` with its HTTP port served over mutual TLS (`served`, files reloaded
+/// every `reload`), once it answers https with `client`'s certificate.
+fn serve_https(
+    redis: &LocalRedis,
+    served: &Served,
+    name: &str,
+    reload: &str,
+    client: &Pki,
+) -> TallyProcess {
+    let config = format!("[redis]\nurl = \"{}\"\n", redis.url());
+    let tally = TallyProcess::start_command_with_http("serve", &config, name, &served.toml(reload));
+    let port = tally.port;
+    assert!(
+        wait_until(Duration::from_secs(30), || curl(
+            port,
+            "/health/live",
+            &client.ca,
+            Some(client)
+        )
+        .is_some()),
+        "https with a client certificate never answered; log: {}",
+        tally.log()
+    );
+    tally
 }
 
 /// curl over HTTPS (HTTP/1.1) to `path`, trusting `ca`, with `client`'s certificate when given:
@@ -116,21 +143,8 @@ fn the_http_port_over_mutual_tls_with_certificates_rotated_by_their_files() {
         Pki::create(&dir, "b").unwrap(),
     );
     let served = Served::new(&dir, &a);
-    let config = format!("[redis]\nurl = \"{}\"\n", redis.url());
-    let tally =
-        TallyProcess::start_command_with_http("serve", &config, "tls-http", &served.toml("200ms"));
+    let tally = serve_https(&redis, &served, "tls-http", "200ms", &a);
     let port = tally.port;
-    assert!(
-        wait_until(Duration::from_secs(30), || curl(
-            port,
-            "/health/live",
-            &a.ca,
-            Some(&a)
-        )
-        .is_some()),
-        "https with a client certificate never answered; log: {}",
-        tally.log()
-    );
     assert_eq!(
         curl(port, "/health/live", &a.ca, Some(&a)).as_deref(),
         Some("ok\n")
@@ -199,25 +213,8 @@ fn certificate_and_key_rewritten_in_place_load_without_an_error() {
         Pki::create(&dir, "b").unwrap(),
     );
     let served = Served::new(&dir, &a);
-    let config = format!("[redis]\nurl = \"{}\"\n", redis.url());
-    let tally = TallyProcess::start_command_with_http(
-        "serve",
-        &config,
-        "tls-in-place",
-        &served.toml("100ms"),
-    );
+    let tally = serve_https(&redis, &served, "tls-in-place", "100ms", &a);
     let port = tally.port;
-    assert!(
-        wait_until(Duration::from_secs(30), || curl(
-            port,
-            "/health/live",
-            &a.ca,
-            Some(&a)
-        )
-        .is_some()),
-        "https never answered; log: {}",
-        tally.log()
-    );
     std::fs::write(&served.cert, std::fs::read(&b.server.cert).unwrap()).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     std::fs::write(&served.key, std::fs::read(&b.server.key).unwrap()).unwrap();
@@ -406,14 +403,6 @@ fn envoy_calls_the_rls_over_mutual_tls_and_one_without_a_certificate_is_refused(
     assert!(tally.metric("tally_tls_reloads_total{port=\"rls\",result=\"ok\"}") >= Some(2.0));
 }
 
-fn tmux(socket: &str, args: &[&str]) -> std::process::Output {
-    Command::new("tmux")
-        .args(["-L", socket])
-        .args(args)
-        .output()
-        .expect("run tmux (scripts/setup.sh installs it)")
-}
-
 /// `tally top` reaches an HTTPS port with mutual TLS (`--ca-file`, `--cert-file`,
 /// `--key-file`): in tmux, it draws the process's status, not "unreachable".
 #[test]
@@ -422,21 +411,8 @@ fn tally_top_reads_the_status_over_mutual_tls() {
     let dir = scratch("top");
     let pki = Pki::create(&dir, "top").unwrap();
     let served = Served::new(&dir, &pki);
-    let config = format!("[redis]\nurl = \"{}\"\n", redis.url());
-    let tally =
-        TallyProcess::start_command_with_http("serve", &config, "tls-top", &served.toml("1h"));
+    let tally = serve_https(&redis, &served, "tls-top", "1h", &pki);
     let port = tally.port;
-    assert!(
-        wait_until(Duration::from_secs(30), || curl(
-            port,
-            "/health/live",
-            &pki.ca,
-            Some(&pki)
-        )
-        .is_some()),
-        "{}",
-        tally.log()
-    );
     let socket = format!("tally-top-tls-{}", std::process::id());
     let command = format!(
         "{} top --ca-file {} --cert-file {} --key-file {} https://127.0.0.1:{port}",
@@ -445,25 +421,10 @@ fn tally_top_reads_the_status_over_mutual_tls() {
         pki.client.cert.display(),
         pki.client.key.display()
     );
-    let started = tmux(
-        &socket,
-        &[
-            "new-session",
-            "-d",
-            "-s",
-            "top",
-            "-x",
-            "160",
-            "-y",
-            "45",
-            &command,
-        ],
-    );
-    assert!(started.status.success(), "{started:?}");
+    start_top(&socket, &command);
     let mut screen = String::new();
     let drawn = wait_until(Duration::from_secs(20), || {
-        let shot = tmux(&socket, &["capture-pane", "-p", "-t", "top"]);
-        screen = String::from_utf8_lossy(&shot.stdout).into_owned();
+        screen = terminal::screen(&socket);
         screen.contains(&format!("https://127.0.0.1:{port}"))
             && screen.contains("serve")
             && screen.contains("ready")

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use crate::common::process::TallyProcess;
+use crate::common::request::{PLAYS, PRIMITIVES};
 use crate::common::wait_for;
 use tally_testkit::http::{self, Client};
 use tally_testkit::local_redis::LocalRedis;
@@ -16,11 +17,7 @@ fn config(redis: &LocalRedis) -> String {
 [redis]
 url = "{}"
 
-[[counters]]
-name = "plays"
-dimensions = ["video"]
-key = "plays:{{video}}:{{yyyyMMddHH}}"
-window = "1h"
+{PLAYS}
 
 [[request.limits]]
 name = "fixed"
@@ -34,22 +31,7 @@ algorithm = "gcra"
 limit = 100
 window = "1s"
 
-[[request.quotas]]
-name = "flash"
-size = 100
-ttl = "1h"
-
-[[request.once]]
-name = "welcome"
-window = "1d"
-
-[[request.unique]]
-name = "visitors"
-window = "1h"
-
-[[request.pools]]
-name = "coupons"
-ttl = "1h"
+{PRIMITIVES}
 "#,
         redis.url()
     )

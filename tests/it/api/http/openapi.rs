@@ -12,6 +12,7 @@ use serde_json::Value;
 use tally_testkit::http::{self, Answer, Client};
 use tally_testkit::local_redis::{free_port, LocalRedis};
 
+use crate::common::request::{PLAYS, PRIMITIVES};
 use crate::common::wait_for;
 
 const TOKEN: &str = "s3cret-openapi";
@@ -65,11 +66,7 @@ url = "{url}"
 listen = "127.0.0.1:{port}"
 token = "{TOKEN}"
 
-[[counters]]
-name = "plays"
-dimensions = ["video"]
-key = "plays:{{video}}:{{yyyyMMddHH}}"
-window = "1h"
+{PLAYS}
 
 [[request.limits]]
 name = "fixed"
@@ -84,22 +81,7 @@ algorithm = "fixed"
 limit = 1
 window = "1h"
 
-[[request.quotas]]
-name = "flash"
-size = 100
-ttl = "1h"
-
-[[request.once]]
-name = "welcome"
-window = "1d"
-
-[[request.unique]]
-name = "visitors"
-window = "1h"
-
-[[request.pools]]
-name = "coupons"
-ttl = "1h"
+{PRIMITIVES}
 "#,
         url = redis.url()
     );

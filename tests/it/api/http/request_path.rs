@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::process::TallyProcess;
+use crate::common::request::PLAYS;
 use crate::common::wait_for;
 use serde_json::Value;
 use tally_testkit::http;
@@ -20,11 +21,7 @@ url = "{}"
 # seconds to answer 200 clients, and a timed-out decision is a 503 ("outcome unknown").
 response_timeout = "30s"
 
-[[counters]]
-name = "plays"
-dimensions = ["video"]
-key = "plays:{{video}}:{{yyyyMMddHH}}"
-window = "1h"
+{PLAYS}
 
 [[request.limits]]
 name = "fixed"

@@ -14,7 +14,7 @@ use tonic::codegen::{http, Service};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::api::rlqs::service::{bucket, granted, usage, Stream};
-use crate::api::rls::service::{limits_dir, Rls};
+use crate::common::rls::{limits_dir, Rls};
 
 /// `[rlqs]` with a 2 s TTL (so a silent stream is closed after 2 s), `extra` appended, and one
 /// limit: `limit` requests per minute per tenant.

@@ -19,7 +19,7 @@ use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitQuotaFilter};
 use tally_testkit::http::Client;
 use tally_testkit::local_redis::LocalRedis;
 
-use crate::api::rls::service::{limits_dir, Rls};
+use crate::common::rls::{limits_dir, Rls};
 
 const LIMIT: u64 = 333;
 const WINDOW_MS: i64 = 20_000;

@@ -18,7 +18,7 @@ use tally_testkit::local_redis::LocalRedis;
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
-use crate::api::rls::service::{limits_dir, Rls};
+use crate::common::rls::{limits_dir, Rls};
 
 /// One Envoy's stream: reports in, answers out.
 pub(crate) struct Stream {

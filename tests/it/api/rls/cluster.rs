@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tally_testkit::local_redis::{free_port, LocalCluster};
 
-use crate::api::rls::service::{ask, descriptor, limits_dir, unique, Rls};
 use crate::common::process::TallyProcess;
+use crate::common::rls::{ask, descriptor, limits_dir, unique, Rls};
 
 const USERS: usize = 40;
 const CALLS_PER_USER: usize = 6;

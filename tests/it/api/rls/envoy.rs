@@ -13,7 +13,7 @@ use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitFilter};
 use tally_testkit::http::Client;
 use tally_testkit::local_redis::LocalRedis;
 
-use crate::api::rls::service::{ask, descriptor, limits_dir, Rls};
+use crate::common::rls::{ask, descriptor, limits_dir, Rls};
 
 /// One Envoy: a listener whose route goes to tally's own `/health/live` (the "app"), through
 /// the rate limit filter (domain `edge`, descriptors from `x-user` and `x-team`).

@@ -7,7 +7,7 @@ use std::path::Path;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tally_testkit::local_redis::LocalRedis;
 
-use crate::api::rls::service::{ask, descriptor, limits_dir, Rls};
+use crate::common::rls::{ask, descriptor, limits_dir, Rls};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoyproxy_ratelimit_readme_examples_behave_as_documented() {
@@ -129,7 +129,7 @@ async fn envoyproxy_ratelimit_readme_examples_behave_as_documented() {
 /// `limit` requests pass and the next is over the limit, all within one window of a second
 /// (retried when the sequence straddles a window boundary).
 async fn within_one_window(
-    c: &mut crate::api::rls::service::Client,
+    c: &mut crate::common::rls::Client,
     domain: &str,
     entries: &[(&str, &str)],
     limit: u32,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use tally_testkit::local_redis::LocalRedis;
 
-use crate::api::rls::service::{ask, descriptor, limits_dir, unique, Rls, API};
+use crate::common::rls::{ask, descriptor, limits_dir, unique, Rls, API};
 
 /// A limits file rewritten in place is applied only once it holds still: after SIGHUP tally reads
 /// it again shortly after, and on a change seen by the watch it waits for the next look, so a

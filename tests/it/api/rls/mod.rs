@@ -10,4 +10,4 @@ mod port;
 mod quota;
 mod refund;
 mod reserve;
-pub(crate) mod service;
+mod service;

@@ -24,8 +24,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use parking_lot::Mutex;
 use tally_testkit::local_redis::{free_port, LocalRedis};
 
-use crate::api::rls::service::{descriptor, limits_dir};
 use crate::common::process::TallyProcess;
+use crate::common::rls::{descriptor, limits_dir};
 
 const LIMITS: &str = "domain: pause
 descriptors:
@@ -98,7 +98,7 @@ async fn redis_paused_ten_seconds_under_load_charges_no_abandoned_call() {
         dir.display()
     );
     let tally = TallyProcess::start_command_with_http("serve", &config, "rls-pause", "");
-    let rls = crate::api::rls::service::Rls { tally, port };
+    let rls = crate::common::rls::Rls { tally, port };
     // Enough HTTP/2 connections that their stream limits (200 each on tally's side) never hold
     // a call on this side: what is outstanding here is what tally holds.
     let mut clients = Vec::new();

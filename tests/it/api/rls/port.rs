@@ -3,18 +3,15 @@
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use tally_testkit::local_redis::LocalRedis;
 use tonic::transport::Channel;
 use tonic_health::pb::health_check_response::ServingStatus::Serving;
 
-use crate::api::rls::service::{descriptor, health_watch, limits_dir, unique, Rls, API};
+use crate::common::rls::{descriptor, health_watch, unique, RlsServer, API};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_http_token_set_should_rate_limit_needs_it() {
-    let redis = LocalRedis::start(&[]).unwrap();
-    let dir = limits_dir("token");
-    std::fs::write(dir.join("api.yaml"), API).unwrap();
-    let rls = Rls::start_with_token(&redis, &dir, "rls-token", Some("s3cret-rls"));
+    let server = RlsServer::start_with("token", &[("api.yaml", API)], Some("s3cret-rls"), "");
+    let rls = &server.rls;
     let mut c = rls.client().await;
     let user = unique("tok");
     let call = |auth: Option<&str>| {
@@ -55,10 +52,8 @@ async fn with_http_token_set_should_rate_limit_needs_it() {
 /// `UNIMPLEMENTED` (as gRPC says), and the connection keeps serving the others.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_grpc_service_is_unimplemented() {
-    let redis = LocalRedis::start(&[]).unwrap();
-    let dir = limits_dir("unknown-service");
-    std::fs::write(dir.join("api.yaml"), API).unwrap();
-    let rls = Rls::start(&redis, &dir, "rls-unknown-service");
+    let server = RlsServer::start("unknown-service", &[("api.yaml", API)]);
+    let rls = &server.rls;
     let mut c = rls.client().await;
     let channel = Channel::from_shared(format!("http://127.0.0.1:{}", rls.port))
         .unwrap()
@@ -132,17 +127,14 @@ async fn connections_are_capped_and_silent_peers_are_dropped() {
     use std::time::{Duration, Instant};
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-    let redis = LocalRedis::start(&[]).unwrap();
-    let dir = limits_dir("limits");
-    std::fs::write(dir.join("api.yaml"), API).unwrap();
-    let rls = Rls::start_with(
-        &redis,
-        &dir,
-        "rls-limits",
+    let server = RlsServer::start_with(
+        "limits",
+        &[("api.yaml", API)],
         None,
         "max_connections = 2\nkeepalive_interval = \"1s\"\nkeepalive_timeout = \"1s\"",
     );
-    let call = |c: &mut crate::api::rls::service::Client| {
+    let rls = &server.rls;
+    let call = |c: &mut crate::common::rls::Client| {
         let mut c = c.clone();
         let user = unique("limits");
         async move {
@@ -235,18 +227,15 @@ async fn idle_and_unauthenticated_peers_cannot_hold_the_slots() {
     use std::time::{Duration, Instant};
     use tokio::io::AsyncReadExt as _;
 
-    let redis = LocalRedis::start(&[]).unwrap();
-    let dir = limits_dir("idle");
-    std::fs::write(dir.join("api.yaml"), API).unwrap();
-    let rls = Rls::start_with(
-        &redis,
-        &dir,
-        "rls-idle",
+    let server = RlsServer::start_with(
+        "idle",
+        &[("api.yaml", API)],
         Some("rls-t0ken"),
         "max_connections = 4\nfirst_call_timeout = \"500ms\"",
     );
+    let rls = &server.rls;
     let user = unique("idle");
-    let call = |mut c: crate::api::rls::service::Client, token: Option<&'static str>| {
+    let call = |mut c: crate::common::rls::Client, token: Option<&'static str>| {
         let user = user.clone();
         async move {
             let mut request = tonic::Request::new(RateLimitRequest {
@@ -281,7 +270,7 @@ async fn idle_and_unauthenticated_peers_cannot_hold_the_slots() {
     while taken.elapsed() < Duration::from_secs(5) {
         let attempt = async {
             let url = format!("http://127.0.0.1:{}", rls.port);
-            let c = crate::api::rls::service::Client::connect(url).await.ok()?;
+            let c = crate::common::rls::Client::connect(url).await.ok()?;
             call(c, Some("rls-t0ken")).await.ok()
         };
         if let Ok(Some(r)) = tokio::time::timeout(Duration::from_secs(1), attempt).await {
@@ -321,16 +310,13 @@ async fn one_peer_holds_at_most_its_share() {
     use std::time::Duration;
     use tokio::io::AsyncReadExt as _;
 
-    let redis = LocalRedis::start(&[]).unwrap();
-    let dir = limits_dir("per-peer");
-    std::fs::write(dir.join("api.yaml"), API).unwrap();
-    let rls = Rls::start_with(
-        &redis,
-        &dir,
-        "rls-per-peer",
+    let server = RlsServer::start_with(
+        "per-peer",
+        &[("api.yaml", API)],
         None,
         "max_connections_per_peer = 2",
     );
+    let rls = &server.rls;
     // Two clients that made calls (a connection without one would be closed to make room).
     let (mut first, mut second) = (rls.client().await, rls.client().await);
     for c in [&mut first, &mut second] {
@@ -366,16 +352,13 @@ async fn silent_peers_make_room_for_a_client_at_once() {
     use std::time::{Duration, Instant};
     use tokio::io::AsyncReadExt as _;
 
-    let redis = LocalRedis::start(&[]).unwrap();
-    let dir = limits_dir("room");
-    std::fs::write(dir.join("api.yaml"), API).unwrap();
-    let rls = Rls::start_with(
-        &redis,
-        &dir,
-        "rls-room",
+    let server = RlsServer::start_with(
+        "room",
+        &[("api.yaml", API)],
         None,
         "max_connections = 8\nmax_connections_per_peer = 2\nfirst_call_timeout = \"60s\"",
     );
+    let rls = &server.rls;
     // The port is up once a client connects; it leaves again (its slot is given back).
     drop(rls.client().await);
     let metric = "tally_port_connections{port=\"rls\"}";

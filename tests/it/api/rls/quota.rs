@@ -7,9 +7,8 @@
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::value::Kind;
-use tally_testkit::local_redis::LocalRedis;
 
-use crate::api::rls::service::{ask, descriptor, fixed_count, limits_dir, unique, Rls};
+use crate::common::rls::{ask, descriptor, fixed_count, unique, Rls, RlsServer};
 
 /// example.yaml's quotas (a day, not a minute, so that no window boundary falls inside a test:
 /// the answers do not depend on the window's length), and two quotas and a limit by value.
@@ -60,10 +59,10 @@ fn codes(r: &RateLimitResponse) -> (i32, Vec<i32>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quota_scenarios_answer_as_ratelimit_documents_without_over_counting() {
-    let redis = LocalRedis::start(&[]).unwrap();
-    let dir = limits_dir("quota");
-    std::fs::write(dir.join("rl.yaml"), LIMITS).unwrap();
-    let rls = Rls::start(&redis, &dir, "rls-quota");
+    let server = RlsServer::start("quota", &[("rl.yaml", LIMITS)]);
+    let rls = &server.rls;
+    let redis = &server.redis;
+    let dir = &server.dir;
     let mut c = rls.client().await;
     let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
     let both = || {
@@ -89,11 +88,11 @@ async fn quota_scenarios_answer_as_ratelimit_documents_without_over_counting() {
     assert_eq!(routed_to(&r), None, "nothing passed: no `metadata`");
     // envoyproxy/ratelimit counts 3 and 3 here: every call, denied or not, on every bucket.
     assert_eq!(
-        fixed_count(&redis, "service_1"),
+        fixed_count(redis, "service_1"),
         1,
         "a quota is never counted past its limit"
     );
-    assert_eq!(fixed_count(&redis, "service_2"), 2);
+    assert_eq!(fixed_count(redis, "service_2"), 2);
 
     // token-quota.sh on service_2 (a fresh domain file would do; here its own value): checked
     // with addend 0 on the request, charged 1 when the response is done. ratelimit answers OK
@@ -106,7 +105,7 @@ async fn quota_scenarios_answer_as_ratelimit_documents_without_over_counting() {
     let service = unique("svc");
     let check = || vec![descriptor(&[("service", service.as_str())], Some(0))];
     let charge = || vec![descriptor(&[("service", service.as_str())], Some(1))];
-    let mut c = wait_for_domain(&rls, "tq", &service).await;
+    let mut c = wait_for_domain(rls, "tq", &service).await;
     for i in 0..2 {
         assert_eq!(
             ask(&mut c, "tq", check()).await.overall_code,
@@ -116,7 +115,7 @@ async fn quota_scenarios_answer_as_ratelimit_documents_without_over_counting() {
         assert_eq!(ask(&mut c, "tq", charge()).await.overall_code, ok);
     }
     assert_eq!(ask(&mut c, "tq", check()).await.overall_code, over);
-    assert_eq!(fixed_count(&redis, &service), 2);
+    assert_eq!(fixed_count(redis, &service), 2);
 
     // 64 concurrent calls on two quotas (5 and 20): exactly 20 pass (the larger lasts), each
     // quota charged only while it had room; then with a limit of 12 beside fresh quotas, that
@@ -148,22 +147,22 @@ async fn quota_scenarios_answer_as_ratelimit_documents_without_over_counting() {
         };
         let want = if with_user { 12 } else { 20 };
         assert_eq!(admitted, want, "with a limit beside: {with_user}");
-        assert_eq!(fixed_count(&redis, &small), 5);
+        assert_eq!(fixed_count(redis, &small), 5);
         assert_eq!(
             passed(0),
             5,
             "the admitted calls that small's status shows charged"
         );
-        assert_eq!(fixed_count(&redis, &large), want);
+        assert_eq!(fixed_count(redis, &large), want);
         assert_eq!(passed(1), want);
         if with_user {
-            assert_eq!(fixed_count(&redis, &user), 12);
+            assert_eq!(fixed_count(redis, &user), 12);
         }
     }
 }
 
 /// A client once `domain` is loaded (the reloader picks new files up within 100 ms).
-async fn wait_for_domain(rls: &Rls, domain: &str, value: &str) -> crate::api::rls::service::Client {
+async fn wait_for_domain(rls: &Rls, domain: &str, value: &str) -> crate::common::rls::Client {
     let mut c = rls.client().await;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     // A peek at a value no one charges: an unknown domain answers without `current_limit`.

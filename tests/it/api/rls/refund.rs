@@ -5,9 +5,8 @@
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
-use tally_testkit::local_redis::LocalRedis;
 
-use crate::api::rls::service::{ask, descriptor, limits_dir, unique, Client, Rls};
+use crate::common::rls::{ask, descriptor, unique, Client, RlsServer};
 
 const LIMITS: &str = "domain: r
 descriptors:
@@ -37,10 +36,8 @@ async fn call(c: &mut Client, descriptors: Vec<RateLimitDescriptor>) -> (bool, u
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn negative_hits_give_units_back_for_every_algorithm() {
-    let redis = LocalRedis::start(&[]).unwrap();
-    let dir = limits_dir("refund");
-    std::fs::write(dir.join("r.yaml"), LIMITS).unwrap();
-    let rls = Rls::start(&redis, &dir, "rls-refund");
+    let server = RlsServer::start("refund", &[("r.yaml", LIMITS)]);
+    let rls = &server.rls;
     let mut c = rls.client().await;
     for algo in ["fixed", "sliding_log", "sliding_counter", "gcra"] {
         let who = unique(algo);

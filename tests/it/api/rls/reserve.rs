@@ -5,9 +5,10 @@
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
 use tally_testkit::local_redis::LocalRedis;
 
-use crate::api::rls::service::{ask, descriptor, limits_dir, unique, Client, Rls};
+use crate::common::rls::{ask, descriptor, unique, Client, RlsServer};
 
 const LIMITS: &str = "domain: ai
 descriptors:
@@ -46,10 +47,9 @@ async fn call(c: &mut Client, user: &str, phase: &str, id: &str, units: u64) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn settles_count_once_refunds_leave_the_true_usage_and_reservations_expire() {
-    let redis = LocalRedis::start(&[]).unwrap();
-    let dir = limits_dir("reserve");
-    std::fs::write(dir.join("ai.yaml"), LIMITS).unwrap();
-    let rls = Rls::start(&redis, &dir, "rls-reserve");
+    let server = RlsServer::start("reserve", &[("ai.yaml", LIMITS)]);
+    let rls = &server.rls;
+    let redis = &server.redis;
     let mut c = rls.client().await;
 
     // Admitted only while settled + reserved + this reservation ≤ 100.
@@ -59,13 +59,13 @@ async fn settles_count_once_refunds_leave_the_true_usage_and_reservations_expire
         !call(&mut c, &user, "reserve", "b", 50).await,
         "60 + 50 > 100"
     );
-    assert_eq!(state(&redis, &user), (0, 60));
+    assert_eq!(state(redis, &user), (0, 60));
     // The true cost, 20: 40 refunded, the count is the true usage; a retried settle (twice)
     // changes nothing.
     for _ in 0..3 {
         assert!(call(&mut c, &user, "settle", "a", 20).await);
         assert_eq!(
-            state(&redis, &user),
+            state(redis, &user),
             (20, 0),
             "settled once, at the true cost"
         );
@@ -80,7 +80,7 @@ async fn settles_count_once_refunds_leave_the_true_usage_and_reservations_expire
     );
     // A true cost above the reservation is charged up to max_extra (5) above it.
     assert!(call(&mut c, &user, "settle", "b", 95).await);
-    assert_eq!(state(&redis, &user), (105, 0));
+    assert_eq!(state(redis, &user), (105, 0));
     // A reused request id (live or settled) is denied: it could otherwise pass unreserved.
     let user = unique("reuse");
     assert!(call(&mut c, &user, "reserve", "z", 10).await);
@@ -90,7 +90,7 @@ async fn settles_count_once_refunds_leave_the_true_usage_and_reservations_expire
         !call(&mut c, &user, "reserve", "z", 10).await,
         "z was settled"
     );
-    assert_eq!(state(&redis, &user), (10, 0));
+    assert_eq!(state(redis, &user), (10, 0));
 
     // A reservation never settled holds the budget until its expiry (1s), then is released.
     let user = unique("expire");
@@ -112,10 +112,10 @@ async fn settles_count_once_refunds_leave_the_true_usage_and_reservations_expire
         "released before its expiry: {:?}",
         held_at.elapsed()
     );
-    assert_eq!(state(&redis, &user), (0, 100), "x released, y held");
+    assert_eq!(state(redis, &user), (0, 100), "x released, y held");
     // The late response of x: no reservation left, its true cost is charged as it is.
     assert!(call(&mut c, &user, "settle", "x", 30).await);
-    assert_eq!(state(&redis, &user), (30, 100));
+    assert_eq!(state(redis, &user), (30, 100));
     // A plain check (the limit's entries alone, addend 0) counts live reservations.
     let check = descriptor(&[("out", &user)], Some(0));
     let r = ask(&mut c, "ai", vec![check]).await;

@@ -14,7 +14,7 @@ use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::ClientConfig;
 use tally_testkit::local_redis::LocalRedis;
 
-use crate::common::process::{BrokerProcess, TallyProcess};
+use crate::common::process::{redis_flush_toml, BrokerProcess, TallyProcess};
 use crate::common::topics::{self, dump, mismatches, no_skips, tally_cli, Record};
 
 const FLAT: &str = "tp-flat";
@@ -26,6 +26,7 @@ const HOUR: i64 = 3_600_000;
 /// `by_app` and `bytes` read both topics, `by_page` only the flat one, `by_user` only the
 /// nested one: a nested event has no `page`, a flat one no `user`.
 fn config(bootstrap: &str, redis: &str, group: &str) -> String {
+    let redis_flush = redis_flush_toml(redis);
     format!(
         r#"
 [kafka]
@@ -51,17 +52,7 @@ user = "client.user"
 [decode]
 time_field = "ts"
 
-[redis]
-url = "{redis}"
-connect_timeout = "500ms"
-response_timeout = "2s"
-[flush]
-interval = "50ms"
-max_keys_per_call = 25
-retry_initial = "20ms"
-retry_max = "300ms"
-shutdown_grace = "20s"
-
+{redis_flush}
 [[counters]]
 name = "by_app"
 dimensions = ["app"]

@@ -122,40 +122,20 @@ async fn avro_events_through_a_schema_registry_count_exactly() {
         registry.refused.load(std::sync::atomic::Ordering::Relaxed) >= 2
     })
     .await;
-    let nothing_skipped = tally::stream::decode::DecodeError::ALL.iter().all(|e| {
-        m.decode
-            .decode_errors
-            .with_label_values(&[e.reason()])
-            .get()
-            == 0
-    });
+    let nothing_skipped = tally::stream::decode::DecodeError::ALL
+        .iter()
+        .all(|e| crate::common::decode_errors(&m, e.reason()) == 0);
     assert!(nothing_skipped, "a registry outage skips nothing");
-    assert_eq!(
-        m.aggregate
-            .events_counted
-            .with_label_values(&["routes"])
-            .get(),
-        0
-    );
+    assert_eq!(crate::common::events_counted(&m, "routes"), 0);
 
     registry.set_up(true);
     h.wait_applied("g-avro", Duration::from_secs(60)).await;
     wait_for("every message consumed", Duration::from_secs(20), || {
         m.consumer.messages_consumed.get() >= total
-            && m.decode
-                .decode_errors
-                .with_label_values(&["not_avro"])
-                .get()
-                == 6
+            && crate::common::decode_errors(&m, "not_avro") == 6
     })
     .await;
-    assert_eq!(
-        m.decode
-            .decode_errors
-            .with_label_values(&["unknown_schema"])
-            .get(),
-        3
-    );
+    assert_eq!(crate::common::decode_errors(&m, "unknown_schema"), 3);
     assert_eq!(
         registry.served.load(std::sync::atomic::Ordering::Relaxed),
         2,

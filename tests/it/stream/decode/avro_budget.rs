@@ -126,7 +126,7 @@ async fn schema_and_event_bombs_are_refused_and_the_partition_moves_on() {
     let m = running.metrics.clone();
     h.wait_applied("g-avro-budget", Duration::from_secs(60))
         .await;
-    let errors = |reason: &str| m.decode.decode_errors.with_label_values(&[reason]).get();
+    let errors = |reason: &str| crate::common::decode_errors(&m, reason);
     wait_for("the bad events counted", Duration::from_secs(20), || {
         errors("not_avro") + errors("too_complex") + errors("schema_too_large") == 3
     })
@@ -166,31 +166,15 @@ fn tally_check_refuses_a_schema_file_over_the_node_budget() {
     std::fs::create_dir_all(&dir).unwrap();
     let schema = dir.join("bomb.avsc");
     std::fs::write(&schema, nested_eights("int").to_string()).unwrap();
-    let check = |budget: &str| {
-        let config = dir.join("tally.toml");
-        let text = format!(
-            "[decode]\nformat = \"avro\"\nschema_file = {:?}\n{budget}",
-            schema.display().to_string()
-        );
-        std::fs::write(&config, text).unwrap();
-        std::process::Command::new(env!("CARGO_BIN_EXE_tally"))
-            .args(["check", "--config", &config.display().to_string()])
-            .env_remove("TALLY_CONFIG")
-            .output()
-            .unwrap()
-    };
-    let fits = check("");
-    assert!(
-        fits.status.success(),
-        "{}",
-        String::from_utf8_lossy(&fits.stderr)
+    let decode = format!(
+        "[decode]\nformat = \"avro\"\nschema_file = {:?}\n",
+        schema.display().to_string()
     );
-    let over = check("max_schema_nodes = 50\n");
-    let stderr = String::from_utf8_lossy(&over.stderr);
-    assert_eq!(over.status.code(), Some(64), "{stderr}");
-    assert!(
-        stderr.contains("decode.schema_file") && stderr.contains("max_schema_nodes"),
-        "{stderr}"
+    crate::common::schemas::check_refuses_over_budget(
+        &dir,
+        &decode,
+        "max_schema_nodes = 50\n",
+        "decode.schema_file",
     );
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -116,11 +116,7 @@ async fn counters_read_nested_fields_the_key_headers_and_the_partition() {
         m.consumer.messages_consumed.get() == good + missing
     })
     .await;
-    let skipped = m
-        .decode
-        .decode_errors
-        .with_label_values(&["missing_field"])
-        .get();
+    let skipped = crate::common::decode_errors(&m, "missing_field");
     running.stop().await;
 
     assert_eq!(

@@ -133,7 +133,7 @@ async fn protobuf_events_through_a_schema_registry_count_exactly() {
 
     let running = h.start(config);
     let m = running.metrics.clone();
-    let errors = |reason: &str| m.decode.decode_errors.with_label_values(&[reason]).get();
+    let errors = |reason: &str| crate::common::decode_errors(&m, reason);
     // The registry is down: tally asks again and again, and counts nothing, skips nothing.
     wait_for("registry asked while down", Duration::from_secs(30), || {
         registry.refused.load(Ordering::Relaxed) >= 2

@@ -62,12 +62,7 @@ async fn a_registry_schema_over_the_node_budget_is_dead_lettered() {
     config.decode.dead_letter_topic = Some("protobuf-budget-dlq".into());
     let running = h.start(config);
     let m = running.metrics.clone();
-    let too_large = || {
-        m.decode
-            .decode_errors
-            .with_label_values(&["schema_too_large"])
-            .get()
-    };
+    let too_large = || crate::common::decode_errors(&m, "schema_too_large");
     wait_for("both events refused", Duration::from_secs(30), || {
         too_large() == 2
     })
@@ -94,31 +89,15 @@ fn tally_check_refuses_a_descriptor_file_over_the_node_budget() {
     std::fs::create_dir_all(&dir).unwrap();
     let descriptors = dir.join("wide.desc");
     std::fs::write(&descriptors, descriptor_set(&wide_schema(40, 25))).unwrap();
-    let check = |budget: &str| {
-        let config = dir.join("tally.toml");
-        let text = format!(
-            "[decode]\nformat = \"protobuf\"\ndescriptor_file = {:?}\nmessage = \"shop.E0\"\n{budget}",
-            descriptors.display().to_string()
-        );
-        std::fs::write(&config, text).unwrap();
-        std::process::Command::new(env!("CARGO_BIN_EXE_tally"))
-            .args(["check", "--config", &config.display().to_string()])
-            .env_remove("TALLY_CONFIG")
-            .output()
-            .unwrap()
-    };
-    let fits = check("");
-    assert!(
-        fits.status.success(),
-        "{}",
-        String::from_utf8_lossy(&fits.stderr)
+    let decode = format!(
+        "[decode]\nformat = \"protobuf\"\ndescriptor_file = {:?}\nmessage = \"shop.E0\"\n",
+        descriptors.display().to_string()
     );
-    let over = check("max_schema_nodes = 1000\n");
-    let stderr = String::from_utf8_lossy(&over.stderr);
-    assert_eq!(over.status.code(), Some(64), "{stderr}");
-    assert!(
-        stderr.contains("decode.descriptor_file") && stderr.contains("max_schema_nodes"),
-        "{stderr}"
+    crate::common::schemas::check_refuses_over_budget(
+        &dir,
+        &decode,
+        "max_schema_nodes = 1000\n",
+        "decode.descriptor_file",
     );
     let _ = std::fs::remove_dir_all(dir);
 }

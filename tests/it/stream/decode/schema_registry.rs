@@ -70,12 +70,7 @@ async fn a_registry_over_tls_is_trusted_through_its_ca_file() {
     .await;
     let skipped: u64 = tally::stream::decode::DecodeError::ALL
         .iter()
-        .map(|e| {
-            m.decode
-                .decode_errors
-                .with_label_values(&[e.reason()])
-                .get()
-        })
+        .map(|e| crate::common::decode_errors(&m, e.reason()))
         .sum();
     assert_eq!(skipped, 0, "an untrusted certificate skips nothing");
     assert_eq!(registry.served.load(Ordering::Relaxed), 0);
@@ -118,18 +113,8 @@ async fn an_id_the_registry_did_not_know_is_asked_again_on_a_later_event() {
     let config = avro_config(&h, "g-later", registry.config(None));
     let running = h.start(config);
     let m = running.metrics.clone();
-    let unknown = || {
-        m.decode
-            .decode_errors
-            .with_label_values(&["unknown_schema"])
-            .get()
-    };
-    let counted = || {
-        m.aggregate
-            .events_counted
-            .with_label_values(&["routes"])
-            .get()
-    };
+    let unknown = || crate::common::decode_errors(&m, "unknown_schema");
+    let counted = || crate::common::events_counted(&m, "routes");
     let now = Utc::now().timestamp_millis();
     let payload = fastavro(&[event(7, "/late", now)]).remove(0);
 
@@ -208,12 +193,7 @@ async fn an_id_the_registry_keeps_failing_for_is_dead_lettered_and_the_partition
 
     let running = h.start(config);
     let m = running.metrics.clone();
-    let failed = || {
-        m.decode
-            .decode_errors
-            .with_label_values(&["registry_error"])
-            .get()
-    };
+    let failed = || crate::common::decode_errors(&m, "registry_error");
     wait_for("the three ids refused", Duration::from_secs(60), || {
         failed() == 3
     })

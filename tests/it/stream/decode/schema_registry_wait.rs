@@ -65,18 +65,8 @@ async fn a_failing_schema_id_pauses_its_partition_only_and_the_lane_keeps_counti
     h.flush_producer();
     let running = h.start(config(&h, "g-wait", &registry));
     let m = running.metrics.clone();
-    let counted = || {
-        m.aggregate
-            .events_counted
-            .with_label_values(&["routes"])
-            .get()
-    };
-    let failed = || {
-        m.decode
-            .decode_errors
-            .with_label_values(&["registry_error"])
-            .get()
-    };
+    let counted = || crate::common::events_counted(&m, "routes");
+    let failed = || crate::common::decode_errors(&m, "registry_error");
 
     // Partition 1 gets an event every 25 ms while the failing id is asked about; the time
     // between two rises of the events counted is the lane's longest pause in counting.
@@ -162,11 +152,7 @@ async fn the_schemas_a_lane_keeps_are_bounded_and_forgotten_ids_fetched_again() 
     let m = running.metrics.clone();
     let total = (rounds * ids.len()) as u64;
     wait_for("every event counted", Duration::from_secs(30), || {
-        m.aggregate
-            .events_counted
-            .with_label_values(&["routes"])
-            .get()
-            == total
+        crate::common::events_counted(&m, "routes") == total
     })
     .await;
     h.wait_applied("g-bounded", Duration::from_secs(30)).await;

@@ -14,8 +14,8 @@ use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitFilter};
 use tally_testkit::http::Client;
 use tally_testkit::local_redis::LocalRedis;
 
-use crate::api::rls::service::{descriptor, limits_dir, Rls};
 use crate::common::envoy_side::{guide_yaml, read_head};
+use crate::common::rls::{descriptor, limits_dir, Rls};
 
 const TOKEN: &str = "charge-s3cret";
 const LIMIT: u64 = 100;

@@ -14,7 +14,7 @@ use tally_testkit::envoy::Envoy;
 use tally_testkit::http::Client;
 use tally_testkit::local_redis::LocalRedis;
 
-use crate::api::rls::service::{fixed_count, limits_dir, Rls};
+use crate::common::rls::{fixed_count, RlsServer};
 
 /// example.yaml's two quotas (a day: no window boundary inside the test), for the routing
 /// domain `ms` and the burst domain `burst`.
@@ -192,15 +192,14 @@ fn wait_count(redis: &LocalRedis, value: &str, want: u64) {
 
 #[test]
 fn metadata_routes_to_the_service_with_quota_and_quotas_never_over_count() {
-    let redis = LocalRedis::start(&[]).unwrap();
-    let dir = limits_dir("envoy-quota");
-    std::fs::write(dir.join("ms.yaml"), LIMITS).unwrap();
-    std::fs::write(dir.join("burst.yaml"), BURST).unwrap();
-    let rls = Rls::start(&redis, &dir, "rls-envoy-quota");
+    let server = RlsServer::start("envoy-quota", &[("ms.yaml", LIMITS), ("burst.yaml", BURST)]);
+    let rls = &server.rls;
+    let redis = &server.redis;
+    let dir = &server.dir;
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(rls.client());
     let (s1, s2) = (start_service(1), start_service(2));
-    let envoy = Envoy::start(&dir, "quota", 1, |port, admin| {
+    let envoy = Envoy::start(dir, "quota", 1, |port, admin| {
         bootstrap(port, admin, rls.port, s1, s2)
     })
     .unwrap();
@@ -223,14 +222,14 @@ fn metadata_routes_to_the_service_with_quota_and_quotas_never_over_count() {
             "request {}",
             i + 1
         );
-        wait_count(&redis, service, charged);
+        wait_count(redis, service, charged);
     }
     let a = client.get(envoy.port, path, &[]).unwrap();
     assert_eq!(a.status, 429, "every quota is out");
     assert_eq!(
         (
-            fixed_count(&redis, "service_1"),
-            fixed_count(&redis, "service_2")
+            fixed_count(redis, "service_1"),
+            fixed_count(redis, "service_2")
         ),
         (1, 2)
     );
@@ -255,7 +254,7 @@ fn metadata_routes_to_the_service_with_quota_and_quotas_never_over_count() {
     assert_eq!(passed, 20, "{statuses:?}");
     assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 44);
     assert_eq!(
-        (fixed_count(&redis, "small"), fixed_count(&redis, "large")),
+        (fixed_count(redis, "small"), fixed_count(redis, "large")),
         (5, 20)
     );
     assert_eq!(envoy.stat("cluster.multiservice.ratelimit.error"), 0);

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use tally_testkit::envoy::{Bootstrap, Envoy, RateLimitFilter};
 use tally_testkit::local_redis::LocalRedis;
 
-use crate::api::rls::service::{limits_dir, Rls};
 use crate::common::envoy_side::{guide_yaml, read_head};
+use crate::common::rls::{limits_dir, Rls};
 
 const OUT_LIMIT: i64 = 1000;
 const MAX_TOKENS: u64 = 100;
