@@ -7,6 +7,7 @@ pub mod envoy_side;
 pub mod kinds;
 pub mod ledger;
 pub mod lock_process;
+pub mod primitives;
 pub mod process;
 pub mod registry;
 pub mod replica;

@@ -41,8 +41,27 @@ use support::*;
 fn dashboards_and_alerts_query_real_prometheus() {
     let started = Instant::now();
     let tmp = TempDir::new("prom");
+    let (mut demo, tally_port) = start_demo(&tmp);
+    let (prometheus, prom) = start_prometheus(&tmp, tally_port);
+    println!(
+        "prometheus 127.0.0.1:{} scrapes tally demo 127.0.0.1:{tally_port} ({:.1}s)",
+        prom.port,
+        started.elapsed().as_secs_f64()
+    );
+    every_query_has_series(&prom, &mut demo);
+    every_alert_rule_evaluates(&prom);
+    let families = every_family_is_on_a_dashboard(tally_port);
+    println!(
+        "{families} tally metric families, all on a dashboard; done in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    drop(prometheus);
+    drop(demo);
+}
 
-    // tally demo: in-process Kafka broker, synthetic events, its own redis-server.
+/// tally demo: in-process Kafka broker, synthetic events, its own redis-server; once it serves
+/// `/metrics`, with its port.
+fn start_demo(tmp: &TempDir) -> (Proc, u16) {
     let tally_port = tally_testkit::local_redis::free_port().expect("free port");
     let mut demo_cmd = Command::new(env!("CARGO_BIN_EXE_tally"));
     demo_cmd
@@ -78,8 +97,12 @@ fn dashboards_and_alerts_query_real_prometheus() {
             matches!(http::get(tally_port, "/metrics"), Some((200, body)) if body.contains("tally_messages_consumed_total"))
         },
     );
+    (demo, tally_port)
+}
 
-    // Prometheus scraping it every second, with the alert rules.
+/// Prometheus scraping tally at `tally_port` every second, with the alert rules, once it has
+/// scraped three times.
+fn start_prometheus(tmp: &TempDir, tally_port: u16) -> (Proc, Prom) {
     let prom_port = tally_testkit::local_redis::free_port().expect("free port");
     let config = tmp.0.join("prometheus.yml");
     let rules = repo().join("deploy/prometheus/alerts.yml");
@@ -122,11 +145,12 @@ fn dashboards_and_alerts_query_real_prometheus() {
                 .is_ok()
         },
     );
-    println!(
-        "prometheus 127.0.0.1:{prom_port} scrapes tally demo 127.0.0.1:{tally_port} ({:.1}s)",
-        started.elapsed().as_secs_f64()
-    );
+    (prometheus, prom)
+}
 
+/// Every dashboard query, alert operand and metric name returns series (retried until a
+/// deadline while series appear); an invalid query fails at once.
+fn every_query_has_series(prom: &Prom, demo: &mut Proc) {
     let mut checks = dashboard_checks();
     checks.extend(alert_checks());
     let metrics = metric_checks(&checks);
@@ -176,8 +200,10 @@ fn dashboards_and_alerts_query_real_prometheus() {
         failures.join("\n"),
         tail(&demo.log)
     );
+}
 
-    // Prometheus loaded every alert of alerts.yml and evaluates each without error.
+/// Prometheus loaded every alert of alerts.yml and evaluates each without error.
+fn every_alert_rule_evaluates(prom: &Prom) {
     let expected: BTreeSet<String> = alert_rules().into_iter().map(|(n, _)| n).collect();
     let mut rule_states = BTreeMap::new();
     wait_until(
@@ -215,9 +241,11 @@ fn dashboards_and_alerts_query_real_prometheus() {
         println!("  rule {name}: health {health}, state {state}");
         assert_eq!(health, "ok", "rule {name} fails to evaluate: {error}");
     }
+}
 
-    // Every tally metric family is shown on some dashboard. (A family appears in the
-    // exposition once it has a series; by now the demo has them all.)
+/// Every tally metric family is shown on some dashboard. (A family appears in the exposition
+/// once it has a series; by now the demo has them all.) Returns how many there are.
+fn every_family_is_on_a_dashboard(tally_port: u16) -> usize {
     let exposition = Scrape::get(tally_port, Duration::from_secs(15)).expect("/metrics");
     let all_dashboard_text: String = dashboard_checks()
         .iter()
@@ -238,13 +266,7 @@ fn dashboards_and_alerts_query_real_prometheus() {
         unshown.is_empty(),
         "metrics tally exports that no dashboard panel shows (add a panel): {unshown:?}"
     );
-    println!(
-        "{} tally metric families, all on a dashboard; done in {:.1}s",
-        families.len(),
-        started.elapsed().as_secs_f64()
-    );
-    drop(prometheus);
-    drop(demo);
+    families.len()
 }
 
 fn one_line(s: &str) -> String {

@@ -63,8 +63,23 @@ pub(crate) fn interpolate_default(s: &str) -> String {
 #[test]
 pub(crate) fn compose_stack_is_well_formed() {
     let y = compose();
+    every_service_is_sound(&y);
+    kafka_is_kraft_and_the_topic_comes_first(&y);
+    tallys_environment_is_its_configuration(&y);
+    the_load_generators_flags_exist(&y);
+    prometheus_and_grafana_are_wired(&y);
+    the_dockerfile_builds_the_product(&y);
+    a_real_compose_parser_accepts_it();
+}
+
+fn service<'a>(y: &'a Yaml, name: &str) -> &'a Yaml {
+    &y["services"][name]
+}
+
+/// Every service is there; ports are published on loopback only; servers have a healthcheck;
+/// dependencies, mounted files and Dockerfiles exist.
+fn every_service_is_sound(y: &Yaml) {
     let services = y["services"].as_mapping().expect("services");
-    let service = |name: &str| &y["services"][name];
     let names: BTreeSet<String> = services.keys().filter_map(yaml_str).collect();
     for want in [
         "kafka",
@@ -107,7 +122,7 @@ pub(crate) fn compose_stack_is_well_formed() {
         if let Some(deps) = s["depends_on"].as_mapping() {
             for (dep, cond) in deps {
                 let dep = yaml_str(dep).unwrap();
-                let target = service(&dep);
+                let target = service(y, &dep);
                 assert!(!target.is_null(), "{name} depends on unknown {dep}");
                 match cond["condition"].as_str() {
                     Some("service_healthy") => assert!(
@@ -146,10 +161,12 @@ pub(crate) fn compose_stack_is_well_formed() {
             );
         }
     }
+}
 
-    // Kafka: the official image, KRaft mode; the topic is created before tally or the load
-    // generator start.
-    let kafka = service("kafka");
+/// Kafka: the official image, KRaft mode; the topic is created before tally or the load
+/// generator start.
+fn kafka_is_kraft_and_the_topic_comes_first(y: &Yaml) {
+    let kafka = service(y, "kafka");
     assert!(kafka["image"]
         .as_str()
         .unwrap()
@@ -160,7 +177,7 @@ pub(crate) fn compose_stack_is_well_formed() {
         "KRaft mode"
     );
     assert!(kenv["KAFKA_ADVERTISED_LISTENERS"].contains("PLAINTEXT://kafka:9092"));
-    let init_cmd: Vec<String> = service("kafka-init")["command"]
+    let init_cmd: Vec<String> = service(y, "kafka-init")["command"]
         .as_sequence()
         .unwrap()
         .iter()
@@ -169,15 +186,17 @@ pub(crate) fn compose_stack_is_well_formed() {
     assert!(init_cmd.contains(&"--create".to_string()) && init_cmd.contains(&"events".to_string()));
     for s in ["tally", "loadgen"] {
         assert_eq!(
-            service(s)["depends_on"]["kafka-init"]["condition"].as_str(),
+            service(y, s)["depends_on"]["kafka-init"]["condition"].as_str(),
             Some("service_completed_successfully"),
             "{s} starts after the topic exists"
         );
     }
+}
 
-    // tally's TALLY_* variables are real configuration keys with valid values: `tally check`
-    // (which rejects unknown keys) accepts them and echoes them back.
-    let tenv = environment(service("tally"));
+/// tally's TALLY_* variables are real configuration keys with valid values: `tally check`
+/// (which rejects unknown keys) accepts them and echoes them back.
+fn tallys_environment_is_its_configuration(y: &Yaml) {
+    let tenv = environment(service(y, "tally"));
     assert_eq!(tenv["TALLY_KAFKA__BROKERS"], "kafka:9092");
     assert_eq!(tenv["TALLY_REDIS__URL"], "redis://redis:6379");
     assert_eq!(tenv["TALLY_HTTP__LISTEN"], "0.0.0.0:9100");
@@ -200,9 +219,11 @@ pub(crate) fn compose_stack_is_well_formed() {
     );
     assert!(printed.contains("kafka:9092") && printed.contains("redis://redis:6379"));
     assert!(printed.contains("0.0.0.0:9100"));
+}
 
-    // The load generator's flags exist.
-    let lg: Vec<String> = service("loadgen")["command"]
+/// The load generator's flags exist.
+fn the_load_generators_flags_exist(y: &Yaml) {
+    let lg: Vec<String> = service(y, "loadgen")["command"]
         .as_sequence()
         .unwrap()
         .iter()
@@ -220,12 +241,14 @@ pub(crate) fn compose_stack_is_well_formed() {
         "tally {lg:?} --help: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
 
-    // Prometheus scrapes tally's published port, with the rules, from the mounted folder.
+/// Prometheus scrapes tally's published port, with the rules, from the mounted folder.
+fn prometheus_and_grafana_are_wired(y: &Yaml) {
     let prom_cfg =
         std::fs::read_to_string(repo().join("deploy/prometheus/prometheus.yml")).unwrap();
     assert!(prom_cfg.contains("tally:9100"));
-    let pvols: Vec<String> = service("prometheus")["volumes"]
+    let pvols: Vec<String> = service(y, "prometheus")["volumes"]
         .as_sequence()
         .unwrap()
         .iter()
@@ -250,7 +273,7 @@ pub(crate) fn compose_stack_is_well_formed() {
             .unwrap();
     let dp: Yaml = serde_yaml_ng::from_str(&dp).unwrap();
     let dash_path = dp["providers"][0]["options"]["path"].as_str().unwrap();
-    let gvols: Vec<String> = service("grafana")["volumes"]
+    let gvols: Vec<String> = service(y, "grafana")["volumes"]
         .as_sequence()
         .unwrap()
         .iter()
@@ -262,8 +285,10 @@ pub(crate) fn compose_stack_is_well_formed() {
             .any(|v| v.starts_with("./dashboards:") && v.contains(dash_path)),
         "grafana mounts dashboards/ where the provider reads ({dash_path})"
     );
+}
 
-    // The Dockerfile: a Rust builder with librdkafka's build needs, a slim Debian runtime.
+/// The Dockerfile: a Rust builder with librdkafka's build needs, a slim Debian runtime.
+fn the_dockerfile_builds_the_product(y: &Yaml) {
     let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).unwrap();
     let froms: Vec<&str> = dockerfile
         .lines()
@@ -282,7 +307,7 @@ pub(crate) fn compose_stack_is_well_formed() {
         dockerfile.contains("cargo build --release --locked --no-default-features"),
         "the Dockerfile builds the product without the default (dev) features"
     );
-    let features = |name: &str| service(name)["build"]["args"]["TALLY_FEATURES"].as_str();
+    let features = |name: &str| service(y, name)["build"]["args"]["TALLY_FEATURES"].as_str();
     assert_eq!(
         features("tally"),
         None,
@@ -294,12 +319,14 @@ pub(crate) fn compose_stack_is_well_formed() {
         "`tally produce` needs the dev feature"
     );
     assert_ne!(
-        service("tally")["image"].as_str(),
-        service("loadgen")["image"].as_str(),
+        service(y, "tally")["image"].as_str(),
+        service(y, "loadgen")["image"].as_str(),
         "two builds, two image names"
     );
+}
 
-    // A real compose parser, where one is installed (Debian's docker-compose, or the plugin).
+/// A real compose parser, where one is installed (Debian's docker-compose, or the plugin).
+fn a_real_compose_parser_accepts_it() {
     let parsers: [&[&str]; 2] = [&["docker-compose"], &["docker", "compose"]];
     let mut validated = false;
     for p in parsers {
