@@ -120,18 +120,33 @@ fn the_manifests_fit_together() {
     let deployments = of_kind(&objects, "Deployment");
     let config_maps = of_kind(&objects, "ConfigMap");
     assert_eq!(deployments.len(), 2, "tally-stream and tally-serve");
-    let pod_labels = |d: &Yaml| d["spec"]["template"]["metadata"]["labels"].clone();
-    let port_names = |d: &Yaml| -> Vec<String> {
-        d["spec"]["template"]["spec"]["containers"]
-            .as_sequence()
-            .expect("containers")
-            .iter()
-            .flat_map(|c| c["ports"].as_sequence().cloned().unwrap_or_default())
-            .filter_map(|p| p["name"].as_str().map(str::to_string))
-            .collect()
-    };
+    each_deployment_probes_mounts_and_outlasts_its_grace(&deployments, &config_maps);
+    services_and_monitors_select_pods_with_their_ports(&objects, &deployments);
+    every_monitor_names_the_job_tally(&objects);
+    replicas_spread_and_budgets_cover_one_deployment(&objects, &deployments);
+}
 
-    for d in &deployments {
+fn pod_labels(d: &Yaml) -> Yaml {
+    d["spec"]["template"]["metadata"]["labels"].clone()
+}
+
+fn port_names(d: &Yaml) -> Vec<String> {
+    d["spec"]["template"]["spec"]["containers"]
+        .as_sequence()
+        .expect("containers")
+        .iter()
+        .flat_map(|c| c["ports"].as_sequence().cloned().unwrap_or_default())
+        .filter_map(|p| p["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Each Deployment selects its own pods, probes a port of its container under `/health/`,
+/// mounts its `--config` from a ConfigMap key that exists, and outlasts tally's shutdown grace.
+fn each_deployment_probes_mounts_and_outlasts_its_grace(
+    deployments: &[&Yaml],
+    config_maps: &[&Yaml],
+) {
+    for d in deployments {
         let n = name(d);
         assert!(
             selects(&d["spec"]["selector"]["matchLabels"], &pod_labels(d)),
@@ -198,9 +213,11 @@ fn the_manifests_fit_together() {
             "{n}: terminationGracePeriodSeconds {period} < flush.shutdown_grace {grace:?}"
         );
     }
+}
 
-    // Every Service, ServiceMonitor and PodMonitor selects pods that have the port it names.
-    let services = of_kind(&objects, "Service");
+/// Every Service, ServiceMonitor and PodMonitor selects pods that have the port it names.
+fn services_and_monitors_select_pods_with_their_ports(objects: &[Yaml], deployments: &[&Yaml]) {
+    let services = of_kind(objects, "Service");
     for s in &services {
         let pods: Vec<_> = deployments
             .iter()
@@ -217,7 +234,7 @@ fn the_manifests_fit_together() {
             );
         }
     }
-    for m in of_kind(&objects, "ServiceMonitor") {
+    for m in of_kind(objects, "ServiceMonitor") {
         let selector = &m["spec"]["selector"]["matchLabels"];
         let service = services
             .iter()
@@ -236,7 +253,7 @@ fn the_manifests_fit_together() {
             );
         }
     }
-    for m in of_kind(&objects, "PodMonitor") {
+    for m in of_kind(objects, "PodMonitor") {
         let selector = &m["spec"]["selector"]["matchLabels"];
         let pods: Vec<_> = deployments
             .iter()
@@ -255,12 +272,15 @@ fn the_manifests_fit_together() {
             );
         }
     }
-    // Every monitor names the scrape job `tally`, which the alert rules' `up{job="tally"}` needs.
+}
+
+/// Every monitor names the scrape job `tally`, which the alert rules' `up{job="tally"}` needs.
+fn every_monitor_names_the_job_tally(objects: &[Yaml]) {
     for (kind, endpoints) in [
         ("ServiceMonitor", "endpoints"),
         ("PodMonitor", "podMetricsEndpoints"),
     ] {
-        for m in of_kind(&objects, kind) {
+        for m in of_kind(objects, kind) {
             for e in m["spec"][endpoints].as_sequence().expect("endpoints") {
                 let relabels = e["relabelings"].as_sequence().cloned().unwrap_or_default();
                 assert!(
@@ -273,8 +293,11 @@ fn the_manifests_fit_together() {
             }
         }
     }
-    // Replicas spread over zones and nodes, each constraint counting its own Deployment's pods.
-    for d in &deployments {
+}
+
+/// Replicas spread over zones and nodes, each constraint counting its own Deployment's pods. Every PodDisruptionBudget covers one Deployment.
+fn replicas_spread_and_budgets_cover_one_deployment(objects: &[Yaml], deployments: &[&Yaml]) {
+    for d in deployments {
         let spread = d["spec"]["template"]["spec"]["topologySpreadConstraints"]
             .as_sequence()
             .unwrap_or_else(|| panic!("{}: topology spread", name(d)));
@@ -301,7 +324,7 @@ fn the_manifests_fit_together() {
             );
         }
     }
-    for b in of_kind(&objects, "PodDisruptionBudget") {
+    for b in of_kind(objects, "PodDisruptionBudget") {
         let selector = &b["spec"]["selector"]["matchLabels"];
         let covered = deployments
             .iter()

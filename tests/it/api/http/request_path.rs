@@ -194,7 +194,17 @@ async fn hits_share_the_stream_keys_and_bad_input_is_refused() {
     let procs = serve(&redis, 1);
     wait_ready(&procs).await;
     let port = procs[0].port;
+    a_hit_is_stored_as_the_stream_stores_it(port, &redis);
+    bad_input_is_refused(port);
+    locks_have_one_holder_and_release_with_its_token(port);
+    // Without Redis: hits fail (503), each limit answers by its failure mode, and says so.
+    redis.stop();
+    without_redis_each_limit_answers_by_its_failure_mode(&procs[0]).await;
+}
 
+/// A hit is counted once per idempotency key, in the key the stream writes (dimension values
+/// escaped), expiring with its window as the stream stores it.
+fn a_hit_is_stored_as_the_stream_stores_it(port: u16, redis: &LocalRedis) {
     let body =
         r#"{"counter":"plays","dimensions":{"video":"v:1"},"value":3,"idempotency_key":"r1"}"#;
     let (code, first, _) = post(port, "/v1/hit", body);
@@ -240,7 +250,11 @@ async fn hits_share_the_stream_keys_and_bad_input_is_refused() {
     );
     let ttl: i64 = redis::cmd("PTTL").arg(&key).query(&mut conn).unwrap();
     assert!(ttl > 0, "expiry repaired");
+}
 
+/// Unknown counters and policies, missing or extra dimensions, bad times, oversized and
+/// malformed bodies are refused as problems.
+fn bad_input_is_refused(port: u16) {
     for (body, why) in [
         (r#"{"counter":"nope","dimensions":{}}"#, "unknown counter"),
         (
@@ -277,8 +291,10 @@ async fn hits_share_the_stream_keys_and_bad_input_is_refused() {
             .status
             >= 400
     );
+}
 
-    // Locks over HTTP: one holder at a time, released only with its token.
+/// Locks over HTTP: one holder at a time, released only with its token.
+fn locks_have_one_holder_and_release_with_its_token(port: u16) {
     let (code, first, _) = post(port, "/v1/locks/nightly/acquire", r#"{"ttl_ms":60000}"#);
     assert_eq!(
         (code, first["acquired"].as_bool()),
@@ -304,9 +320,11 @@ async fn hits_share_the_stream_keys_and_bad_input_is_refused() {
         post(port, "/v1/locks/nightly/release", &body).1["released"],
         false
     );
+}
 
-    // Without Redis: hits fail (503), each limit answers by its failure mode, and says so.
-    redis.stop();
+/// With Redis stopped: hits fail (503), each limit answers by its failure mode, and says so.
+async fn without_redis_each_limit_answers_by_its_failure_mode(tally: &TallyProcess) {
+    let port = tally.port;
     let (code, problem, _) = post(
         port,
         "/v1/hit",
@@ -348,7 +366,7 @@ async fn hits_share_the_stream_keys_and_bad_input_is_refused() {
     );
     assert_eq!(both["admitted"], false, "fail closed wins: {both}");
     let m = |d: &str| {
-        procs[0]
+        tally
             .metric(&format!(
                 "tally_limit_decisions_without_redis_total{{decision=\"{d}\",policy=\"open\"}}"
             ))

@@ -23,17 +23,37 @@ fn dims(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ranges_match_the_events_across_bucket_boundaries() {
+    let s = Stream {
+        n: 30_000,
+        partitions: 4,
+        now_ms: Utc::now().timestamp_millis(),
+    };
+    let (_counted, config) = count(&s).await;
+    let model = tally::config::Model::compile(config.clone()).unwrap();
+    let query = Query::new(model.clone(), tally::app::request_client(&model).unwrap());
+    minutes_match_the_events(&query, &s).await;
+    distinct_devices_are_the_union_of_the_hours(&query, &s).await;
+    the_batch_form_answers_every_app(&query, &s).await;
+
+    // Over HTTP, with its errors.
+    let (port, stop) = serve_http(&config, query).await;
+    let ip = s.event(0).ip().to_string();
+    let app = s.event(0).app().to_string();
+    http_answers_and_refuses(port, &ip);
+    leaderboards_sum_the_scores(port, &s, &app);
+    hostile_times_and_counts_are_answered(port);
+    stop.cancel();
+}
+
+/// The stream's events counted by the counters of `COUNTERS`; the harness (its Redis holds the
+/// counts) and the configuration.
+async fn count(s: &Stream) -> (Harness, tally::config::Config) {
     #[derive(serde::Deserialize)]
     struct Parsed {
         decode: tally::config::DecodeConfig,
         counters: Vec<tally::config::CounterConfig>,
     }
     let mut h = Harness::new("ranges", 4);
-    let s = Stream {
-        n: 30_000,
-        partitions: 4,
-        now_ms: Utc::now().timestamp_millis(),
-    };
     for i in 0..s.n {
         let e = s.event(i);
         h.produce(e.partition, e.payload.as_bytes(), None);
@@ -45,11 +65,12 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
     let running = h.start(config.clone());
     h.wait_applied("g-ranges", Duration::from_secs(120)).await;
     running.stop().await;
-    let model = tally::config::Model::compile(config.clone()).unwrap();
-    let query = Query::new(model.clone(), tally::app::request_client(&model).unwrap());
+    (h, config)
+}
 
-    // "minute" counts events per ip per minute: the last 90 minutes, and a 2-hour range with
-    // boundaries inside minutes, against the events themselves.
+/// "minute" counts events per ip per minute: the last 90 minutes, and a 2-hour range with
+/// boundaries inside minutes, against the events themselves.
+async fn minutes_match_the_events(query: &Query, s: &Stream) {
     let ip = s.event(0).ip().to_string();
     let per_minute = |from: i64, to: i64| -> (BTreeMap<i64, i64>, i64) {
         let mut m = BTreeMap::new();
@@ -91,8 +112,11 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
         assert_eq!(answer.value, Some(total), "{span:?}");
         assert!(total > 0);
     }
+}
 
-    // Distinct devices per app over the last 3 hours: the exact union of three hourly sets.
+/// Distinct devices per app over the last 3 hours: the exact union of three hourly sets.
+async fn distinct_devices_are_the_union_of_the_hours(query: &Query, s: &Stream) {
+    let now = s.now_ms;
     let app = s.event(0).app().to_string();
     let answer = query
         .range("uniq", &[dims(&[("app_id", &app)])], Span::Last(3), now)
@@ -122,8 +146,11 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
         hourly > union.len() as i64,
         "a device seen in two hours counts once in the union"
     );
+}
 
-    // The batch form: every app at once, one pipeline.
+/// The batch form: every app at once, one pipeline.
+async fn the_batch_form_answers_every_app(query: &Query, s: &Stream) {
+    let now = s.now_ms;
     let apps: Vec<BTreeMap<String, String>> = (0..7)
         .map(|a| dims(&[("app_id", &format!("app{a}"))]))
         .collect();
@@ -145,8 +172,13 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
             .count() as i64;
         assert_eq!(answer.value, Some(want), "app{a}");
     }
+}
 
-    // Over HTTP, with its errors.
+/// The HTTP port answering from `query`; its port and its stop token.
+async fn serve_http(
+    config: &tally::config::Config,
+    query: Query,
+) -> (u16, tokio_util::sync::CancellationToken) {
     let port = tally_testkit::local_redis::free_port().unwrap();
     let mut http = config.http.clone();
     http.listen = format!("127.0.0.1:{port}");
@@ -163,6 +195,11 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
     )
     .await
     .unwrap();
+    (port, stop)
+}
+
+/// A range over HTTP, and the errors of bad ones.
+fn http_answers_and_refuses(port: u16, ip: &str) {
     let (code, body) = http::get(port, &format!("/v1/counters/minute?ip={ip}&last=90")).unwrap();
     assert_eq!(code, 200, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -189,7 +226,11 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
         assert_eq!(code, 400, "{path}: {body}");
         assert!(body.contains(why), "{path}: {body}");
     }
-    // Leaderboards list the best `top` members over the range, scores summed.
+}
+
+/// Leaderboards list the best `top` members over the range, scores summed.
+fn leaderboards_sum_the_scores(port: u16, s: &Stream, app: &str) {
+    let now = s.now_ms;
     let (code, body) =
         http::get(port, &format!("/v1/counters/top?app_id={app}&last=3&top=3")).unwrap();
     assert_eq!(code, 200, "{body}");
@@ -212,8 +253,10 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
         .collect();
     assert_eq!(got, best[..3].to_vec());
     assert_eq!(v["value"].as_i64(), Some(scores.len() as i64));
+}
 
-    // Hostile times and counts are answered, never a panic.
+/// Hostile times and counts are answered, never a panic.
+fn hostile_times_and_counts_are_answered(port: u16) {
     for path in [
         "/v1/counters/minute?ip=1&window=-9223372036854775808",
         "/v1/counters/minute?ip=1&window=9223372036854775807",
@@ -223,5 +266,4 @@ async fn ranges_match_the_events_across_bucket_boundaries() {
         let (code, body) = http::get(port, path).unwrap();
         assert!(code == 200 || code == 400, "{path}: {code} {body}");
     }
-    stop.cancel();
 }

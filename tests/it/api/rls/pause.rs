@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use tally_testkit::local_redis::{free_port, LocalRedis};
 
 use crate::common::process::TallyProcess;
-use crate::common::rls::{descriptor, limits_dir};
+use crate::common::rls::{descriptor, limits_dir, Client, Rls};
 
 const LIMITS: &str = "domain: pause
 descriptors:
@@ -88,6 +88,31 @@ async fn redis_paused_ten_seconds_under_load_charges_no_abandoned_call() {
         .and_then(|r| r.parse().ok())
         .unwrap_or(2_000);
     let redis = LocalRedis::start(&[]).unwrap();
+    let rls = start(&redis);
+    // Enough HTTP/2 connections that their stream limits (200 each on tally's side) never hold
+    // a call on this side: what is outstanding here is what tally holds.
+    let mut clients = Vec::new();
+    for _ in 0..16 {
+        clients.push(rls.client().await);
+    }
+    let at = Schedule::from_now();
+    let calls = offer_load(&clients, rate, &at, &redis).await;
+    let count = |f: &dyn Fn(&Call) -> bool| calls.iter().filter(|c| f(c)).count();
+    let summary = format!(
+        "{} calls at {rate}/s: {} ok, {} refused, {} gave up",
+        calls.len(),
+        count(&|c| c.outcome == Outcome::Ok),
+        count(&|c| c.outcome == Outcome::Refused),
+        count(&|c| c.outcome == Outcome::GaveUp)
+    );
+    outstanding_calls_stay_bounded(&calls, rate, &at, &summary);
+    fresh_calls_are_served_once_redis_continues(&calls, &at, &summary);
+    only_answered_calls_are_charged(&calls, &redis, &at, &summary);
+}
+
+/// `tally serve` with the RLS on `redis`, its batching and its response timeout those of the
+/// test.
+fn start(redis: &LocalRedis) -> Rls {
     let dir = limits_dir("pause");
     std::fs::write(dir.join("pause.yaml"), LIMITS).unwrap();
     let port = free_port().unwrap();
@@ -98,24 +123,41 @@ async fn redis_paused_ten_seconds_under_load_charges_no_abandoned_call() {
         dir.display()
     );
     let tally = TallyProcess::start_command_with_http("serve", &config, "rls-pause", "");
-    let rls = crate::common::rls::Rls { tally, port };
-    // Enough HTTP/2 connections that their stream limits (200 each on tally's side) never hold
-    // a call on this side: what is outstanding here is what tally holds.
-    let mut clients = Vec::new();
-    for _ in 0..16 {
-        clients.push(rls.client().await);
-    }
+    Rls { tally, port }
+}
 
+/// When Redis stops (`pause_at`, for `paused`, 2 s into the load), continues, and the load
+/// ends.
+struct Schedule {
+    pause_at: Instant,
+    paused: Duration,
+    resume_at: Instant,
+    end: Instant,
+}
+
+impl Schedule {
+    fn from_now() -> Schedule {
+        let start = Instant::now();
+        let (warm, paused, after) = (
+            Duration::from_secs(2),
+            Duration::from_secs(10),
+            Duration::from_secs(3),
+        );
+        let pause_at = start + warm;
+        let resume_at = pause_at + paused;
+        Schedule {
+            pause_at,
+            paused,
+            resume_at,
+            end: resume_at + after,
+        }
+    }
+}
+
+/// `rate` calls a second through `clients`, Redis stopped (SIGSTOP) and continued on schedule;
+/// every call, once all are answered or given up.
+async fn offer_load(clients: &[Client], rate: u64, at: &Schedule, redis: &LocalRedis) -> Vec<Call> {
     let calls: Arc<Mutex<Vec<Call>>> = Arc::default();
-    let start = Instant::now();
-    let (warm, paused, after) = (
-        Duration::from_secs(2),
-        Duration::from_secs(10),
-        Duration::from_secs(3),
-    );
-    let pause_at = start + warm;
-    let resume_at = pause_at + paused;
-    let end = resume_at + after;
     let pid = redis.pid().expect("redis-server runs").to_string();
     let signal = move |s: &str| {
         assert!(Command::new("kill")
@@ -130,13 +172,13 @@ async fn redis_paused_ten_seconds_under_load_charges_no_abandoned_call() {
     let mut handles = Vec::new();
     let (mut stopped, mut resumed) = (false, false);
     let mut n: u64 = 0;
-    while Instant::now() < end {
+    while Instant::now() < at.end {
         tick.tick().await;
-        if !stopped && Instant::now() >= pause_at {
+        if !stopped && Instant::now() >= at.pause_at {
             signal("-STOP");
             stopped = true;
         }
-        if !resumed && Instant::now() >= resume_at {
+        if !resumed && Instant::now() >= at.resume_at {
             signal("-CONT");
             resumed = true;
         }
@@ -173,19 +215,15 @@ async fn redis_paused_ten_seconds_under_load_charges_no_abandoned_call() {
         h.await.unwrap();
     }
     let calls = std::mem::take(&mut *calls.lock());
-    let count = |f: &dyn Fn(&Call) -> bool| calls.iter().filter(|c| f(c)).count();
-    let summary = format!(
-        "{} calls at {rate}/s: {} ok, {} refused, {} gave up",
-        calls.len(),
-        count(&|c| c.outcome == Outcome::Ok),
-        count(&|c| c.outcome == Outcome::Refused),
-        count(&|c| c.outcome == Outcome::GaveUp)
-    );
+    calls
+}
 
-    // Bounded: in the second half of the pause (the queue long full), the calls outstanding at
-    // any moment are at most the queue's bound and what Redis holds, plus those in transit
-    // (as many again at most, on a machine busy with other tests: 316 of 272 was seen).
-    // Unbounded, they would be every call of the last second (`rate`: 2,000 by default).
+/// Bounded: in the second half of the pause (the queue long full), the calls outstanding at
+/// any moment are at most the queue's bound and what Redis holds, plus those in transit
+/// (as many again at most, on a machine busy with other tests: 316 of 272 was seen).
+/// Unbounded, they would be every call of the last second (`rate`: 2,000 by default).
+fn outstanding_calls_stay_bounded(calls: &[Call], rate: u64, at: &Schedule, summary: &str) {
+    let count = |f: &dyn Fn(&Call) -> bool| calls.iter().filter(|c| f(c)).count();
     let batching = tally_counters::request::Batching {
         max_calls: MAX_CALLS,
         in_flight: IN_FLIGHT,
@@ -197,14 +235,14 @@ async fn redis_paused_ten_seconds_under_load_charges_no_abandoned_call() {
     );
     let outstanding_at = |t: Instant| count(&|c| c.sent <= t && t < c.sent + c.took);
     let mut peak = 0;
-    let mut t = pause_at + paused / 2;
-    while t < resume_at {
+    let mut t = at.pause_at + at.paused / 2;
+    while t < at.resume_at {
         peak = peak.max(outstanding_at(t));
         t += Duration::from_millis(50);
     }
     let fast = count(&|c| {
-        c.sent >= pause_at + paused / 2
-            && c.sent < resume_at
+        c.sent >= at.pause_at + at.paused / 2
+            && c.sent < at.resume_at
             && c.outcome == Outcome::Refused
             && c.took < Duration::from_millis(100)
     });
@@ -212,30 +250,41 @@ async fn redis_paused_ten_seconds_under_load_charges_no_abandoned_call() {
         peak <= most && fast > 0,
         "outstanding at most {most} while paused: peak {peak}, {fast} answered at once; {summary}"
     );
+}
 
-    // Fresh calls are served within a second of Redis continuing, and from then on.
+/// Fresh calls are served within a second of Redis continuing, and from then on.
+fn fresh_calls_are_served_once_redis_continues(calls: &[Call], at: &Schedule, summary: &str) {
+    let count = |f: &dyn Fn(&Call) -> bool| calls.iter().filter(|c| f(c)).count();
     let first_ok = calls
         .iter()
-        .filter(|c| c.sent >= resume_at && c.outcome == Outcome::Ok)
+        .filter(|c| c.sent >= at.resume_at && c.outcome == Outcome::Ok)
         .map(|c| c.sent + c.took)
         .min()
         .expect("a call answered OK after Redis continued");
     assert!(
-        first_ok < resume_at + Duration::from_secs(1),
+        first_ok < at.resume_at + Duration::from_secs(1),
         "first OK {:?} after continuing; {summary}",
-        first_ok - resume_at
+        first_ok - at.resume_at
     );
     let not_ok_late =
-        count(&|c| c.sent >= resume_at + Duration::from_secs(1) && c.outcome != Outcome::Ok);
+        count(&|c| c.sent >= at.resume_at + Duration::from_secs(1) && c.outcome != Outcome::Ok);
     assert_eq!(
         not_ok_late, 0,
         "calls sent 1 s after continuing all OK; {summary}"
     );
+}
 
-    // Charged: the OK answers, plus at most what was written to Redis while it was stopped.
+/// Charged: the OK answers, plus at most what was written to Redis while it was stopped.
+fn only_answered_calls_are_charged(
+    calls: &[Call],
+    redis: &LocalRedis,
+    at: &Schedule,
+    summary: &str,
+) {
+    let count = |f: &dyn Fn(&Call) -> bool| calls.iter().filter(|c| f(c)).count();
     let ok = count(&|c| c.outcome == Outcome::Ok) as u64;
     let in_redis = charged(&redis);
-    let rounds = (paused.as_millis() / RESPONSE_TIMEOUT.as_millis()) as u64 + 2;
+    let rounds = (at.paused.as_millis() / RESPONSE_TIMEOUT.as_millis()) as u64 + 2;
     let bound = rounds * (MAX_CALLS * IN_FLIGHT) as u64;
     assert!(
         in_redis >= ok && in_redis - ok <= bound,
