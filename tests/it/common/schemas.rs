@@ -176,3 +176,50 @@ pub fn check_refuses_over_budget(dir: &std::path::Path, decode: &str, over: &str
         "{stderr}"
     );
 }
+
+/// The format tests' counters: `routes` per route (keys `{p}r:…`) and `errors` (status >= 500)
+/// per route and method (`{p}e:…`), hourly, on one lane (each schema is then fetched exactly
+/// once: every lane keeps its own cache), decoded as `format` through `registry`, timed by
+/// `at`, the method read from `http.method`, dead letters to `dlq`.
+pub fn routes_and_errors(
+    h: &crate::common::Harness,
+    group: &str,
+    p: &str,
+    format: tally::config::Format,
+    registry: tally::config::RegistryConfig,
+    dlq: &str,
+) -> tally::config::Config {
+    use crate::common::counter;
+    use std::time::Duration;
+    let hour = Duration::from_secs(3600);
+    let day = Duration::from_secs(86_400);
+    let routes = counter(
+        "routes",
+        &["route"],
+        &format!("{p}r:{{route}}:{{yyyyMMddHH}}"),
+        hour,
+        "UTC",
+        day,
+    );
+    let mut errors = counter(
+        "errors",
+        &["route", "method"],
+        &format!("{p}e:{{route}}:{{method}}:{{yyyyMMddHH}}"),
+        hour,
+        "UTC",
+        day,
+    );
+    errors.filter = Some("status >= 500".into());
+    let mut config = h.config(group, vec![routes, errors]);
+    config.kafka.consumers = tally::config::Consumers::Count(1);
+    config.decode.format = format;
+    config.decode.schema_registry = Some(registry);
+    config.decode.time_field = Some("at".into());
+    config.decode.dead_letter_topic = Some(dlq.into());
+    config
+        .decode
+        .fields
+        .insert("method".into(), "http.method".into());
+    config.validate().expect("valid");
+    config
+}

@@ -11,8 +11,8 @@ use chrono::{TimeZone, Utc};
 use serde_json::json;
 
 use crate::common::registry::Registry;
-use crate::common::schemas::{avro_v1 as v1, avro_v2 as v2, fastavro};
-use crate::common::{counter, wait_for, Harness};
+use crate::common::schemas::{avro_v1 as v1, avro_v2 as v2, fastavro, routes_and_errors};
+use crate::common::{wait_for, Harness};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn avro_events_through_a_schema_registry_count_exactly() {
@@ -22,98 +22,17 @@ async fn avro_events_through_a_schema_registry_count_exactly() {
     registry.add(1, &v1());
     registry.add(2, &v2());
     registry.set_up(false);
-
-    let hour = Duration::from_secs(3600);
-    let day = Duration::from_secs(86_400);
-    let mut errors = counter(
-        "errors",
-        &["route", "method"],
-        "ae:{route}:{method}:{yyyyMMddHH}",
-        hour,
-        "UTC",
-        day,
-    );
-    errors.filter = Some("status >= 500".into());
-    let mut config = h.config(
+    let config = routes_and_errors(
+        &h,
         "g-avro",
-        vec![
-            counter(
-                "routes",
-                &["route"],
-                "ar:{route}:{yyyyMMddHH}",
-                hour,
-                "UTC",
-                day,
-            ),
-            errors,
-        ],
+        "a",
+        tally::config::Format::Avro,
+        registry.config(Some(("tally", "s3cret pass"))),
+        "avro-dlq",
     );
-    // One lane: each schema is then fetched exactly once (every lane keeps its own cache).
-    config.kafka.consumers = tally::config::Consumers::Count(1);
-    config.decode.format = tally::config::Format::Avro;
-    config.decode.schema_registry = Some(registry.config(Some(("tally", "s3cret pass"))));
-    config.decode.time_field = Some("at".into());
-    config.decode.dead_letter_topic = Some("avro-dlq".into());
-    config
-        .decode
-        .fields
-        .insert("method".into(), "http.method".into());
-    config.validate().expect("valid");
-
     let now = Utc::now().timestamp_millis();
-    let hh = Utc.timestamp_millis_opt(now).unwrap().format("%Y%m%d%H");
-    let methods = ["GET", "POST", "PUT"];
-    let mut items = Vec::new();
-    let mut want: BTreeMap<String, i64> = BTreeMap::new();
-    for i in 0..1_500usize {
-        let (route, method, status) = (
-            format!("/r{}", i % 4),
-            methods[i % 3],
-            [200, 404, 500, 503][(i / 4) % 4] as i64,
-        );
-        let (id, schema, record) = match i % 2 {
-            0 => (
-                1,
-                v1(),
-                json!({"route": route, "status": status, "http": {"method": method}, "at": now}),
-            ),
-            _ => (
-                2,
-                v2(),
-                json!({"tenant": "t", "http": {"method": method, "path": null}, "route": route,
-                                  "region": if i % 3 == 0 { json!("eu") } else { json!(null) },
-                                  "at": now * 1000 + 999, "status": status}),
-            ),
-        };
-        items.push(json!({"id": id, "schema": schema, "record": record}));
-        *want.entry(format!("ar:{route}:{hh}")).or_default() += 1;
-        if status >= 500 {
-            *want.entry(format!("ae:{route}:{method}:{hh}")).or_default() += 1;
-        }
-    }
-    let payloads = fastavro(&items);
-    // Bad input among the good: an id the registry does not know, a cut datum, a JSON event.
-    let unknown = {
-        let mut p = payloads[0].clone();
-        p[1..5].copy_from_slice(&99u32.to_be_bytes());
-        p
-    };
-    let cut = payloads[1][..payloads[1].len() - 3].to_vec();
-    let bad: Vec<(Vec<u8>, &str)> = vec![
-        (unknown, "unknown_schema"),
-        (cut, "not_avro"),
-        (br#"{"route":"/r0"}"#.to_vec(), "not_avro"),
-    ];
-    for (i, p) in payloads.iter().enumerate() {
-        h.produce((i % 3) as i32, p, Some(now));
-        if i % 500 == 250 {
-            for (b, _) in &bad {
-                h.produce((i % 3) as i32, b, Some(now));
-            }
-        }
-    }
-    h.flush_producer();
-    let total = (payloads.len() + 3 * bad.len()) as u64;
+    let (items, want) = events(now);
+    let total = produce(&mut h, &items, now);
 
     let running = h.start(config);
     let m = running.metrics.clone();
@@ -164,4 +83,66 @@ async fn avro_events_through_a_schema_registry_count_exactly() {
         6,
         "{reasons:?}"
     );
+}
+
+/// 1,500 events alternating the two schema versions (for fastavro), and the counts they make.
+fn events(now: i64) -> (Vec<serde_json::Value>, BTreeMap<String, i64>) {
+    let hh = Utc.timestamp_millis_opt(now).unwrap().format("%Y%m%d%H");
+    let methods = ["GET", "POST", "PUT"];
+    let mut items = Vec::new();
+    let mut want: BTreeMap<String, i64> = BTreeMap::new();
+    for i in 0..1_500usize {
+        let (route, method, status) = (
+            format!("/r{}", i % 4),
+            methods[i % 3],
+            [200, 404, 500, 503][(i / 4) % 4] as i64,
+        );
+        let (id, schema, record) = match i % 2 {
+            0 => (
+                1,
+                v1(),
+                json!({"route": route, "status": status, "http": {"method": method}, "at": now}),
+            ),
+            _ => (
+                2,
+                v2(),
+                json!({"tenant": "t", "http": {"method": method, "path": null}, "route": route,
+                                  "region": if i % 3 == 0 { json!("eu") } else { json!(null) },
+                                  "at": now * 1000 + 999, "status": status}),
+            ),
+        };
+        items.push(json!({"id": id, "schema": schema, "record": record}));
+        *want.entry(format!("ar:{route}:{hh}")).or_default() += 1;
+        if status >= 500 {
+            *want.entry(format!("ae:{route}:{method}:{hh}")).or_default() += 1;
+        }
+    }
+    (items, want)
+}
+
+/// Produces the events, with bad input among the good: an id the registry does not know, a
+/// cut datum, a JSON event. Returns how many messages were produced.
+fn produce(h: &mut Harness, items: &[serde_json::Value], now: i64) -> u64 {
+    let payloads = fastavro(&items);
+    let unknown = {
+        let mut p = payloads[0].clone();
+        p[1..5].copy_from_slice(&99u32.to_be_bytes());
+        p
+    };
+    let cut = payloads[1][..payloads[1].len() - 3].to_vec();
+    let bad: Vec<(Vec<u8>, &str)> = vec![
+        (unknown, "unknown_schema"),
+        (cut, "not_avro"),
+        (br#"{"route":"/r0"}"#.to_vec(), "not_avro"),
+    ];
+    for (i, p) in payloads.iter().enumerate() {
+        h.produce((i % 3) as i32, p, Some(now));
+        if i % 500 == 250 {
+            for (b, _) in &bad {
+                h.produce((i % 3) as i32, b, Some(now));
+            }
+        }
+    }
+    h.flush_producer();
+    (payloads.len() + 3 * bad.len()) as u64
 }

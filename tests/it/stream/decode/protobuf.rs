@@ -15,8 +15,8 @@ use serde_json::json;
 
 use crate::common::registry::Registry;
 use crate::common::schemas::{
-    descriptor_set, hex, proto_versions, protobuf_writer as write, PROTO_COMMON as COMMON,
-    PROTO_V1 as V1, PROTO_V2 as V2,
+    descriptor_set, hex, proto_versions, protobuf_writer as write, routes_and_errors,
+    PROTO_COMMON as COMMON, PROTO_V1 as V1, PROTO_V2 as V2,
 };
 use crate::common::{counter, wait_for, Harness};
 
@@ -59,77 +59,18 @@ async fn protobuf_events_through_a_schema_registry_count_exactly() {
     registry.add_subject("shop-common", 1, COMMON);
     registry.set_up(false);
 
-    let hour = Duration::from_secs(3600);
-    let day = Duration::from_secs(86_400);
-    let routes = counter(
-        "routes",
-        &["route"],
-        "pr:{route}:{yyyyMMddHH}",
-        hour,
-        "UTC",
-        day,
+    let config = routes_and_errors(
+        &h,
+        "g-protobuf",
+        "p",
+        tally::config::Format::Protobuf,
+        registry.config(Some(("tally", "s3cret"))),
+        "protobuf-dlq",
     );
-    let mut errors = counter(
-        "errors",
-        &["route", "method"],
-        "pe:{route}:{method}:{yyyyMMddHH}",
-        hour,
-        "UTC",
-        day,
-    );
-    errors.filter = Some("status >= 500".into());
-    let mut config = h.config("g-protobuf", vec![routes, errors]);
-    // One lane: each schema is then fetched exactly once (every lane keeps its own cache).
-    config.kafka.consumers = tally::config::Consumers::Count(1);
-    config.decode.format = tally::config::Format::Protobuf;
-    config.decode.schema_registry = Some(registry.config(Some(("tally", "s3cret"))));
-    config.decode.time_field = Some("at".into());
-    config.decode.dead_letter_topic = Some("protobuf-dlq".into());
-    config
-        .decode
-        .fields
-        .insert("method".into(), "http.method".into());
-    config.validate().expect("valid");
 
     let now = Utc::now().timestamp_millis();
-    let hh = hour_of(now);
-    let mut items = Vec::new();
-    let mut want: BTreeMap<String, i64> = BTreeMap::new();
-    for i in 0..1_500usize {
-        let (item, keys) = event(i, now, &hh);
-        items.push(item);
-        for k in keys {
-            *want.entry(k).or_default() += 1;
-        }
-    }
-    let payloads = write(proto_versions(), None, &items);
-    // Bad input among the good: an id the registry does not know; a message cut inside a
-    // field; an index past the schema's messages; a JSON event.
-    let unknown = {
-        let mut p = payloads[0].clone();
-        p[1..5].copy_from_slice(&99u32.to_be_bytes());
-        p
-    };
-    let mut cut = payloads[1].clone();
-    cut.extend([0x0a, 0x7f]);
-    let mut no_such_message = payloads[0][..5].to_vec();
-    no_such_message.extend([2, 40]);
-    let bad: Vec<Vec<u8>> = vec![
-        unknown,
-        cut,
-        no_such_message,
-        br#"{"route":"/r0"}"#.to_vec(),
-    ];
-    for (i, p) in payloads.iter().enumerate() {
-        h.produce((i % 3) as i32, p, Some(now));
-        if i % 500 == 250 {
-            for b in &bad {
-                h.produce((i % 3) as i32, b, Some(now));
-            }
-        }
-    }
-    h.flush_producer();
-    let total = (payloads.len() + 3 * bad.len()) as u64;
+    let (items, want) = events(now);
+    let total = produce(&mut h, &items, now);
 
     let running = h.start(config);
     let m = running.metrics.clone();
@@ -177,6 +118,53 @@ async fn protobuf_events_through_a_schema_registry_count_exactly() {
     let count = |r: &str| reasons.iter().filter(|x| **x == r).count();
     assert_eq!(count("unknown_schema"), 3, "{reasons:?}");
     assert_eq!(count("not_protobuf"), 9, "{reasons:?}");
+}
+
+/// 1,500 events alternating the two schema versions, and the counts they make.
+fn events(now: i64) -> (Vec<serde_json::Value>, BTreeMap<String, i64>) {
+    let hh = hour_of(now);
+    let mut items = Vec::new();
+    let mut want: BTreeMap<String, i64> = BTreeMap::new();
+    for i in 0..1_500usize {
+        let (item, keys) = event(i, now, &hh);
+        items.push(item);
+        for k in keys {
+            *want.entry(k).or_default() += 1;
+        }
+    }
+    (items, want)
+}
+
+/// Produces the events, with bad input among the good: an id the registry does not know; a
+/// message cut inside a field; an index past the schema's messages; a JSON event. Returns how
+/// many messages were produced.
+fn produce(h: &mut Harness, items: &[serde_json::Value], now: i64) -> u64 {
+    let payloads = write(proto_versions(), None, &items);
+    let unknown = {
+        let mut p = payloads[0].clone();
+        p[1..5].copy_from_slice(&99u32.to_be_bytes());
+        p
+    };
+    let mut cut = payloads[1].clone();
+    cut.extend([0x0a, 0x7f]);
+    let mut no_such_message = payloads[0][..5].to_vec();
+    no_such_message.extend([2, 40]);
+    let bad: Vec<Vec<u8>> = vec![
+        unknown,
+        cut,
+        no_such_message,
+        br#"{"route":"/r0"}"#.to_vec(),
+    ];
+    for (i, p) in payloads.iter().enumerate() {
+        h.produce((i % 3) as i32, p, Some(now));
+        if i % 500 == 250 {
+            for b in &bad {
+                h.produce((i % 3) as i32, b, Some(now));
+            }
+        }
+    }
+    h.flush_producer();
+    (payloads.len() + 3 * bad.len()) as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
