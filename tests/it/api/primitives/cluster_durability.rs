@@ -164,7 +164,39 @@ fn after_a_cluster_failover_durable_decisions_answer_once_their_shard_has_a_repl
         "a healthy cluster never admitted a round: {}",
         tally.log()
     );
-    // Which shard holds each quota; the victim is the primary of the first.
+    let (victim, replica, failed, others) = victim_and_shards(&cluster, &all);
+
+    signal(cluster.node_mut(victim).unwrap().pid().unwrap(), "-KILL");
+    cluster.node_mut(victim).unwrap().stop();
+    assert!(cli(replica, &["CLUSTER", "FAILOVER", "TAKEOVER"]).contains("OK"));
+    let takeover = Instant::now();
+    let before: BTreeMap<String, BTreeMap<Answer, u64>> = takes.answers.clone();
+    let others_ok = the_other_shards_answer_while_one_has_no_replica(
+        &mut takes, &tally, takeover, replica, &failed, &others,
+    );
+    let failed_ok = the_returning_node_brings_its_shard_back(
+        &mut cluster,
+        &mut takes,
+        &tally,
+        victim,
+        replica,
+        &failed,
+        &others,
+    );
+    eprintln!(
+        "after the takeover: other shards admitted after {:?}; the failed-over shard admitted \
+         {:?} after its replica synced; answers {:?}",
+        others_ok, failed_ok, takes.answers
+    );
+    every_unit_taken_was_answered(&cluster, &takes, &all, &others, &before);
+}
+
+/// Which shard holds each quota; the victim is the primary of the first, with its replica
+/// (in sync), the quotas of its shard, and the others'.
+fn victim_and_shards(
+    cluster: &LocalCluster,
+    all: &[String],
+) -> (u16, u16, Vec<String>, Vec<String>) {
     let primaries = cluster.primaries();
     let owner: BTreeMap<String, u16> = all
         .iter()
@@ -183,15 +215,21 @@ fn after_a_cluster_failover_durable_decisions_answer_once_their_shard_has_a_repl
             == 3,
         "the quotas do not cover the three shards: {owner:?}"
     );
+    (victim, replica, failed, others)
+}
 
-    signal(cluster.node_mut(victim).unwrap().pid().unwrap(), "-KILL");
-    cluster.node_mut(victim).unwrap().stop();
-    assert!(cli(replica, &["CLUSTER", "FAILOVER", "TAKEOVER"]).contains("OK"));
-    let takeover = Instant::now();
-    let before: BTreeMap<String, BTreeMap<Answer, u64>> = takes.answers.clone();
-
-    // The other shards answer normally, whatever the failed-over one does.
-    let others_ok = takes.until_admitted(&others, takeover);
+/// The other shards answer normally, whatever the failed-over one does.
+/// The promoted primary has no replica: its shard's decisions are really not replicated.
+/// Returns how soon after the takeover the other shards admitted.
+fn the_other_shards_answer_while_one_has_no_replica(
+    takes: &mut Takes,
+    tally: &TallyProcess,
+    takeover: Instant,
+    replica: u16,
+    failed: &[String],
+    others: &[String],
+) -> Duration {
+    let others_ok = takes.until_admitted(others, takeover);
     assert!(
         others_ok.is_some_and(|d| d <= BOUND),
         "the other shards' decisions took {others_ok:?} to be admitted after the takeover \
@@ -199,18 +237,17 @@ fn after_a_cluster_failover_durable_decisions_answer_once_their_shard_has_a_repl
         takes.answers,
         tally.log()
     );
-    // The promoted primary has no replica: its shard's decisions are really not replicated.
     assert_eq!(connected_replicas(replica), 0);
     let mut unreplicated = 0;
     for _ in 0..10 {
-        for q in &others {
+        for q in others {
             assert_eq!(
                 takes.take(q),
                 Answer::Admitted,
                 "{q}: its replica is in sync"
             );
         }
-        for q in &failed {
+        for q in failed {
             let answer = takes.take(q);
             assert_ne!(answer, Answer::Admitted, "{q}: admitted without a replica");
             unreplicated += u64::from(answer == Answer::NotReplicated);
@@ -220,8 +257,20 @@ fn after_a_cluster_failover_durable_decisions_answer_once_their_shard_has_a_repl
         unreplicated > 0,
         "no decision of the failed-over shard reached it"
     );
+    others_ok.unwrap()
+}
 
-    // The killed node comes back, follows the new primary and syncs.
+/// The killed node comes back, follows the new primary and syncs. Returns how soon after it synced its shard's
+/// decisions were admitted.
+fn the_returning_node_brings_its_shard_back(
+    cluster: &mut LocalCluster,
+    takes: &mut Takes,
+    tally: &TallyProcess,
+    victim: u16,
+    replica: u16,
+    failed: &[String],
+    others: &[String],
+) -> Duration {
     cluster.node_mut(victim).unwrap().restart().unwrap();
     wait_synced(replica, victim);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -237,13 +286,13 @@ fn after_a_cluster_failover_durable_decisions_answer_once_their_shard_has_a_repl
         .iter()
         .map(|q| takes.count(q, Answer::NotReplicated))
         .sum();
-    let failed_ok = takes.until_admitted(&failed, synced);
+    let failed_ok = takes.until_admitted(failed, synced);
     let refused_after: u64 = failed
         .iter()
         .map(|q| takes.count(q, Answer::NotReplicated))
         .sum::<u64>()
         - refused_before;
-    for q in &others {
+    for q in others {
         assert_eq!(takes.take(q), Answer::Admitted, "{q}");
     }
     assert!(
@@ -257,17 +306,19 @@ fn after_a_cluster_failover_durable_decisions_answer_once_their_shard_has_a_repl
         refused_after, 0,
         "the failed-over shard answered not-replicated with its replica online"
     );
-    eprintln!(
-        "after the takeover: other shards admitted after {:?}; the failed-over shard admitted \
-         {:?} after its replica synced; answers {:?}",
-        others_ok.unwrap(),
-        failed_ok.unwrap(),
-        takes.answers
-    );
+    failed_ok.unwrap()
+}
 
-    // Ground truth: every unit taken was admitted, answered not-replicated, or answered unknown.
+/// Ground truth: every unit taken was admitted, answered not-replicated, or answered unknown.
+fn every_unit_taken_was_answered(
+    cluster: &LocalCluster,
+    takes: &Takes,
+    all: &[String],
+    others: &[String],
+    before: &BTreeMap<String, BTreeMap<Answer, u64>>,
+) {
     let primaries = cluster.primaries();
-    for q in &all {
+    for q in all {
         let (_, units) = taken(&primaries, q).expect("a taken count");
         let admitted = takes.count(q, Answer::Admitted);
         let refused = takes.count(q, Answer::NotReplicated);

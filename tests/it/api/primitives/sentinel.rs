@@ -44,104 +44,17 @@ size = 1000000
     let tally = TallyProcess::start_command_with_http("serve", &config, "sentinel", "");
     let port = tally.port;
 
-    // The caller: one take after another, each by a new user, until stopped.
-    let stop = Arc::new(AtomicBool::new(false));
-    let (admitted, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let last_admit = Arc::new(parking_lot::Mutex::new(None::<Instant>));
-    // The same for a quota without durability: how soon tally itself is back.
-    let last_loose = Arc::new(parking_lot::Mutex::new(None::<Instant>));
-    let caller = {
-        let (stop, admitted, failed, last_admit, last_loose) = (
-            stop.clone(),
-            admitted.clone(),
-            failed.clone(),
-            last_admit.clone(),
-            last_loose.clone(),
-        );
-        std::thread::spawn(move || {
-            let client = Client::new(Duration::from_secs(5));
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                let body = format!(r#"{{"quota":"seats","user":"u{n}"}}"#);
-                match client.post_json(port, "/v1/quota", &body) {
-                    Ok(a) if a.status == 200 => {
-                        let v: Value = serde_json::from_str(&a.body).unwrap();
-                        assert_eq!(v["outcome"], "admitted", "{v}");
-                        admitted.fetch_add(1, Ordering::Relaxed);
-                        *last_admit.lock() = Some(Instant::now());
-                    }
-                    Ok(a) => {
-                        assert_eq!(a.status, 503, "{}", a.body);
-                        failed.fetch_add(1, Ordering::Relaxed);
-                    }
-                    // Not listening yet.
-                    Err(_) => std::thread::sleep(Duration::from_millis(20)),
-                }
-                let body = format!(r#"{{"quota":"loose","user":"u{n}"}}"#);
-                if client
-                    .post_json(port, "/v1/quota", &body)
-                    .is_ok_and(|a| a.status == 200)
-                {
-                    *last_loose.lock() = Some(Instant::now());
-                }
-            }
-        })
-    };
-    let admitted_since = |t: Instant| last_admit.lock().is_some_and(|at| at > t);
+    let caller = Caller::start(port);
     wait_until(
         &format!("no take admitted at start; log: {}", tally.log()),
         Duration::from_secs(30),
-        || admitted_since(Instant::now() - Duration::from_secs(1)),
+        || caller.admitted_since(Instant::now() - Duration::from_secs(1)),
     );
     let mut resumed = Vec::new();
     for round in 1..=3 {
-        let before = sentinels.primary().unwrap();
-        let started = Instant::now();
-        let out = cli(ports[0], &["SENTINEL", "FAILOVER", "mymaster"]);
-        assert!(out.contains("OK"), "round {round}: {out}");
-        wait_until(
-            "the sentinels name a new primary",
-            Duration::from_secs(30),
-            || sentinels.primary().is_some_and(|now| now != before),
-        );
-        let promoted = Instant::now();
-        wait_until(
-            &format!(
-                "round {round}: tally never reached the new primary; log: {}",
-                tally.log()
-            ),
-            Duration::from_secs(30),
-            || last_loose.lock().is_some_and(|at| at > promoted),
-        );
-        let reconnected = last_loose.lock().unwrap() - promoted;
-        wait_until(
-            &format!(
-                "round {round}: no take admitted after the failover; log: {}",
-                tally.log()
-            ),
-            Duration::from_secs(30),
-            || admitted_since(promoted) && admitted.load(Ordering::Relaxed) > 0,
-        );
-        resumed.push((
-            promoted - started,
-            reconnected,
-            last_admit.lock().unwrap() - promoted,
-        ));
-        // The demoted primary follows the new one before the next round.
-        let new = sentinels.primary().unwrap();
-        wait_until(
-            "the old primary replicates again",
-            Duration::from_secs(30),
-            || cli(new, &["INFO", "replication"]).contains("connected_slaves:1"),
-        );
+        resumed.push(fail_over(round, &sentinels, &ports, &tally, &caller));
     }
-    stop.store(true, Ordering::Relaxed);
-    caller.join().unwrap();
-    let (ok, bad) = (
-        admitted.load(Ordering::Relaxed),
-        failed.load(Ordering::Relaxed),
-    );
+    let (ok, bad) = caller.stop();
     let now = sentinels.primary().unwrap();
     let taken: u64 = {
         let keys = cli(now, &["--scan", "--pattern", "*seats*"]);
@@ -164,6 +77,138 @@ size = 1000000
         0,
         0,
     );
+}
+
+/// The caller: one take after another, each by a new user, until stopped; the same for a quota
+/// without durability (`loose`: how soon tally itself is back).
+struct Caller {
+    stop: Arc<AtomicBool>,
+    admitted: Arc<AtomicU64>,
+    failed: Arc<AtomicU64>,
+    last_admit: Arc<parking_lot::Mutex<Option<Instant>>>,
+    last_loose: Arc<parking_lot::Mutex<Option<Instant>>>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Caller {
+    fn start(port: u16) -> Caller {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (admitted, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let last_admit = Arc::new(parking_lot::Mutex::new(None::<Instant>));
+        let last_loose = Arc::new(parking_lot::Mutex::new(None::<Instant>));
+        let thread = {
+            let (stop, admitted, failed, last_admit, last_loose) = (
+                stop.clone(),
+                admitted.clone(),
+                failed.clone(),
+                last_admit.clone(),
+                last_loose.clone(),
+            );
+            std::thread::spawn(move || {
+                let client = Client::new(Duration::from_secs(5));
+                let mut n = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let body = format!(r#"{{"quota":"seats","user":"u{n}"}}"#);
+                    match client.post_json(port, "/v1/quota", &body) {
+                        Ok(a) if a.status == 200 => {
+                            let v: Value = serde_json::from_str(&a.body).unwrap();
+                            assert_eq!(v["outcome"], "admitted", "{v}");
+                            admitted.fetch_add(1, Ordering::Relaxed);
+                            *last_admit.lock() = Some(Instant::now());
+                        }
+                        Ok(a) => {
+                            assert_eq!(a.status, 503, "{}", a.body);
+                            failed.fetch_add(1, Ordering::Relaxed);
+                        }
+                        // Not listening yet.
+                        Err(_) => std::thread::sleep(Duration::from_millis(20)),
+                    }
+                    let body = format!(r#"{{"quota":"loose","user":"u{n}"}}"#);
+                    if client
+                        .post_json(port, "/v1/quota", &body)
+                        .is_ok_and(|a| a.status == 200)
+                    {
+                        *last_loose.lock() = Some(Instant::now());
+                    }
+                }
+            })
+        };
+        Caller {
+            stop,
+            admitted,
+            failed,
+            last_admit,
+            last_loose,
+            thread,
+        }
+    }
+
+    fn admitted_since(&self, t: Instant) -> bool {
+        self.last_admit.lock().is_some_and(|at| at > t)
+    }
+
+    /// Stops the caller; the takes admitted and failed.
+    fn stop(self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap();
+        (
+            self.admitted.load(Ordering::Relaxed),
+            self.failed.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// One `SENTINEL FAILOVER`, until takes are admitted from the new primary and the demoted one
+/// follows it: how long the promotion took, then the first take without durability, then the
+/// first with it.
+fn fail_over(
+    round: usize,
+    sentinels: &Sentinels,
+    ports: &[u16],
+    tally: &TallyProcess,
+    caller: &Caller,
+) -> (Duration, Duration, Duration) {
+    let before = sentinels.primary().unwrap();
+    let started = Instant::now();
+    let out = cli(ports[0], &["SENTINEL", "FAILOVER", "mymaster"]);
+    assert!(out.contains("OK"), "round {round}: {out}");
+    wait_until(
+        "the sentinels name a new primary",
+        Duration::from_secs(30),
+        || sentinels.primary().is_some_and(|now| now != before),
+    );
+    let promoted = Instant::now();
+    wait_until(
+        &format!(
+            "round {round}: tally never reached the new primary; log: {}",
+            tally.log()
+        ),
+        Duration::from_secs(30),
+        || caller.last_loose.lock().is_some_and(|at| at > promoted),
+    );
+    let reconnected = caller.last_loose.lock().unwrap() - promoted;
+    wait_until(
+        &format!(
+            "round {round}: no take admitted after the failover; log: {}",
+            tally.log()
+        ),
+        Duration::from_secs(30),
+        || caller.admitted_since(promoted) && caller.admitted.load(Ordering::Relaxed) > 0,
+    );
+    let resumed = (
+        promoted - started,
+        reconnected,
+        caller.last_admit.lock().unwrap() - promoted,
+    );
+    // The demoted primary follows the new one before the next round.
+    let new = sentinels.primary().unwrap();
+    wait_until(
+        "the old primary replicates again",
+        Duration::from_secs(30),
+        || cli(new, &["INFO", "replication"]).contains("connected_slaves:1"),
+    );
+    resumed
 }
 
 /// One of three sentinels is frozen (SIGSTOP: its port accepts, nothing answers). tally finds
