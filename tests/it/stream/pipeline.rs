@@ -16,6 +16,33 @@ fn hour_floor(ms: i64) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exact_counts_and_expiry_across_windows_partitions_and_counters() {
     let mut h = Harness::new("exact", 4);
+    let config = config(&h);
+    let mut truth = Truth {
+        now: Utc::now().timestamp_millis(),
+        want: BTreeMap::new(),
+        daily_late: 0,
+    };
+    let n = produce(&mut h, &mut truth);
+    h.flush_producer();
+
+    let running = h.start(config);
+    h.wait_applied("g-exact", Duration::from_secs(60)).await;
+    let m = running.metrics.clone();
+    wait_for("consumed metric", Duration::from_secs(10), || {
+        m.consumer.messages_consumed.get() == n
+    })
+    .await;
+    running.stop().await;
+    stored_keys_are_the_truth(&h, &truth.want);
+    assert_eq!(crate::common::events_counted(&m, "flow"), n);
+    assert_eq!(
+        m.aggregate.late_events.with_label_values(&["daily"]).get(),
+        truth.daily_late
+    );
+}
+
+/// A flow count, a day in Kolkata with zero retention, a minute per ip and a sum of bytes.
+fn config(h: &Harness) -> tally::config::Config {
     let day = Duration::from_secs(86_400);
     let mut sum = counter(
         "bytes",
@@ -56,13 +83,55 @@ async fn exact_counts_and_expiry_across_windows_partitions_and_counters() {
     ];
     let mut config = h.config("g-exact", counters);
     config.decode.time_field = Some("ts".into());
+    config
+}
 
-    // Ground truth, computed here independently of tally's window and key code.
-    let now = Utc::now().timestamp_millis();
-    let kolkata = chrono_tz::Asia::Kolkata;
-    let mut want: BTreeMap<String, (i64, i64)> = BTreeMap::new(); // key -> (count, expire-at ms)
+/// Ground truth, computed here independently of tally's window and key code: key -> (count,
+/// expire-at ms), and the events late for `daily`.
+struct Truth {
+    now: i64,
+    want: BTreeMap<String, (i64, i64)>,
+    daily_late: u64,
+}
+
+impl Truth {
+    /// One event's share of every counter.
+    fn add(&mut self, ts: i64, app: &str, dev: &str, ip: &str, bytes: i64) {
+        let (now, want) = (self.now, &mut self.want);
+        let kolkata = chrono_tz::Asia::Kolkata;
+        let t: DateTime<Utc> = Utc.timestamp_millis_opt(ts).unwrap();
+        let ip_key = ip.replace(':', "%3A");
+        let hour_end = hour_floor(ts) + HOUR;
+        let flow = format!("flow:count:{app}:{dev}:{ip_key}:{}", t.format("%Y%m%d%H"));
+        let e = want.entry(flow).or_insert((0, hour_end + 86_400_000));
+        e.0 += 1;
+        let local = t.with_timezone(&kolkata);
+        let local_midnight = kolkata
+            .with_ymd_and_hms(local.year(), local.month(), local.day(), 0, 0, 0)
+            .unwrap()
+            .timestamp_millis();
+        let daily = format!("daily:{app}:{}", local.format("%Y%m%d"));
+        // Zero retention: a Kolkata day that ended already (events up to three hours old,
+        // shortly after midnight there) is late, counted as such and never written.
+        if local_midnight + 86_400_000 <= now {
+            self.daily_late += 1;
+        } else {
+            want.entry(daily)
+                .or_insert((0, local_midnight + 86_400_000))
+                .0 += 1;
+        }
+        let minute_end = ts - ts.rem_euclid(60_000) + 60_000;
+        let minute = format!("minute:{ip_key}:{}{:02}", t.format("%Y%m%d%H"), t.minute());
+        want.entry(minute).or_insert((0, minute_end + 86_400_000)).0 += 1;
+        let b = format!("bytes:{app}:{}", t.format("%Y%m%d%H"));
+        want.entry(b).or_insert((0, hour_end + 86_400_000)).0 += bytes;
+    }
+}
+
+/// Three hours of events (2,000 an hour) over 4 partitions; returns how many.
+fn produce(h: &mut Harness, truth: &mut Truth) -> u64 {
+    let now = truth.now;
     let mut n = 0u64;
-    let mut daily_late = 0u64;
     for hour_back in 0..3i64 {
         for i in 0..2_000i64 {
             let ts = hour_floor(now) - hour_back * HOUR + (i * 1_799) % HOUR;
@@ -81,45 +150,14 @@ async fn exact_counts_and_expiry_across_windows_partitions_and_counters() {
             h.produce((i % 4) as i32, payload.as_bytes(), None);
             n += 1;
 
-            let t: DateTime<Utc> = Utc.timestamp_millis_opt(ts).unwrap();
-            let ip_key = ip.replace(':', "%3A");
-            let hour_end = hour_floor(ts) + HOUR;
-            let flow = format!("flow:count:{app}:{dev}:{ip_key}:{}", t.format("%Y%m%d%H"));
-            let e = want.entry(flow).or_insert((0, hour_end + 86_400_000));
-            e.0 += 1;
-            let local = t.with_timezone(&kolkata);
-            let local_midnight = kolkata
-                .with_ymd_and_hms(local.year(), local.month(), local.day(), 0, 0, 0)
-                .unwrap()
-                .timestamp_millis();
-            let daily = format!("daily:{app}:{}", local.format("%Y%m%d"));
-            // Zero retention: a Kolkata day that ended already (events up to three hours old,
-            // shortly after midnight there) is late, counted as such and never written.
-            if local_midnight + 86_400_000 <= now {
-                daily_late += 1;
-            } else {
-                want.entry(daily)
-                    .or_insert((0, local_midnight + 86_400_000))
-                    .0 += 1;
-            }
-            let minute_end = ts - ts.rem_euclid(60_000) + 60_000;
-            let minute = format!("minute:{ip_key}:{}{:02}", t.format("%Y%m%d%H"), t.minute());
-            want.entry(minute).or_insert((0, minute_end + 86_400_000)).0 += 1;
-            let b = format!("bytes:{app}:{}", t.format("%Y%m%d%H"));
-            want.entry(b).or_insert((0, hour_end + 86_400_000)).0 += bytes;
+            truth.add(ts, &app, &dev, &ip, bytes);
         }
     }
-    h.flush_producer();
+    n
+}
 
-    let running = h.start(config);
-    h.wait_applied("g-exact", Duration::from_secs(60)).await;
-    let m = running.metrics.clone();
-    wait_for("consumed metric", Duration::from_secs(10), || {
-        m.consumer.messages_consumed.get() == n
-    })
-    .await;
-    running.stop().await;
-
+/// Every key and its expiry time in Redis, against the truth.
+fn stored_keys_are_the_truth(h: &Harness, want: &BTreeMap<String, (i64, i64)>) {
     let mut got: BTreeMap<String, (i64, i64)> = BTreeMap::new();
     let mut conn = h.conn();
     for pattern in ["flow:*", "daily:*", "minute:*", "bytes:*"] {
@@ -139,18 +177,13 @@ async fn exact_counts_and_expiry_across_windows_partitions_and_counters() {
         want.len(),
         "key sets differ; missing {missing:?}"
     );
-    for (k, &(count, at)) in &want {
+    for (k, &(count, at)) in want {
         // Stored: window end + retention spread by the key's hash, within the default spread
         // (every counter here lives over 50 min: 5 min).
         let stored = stored_expire_at(k.as_bytes(), at, 300_000);
         assert!((at..=at + 300_000).contains(&stored));
         assert_eq!(got.get(k), Some(&(count, stored)), "key {k}");
     }
-    assert_eq!(crate::common::events_counted(&m, "flow"), n);
-    assert_eq!(
-        m.aggregate.late_events.with_label_values(&["daily"]).get(),
-        daily_late
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
