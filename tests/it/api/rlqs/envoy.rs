@@ -118,16 +118,7 @@ fn p99<'a>(sent: impl Iterator<Item = &'a Sent>) -> Duration {
 #[test]
 fn four_envoys_share_one_limit_and_keep_their_assignment_when_tally_stops() {
     let redis = LocalRedis::start(&[]).unwrap();
-    let dir = limits_dir("rlqs-envoy");
-    std::fs::write(dir.join("edge.yaml"), "domain: other\ndescriptors: []\n").unwrap();
-    let rlqs = format!(
-        "\n[rlqs]\nreport_interval = \"{}s\"\nassignment_ttl = \"{TTL_S}s\"\nabandon_after = \"60s\"\n\
-         [[rlqs.buckets]]\ndomain = \"edge\"\nname = \"shared\"\nlimit = {LIMIT}\nwindow = \"{}s\"\n\
-         match = {{ name = \"shared\" }}\n",
-        INTERVAL_MS / 1000,
-        WINDOW_MS / 1000
-    );
-    let mut rls = Rls::start_with(&redis, &dir, "rlqs-envoy", None, &rlqs);
+    let mut rls = start(&redis);
     let app = rls.tally.port;
     // Envoy's files apart from the limits directory, which tally reads whole.
     let proxies = limits_dir("rlqs-envoy-proxies");
@@ -161,7 +152,27 @@ fn four_envoys_share_one_limit_and_keep_their_assignment_when_tally_stops() {
         .flat_map(|t| t.join().unwrap())
         .collect();
     let logs = || envoys.iter().map(Envoy::log).collect::<Vec<_>>().join("\n");
+    the_window_is_shared_by_demand(&sent, first, &logs);
+    the_filter_adds_little_latency(&sent, killed_at);
+    assignments_hold_until_their_ttl_then_the_fallback(&sent, killed_at, &logs);
+}
 
+/// tally with `[rlqs]`: one bucket `shared` of `LIMIT` a window.
+fn start(redis: &LocalRedis) -> Rls {
+    let dir = limits_dir("rlqs-envoy");
+    std::fs::write(dir.join("edge.yaml"), "domain: other\ndescriptors: []\n").unwrap();
+    let rlqs = format!(
+        "\n[rlqs]\nreport_interval = \"{}s\"\nassignment_ttl = \"{TTL_S}s\"\nabandon_after = \"60s\"\n\
+         [[rlqs.buckets]]\ndomain = \"edge\"\nname = \"shared\"\nlimit = {LIMIT}\nwindow = \"{}s\"\n\
+         match = {{ name = \"shared\" }}\n",
+        INTERVAL_MS / 1000,
+        WINDOW_MS / 1000
+    );
+    Rls::start_with(redis, &dir, "rlqs-envoy", None, &rlqs)
+}
+
+/// The measured window: at most the limit (and most of it) admitted, shared by demand.
+fn the_window_is_shared_by_demand(sent: &[Sent], first: i64, logs: &dyn Fn() -> String) {
     let (start, end) = (first, first + WINDOW_MS);
     let window: Vec<&Sent> = sent
         .iter()
@@ -200,8 +211,10 @@ fn four_envoys_share_one_limit_and_keep_their_assignment_when_tally_stops() {
         per_envoy[0] > per_envoy[1] + per_envoy[2] + per_envoy[3],
         "shared by demand: {per_envoy:?}"
     );
+}
 
-    // Latency while tally serves: through the filter, and through the Envoy without it.
+/// Latency while tally serves: through the filter, and through the Envoy without it.
+fn the_filter_adds_little_latency(sent: &[Sent], killed_at: i64) {
     let serving = |s: &&Sent| s.at_ms < killed_at;
     let with = p99(sent.iter().filter(|s| s.envoy < 4).filter(serving));
     let without = p99(sent.iter().filter(|s| s.envoy == 4).filter(serving));
@@ -210,10 +223,17 @@ fn four_envoys_share_one_limit_and_keep_their_assignment_when_tally_stops() {
         with <= without * 2 + Duration::from_millis(5),
         "p99 {with:?} with the filter, {without:?} without"
     );
+}
 
-    // Tally killed: each Envoy's last assignment (its window spent: DENY_ALL, or what was left
-    // of a grant) holds until its time to live, counted from its last answer (within one report
-    // interval before the kill); then the fallback (ALLOW_ALL here) applies.
+/// Tally killed: each Envoy's last assignment (its window spent: DENY_ALL, or what was left
+/// of a grant) holds until its time to live, counted from its last answer (within one report
+/// interval before the kill); then the fallback (ALLOW_ALL here) applies.
+fn assignments_hold_until_their_ttl_then_the_fallback(
+    sent: &[Sent],
+    killed_at: i64,
+    logs: &dyn Fn() -> String,
+) {
+    let ttl_ms = TTL_S as i64 * 1000;
     let expiry_from = killed_at + ttl_ms - INTERVAL_MS - 300;
     let held: Vec<&Sent> = sent
         .iter()
