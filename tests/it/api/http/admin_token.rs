@@ -39,6 +39,17 @@ fn problem(answer: &Answer, status: u16, slug: &str) {
     );
 }
 
+const HIT: &str = r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"}}"#;
+const RESET: &str =
+    r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"action":"reset"}"#;
+const RELEASE: &str = r#"{"quota":"flash","user":"u1","action":"release"}"#;
+const FILL: &str = r#"{"pool":"codes","items":["c1"],"action":"fill"}"#;
+const ACQUIRE: &str = r#"{"ttl_ms":1000}"#;
+const LOCK: &str = "/v1/locks/nightly/acquire";
+/// Taking counts away is destructive too: a value of 0 or less, not a positive one.
+const TAKE: &str =
+    r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"value":-1000}"#;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn destructive_calls_need_the_admin_token() {
     let h = Harness::new("admin-token", 1);
@@ -66,103 +77,10 @@ async fn destructive_calls_need_the_admin_token() {
     .await;
 
     tokio::task::spawn_blocking(move || {
-        let hit = r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"}}"#;
-        let reset =
-            r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"action":"reset"}"#;
-        // The caller token counts, decides and peeks.
-        let a = post(port, Some(CALLER), "/v1/hit", hit);
-        assert_eq!(a.status, 200, "{}", a.body);
-        let q = post(
-            port,
-            Some(CALLER),
-            "/v1/quota",
-            r#"{"quota":"flash","user":"u1"}"#,
-        );
-        assert_eq!(q.status, 200, "{}", q.body);
-        // ... but not reset, release, fill or locks: 403 with it, 401 without any token.
-        problem(
-            &post(port, Some(CALLER), "/v1/hit", reset),
-            403,
-            "forbidden",
-        );
-        let release = r#"{"quota":"flash","user":"u1","action":"release"}"#;
-        problem(
-            &post(port, Some(CALLER), "/v1/quota", release),
-            403,
-            "forbidden",
-        );
-        let fill = r#"{"pool":"codes","items":["c1"],"action":"fill"}"#;
-        problem(
-            &post(port, Some(CALLER), "/v1/pool", fill),
-            403,
-            "forbidden",
-        );
-        let acquire = r#"{"ttl_ms":1000}"#;
-        let lock = "/v1/locks/nightly/acquire";
-        problem(&post(port, Some(CALLER), lock, acquire), 403, "forbidden");
-        // Taking counts away is destructive too: a value of 0 or less, not a positive one.
-        let take =
-            r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"value":-1000}"#;
-        let zero = r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"value":0}"#;
-        problem(&post(port, Some(CALLER), "/v1/hit", take), 403, "forbidden");
-        problem(&post(port, Some(CALLER), "/v1/hit", zero), 403, "forbidden");
-        let peek =
-            r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"action":"peek"}"#;
-        let a = post(port, Some(CALLER), "/v1/hit", peek);
-        assert_eq!(a.status, 200, "{}", a.body);
-        assert!(
-            a.body.contains("\"value\":1"),
-            "the refused -1000 took nothing: {}",
-            a.body
-        );
-        // Nor may a plain caller bring a counter within reach of overflow: a value above
-        // http.max_value (2^53 - 1 by default), or a sum past it.
-        let big = |value: i64| {
-            format!(r#"{{"counter":"flow","dimensions":{{"app_id":"big","device_id":"d1"}},"value":{value}}}"#)
-        };
-        let max = (1i64 << 53) - 1;
-        problem(&post(port, Some(CALLER), "/v1/hit", &big(i64::MAX)), 403, "forbidden");
-        problem(&post(port, Some(CALLER), "/v1/hit", &big(max + 1)), 403, "forbidden");
-        let a = post(port, Some(CALLER), "/v1/hit", &big(max - 10));
-        assert_eq!(a.status, 200, "{}", a.body);
-        let past = post(port, Some(CALLER), "/v1/hit", &big(11));
-        problem(&past, 403, "forbidden");
-        assert!(past.body.contains("http.max_value"), "{}", past.body);
-        let a = post(port, Some(CALLER), "/v1/hit", &big(10));
-        assert!(
-            a.status == 200 && a.body.contains(&format!("\"value\":{max}")),
-            "up to the bound is fine, and the refused 11 added nothing: {}",
-            a.body
-        );
-        let a = post(port, Some(ADMIN), "/v1/hit", &big(1));
-        assert_eq!(a.status, 200, "the admin is not bound: {}", a.body);
-        let clear = r#"{"counter":"flow","dimensions":{"app_id":"big","device_id":"d1"},"action":"reset"}"#;
-        assert_eq!(post(port, Some(ADMIN), "/v1/hit", clear).status, 200);
-        let none = post(port, None, "/v1/hit", reset);
-        problem(&none, 401, "unauthorized");
-        assert!(
-            none.header("www-authenticate").is_some(),
-            "{:?}",
-            none.headers
-        );
-        problem(
-            &post(port, Some("Bearer wrong"), "/v1/hit", hit),
-            401,
-            "unauthorized",
-        );
-        // The admin token does all of it, and what the caller token may do as well.
-        for (path, body) in [
-            ("/v1/hit", hit),
-            ("/v1/hit", take),
-            ("/v1/quota", release),
-            ("/v1/pool", fill),
-            (lock, acquire),
-        ] {
-            let a = post(port, Some(ADMIN), path, body);
-            assert_eq!(a.status, 200, "{path}: {}", a.body);
-        }
-        let a = post(port, Some(ADMIN), "/v1/hit", reset);
-        assert_eq!(a.status, 200, "{}", a.body);
+        the_caller_token_counts_and_decides_but_destroys_nothing(port);
+        a_caller_cannot_bring_a_counter_near_overflow(port);
+        no_token_or_a_wrong_one_is_unauthorized(port);
+        the_admin_token_does_all_of_it(port);
     })
     .await
     .unwrap();
@@ -172,6 +90,117 @@ async fn destructive_calls_need_the_admin_token() {
         "only the admin's reset cleared the key"
     );
     running.stop().await;
+}
+
+/// The caller token counts, decides and peeks, but does not reset, release, fill or lock: 403.
+fn the_caller_token_counts_and_decides_but_destroys_nothing(port: u16) {
+    let a = post(port, Some(CALLER), "/v1/hit", HIT);
+    assert_eq!(a.status, 200, "{}", a.body);
+    let q = post(
+        port,
+        Some(CALLER),
+        "/v1/quota",
+        r#"{"quota":"flash","user":"u1"}"#,
+    );
+    assert_eq!(q.status, 200, "{}", q.body);
+    // ... but not reset, release, fill or locks: 403 with it, 401 without any token.
+    problem(
+        &post(port, Some(CALLER), "/v1/hit", RESET),
+        403,
+        "forbidden",
+    );
+    problem(
+        &post(port, Some(CALLER), "/v1/quota", RELEASE),
+        403,
+        "forbidden",
+    );
+    problem(
+        &post(port, Some(CALLER), "/v1/pool", FILL),
+        403,
+        "forbidden",
+    );
+    problem(&post(port, Some(CALLER), LOCK, ACQUIRE), 403, "forbidden");
+    // Taking counts away is destructive too: a value of 0 or less, not a positive one.
+    let zero = r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"value":0}"#;
+    problem(&post(port, Some(CALLER), "/v1/hit", TAKE), 403, "forbidden");
+    problem(&post(port, Some(CALLER), "/v1/hit", zero), 403, "forbidden");
+    let peek =
+        r#"{"counter":"flow","dimensions":{"app_id":"a1","device_id":"d1"},"action":"peek"}"#;
+    let a = post(port, Some(CALLER), "/v1/hit", peek);
+    assert_eq!(a.status, 200, "{}", a.body);
+    assert!(
+        a.body.contains("\"value\":1"),
+        "the refused -1000 took nothing: {}",
+        a.body
+    );
+}
+
+/// Nor may a plain caller bring a counter within reach of overflow: a value above
+/// http.max_value (2^53 - 1 by default), or a sum past it. The admin is not bound.
+fn a_caller_cannot_bring_a_counter_near_overflow(port: u16) {
+    let big = |value: i64| {
+        format!(
+            r#"{{"counter":"flow","dimensions":{{"app_id":"big","device_id":"d1"}},"value":{value}}}"#
+        )
+    };
+    let max = (1i64 << 53) - 1;
+    problem(
+        &post(port, Some(CALLER), "/v1/hit", &big(i64::MAX)),
+        403,
+        "forbidden",
+    );
+    problem(
+        &post(port, Some(CALLER), "/v1/hit", &big(max + 1)),
+        403,
+        "forbidden",
+    );
+    let a = post(port, Some(CALLER), "/v1/hit", &big(max - 10));
+    assert_eq!(a.status, 200, "{}", a.body);
+    let past = post(port, Some(CALLER), "/v1/hit", &big(11));
+    problem(&past, 403, "forbidden");
+    assert!(past.body.contains("http.max_value"), "{}", past.body);
+    let a = post(port, Some(CALLER), "/v1/hit", &big(10));
+    assert!(
+        a.status == 200 && a.body.contains(&format!("\"value\":{max}")),
+        "up to the bound is fine, and the refused 11 added nothing: {}",
+        a.body
+    );
+    let a = post(port, Some(ADMIN), "/v1/hit", &big(1));
+    assert_eq!(a.status, 200, "the admin is not bound: {}", a.body);
+    let clear =
+        r#"{"counter":"flow","dimensions":{"app_id":"big","device_id":"d1"},"action":"reset"}"#;
+    assert_eq!(post(port, Some(ADMIN), "/v1/hit", clear).status, 200);
+}
+
+fn no_token_or_a_wrong_one_is_unauthorized(port: u16) {
+    let none = post(port, None, "/v1/hit", RESET);
+    problem(&none, 401, "unauthorized");
+    assert!(
+        none.header("www-authenticate").is_some(),
+        "{:?}",
+        none.headers
+    );
+    problem(
+        &post(port, Some("Bearer wrong"), "/v1/hit", HIT),
+        401,
+        "unauthorized",
+    );
+}
+
+/// The admin token does all of it, and what the caller token may do as well.
+fn the_admin_token_does_all_of_it(port: u16) {
+    for (path, body) in [
+        ("/v1/hit", HIT),
+        ("/v1/hit", TAKE),
+        ("/v1/quota", RELEASE),
+        ("/v1/pool", FILL),
+        (LOCK, ACQUIRE),
+    ] {
+        let a = post(port, Some(ADMIN), path, body);
+        assert_eq!(a.status, 200, "{path}: {}", a.body);
+    }
+    let a = post(port, Some(ADMIN), "/v1/hit", RESET);
+    assert_eq!(a.status, 200, "{}", a.body);
 }
 
 /// A lock acquire's wait ends before `http.request_timeout` less `redis.response_timeout`: the
