@@ -271,28 +271,7 @@ fn cluster_failovers_counted_within_a_second_of_the_kill() {
         .map(|l| format!("{l}\n"))
         .collect();
     assert!(!cfg.contains("response_timeout") && !cfg.contains("retry_max"));
-    let rounds_wanted: usize = std::env::var("TALLY_FAILOVER_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(4);
-    let kinds: Vec<Fault> = match std::env::var("TALLY_FAILOVER_KINDS").as_deref() {
-        Ok("takeover") => vec![Fault::KillTakeover],
-        _ => vec![
-            Fault::KillTakeover,
-            Fault::Kill,
-            Fault::KillTakeover,
-            Fault::Stall,
-        ],
-    };
-    // Seconds of events: for tally to start, and per round (a takeover and the victim's
-    // rejoining take ~1 s; the cluster's own failover and the rejoining take ~5 s).
-    let seconds: u64 = 12
-        + (0..rounds_wanted)
-            .map(|r| match kinds[r % kinds.len()] {
-                Fault::KillTakeover => 3,
-                Fault::Kill | Fault::Stall => 8,
-            })
-            .sum::<u64>();
+    let (rounds_wanted, kinds, seconds) = plan();
     let stream = Stream {
         n: RATE * seconds,
         partitions: PARTITIONS,
@@ -361,6 +340,40 @@ fn cluster_failovers_counted_within_a_second_of_the_kill() {
     let produced = producer.join().unwrap();
     drop(t);
     let (keys, mismatches, _) = finish(&cfg, &cluster, "g-five", topic, &produced, &stream);
+    report(&rounds, rounds_wanted, stream.n, keys, mismatches);
+    assert_eq!(mismatches, 0);
+    each_round_counted_within_a_second(&rounds);
+}
+
+/// How many failovers (`TALLY_FAILOVER_ROUNDS`, 4), of which kinds (`TALLY_FAILOVER_KINDS`,
+/// taking turns), and the seconds of events they need.
+fn plan() -> (usize, Vec<Fault>, u64) {
+    let rounds_wanted: usize = std::env::var("TALLY_FAILOVER_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(4);
+    let kinds: Vec<Fault> = match std::env::var("TALLY_FAILOVER_KINDS").as_deref() {
+        Ok("takeover") => vec![Fault::KillTakeover],
+        _ => vec![
+            Fault::KillTakeover,
+            Fault::Kill,
+            Fault::KillTakeover,
+            Fault::Stall,
+        ],
+    };
+    // Seconds of events: for tally to start, and per round (a takeover and the victim's
+    // rejoining take ~1 s; the cluster's own failover and the rejoining take ~5 s).
+    let seconds: u64 = 12
+        + (0..rounds_wanted)
+            .map(|r| match kinds[r % kinds.len()] {
+                Fault::KillTakeover => 3,
+                Fault::Kill | Fault::Stall => 8,
+            })
+            .sum::<u64>();
+    (rounds_wanted, kinds, seconds)
+}
+
+fn report(rounds: &[Round], rounds_wanted: usize, events: u64, keys: usize, mismatches: usize) {
     let list = |pick: fn(&Round) -> Duration, fault: Option<Fault>| -> String {
         let picked: Vec<String> = rounds
             .iter()
@@ -374,9 +387,11 @@ fn cluster_failovers_counted_within_a_second_of_the_kill() {
         list(|r| r.visible, Some(Fault::KillTakeover)),
         rounds.iter().filter(|r| r.fault != Fault::KillTakeover).map(|r| format!("{:?} {}", r.fault, ms(r.visible))).collect::<Vec<_>>().join(", "),
         list(|r| r.promoted, None),
-        stream.n
+        events
     );
-    assert_eq!(mismatches, 0);
+}
+
+fn each_round_counted_within_a_second(rounds: &[Round]) {
     for (round, r) in rounds.iter().enumerate() {
         // The cluster's own share (node timeout, election) is not tally's: a round the cluster
         // promoted itself is bounded from the promotion.
