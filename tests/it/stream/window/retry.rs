@@ -68,22 +68,7 @@ async fn a_retry_after_a_failed_publish_produces_the_first_attempts_values_then_
     h.mock
         .coordinator(MockCoordinator::Group("wr".into()), 1)
         .unwrap();
-    let mut hits = counter(
-        "hits",
-        &["app"],
-        // Record keys that start with `@`, as the publisher's own fields in its hash do.
-        "@wr:{app}:{yyyyMMddHHmm}",
-        Duration::from_secs(60),
-        "UTC",
-        Duration::from_secs(86_400),
-    );
-    hits.output = Some(OutputConfig {
-        idle_timeout: Duration::from_secs(2),
-        ..OutputConfig::to(OUT)
-    });
-    let mut config = h.config("wr", vec![hits]);
-    config.jobs.publish.interval = Duration::from_millis(100);
-    config.jobs.publish.send_timeout = Duration::from_secs(1);
+    let config = config(&h);
     let tally = h.start(config);
 
     // Minute 0: app i gets i + 1 events.
@@ -145,8 +130,43 @@ async fn a_retry_after_a_failed_publish_produces_the_first_attempts_values_then_
         records.iter().any(|(p, _, _)| *p == 1),
         "some records went to the partition that was down"
     );
+    finals_carry_the_first_attempt_and_the_late_key_is_corrected(&records, &late_key, &minute, v0);
+    the_snapshot_expires_with_the_window(&mut conn, &late_key);
+    tally.stop().await;
+}
+
+/// `hits` per app and minute, published to `OUT` (records closed after 2 s idle), the publisher
+/// passing every 100 ms with a 1 s send timeout.
+fn config(h: &Harness) -> tally::config::Config {
+    let mut hits = counter(
+        "hits",
+        &["app"],
+        // Record keys that start with `@`, as the publisher's own fields in its hash do.
+        "@wr:{app}:{yyyyMMddHHmm}",
+        Duration::from_secs(60),
+        "UTC",
+        Duration::from_secs(86_400),
+    );
+    hits.output = Some(OutputConfig {
+        idle_timeout: Duration::from_secs(2),
+        ..OutputConfig::to(OUT)
+    });
+    let mut config = h.config("wr", vec![hits]);
+    config.jobs.publish.interval = Duration::from_millis(100);
+    config.jobs.publish.send_timeout = Duration::from_secs(1);
+    config
+}
+
+/// Every final record carries the first attempt's value (app i: i + 1); the late key's last
+/// record is a correction with the new value.
+fn finals_carry_the_first_attempt_and_the_late_key_is_corrected(
+    records: &[(i32, String, Value)],
+    late_key: &str,
+    minute: &str,
+    v0: i64,
+) {
     let mut finals: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
-    for (_, key, v) in &records {
+    for (_, key, v) in records {
         if v["correction"] == Value::Bool(false) {
             finals
                 .entry(key)
@@ -174,17 +194,19 @@ async fn a_retry_after_a_failed_publish_produces_the_first_attempts_values_then_
         last["correction"], true,
         "the late change is a correction: {late:#?}"
     );
-    // The window's snapshot (its published values) expires with the window's keys.
+}
+
+/// The window's snapshot (its published values) expires with the window's keys.
+fn the_snapshot_expires_with_the_window(conn: &mut redis::Connection, late_key: &str) {
     let hashes: Vec<String> = redis::cmd("KEYS")
         .arg("tally:values:*")
-        .query(&mut conn)
+        .query(conn)
         .unwrap();
     assert_eq!(hashes.len(), 1, "{hashes:?}");
-    let ttl: i64 = redis::cmd("PTTL").arg(&hashes[0]).query(&mut conn).unwrap();
-    let stored: i64 = redis::cmd("PTTL").arg(&late_key).query(&mut conn).unwrap();
+    let ttl: i64 = redis::cmd("PTTL").arg(&hashes[0]).query(conn).unwrap();
+    let stored: i64 = redis::cmd("PTTL").arg(&late_key).query(conn).unwrap();
     assert!(
         ttl > 0 && ttl + 5_000 >= stored,
         "{ttl} ms, the key {stored} ms"
     );
-    tally.stop().await;
 }
