@@ -13,6 +13,44 @@ use crate::common::{counter, wait_for, Harness};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_read_nested_fields_the_key_headers_and_the_partition() {
     let mut h = Harness::new("fields", 3);
+    let config = config(&h);
+
+    let (want, good, missing) = produce(&mut h);
+    h.flush_producer();
+
+    let running = h.start(config);
+    h.wait_applied("g-fields", Duration::from_secs(60)).await;
+    let m = running.metrics.clone();
+    wait_for("every message consumed", Duration::from_secs(10), || {
+        m.consumer.messages_consumed.get() == good + missing
+    })
+    .await;
+    let skipped = crate::common::decode_errors(&m, "missing_field");
+    running.stop().await;
+
+    assert_eq!(
+        skipped, missing,
+        "events without the nested field, counted by reason"
+    );
+    let mut got = BTreeMap::new();
+    for pattern in ["r:*", "g:*", "b:*"] {
+        got.extend(h.dump(pattern));
+    }
+    let wrong: Vec<_> = want
+        .iter()
+        .filter(|(k, v)| got.get(*k) != Some(v))
+        .take(5)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "keys differ from the truth, e.g. {wrong:?}"
+    );
+    assert_eq!(got.len(), want.len(), "no key beyond the truth");
+}
+
+/// Counters keyed by nested fields, the record key, a header and the partition, one summing a
+/// nested value, timed by a nested field.
+fn config(h: &Harness) -> tally::config::Config {
     let day = Duration::from_secs(86_400);
     let hour = Duration::from_secs(3600);
     let mut bytes = counter(
@@ -58,7 +96,12 @@ async fn counters_read_nested_fields_the_key_headers_and_the_partition() {
         config.decode.fields.insert(name.into(), source.into());
     }
     config.validate().expect("valid");
+    config
+}
 
+/// 3,000 events over two hours (every 10th lacks the nested sku); the counts they make, and how
+/// many have every field and how many lack one.
+fn produce(h: &mut Harness) -> (BTreeMap<String, i64>, u64, u64) {
     let now = Utc::now().timestamp_millis();
     let hour_ms = 3_600_000;
     let mut want: BTreeMap<String, i64> = BTreeMap::new();
@@ -107,36 +150,7 @@ async fn counters_read_nested_fields_the_key_headers_and_the_partition() {
         *want.entry(format!("g:{region}:{part}:{hh}")).or_default() += 1;
         *want.entry(format!("b:{tenant}:{method}:{hh}")).or_default() += size;
     }
-    h.flush_producer();
-
-    let running = h.start(config);
-    h.wait_applied("g-fields", Duration::from_secs(60)).await;
-    let m = running.metrics.clone();
-    wait_for("every message consumed", Duration::from_secs(10), || {
-        m.consumer.messages_consumed.get() == good + missing
-    })
-    .await;
-    let skipped = crate::common::decode_errors(&m, "missing_field");
-    running.stop().await;
-
-    assert_eq!(
-        skipped, missing,
-        "events without the nested field, counted by reason"
-    );
-    let mut got = BTreeMap::new();
-    for pattern in ["r:*", "g:*", "b:*"] {
-        got.extend(h.dump(pattern));
-    }
-    let wrong: Vec<_> = want
-        .iter()
-        .filter(|(k, v)| got.get(*k) != Some(v))
-        .take(5)
-        .collect();
-    assert!(
-        wrong.is_empty(),
-        "keys differ from the truth, e.g. {wrong:?}"
-    );
-    assert_eq!(got.len(), want.len(), "no key beyond the truth");
+    (want, good, missing)
 }
 
 /// A counter with a CEL filter and a derived dimension beside one without: each key equals the

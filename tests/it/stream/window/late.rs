@@ -88,23 +88,7 @@ async fn dropped_late_changes_leave_the_published_window_final_and_go_to_the_lat
     let bootstrap = h.mock.bootstrap_servers();
     h.mock.create_topic(OUT, 1, 1).unwrap();
     h.mock.create_topic(LATE, 1, 1).unwrap();
-    let mut hits = counter(
-        "hits",
-        &["app"],
-        "wl:{app}:{yyyyMMddHHmm}",
-        Duration::from_secs(60),
-        "UTC",
-        Duration::from_secs(86_400),
-    );
-    hits.output = Some(OutputConfig {
-        idle_timeout: Duration::from_secs(2),
-        late: OutputLate::Drop,
-        late_topic: Some(LATE.into()),
-        ..OutputConfig::to(OUT)
-    });
-    let mut config = h.config("wl", vec![hits]);
-    config.jobs.publish.interval = Duration::from_millis(100);
-    config.jobs.publish.corrections_every = Duration::from_millis(200);
+    let config = config(&h);
     let tally = h.start(config);
 
     // Minute 0: apps a0..a4; an event in minute 1 closes it.
@@ -173,8 +157,40 @@ async fn dropped_late_changes_leave_the_published_window_final_and_go_to_the_lat
         "final as published"
     );
 
-    // The late topic: each dropped change, as the correction it would have been.
-    let late = read_all(&bootstrap, LATE);
+    the_late_topic_has_each_dropped_change(&bootstrap, &minute, base);
+    let kind = |k: &str| {
+        let records = &tally.metrics.publish.records;
+        records.with_label_values(&["hits", k]).get()
+    };
+    assert_eq!((kind("correction"), kind("late")), (0, 3));
+    tally.stop().await;
+}
+
+/// `hits` per app and minute, published to `OUT` with `late = "drop"` and a late topic.
+fn config(h: &Harness) -> tally::config::Config {
+    let mut hits = counter(
+        "hits",
+        &["app"],
+        "wl:{app}:{yyyyMMddHHmm}",
+        Duration::from_secs(60),
+        "UTC",
+        Duration::from_secs(86_400),
+    );
+    hits.output = Some(OutputConfig {
+        idle_timeout: Duration::from_secs(2),
+        late: OutputLate::Drop,
+        late_topic: Some(LATE.into()),
+        ..OutputConfig::to(OUT)
+    });
+    let mut config = h.config("wl", vec![hits]);
+    config.jobs.publish.interval = Duration::from_millis(100);
+    config.jobs.publish.corrections_every = Duration::from_millis(200);
+    config
+}
+
+/// The late topic: each dropped change, as the correction it would have been, once.
+fn the_late_topic_has_each_dropped_change(bootstrap: &str, minute: &str, base: i64) {
+    let late = read_all(bootstrap, LATE);
     let got: BTreeMap<&str, i64> = late
         .iter()
         .map(|r| {
@@ -202,12 +218,6 @@ async fn dropped_late_changes_leave_the_published_window_final_and_go_to_the_lat
         assert_eq!(r.headers["tally-window-end"], (base + MIN).to_string());
         assert_eq!(r.value.as_ref().unwrap()["correction"], true);
     }
-    let kind = |k: &str| {
-        let records = &tally.metrics.publish.records;
-        records.with_label_values(&["hits", k]).get()
-    };
-    assert_eq!((kind("correction"), kind("late")), (0, 3));
-    tally.stop().await;
 }
 
 /// The `yyyyMMddHHmm` text of the minute after `minute`.
