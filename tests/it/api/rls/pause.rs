@@ -283,7 +283,7 @@ fn only_answered_calls_are_charged(
 ) {
     let count = |f: &dyn Fn(&Call) -> bool| calls.iter().filter(|c| f(c)).count();
     let ok = count(&|c| c.outcome == Outcome::Ok) as u64;
-    let in_redis = charged(&redis);
+    let in_redis = charged(redis);
     let rounds = (at.paused.as_millis() / RESPONSE_TIMEOUT.as_millis()) as u64 + 2;
     let bound = rounds * (MAX_CALLS * IN_FLIGHT) as u64;
     assert!(

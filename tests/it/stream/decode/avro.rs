@@ -123,7 +123,7 @@ fn events(now: i64) -> (Vec<serde_json::Value>, BTreeMap<String, i64>) {
 /// Produces the events, with bad input among the good: an id the registry does not know, a
 /// cut datum, a JSON event. Returns how many messages were produced.
 fn produce(h: &mut Harness, items: &[serde_json::Value], now: i64) -> u64 {
-    let payloads = fastavro(&items);
+    let payloads = fastavro(items);
     let unknown = {
         let mut p = payloads[0].clone();
         p[1..5].copy_from_slice(&99u32.to_be_bytes());

@@ -139,7 +139,7 @@ fn events(now: i64) -> (Vec<serde_json::Value>, BTreeMap<String, i64>) {
 /// message cut inside a field; an index past the schema's messages; a JSON event. Returns how
 /// many messages were produced.
 fn produce(h: &mut Harness, items: &[serde_json::Value], now: i64) -> u64 {
-    let payloads = write(proto_versions(), None, &items);
+    let payloads = write(proto_versions(), None, items);
     let unknown = {
         let mut p = payloads[0].clone();
         p[1..5].copy_from_slice(&99u32.to_be_bytes());

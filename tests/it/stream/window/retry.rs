@@ -204,7 +204,7 @@ fn the_snapshot_expires_with_the_window(conn: &mut redis::Connection, late_key: 
         .unwrap();
     assert_eq!(hashes.len(), 1, "{hashes:?}");
     let ttl: i64 = redis::cmd("PTTL").arg(&hashes[0]).query(conn).unwrap();
-    let stored: i64 = redis::cmd("PTTL").arg(&late_key).query(conn).unwrap();
+    let stored: i64 = redis::cmd("PTTL").arg(late_key).query(conn).unwrap();
     assert!(
         ttl > 0 && ttl + 5_000 >= stored,
         "{ttl} ms, the key {stored} ms"
