@@ -39,9 +39,18 @@ pub fn get(route: &'static str, target: &str, status: u16) -> Case {
     }
 }
 
-/// Answers while Redis is up: a success and a 400 on every route, 429 from a limit.
+/// Answers while Redis is up: a success and a 400 on every route, 429 from a limit, in the
+/// order they are sent.
 pub fn cases_redis_up() -> Vec<Case> {
-    let lock = "/v1/locks/{name}/{action}";
+    let mut cases = decisions();
+    cases.extend(sets_and_pools());
+    cases.extend(locks());
+    cases.extend(reads());
+    cases
+}
+
+/// Hits, limits and the quota.
+fn decisions() -> Vec<Case> {
     vec![
         post(
             "/v1/hit",
@@ -98,6 +107,12 @@ pub fn cases_redis_up() -> Vec<Case> {
             200,
         ),
         post("/v1/quota", "/v1/quota", r#"{"quota":""}"#, 400),
+    ]
+}
+
+/// Once, unique and the pool (filled before it is claimed from).
+fn sets_and_pools() -> Vec<Case> {
+    vec![
         post(
             "/v1/once",
             "/v1/once",
@@ -141,6 +156,13 @@ pub fn cases_redis_up() -> Vec<Case> {
             200,
         ),
         post("/v1/pool", "/v1/pool", r#"{"pool":"nope","user":"u"}"#, 400),
+    ]
+}
+
+/// A lock acquired, acquired again, released and extended with a token not its own.
+fn locks() -> Vec<Case> {
+    let lock = "/v1/locks/{name}/{action}";
+    vec![
         post(lock, "/v1/locks/report/acquire", r#"{"ttl_ms":10000}"#, 200),
         post(lock, "/v1/locks/report/acquire", r#"{"ttl_ms":10000}"#, 200),
         post(
@@ -161,6 +183,12 @@ pub fn cases_redis_up() -> Vec<Case> {
             r#"{"ttl_ms":86400001}"#,
             400,
         ),
+    ]
+}
+
+/// Counts and ranges read back, and the operational routes.
+fn reads() -> Vec<Case> {
+    vec![
         get("/v1/count", "/v1/count?counter=plays&video=a", 200),
         get("/v1/count", "/v1/count?counter=plays&video=a&at=soon", 400),
         get(
