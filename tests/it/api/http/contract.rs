@@ -37,14 +37,26 @@ window = "1s"
     )
 }
 
-/// Malformed requests across every route: (method, path, body).
-fn hostile() -> Vec<(&'static str, String, String)> {
-    let huge_policies = format!(
-        r#"{{"policies":[{}],"subject":"s"}}"#,
-        vec![r#""fixed""#; 5000].join(",")
-    );
+/// A malformed request: (method, path, body).
+type Hostile = (&'static str, String, String);
+
+fn post(path: &str, body: &str) -> Hostile {
+    ("POST", path.to_string(), body.to_string())
+}
+
+/// Malformed requests across every route.
+fn hostile() -> Vec<Hostile> {
+    let mut all = hostile_hits();
+    all.extend(hostile_limits());
+    all.extend(hostile_primitives());
+    all.extend(hostile_locks_and_batches());
+    all.extend(hostile_reads());
+    all
+}
+
+fn hostile_hits() -> Vec<Hostile> {
     let deep = format!("{}{}", "[".repeat(5000), "]".repeat(5000));
-    let p = |path: &str, body: &str| ("POST", path.to_string(), body.to_string());
+    let p = post;
     vec![
         p("/v1/hit", "not json"),
         p("/v1/hit", "{}"),
@@ -89,6 +101,16 @@ fn hostile() -> Vec<(&'static str, String, String)> {
             "/v1/hit",
             r#"{"counter":"plays","dimensions":{"video":"a"},"surprise":1}"#,
         ),
+    ]
+}
+
+fn hostile_limits() -> Vec<Hostile> {
+    let huge_policies = format!(
+        r#"{{"policies":[{}],"subject":"s"}}"#,
+        vec![r#""fixed""#; 5000].join(",")
+    );
+    let p = post;
+    vec![
         p("/v1/limit", r#"{"policy":"fixed","subject":"s","cost":-1}"#),
         p(
             "/v1/limit",
@@ -116,6 +138,12 @@ fn hostile() -> Vec<(&'static str, String, String)> {
             "/v1/limit",
             r#"{"policy":"fixed","subject":"s","action":"release"}"#,
         ),
+    ]
+}
+
+fn hostile_primitives() -> Vec<Hostile> {
+    let p = post;
+    vec![
         p("/v1/quota", r#"{"quota":"nope"}"#),
         // An array is not an object, even when its items would fill the fields by position.
         p("/v1/quota", r#"["flash","u-arr"]"#),
@@ -135,6 +163,12 @@ fn hostile() -> Vec<(&'static str, String, String)> {
         p("/v1/unique", r#"{"name":"","subject":"s"}"#),
         p("/v1/pool", r#"{"pool":"coupons","items":"a"}"#),
         p("/v1/pool", r#"{"pool":"nope"}"#),
+    ]
+}
+
+fn hostile_locks_and_batches() -> Vec<Hostile> {
+    let p = post;
+    vec![
         p("/v1/locks//acquire", r#"{"ttl_ms":1000}"#),
         p("/v1/locks/job:ttl_audit/acquire", r#"{"ttl_ms":1000}"#),
         p("/v1/locks/a/acquire", r#"{"ttl_ms":9223372036854775807}"#),
@@ -149,6 +183,11 @@ fn hostile() -> Vec<(&'static str, String, String)> {
         p("/v1/locks/a/explode", r#"{}"#),
         p("/v1/counters/nope/batch", r#"{"tuples":[]}"#),
         p("/v1/counters/plays/batch", "nope"),
+    ]
+}
+
+fn hostile_reads() -> Vec<Hostile> {
+    vec![
         ("GET", "/v1/hit".into(), String::new()),
         ("GET", "/v1/nothing-here".into(), String::new()),
         (
