@@ -5,6 +5,7 @@ mod behind;
 mod cluster;
 pub(crate) mod late;
 mod partitioner;
+mod records;
 pub(crate) mod results;
 pub(crate) mod retry;
 mod tombstones;

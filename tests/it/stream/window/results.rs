@@ -19,6 +19,9 @@ use tally_testkit::tansu::Tansu;
 use tally_testkit::wait::wait_until;
 
 use crate::common::process::{kafka_toml, BrokerProcess, TallyProcess};
+use crate::stream::window::records::{
+    check_records, check_tops, one_final, summarize, wait_output,
+};
 
 /// Input partitions; the last one never gets a message.
 pub(crate) const PARTITIONS: i32 = 4;
@@ -227,87 +230,6 @@ pub(crate) fn read_output(bootstrap: &str, out: &str) -> Vec<(String, Value)> {
     got
 }
 
-/// Per key: the distinct values of its final (not correction) records, and its last value.
-type Seen = BTreeMap<String, (BTreeSet<i64>, i64)>;
-
-fn summarize(records: &[(String, Value)]) -> Seen {
-    let mut seen = Seen::new();
-    for (key, v) in records {
-        let value = v["value"].as_i64().unwrap();
-        let entry = seen.entry(key.clone()).or_default();
-        if !v["correction"].as_bool().unwrap() {
-            entry.0.insert(value);
-        }
-        entry.1 = value;
-    }
-    seen
-}
-
-/// The invariants of every record: final, closed by a watermark at or past its window's end,
-/// its key the counter key of its dimensions and window.
-fn check_records(records: &[(String, Value)]) {
-    for (key, v) in records {
-        assert_eq!(v["final"], Value::Bool(true), "{key}: {v}");
-        let end = v["window_end"].as_i64().unwrap();
-        assert_eq!(end - v["window_start"].as_i64().unwrap(), MIN, "{v}");
-        assert_eq!(
-            v["_kafka_timestamp"].as_i64(),
-            Some(end),
-            "{key}: the record's timestamp is its window's end: {v}"
-        );
-        assert!(
-            v["watermark"].as_i64().unwrap() >= end,
-            "{key} published before its watermark passed its end: {v}"
-        );
-        let t = minute_text(v["window_start"].as_i64().unwrap());
-        let app = v["dimensions"]["app"].as_str().unwrap();
-        let want = match v["counter"].as_str().unwrap() {
-            "bytes" => format!(
-                "win:bytes:{app}:{}:{t}",
-                v["dimensions"]["dev"].as_str().unwrap()
-            ),
-            c => format!("win:{c}:{app}:{t}"),
-        };
-        assert_eq!(key, &want, "{v}");
-    }
-}
-
-/// The last record of each leaderboard key carries the truth's `top`, and every key of `want`
-/// is published.
-fn check_tops(records: &[(String, Value)], want: &BTreeMap<String, Value>) {
-    let mut last: BTreeMap<&str, &Value> = BTreeMap::new();
-    for (k, v) in records.iter().filter(|(_, v)| v["counter"] == "devs") {
-        last.insert(k, v);
-    }
-    assert_eq!(last.len(), want.len(), "every leaderboard key is published");
-    for (k, v) in last {
-        assert_eq!(v["top"], want[k], "{k}: its last record's top: {v}");
-    }
-}
-
-/// Every key's final (not correction) records are one and the same record, byte for byte (the
-/// JSON as parsed): re-publishes after kills and retries repeat the first attempt.
-fn one_final(records: &[(String, Value)]) {
-    let mut finals: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
-    for (k, v) in records.iter().filter(|(_, v)| v["correction"] == false) {
-        finals.entry(k).or_default().insert(v.to_string());
-    }
-    for (k, f) in finals {
-        assert_eq!(f.len(), 1, "{k}: one final record: {f:#?}");
-    }
-}
-
-fn wait_output(bootstrap: &str, out: &str, done: impl Fn(&Seen) -> bool) -> Vec<(String, Value)> {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let records = read_output(bootstrap, out);
-        if done(&summarize(&records)) || Instant::now() > deadline {
-            return records;
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-}
-
 const TOPIC: &str = "win-in";
 const OUT: &str = "win-out";
 
@@ -342,6 +264,20 @@ fn scenario(bootstrap: &str) {
     // Minutes 0..4: the watermark ends in minute 3, so minutes 0..3 close and minute 3 stays open.
     let mut all = events(base, 0..4, 12_000, 0);
     produce(bootstrap, topic, &all);
+    let late_mid_publish = crash_loop(bootstrap, &cfg, &redis, base);
+
+    let mut last = TallyProcess::start(&cfg, "win-final");
+    each_closed_key_has_one_final_record(bootstrap, &last, &mut all, late_mid_publish, base);
+    late_changes_come_as_corrections(bootstrap, &last, &mut all, base);
+    let status = last.terminate(Duration::from_secs(30));
+    assert!(status.success());
+}
+
+/// 10 kill -9 of tally (the publisher mid-publish among them, a second replica every other
+/// round); late events into the closed minutes right after the first kill mid-publish, which
+/// are returned.
+fn crash_loop(bootstrap: &str, cfg: &str, redis: &LocalRedis, base: i64) -> Vec<Ev> {
+    let topic = TOPIC;
     let seed: u64 = rand::random();
     eprintln!("window results seed {seed}");
     let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
@@ -354,9 +290,9 @@ fn scenario(bootstrap: &str) {
         .get_connection()
         .unwrap();
     while kills < 10 {
-        let a = TallyProcess::start(&cfg, "win-a");
+        let a = TallyProcess::start(cfg, "win-a");
         // Every other round a second replica: the partitions are shared, then rebalanced.
-        let b = (kills % 2 == 1).then(|| TallyProcess::start(&cfg, "win-b"));
+        let b = (kills % 2 == 1).then(|| TallyProcess::start(cfg, "win-b"));
         assert!(a.wait_metric("tally_assigned_partitions", 1.0, Duration::from_secs(60)));
         let progress = |conn: &mut redis::Connection, counter: &str| -> Option<i64> {
             redis::cmd("GET")
@@ -399,13 +335,23 @@ fn scenario(bootstrap: &str) {
         "{kills} kill -9, {leader_kills} with the publisher leading, {mid_publish} mid-publish"
     );
     assert!(mid_publish > 0, "no kill hit the publisher mid-publish");
+    late_mid_publish
+}
 
-    let mut last = TallyProcess::start(&cfg, "win-final");
+/// Every key of the closed windows has one final record, its value between the truths before
+/// and after the late events that landed mid-publish (`late`, added to `all`).
+fn each_closed_key_has_one_final_record(
+    bootstrap: &str,
+    last: &TallyProcess,
+    all: &mut Vec<Ev>,
+    late: Vec<Ev>,
+    base: i64,
+) {
     let closed = base + 3 * MIN;
-    let before = truth(&all, closed);
-    all.extend(late_mid_publish);
-    let want = truth(&all, closed);
-    let records = wait_output(bootstrap, out, |s| {
+    let before = truth(all, closed);
+    all.extend(late);
+    let want = truth(all, closed);
+    let records = wait_output(bootstrap, OUT, |s| {
         want.keys()
             .all(|k| s.get(k).is_some_and(|(f, _)| !f.is_empty()))
     });
@@ -427,17 +373,26 @@ fn scenario(bootstrap: &str) {
         want.keys().collect::<Vec<_>>(),
         "only the closed windows (minutes 0 to 2) are published"
     );
+}
 
+/// More late events and a window close: the last record of every key is the new truth, the
+/// changed ones corrected; the open minute stays unpublished.
+fn late_changes_come_as_corrections(
+    bootstrap: &str,
+    last: &TallyProcess,
+    all: &mut Vec<Ev>,
+    base: i64,
+) {
     // Late events into minute 1 (within retention), then events in minute 5 on every active
     // partition: minutes 3 and 4 close, and minute 1's changed keys are corrected.
     let late = events(base, 1..2, 300, 7);
     let mut closer = events(base, 5..6, 3, 0);
     let mut next = late.clone();
     next.append(&mut closer);
-    produce(bootstrap, topic, &next);
+    produce(bootstrap, TOPIC, &next);
     all.extend(next);
-    let want = truth(&all, base + 5 * MIN);
-    let records = wait_output(bootstrap, out, |s| {
+    let want = truth(all, base + 5 * MIN);
+    let records = wait_output(bootstrap, OUT, |s| {
         want.iter()
             .all(|(k, v)| s.get(k).is_some_and(|(_, last)| last == v))
     });
@@ -469,7 +424,5 @@ fn scenario(bootstrap: &str) {
         seen.keys().all(|k| want.contains_key(k)),
         "minute 5 stays open"
     );
-    check_tops(&records, &tops(&all, base + 5 * MIN));
-    let status = last.terminate(Duration::from_secs(30));
-    assert!(status.success());
+    check_tops(&records, &tops(all, base + 5 * MIN));
 }
