@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tally_testkit::local_redis::{free_port, LocalRedis};
 
 use crate::common::replica::{cut_replica, fail_over_with_lag, port_of, wait_synced};
-use crate::common::{accuracy, hourly, produce_batch, total, Harness};
+use crate::common::{accuracy, hourly, produce_batch, total, Harness, Running};
 
 /// Well past a check interval (10 s), the measured bound asserted below.
 const WAIT: Duration = Duration::from_secs(60);
@@ -80,48 +80,14 @@ async fn failover_with_lag_and_no_event_after(reapply: bool) {
     );
 
     // No event is produced from now on.
-    let deadline = promoted + WAIT;
-    loop {
-        let applied: Vec<_> = (0..2).map(|part| h.applied(g, part)).collect();
-        if total(&h, "rb:*") == 500 && applied == applied_before {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the rolled-back partitions were never replayed: {} of 500 counted, applied {applied:?}, expected {applied_before:?}",
-            total(&h, "rb:*")
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    exact_again(&h, g, &applied_before, promoted + WAIT).await;
     let took = promoted.elapsed();
     println!("exact again {took:?} after the promotion");
     assert!(
         counted_after_promotion < 500,
         "the failover did not lose the unreplicated flushes ({counted_after_promotion}): the scenario did not happen"
     );
-    let rollbacks: u64 = ["behind", "ahead", "lost"]
-        .iter()
-        .map(|found| {
-            running
-                .metrics
-                .recovery
-                .state_rollbacks
-                .with_label_values(&[found])
-                .get()
-        })
-        .sum();
-    let reapplied = running.metrics.recovery.reapplied_ranges.get();
-    if reapply {
-        // Both partitions' lost flushes went in again from memory: nothing to replay.
-        assert!(
-            reapplied >= 2,
-            "the lost ranges are applied again ({reapplied})"
-        );
-        assert_eq!(rollbacks, 0, "nothing left for the fence check to replay");
-    } else {
-        assert!(rollbacks >= 1, "the rollback is counted");
-        assert_eq!(reapplied, 0, "nothing kept");
-    }
+    recovered_as_configured(&running, reapply);
     // Within the sink's reconnection (a second), not the check interval.
     assert!(
         took < Duration::from_secs(5),
@@ -149,4 +115,49 @@ async fn failover_with_lag_and_no_event_after(reapply: bool) {
     );
     drop(replica);
     running.stop().await;
+}
+
+/// Until every key is counted again (500) and the applied offsets are those before the
+/// failover, by `deadline`.
+async fn exact_again(h: &Harness, g: &str, applied_before: &[Option<i64>], deadline: Instant) {
+    loop {
+        let applied: Vec<_> = (0..2).map(|part| h.applied(g, part)).collect();
+        if total(h, "rb:*") == 500 && applied == applied_before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the rolled-back partitions were never replayed: {} of 500 counted, applied {applied:?}, expected {applied_before:?}",
+            total(h, "rb:*")
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The lost flushes went in again from memory (`reapply`: nothing left to replay), or the
+/// fence check found the rollback and replayed it (nothing kept).
+fn recovered_as_configured(running: &Running, reapply: bool) {
+    let rollbacks: u64 = ["behind", "ahead", "lost"]
+        .iter()
+        .map(|found| {
+            running
+                .metrics
+                .recovery
+                .state_rollbacks
+                .with_label_values(&[found])
+                .get()
+        })
+        .sum();
+    let reapplied = running.metrics.recovery.reapplied_ranges.get();
+    if reapply {
+        // Both partitions' lost flushes went in again from memory: nothing to replay.
+        assert!(
+            reapplied >= 2,
+            "the lost ranges are applied again ({reapplied})"
+        );
+        assert_eq!(rollbacks, 0, "nothing left for the fence check to replay");
+    } else {
+        assert!(rollbacks >= 1, "the rollback is counted");
+        assert_eq!(reapplied, 0, "nothing kept");
+    }
 }
