@@ -146,7 +146,7 @@ fn limit(a: &Answers, c: &mut Connection, algorithm: &str) -> Measured {
             "{yes} admitted, {u} unknown, {total} charged over {} subjects",
             a.per.len()
         ),
-        format!("<= {LIMIT} a.per subject; admitted <= charged <= admitted + unknown"),
+        format!("<= {LIMIT} per subject; admitted <= charged <= admitted + unknown"),
         over,
         lost,
     )
@@ -184,7 +184,7 @@ fn quota(a: &Answers, c: &mut Connection, ctx: &Context, odd: &mut Vec<String>) 
 /// Once: the markers per subject, one per window it was first in.
 fn once(a: &Answers, c: &mut Connection) -> Measured {
     let (yes, u) = (a.yes, a.unknown);
-    // Markers a.per subject: one a.per window it was first in (the test may cross a day).
+    // Markers per subject: one per window it was first in (the test may cross a day).
     let mut marked: HashMap<String, i64> = HashMap::new();
     for k in keys(c, "*once:o:*") {
         *marked.entry(subject_of(&k)).or_default() += 1;
@@ -210,7 +210,7 @@ fn once(a: &Answers, c: &mut Connection) -> Measured {
             a.per.len(),
             marked.values().sum::<i64>()
         ),
-        "first at most once a.per subject; first <= markers <= first + unknown".into(),
+        "first at most once per subject; first <= markers <= first + unknown".into(),
         over,
         lost,
     )
