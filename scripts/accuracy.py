@@ -14,7 +14,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTS = (
-    "test(/^(replication|rollback|sentinel|sentinel_stream|rls_pause|proxy_faults)::/)"
+    "test(/^(api::primitives::(replication|sentinel|proxy_faults)|stream::(rollback|sentinel)|api::rls::pause)::/)"
     " | test(/defer::a_hit_whose_reply_is_lost/)"
     " | test(/exactly_once::crash_loop_with_sigkill/)"
 )

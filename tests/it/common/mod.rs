@@ -7,12 +7,16 @@ pub mod envoy_side;
 pub mod kinds;
 pub mod ledger;
 pub mod lock_process;
+pub mod primitives;
 pub mod process;
 pub mod registry;
 pub mod replica;
+pub mod request;
+pub mod rls;
 pub mod schemas;
 pub mod sentinel;
 pub mod stream;
+pub mod terminal;
 pub mod topics;
 pub mod truth;
 
@@ -286,6 +290,19 @@ impl Harness {
         }
         out
     }
+}
+
+/// `tally_decode_errors_total` for `reason`: events skipped for it so far.
+pub fn decode_errors(m: &Metrics, reason: &str) -> u64 {
+    m.decode.decode_errors.with_label_values(&[reason]).get()
+}
+
+/// `tally_events_counted_total` for `counter`: events it has counted so far.
+pub fn events_counted(m: &Metrics, counter: &str) -> u64 {
+    m.aggregate
+        .events_counted
+        .with_label_values(&[counter])
+        .get()
 }
 
 /// Wait until `cond` holds, polling; panics with `what` after `timeout`.

@@ -23,6 +23,24 @@ group_id = "{group}"
     )
 }
 
+/// The `[redis]` and `[flush]` sections of a crash test's configuration: short Redis timeouts and
+/// small, quickly retried flushes, so that a crash or an outage lands mid-flush often.
+pub fn redis_flush_toml(redis: &str) -> String {
+    format!(
+        r#"[redis]
+url = "{redis}"
+connect_timeout = "500ms"
+response_timeout = "2s"
+[flush]
+interval = "50ms"
+max_keys_per_call = 25
+retry_initial = "20ms"
+retry_max = "300ms"
+shutdown_grace = "20s"
+"#
+    )
+}
+
 /// `tally mock-broker` in its own process, so tally can be SIGKILLed without killing Kafka.
 pub struct BrokerProcess {
     child: Child,

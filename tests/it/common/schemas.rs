@@ -1,7 +1,7 @@
 //! The shop schemas the format tests write events with (Avro in two versions; Protobuf in two
 //! versions importing a referenced schema), and the Python writers that frame events exactly as
-//! Confluent producers do (`avro/write_events.py` with fastavro, `protobuf/write_events.py`
-//! with Google's protobuf).
+//! Confluent producers do (`stream/decode/avro/write_events.py` with fastavro,
+//! `stream/decode/protobuf/write_events.py` with Google's protobuf).
 
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -35,7 +35,7 @@ pub fn avro_v2() -> serde_json::Value {
 /// "record"}`.
 pub fn fastavro(items: &[serde_json::Value]) -> Vec<Vec<u8>> {
     let lines: String = items.iter().map(|i| format!("{i}\n")).collect();
-    let payloads = python_writer("avro/write_events.py", lines);
+    let payloads = python_writer("stream/decode/avro/write_events.py", lines);
     assert_eq!(payloads.len(), items.len());
     payloads
 }
@@ -104,8 +104,8 @@ pub fn proto_versions() -> serde_json::Value {
     json!({"v1": hex(&descriptor_set(PROTO_V1)), "v2": hex(&descriptor_set(PROTO_V2))})
 }
 
-/// Payloads from Google's protobuf (`protobuf/write_events.py`), in input order. `schemas`:
-/// the descriptor set of each schema name the items use; `descriptor_set_out`: write that
+/// Payloads from Google's protobuf (`stream/decode/protobuf/write_events.py`), in input order.
+/// `schemas`: the descriptor set of each schema name the items use; `descriptor_set_out`: write that
 /// schema's set to that file too.
 pub fn protobuf_writer(
     schemas: serde_json::Value,
@@ -116,7 +116,7 @@ pub fn protobuf_writer(
     let head = json!({"schemas": schemas, "descriptor_set_out": out});
     let mut lines = format!("{head}\n");
     lines.extend(items.iter().map(|i| format!("{i}\n")));
-    let payloads = python_writer("protobuf/write_events.py", lines);
+    let payloads = python_writer("stream/decode/protobuf/write_events.py", lines);
     assert_eq!(payloads.len(), items.len());
     payloads
 }
@@ -147,4 +147,79 @@ fn python_writer(script: &str, lines: String) -> Vec<Vec<u8>> {
         rest = &rest[4 + n..];
     }
     payloads
+}
+
+/// `tally check` (and so a start) on a configuration of `decode` (a `[decode]` table naming a
+/// schema file) passes within the default budget and, with `over` (a smaller
+/// `max_schema_nodes`) added, exits 64 naming `key` and the budget. `dir` holds the file.
+pub fn check_refuses_over_budget(dir: &std::path::Path, decode: &str, over: &str, key: &str) {
+    let check = |budget: &str| {
+        let config = dir.join("tally.toml");
+        std::fs::write(&config, format!("{decode}{budget}")).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_tally"))
+            .args(["check", "--config", &config.display().to_string()])
+            .env_remove("TALLY_CONFIG")
+            .output()
+            .unwrap()
+    };
+    let fits = check("");
+    assert!(
+        fits.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fits.stderr)
+    );
+    let over = check(over);
+    let stderr = String::from_utf8_lossy(&over.stderr);
+    assert_eq!(over.status.code(), Some(64), "{stderr}");
+    assert!(
+        stderr.contains(key) && stderr.contains("max_schema_nodes"),
+        "{stderr}"
+    );
+}
+
+/// The format tests' counters: `routes` per route (keys `{p}r:…`) and `errors` (status >= 500)
+/// per route and method (`{p}e:…`), hourly, on one lane (each schema is then fetched exactly
+/// once: every lane keeps its own cache), decoded as `format` through `registry`, timed by
+/// `at`, the method read from `http.method`, dead letters to `dlq`.
+pub fn routes_and_errors(
+    h: &crate::common::Harness,
+    group: &str,
+    p: &str,
+    format: tally::config::Format,
+    registry: tally::config::RegistryConfig,
+    dlq: &str,
+) -> tally::config::Config {
+    use crate::common::counter;
+    use std::time::Duration;
+    let hour = Duration::from_secs(3600);
+    let day = Duration::from_secs(86_400);
+    let routes = counter(
+        "routes",
+        &["route"],
+        &format!("{p}r:{{route}}:{{yyyyMMddHH}}"),
+        hour,
+        "UTC",
+        day,
+    );
+    let mut errors = counter(
+        "errors",
+        &["route", "method"],
+        &format!("{p}e:{{route}}:{{method}}:{{yyyyMMddHH}}"),
+        hour,
+        "UTC",
+        day,
+    );
+    errors.filter = Some("status >= 500".into());
+    let mut config = h.config(group, vec![routes, errors]);
+    config.kafka.consumers = tally::config::Consumers::Count(1);
+    config.decode.format = format;
+    config.decode.schema_registry = Some(registry);
+    config.decode.time_field = Some("at".into());
+    config.decode.dead_letter_topic = Some(dlq.into());
+    config
+        .decode
+        .fields
+        .insert("method".into(), "http.method".into());
+    config.validate().expect("valid");
+    config
 }

@@ -1,0 +1,4 @@
+//! Reading counters back (`src/api/query/`): point reads and ranges.
+
+mod counts;
+mod range;

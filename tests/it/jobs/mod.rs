@@ -1,0 +1,4 @@
+//! The background jobs (`src/jobs/`): the TTL auditor and the reconciler.
+
+mod reconcile;
+mod ttl_audit;
