@@ -124,6 +124,55 @@ fn connected_replicas(port: u16) -> u64 {
 
 /// Whether `primary` counts `replica` as an online replica (a `WAIT` counts only those; the
 /// replica's own `master_link_status:up` comes first).
+/// Until a replica of `primary` acknowledges one of its writes within the quotas' 200 ms: a `SET`
+/// of a key in one of its slots, then `WAIT 1 200` on the same connection.
+fn wait_acknowledged(primary: u16) {
+    let nodes = cli(primary, &["CLUSTER", "NODES"]);
+    let mine = nodes
+        .lines()
+        .find(|l| l.contains("myself"))
+        .expect("myself");
+    let ranges: Vec<(u32, u32)> = mine
+        .split_whitespace()
+        .skip(8)
+        .filter_map(|r| {
+            let (a, b) = r.split_once('-').unwrap_or((r, r));
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .collect();
+    let key = (0..10_000)
+        .map(|i| format!("ack-probe-{i}"))
+        .find(|k| {
+            let slot: u32 = cli(primary, &["CLUSTER", "KEYSLOT", k])
+                .trim()
+                .parse()
+                .unwrap();
+            ranges.iter().any(|&(a, b)| (a..=b).contains(&slot))
+        })
+        .expect("a key of the primary's slots");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let mut child = std::process::Command::new("redis-cli")
+            .args(["-p", &primary.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let script = format!("SET {key} 1\nWAIT 1 200\n");
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), script.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.lines().last().map(str::trim) == Some("1") {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no replica of {primary} acknowledged a write: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn online_replica(primary: u16, replica: u16) -> bool {
     let port = format!("port={replica},");
     cli(primary, &["INFO", "replication"])
@@ -281,6 +330,8 @@ fn the_returning_node_brings_its_shard_back(
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+    // Online is not yet acknowledging: decisions are due normally once a replica confirms a write.
+    wait_acknowledged(replica);
     let synced = Instant::now();
     let refused_before: u64 = failed
         .iter()
