@@ -26,9 +26,8 @@ use rdkafka::error::KafkaError;
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::ClientConfig;
 use serde::Serialize;
-use tally_counters::request::{Hit, HitReply, RequestError};
+use tally_counters::request::{HitReply, RequestError};
 
-use super::{Action, Primitives};
 use crate::config::{CompiledDecode, FieldSource, Model, Segment, TimeFormat};
 use crate::stream::decode::Decoder;
 
@@ -227,49 +226,26 @@ impl Deferral {
     }
 }
 
-impl Primitives {
-    /// Hit counter `name`; when Redis is unreachable and deferral is set up, write the hit to
-    /// the topic instead (see the module's guarantee).
-    pub async fn hit_or_defer(
+impl Deferral {
+    /// Write the hit (`delta` on counter `spec` at `at`) to the topic as an event; its
+    /// partition and offset once Kafka acknowledged it. `None`: Kafka did not take it (logged).
+    pub(super) async fn write(
         &self,
-        name: &str,
+        spec: &crate::model::CounterSpec,
         values: &BTreeMap<String, String>,
-        hit: &Hit,
         extra: &serde_json::Map<String, serde_json::Value>,
-    ) -> Result<HitOutcome, RequestError> {
-        let err = match self.hit(name, values, hit, Action::Apply).await {
-            Ok(reply) => return Ok(HitOutcome::Counted(reply)),
-            // Only when Redis surely did not run the hit: after a timeout it may have counted it.
-            Err(e) if e.did_not_run() => e,
-            Err(e) => return Err(e),
-        };
-        let Some(deferral) = &self.deferral else {
-            return Err(err);
-        };
-        let spec = self.counters.spec(name)?;
-        let at = hit
-            .at_ms
-            .unwrap_or_else(|| chrono::Utc::now().timestamp_millis());
-        let payload = deferral.event(spec, values, extra, hit.delta, at)?;
-        let record = FutureRecord::<(), [u8]>::to(&deferral.topic)
+        delta: i64,
+        at: i64,
+    ) -> Result<Option<(i32, i64)>, RequestError> {
+        let payload = self.event(spec, values, extra, delta, at)?;
+        let record = FutureRecord::<(), [u8]>::to(&self.topic)
             .payload(&payload)
             .timestamp(at);
-        match deferral
-            .producer()?
-            .send(record, Duration::from_secs(10))
-            .await
-        {
-            Ok(delivery) => {
-                self.metrics.request.deferred.inc();
-                Ok(HitOutcome::Deferred {
-                    deferred: true,
-                    partition: delivery.partition,
-                    offset: delivery.offset,
-                })
-            }
+        match self.producer()?.send(record, Duration::from_secs(10)).await {
+            Ok(delivery) => Ok(Some((delivery.partition, delivery.offset))),
             Err((e, _)) => {
                 tracing::warn!(error = %e, "deferred hit could not be written to kafka");
-                Err(err)
+                Ok(None)
             }
         }
     }

@@ -335,4 +335,39 @@ impl Primitives {
         }
         result
     }
+
+    /// Hit counter `name`; when Redis is unreachable and deferral is set up, write the hit to
+    /// the topic instead (see [`defer`]'s guarantee).
+    pub async fn hit_or_defer(
+        &self,
+        name: &str,
+        values: &BTreeMap<String, String>,
+        hit: &Hit,
+        extra: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<HitOutcome, RequestError> {
+        let err = match self.hit(name, values, hit, Action::Apply).await {
+            Ok(reply) => return Ok(HitOutcome::Counted(reply)),
+            // Only when Redis surely did not run the hit: after a timeout it may have counted it.
+            Err(e) if e.did_not_run() => e,
+            Err(e) => return Err(e),
+        };
+        let Some(deferral) = &self.deferral else {
+            return Err(err);
+        };
+        let spec = self.counters.spec(name)?;
+        let at = hit
+            .at_ms
+            .unwrap_or_else(|| chrono::Utc::now().timestamp_millis());
+        match deferral.write(spec, values, extra, hit.delta, at).await? {
+            Some((partition, offset)) => {
+                self.metrics.request.deferred.inc();
+                Ok(HitOutcome::Deferred {
+                    deferred: true,
+                    partition,
+                    offset,
+                })
+            }
+            None => Err(err),
+        }
+    }
 }
