@@ -93,8 +93,10 @@ fn runtime_errors_are_errors_not_answers() {
 
 #[test]
 fn refusals_say_where_and_why() {
+    let e = Program::compile("status >= ").unwrap_err();
+    assert!(matches!(e, CelError::Syntax { .. }), "{e:?}");
+    assert!(e.to_string().starts_with("1:"), "{e}");
     for (text, says) in [
-        ("status >= ", "1:"),
         (
             "status >= 500 &&\n  matches(method, 'x')",
             "2:10: function `matches` is not supported",
@@ -110,12 +112,7 @@ fn refusals_say_where_and_why() {
         ("startsWith(a, 'x')", "`startsWith` takes a receiver"),
     ] {
         let e = Program::compile(text).unwrap_err();
-        let typed = match e {
-            CelError::Syntax { .. } => text.ends_with(">= "),
-            CelError::Unsupported { .. } => true,
-            _ => false,
-        };
-        assert!(typed, "{text}: {e:?}");
+        assert!(matches!(e, CelError::Unsupported { .. }), "{text}: {e:?}");
         assert!(e.to_string().contains(says), "{text}: {e}");
     }
     for (text, says) in [("status + 1", "gives a number"), ("'a'", "gives a string")] {
